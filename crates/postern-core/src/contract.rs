@@ -1,0 +1,389 @@
+//! Replay contracts (design §5): what a tool promises about retries after a lost response.
+//!
+//! Every side-effecting tool must carry one; a tool without one is refused when it is loaded,
+//! never guessed at when it is called.
+
+use crate::{ErrorCode, record::Channel};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How an execution whose outcome is unknown can be recovered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayClass {
+    /// No side effect: retry freely (still journaled).
+    ReadOnly,
+    /// The target honours an idempotency header: re-send with the same key (the execution ID).
+    IdempotencyKey,
+    /// The target exposes a status endpoint: query it, never re-send blindly.
+    StatusQuery,
+    /// The remote command runs under the SSH marker protocol: read the marker record.
+    SshMarker,
+    /// None of the above: an unknown outcome needs human review.
+    Irreversible,
+}
+
+impl ReplayClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayClass::ReadOnly => "read_only",
+            ReplayClass::IdempotencyKey => "idempotency_key",
+            ReplayClass::StatusQuery => "status_query",
+            ReplayClass::SshMarker => "ssh_marker",
+            ReplayClass::Irreversible => "irreversible",
+        }
+    }
+}
+
+/// How long after acceptance a matching call is treated as a retry of the prior execution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachWindow {
+    /// A retry must arrive within this many milliseconds of the prior's acceptance.
+    Millis(u64),
+    /// Attach for as long as the prior is unresolved (e.g. credential rotation).
+    UntilResolved,
+}
+
+impl AttachWindow {
+    /// Whether `elapsed_ms` since acceptance is still inside the window (strictly less than).
+    pub fn contains(self, elapsed_ms: u64) -> bool {
+        match self {
+            AttachWindow::Millis(window) => elapsed_ms < window,
+            AttachWindow::UntilResolved => true,
+        }
+    }
+}
+
+/// Which calls share an intent scope (design §4): by default one agent run; a contract may
+/// widen it so that a later run of the same agent still finds the prior execution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScopePolicy {
+    #[default]
+    AgentRun,
+    Durable,
+}
+
+/// How to ask a target whether an execution happened (class `status_query`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusQuery {
+    /// HTTP method of the status request (normally `GET`).
+    pub method: String,
+    /// URL template; `{execution_id}` and argument names are substituted by the engine.
+    pub url_template: String,
+}
+
+/// The replay contract of one tool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayContract {
+    pub class: ReplayClass,
+    /// Arguments that enter the fingerprint; `None` means all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint_fields: Option<BTreeSet<String>>,
+    /// Values filled in for absent arguments, always, before fingerprinting and dispatch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub defaults: BTreeMap<String, Value>,
+    /// Arguments replaced by a keyed digest in the canonical record.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub secret_fields: BTreeSet<String>,
+    /// Request headers (lower-case names) whose values change the effect and so enter the record.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub semantic_headers: BTreeSet<String>,
+    pub attach_window: AttachWindow,
+    #[serde(default)]
+    pub scope: ScopePolicy,
+    /// Header carrying the idempotency key (class `idempotency_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_header: Option<String>,
+    /// Status endpoint (class `status_query`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_query: Option<StatusQuery>,
+}
+
+/// Ten minutes: the default attach window of the built-in read-only contract.
+pub const DEFAULT_ATTACH_WINDOW_MS: u64 = 10 * 60 * 1000;
+
+impl ReplayContract {
+    /// The contract implied for a read-only tool that declares none.
+    pub fn read_only() -> Self {
+        ReplayContract {
+            class: ReplayClass::ReadOnly,
+            fingerprint_fields: None,
+            defaults: BTreeMap::new(),
+            secret_fields: BTreeSet::new(),
+            semantic_headers: BTreeSet::new(),
+            attach_window: AttachWindow::Millis(DEFAULT_ATTACH_WINDOW_MS),
+            scope: ScopePolicy::AgentRun,
+            idempotency_header: None,
+            status_query: None,
+        }
+    }
+
+    /// Checks the contract is complete and consistent for a tool on `channel`.
+    pub fn validate(&self, tool: &str, channel: Channel) -> Result<(), ContractError> {
+        let err = |problem: ContractProblem| ContractError::Invalid {
+            tool: tool.to_owned(),
+            problem,
+        };
+        match (self.class, channel) {
+            (ReplayClass::IdempotencyKey, Channel::Ssh)
+            | (ReplayClass::StatusQuery, Channel::Ssh) => {
+                return Err(err(ContractProblem::ClassNeedsHttp(self.class)));
+            }
+            (ReplayClass::SshMarker, Channel::Http) => {
+                return Err(err(ContractProblem::ClassNeedsSsh));
+            }
+            _ => {}
+        }
+        match &self.idempotency_header {
+            None if self.class == ReplayClass::IdempotencyKey => {
+                return Err(err(ContractProblem::MissingIdempotencyHeader));
+            }
+            Some(h) if !is_header_token(h) => {
+                return Err(err(ContractProblem::InvalidHeaderName(h.clone())));
+            }
+            _ => {}
+        }
+        if self.class == ReplayClass::StatusQuery && self.status_query.is_none() {
+            return Err(err(ContractProblem::MissingStatusQuery));
+        }
+        if self.attach_window == AttachWindow::Millis(0) {
+            return Err(err(ContractProblem::ZeroAttachWindow));
+        }
+        if let Some(h) = self
+            .semantic_headers
+            .iter()
+            .find(|h| !is_header_token(h) || h.to_ascii_lowercase() != **h)
+        {
+            return Err(err(ContractProblem::InvalidHeaderName(h.clone())));
+        }
+        if let Some(f) = self
+            .secret_fields
+            .iter()
+            .find(|f| self.defaults.contains_key(*f))
+        {
+            return Err(err(ContractProblem::SecretWithDefault(f.clone())));
+        }
+        if let Some(fields) = &self.fingerprint_fields {
+            if let Some(f) = self.defaults.keys().find(|f| !fields.contains(*f)) {
+                // A default that never enters the fingerprint is harmless but almost always a typo.
+                return Err(err(ContractProblem::DefaultOutsideFingerprint(f.clone())));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// HTTP methods that are safe by definition (RFC 9110 §9.2.1) and so need no contract.
+pub fn is_safe_method(method: &str) -> bool {
+    matches!(
+        method.to_ascii_uppercase().as_str(),
+        "GET" | "HEAD" | "OPTIONS" | "TRACE"
+    )
+}
+
+/// The contract a tool runs under: its own (validated), or the read-only contract for a tool
+/// that can have no side effect. A side-effecting tool without a contract is refused.
+pub fn effective_contract(
+    tool: &str,
+    channel: Channel,
+    http_method: Option<&str>,
+    declared: Option<&ReplayContract>,
+) -> Result<ReplayContract, ContractError> {
+    match declared {
+        Some(contract) => {
+            contract.validate(tool, channel)?;
+            Ok(contract.clone())
+        }
+        None => match (channel, http_method) {
+            (Channel::Http, Some(m)) if is_safe_method(m) => Ok(ReplayContract::read_only()),
+            _ => Err(ContractError::MissingContract {
+                tool: tool.to_owned(),
+                channel,
+                method: http_method.map(str::to_owned),
+            }),
+        },
+    }
+}
+
+fn is_header_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContractProblem {
+    #[error("class {} only applies to HTTP tools", .0.as_str())]
+    ClassNeedsHttp(ReplayClass),
+    #[error("class ssh_marker only applies to SSH tools")]
+    ClassNeedsSsh,
+    #[error("class idempotency_key needs `idempotency_header` (e.g. \"Idempotency-Key\")")]
+    MissingIdempotencyHeader,
+    #[error("class status_query needs a `status_query` endpoint")]
+    MissingStatusQuery,
+    #[error("attach window is zero: no retry could ever be recognised")]
+    ZeroAttachWindow,
+    #[error("{0:?} is not a valid lower-case HTTP header name")]
+    InvalidHeaderName(String),
+    #[error("secret argument {0:?} has a default value; secrets are never written into manifests")]
+    SecretWithDefault(String),
+    #[error("default for {0:?} is not among `fingerprint_fields`")]
+    DefaultOutsideFingerprint(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContractError {
+    #[error(
+        "tool {tool:?} can change state ({}) but declares no replay contract; add one \
+         (read_only, idempotency_key, status_query, ssh_marker or irreversible)",
+        describe(*channel, method.as_deref())
+    )]
+    MissingContract {
+        tool: String,
+        channel: Channel,
+        method: Option<String>,
+    },
+    #[error("replay contract of tool {tool:?}: {problem}")]
+    Invalid {
+        tool: String,
+        problem: ContractProblem,
+    },
+}
+
+fn describe(channel: Channel, method: Option<&str>) -> String {
+    match (channel, method) {
+        (Channel::Http, Some(m)) => format!("HTTP {m}"),
+        (Channel::Http, None) => "HTTP".into(),
+        (Channel::Ssh, _) => "SSH command".into(),
+    }
+}
+
+impl ErrorCode for ContractError {
+    fn code(&self) -> &'static str {
+        match self {
+            ContractError::MissingContract { .. } => "missing_replay_contract",
+            ContractError::Invalid { .. } => "invalid_replay_contract",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keyed() -> ReplayContract {
+        ReplayContract {
+            class: ReplayClass::IdempotencyKey,
+            idempotency_header: Some("Idempotency-Key".into()),
+            ..ReplayContract::read_only()
+        }
+    }
+
+    #[test]
+    fn side_effecting_tools_without_a_contract_are_refused() {
+        for method in ["POST", "PUT", "PATCH", "DELETE", "post"] {
+            let err = effective_contract("deploy", Channel::Http, Some(method), None).unwrap_err();
+            assert_eq!(err.code(), "missing_replay_contract");
+            assert!(err.to_string().contains("deploy"), "{err}");
+        }
+        let err = effective_contract("restart", Channel::Ssh, None, None).unwrap_err();
+        assert!(err.to_string().contains("SSH command"));
+        for method in ["GET", "head", "OPTIONS"] {
+            let c =
+                effective_contract("list", Channel::Http, Some(method), None).expect("safe method");
+            assert_eq!(c.class, ReplayClass::ReadOnly);
+        }
+    }
+
+    #[test]
+    fn incomplete_contracts_are_refused_with_the_reason() {
+        let cases: Vec<(ReplayContract, Channel, ContractProblem)> = vec![
+            (
+                ReplayContract {
+                    idempotency_header: None,
+                    ..keyed()
+                },
+                Channel::Http,
+                ContractProblem::MissingIdempotencyHeader,
+            ),
+            (
+                keyed(),
+                Channel::Ssh,
+                ContractProblem::ClassNeedsHttp(ReplayClass::IdempotencyKey),
+            ),
+            (
+                ReplayContract {
+                    class: ReplayClass::SshMarker,
+                    ..ReplayContract::read_only()
+                },
+                Channel::Http,
+                ContractProblem::ClassNeedsSsh,
+            ),
+            (
+                ReplayContract {
+                    class: ReplayClass::StatusQuery,
+                    ..ReplayContract::read_only()
+                },
+                Channel::Http,
+                ContractProblem::MissingStatusQuery,
+            ),
+            (
+                ReplayContract {
+                    attach_window: AttachWindow::Millis(0),
+                    ..keyed()
+                },
+                Channel::Http,
+                ContractProblem::ZeroAttachWindow,
+            ),
+            (
+                ReplayContract {
+                    idempotency_header: Some("Bad Header".into()),
+                    ..keyed()
+                },
+                Channel::Http,
+                ContractProblem::InvalidHeaderName("Bad Header".into()),
+            ),
+            (
+                ReplayContract {
+                    secret_fields: ["token".to_string()].into(),
+                    defaults: [("token".to_string(), Value::from("x"))].into(),
+                    ..keyed()
+                },
+                Channel::Http,
+                ContractProblem::SecretWithDefault("token".into()),
+            ),
+            (
+                ReplayContract {
+                    fingerprint_fields: Some(["a".to_string()].into()),
+                    defaults: [("b".to_string(), Value::from(1))].into(),
+                    ..keyed()
+                },
+                Channel::Http,
+                ContractProblem::DefaultOutsideFingerprint("b".into()),
+            ),
+        ];
+        for (contract, channel, problem) in cases {
+            let err = contract.validate("t", channel).unwrap_err();
+            assert_eq!(
+                err,
+                ContractError::Invalid {
+                    tool: "t".into(),
+                    problem
+                }
+            );
+        }
+        keyed()
+            .validate("t", Channel::Http)
+            .expect("complete contract is accepted");
+    }
+
+    #[test]
+    fn attach_window_is_strict() {
+        assert!(AttachWindow::Millis(100).contains(99));
+        assert!(!AttachWindow::Millis(100).contains(100));
+        assert!(AttachWindow::UntilResolved.contains(u64::MAX));
+    }
+}

@@ -1,0 +1,397 @@
+//! Retry matching and recovery decisions (design §4): given what the journal says about a prior
+//! execution with the same fingerprint, decide what an incoming call does — never by guessing.
+//!
+//! Compared with the design's pseudocode, three more prior states attach instead of starting a
+//! new execution, because starting anew there could duplicate a side effect or hide a decision:
+//! `completed` (the result exists but delivery is unconfirmed), `denied` (the same denial is
+//! returned; an ambiguous retry never opens a fresh approval path), `needs_review` and
+//! `not_executed`. Read-only tools never attach: they are retried freely.
+
+use crate::{
+    contract::{ReplayClass, ReplayContract, StatusQuery},
+    fingerprint::Fingerprint,
+    id::ExecutionId,
+    lifecycle::ExecutionState,
+    record::{Actor, IntentScope},
+    time::Timestamp,
+};
+use serde::{Deserialize, Serialize};
+
+/// What the journal knows about the most recent execution with the incoming fingerprint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PriorExecution {
+    pub id: ExecutionId,
+    pub fingerprint: Fingerprint,
+    pub actor: Actor,
+    pub intent_scope: IntentScope,
+    pub state: ExecutionState,
+    pub accepted_at: Timestamp,
+    /// The contract the prior was accepted under (its window and recovery route are the ones
+    /// promised when it was accepted, even if the manifest has changed since).
+    pub contract: ReplayContract,
+}
+
+/// The incoming call, reduced to what matching needs.
+#[derive(Clone, Copy, Debug)]
+pub struct IncomingIntent<'a> {
+    pub fingerprint: &'a Fingerprint,
+    pub actor: &'a Actor,
+    pub intent_scope: &'a IntentScope,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "via")]
+pub enum Verification {
+    /// Re-send the same request with the same idempotency key (the prior's execution ID).
+    ResendWithSameKey { header: String, key: ExecutionId },
+    /// Ask the target's status endpoint; never re-send blindly.
+    QueryStatus { query: StatusQuery },
+    /// Read the SSH marker record for the execution over a fresh connection.
+    ReadSshMarker,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewReason {
+    /// The outcome is unknown and the contract offers no way to verify it.
+    OutcomeUnknownIrreversible,
+    /// The prior is already waiting for a human to review it.
+    AwaitingReview,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "decision")]
+pub enum RetryDecision {
+    /// No related prior: accept a new execution.
+    NewExecution,
+    /// The prior was never sent (or verification proved it never ran): carry on with it.
+    ContinuePrior { prior: ExecutionId },
+    /// The prior is dispatched and running: wait for its outcome, never dispatch again.
+    WaitForPrior { prior: ExecutionId },
+    /// The prior's outcome is unknown: verify it through its contract.
+    VerifyPrior {
+        prior: ExecutionId,
+        verification: Verification,
+    },
+    /// The prior completed: return its stored result.
+    ReturnStoredResult { prior: ExecutionId },
+    /// The prior was denied: return the same denial.
+    ReturnPriorDenial { prior: ExecutionId },
+    /// Only a human can decide; show them the prior's record.
+    NeedsReview {
+        prior: ExecutionId,
+        reason: ReviewReason,
+    },
+}
+
+impl RetryDecision {
+    pub fn prior(&self) -> Option<ExecutionId> {
+        match self {
+            RetryDecision::NewExecution => None,
+            RetryDecision::ContinuePrior { prior }
+            | RetryDecision::WaitForPrior { prior }
+            | RetryDecision::VerifyPrior { prior, .. }
+            | RetryDecision::ReturnStoredResult { prior }
+            | RetryDecision::ReturnPriorDenial { prior }
+            | RetryDecision::NeedsReview { prior, .. } => Some(*prior),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            RetryDecision::NewExecution => "new_execution",
+            RetryDecision::ContinuePrior { .. } => "continue_prior",
+            RetryDecision::WaitForPrior { .. } => "wait_for_prior",
+            RetryDecision::VerifyPrior { .. } => "verify_prior",
+            RetryDecision::ReturnStoredResult { .. } => "return_stored_result",
+            RetryDecision::ReturnPriorDenial { .. } => "return_prior_denial",
+            RetryDecision::NeedsReview { .. } => "needs_review",
+        }
+    }
+}
+
+/// Does the prior execution describe the same intent, still inside its attach window?
+pub fn matches(prior: &PriorExecution, incoming: &IncomingIntent<'_>, now: Timestamp) -> bool {
+    prior.fingerprint == *incoming.fingerprint
+        && prior.actor == *incoming.actor
+        && prior.intent_scope == *incoming.intent_scope
+        && prior
+            .contract
+            .attach_window
+            .contains(now.millis_since(prior.accepted_at))
+}
+
+/// The retry decision of design §4, extended as described in the module docs.
+pub fn decide_retry(
+    prior: Option<&PriorExecution>,
+    incoming: &IncomingIntent<'_>,
+    now: Timestamp,
+) -> RetryDecision {
+    use ExecutionState::*;
+    let Some(prior) = prior else {
+        return RetryDecision::NewExecution;
+    };
+    if prior.contract.class == ReplayClass::ReadOnly || !matches(prior, incoming, now) {
+        return RetryDecision::NewExecution;
+    }
+    let id = prior.id;
+    match prior.state {
+        Accepted | Authorized | NotExecuted => RetryDecision::ContinuePrior { prior: id },
+        Dispatched => RetryDecision::WaitForPrior { prior: id },
+        OutcomeUnknown => verify_through_contract(id, &prior.contract),
+        Completed | CompletedResultNotDelivered => RetryDecision::ReturnStoredResult { prior: id },
+        Denied => RetryDecision::ReturnPriorDenial { prior: id },
+        NeedsReview => RetryDecision::NeedsReview {
+            prior: id,
+            reason: ReviewReason::AwaitingReview,
+        },
+        // Delivered results and provable non-dispatches are done: a matching call is a new intent.
+        ResultDelivered | FailedBeforeDispatch => RetryDecision::NewExecution,
+    }
+}
+
+fn verify_through_contract(id: ExecutionId, contract: &ReplayContract) -> RetryDecision {
+    let irreversible = RetryDecision::NeedsReview {
+        prior: id,
+        reason: ReviewReason::OutcomeUnknownIrreversible,
+    };
+    let verification = match (
+        contract.class,
+        &contract.idempotency_header,
+        &contract.status_query,
+    ) {
+        (ReplayClass::IdempotencyKey, Some(header), _) => Verification::ResendWithSameKey {
+            header: header.clone(),
+            key: id,
+        },
+        (ReplayClass::StatusQuery, _, Some(query)) => Verification::QueryStatus {
+            query: query.clone(),
+        },
+        (ReplayClass::SshMarker, _, _) => Verification::ReadSshMarker,
+        // Irreversible, or a contract that lost the field it needs: only a human can decide.
+        _ => return irreversible,
+    };
+    RetryDecision::VerifyPrior {
+        prior: id,
+        verification,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{contract::AttachWindow, fingerprint::FingerprintKey, id::SessionId};
+    use ExecutionState::*;
+
+    const WINDOW_MS: u64 = 60_000;
+
+    fn contract(class: ReplayClass) -> ReplayContract {
+        ReplayContract {
+            class,
+            idempotency_header: (class == ReplayClass::IdempotencyKey)
+                .then(|| "Idempotency-Key".to_string()),
+            status_query: (class == ReplayClass::StatusQuery).then(|| StatusQuery {
+                method: "GET".into(),
+                url_template: "https://pay.example/v1/status/{execution_id}".into(),
+            }),
+            attach_window: AttachWindow::Millis(WINDOW_MS),
+            ..ReplayContract::read_only()
+        }
+    }
+
+    /// The specification table: what a matching retry inside the window does, per contract
+    /// class and prior state. Every (class, state) pair is listed explicitly.
+    fn expected(class: ReplayClass, state: ExecutionState, id: ExecutionId) -> RetryDecision {
+        use RetryDecision as D;
+        if class == ReplayClass::ReadOnly {
+            return D::NewExecution;
+        }
+        match state {
+            Accepted | Authorized | NotExecuted => D::ContinuePrior { prior: id },
+            Dispatched => D::WaitForPrior { prior: id },
+            Completed | CompletedResultNotDelivered => D::ReturnStoredResult { prior: id },
+            Denied => D::ReturnPriorDenial { prior: id },
+            NeedsReview => D::NeedsReview {
+                prior: id,
+                reason: ReviewReason::AwaitingReview,
+            },
+            ResultDelivered | FailedBeforeDispatch => D::NewExecution,
+            OutcomeUnknown => match class {
+                ReplayClass::IdempotencyKey => D::VerifyPrior {
+                    prior: id,
+                    verification: Verification::ResendWithSameKey {
+                        header: "Idempotency-Key".into(),
+                        key: id,
+                    },
+                },
+                ReplayClass::StatusQuery => D::VerifyPrior {
+                    prior: id,
+                    verification: Verification::QueryStatus {
+                        query: contract(ReplayClass::StatusQuery)
+                            .status_query
+                            .expect("set"),
+                    },
+                },
+                ReplayClass::SshMarker => D::VerifyPrior {
+                    prior: id,
+                    verification: Verification::ReadSshMarker,
+                },
+                ReplayClass::Irreversible => D::NeedsReview {
+                    prior: id,
+                    reason: ReviewReason::OutcomeUnknownIrreversible,
+                },
+                ReplayClass::ReadOnly => D::NewExecution,
+            },
+        }
+    }
+
+    #[test]
+    fn table_every_state_by_actor_scope_fingerprint_and_window() {
+        let key = FingerprintKey::from_bytes([3; 32]);
+        let fp = key.fingerprint(b"deploy catalog");
+        let other_fp = key.fingerprint(b"deploy search");
+        let actor = Actor::process("/usr/bin/claude", "aa");
+        let other_actor = Actor::process("/usr/bin/cursor", "bb");
+        let run = IntentScope::agent_run(SessionId::from_parts(Timestamp::from_millis(1), 1));
+        let other_run = IntentScope::agent_run(SessionId::from_parts(Timestamp::from_millis(1), 2));
+        let accepted_at = Timestamp::from_millis(1_000_000);
+        let id = ExecutionId::from_parts(accepted_at, 77);
+        let classes = [
+            ReplayClass::ReadOnly,
+            ReplayClass::IdempotencyKey,
+            ReplayClass::StatusQuery,
+            ReplayClass::SshMarker,
+            ReplayClass::Irreversible,
+        ];
+        let mut checked = 0;
+        for class in classes {
+            for state in ExecutionState::ALL {
+                let prior = PriorExecution {
+                    id,
+                    fingerprint: fp,
+                    actor: actor.clone(),
+                    intent_scope: run.clone(),
+                    state,
+                    accepted_at,
+                    contract: contract(class),
+                };
+                for same_actor in [true, false] {
+                    for same_scope in [true, false] {
+                        for same_fp in [true, false] {
+                            // just inside, exactly at the edge (outside), and far outside
+                            for (elapsed, inside) in [
+                                (0, true),
+                                (WINDOW_MS - 1, true),
+                                (WINDOW_MS, false),
+                                (WINDOW_MS * 50, false),
+                            ] {
+                                let incoming = IncomingIntent {
+                                    fingerprint: if same_fp { &fp } else { &other_fp },
+                                    actor: if same_actor { &actor } else { &other_actor },
+                                    intent_scope: if same_scope { &run } else { &other_run },
+                                };
+                                let now = accepted_at.saturating_add_millis(elapsed);
+                                let got = decide_retry(Some(&prior), &incoming, now);
+                                let want = if same_actor && same_scope && same_fp && inside {
+                                    expected(class, state, id)
+                                } else {
+                                    RetryDecision::NewExecution
+                                };
+                                assert_eq!(
+                                    got, want,
+                                    "class={class:?} state={state} actor={same_actor} scope={same_scope} fp={same_fp} elapsed={elapsed}"
+                                );
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 5 * 11 * 2 * 2 * 2 * 4);
+    }
+
+    #[test]
+    fn no_prior_means_new_execution_and_windows_are_per_contract() {
+        let key = FingerprintKey::from_bytes([3; 32]);
+        let fp = key.fingerprint(b"x");
+        let actor = Actor::token_agent("ci");
+        let scope = IntentScope::durable();
+        let incoming = IncomingIntent {
+            fingerprint: &fp,
+            actor: &actor,
+            intent_scope: &scope,
+        };
+        assert_eq!(
+            decide_retry(None, &incoming, Timestamp::from_millis(0)),
+            RetryDecision::NewExecution
+        );
+
+        let accepted_at = Timestamp::from_millis(0);
+        let id = ExecutionId::from_parts(accepted_at, 1);
+        let mut prior = PriorExecution {
+            id,
+            fingerprint: fp,
+            actor: actor.clone(),
+            intent_scope: scope.clone(),
+            state: OutcomeUnknown,
+            accepted_at,
+            contract: ReplayContract {
+                attach_window: AttachWindow::UntilResolved,
+                ..contract(ReplayClass::Irreversible)
+            },
+        };
+        let a_year = Timestamp::from_millis(365 * 24 * 3_600_000);
+        assert_eq!(
+            decide_retry(Some(&prior), &incoming, a_year),
+            RetryDecision::NeedsReview {
+                prior: id,
+                reason: ReviewReason::OutcomeUnknownIrreversible
+            }
+        );
+        prior.contract.attach_window = AttachWindow::Millis(5);
+        assert_eq!(
+            decide_retry(Some(&prior), &incoming, Timestamp::from_millis(5)),
+            RetryDecision::NewExecution
+        );
+        // A clock that went backwards still attaches (elapsed clamps to zero).
+        assert!(
+            decide_retry(Some(&prior), &incoming, Timestamp::from_millis(-10_000))
+                .prior()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_contract_missing_its_recovery_field_falls_back_to_review_not_resend() {
+        let key = FingerprintKey::from_bytes([3; 32]);
+        let fp = key.fingerprint(b"x");
+        let actor = Actor::token_agent("ci");
+        let scope = IntentScope::durable();
+        let id = ExecutionId::from_parts(Timestamp::from_millis(0), 1);
+        let prior = PriorExecution {
+            id,
+            fingerprint: fp,
+            actor: actor.clone(),
+            intent_scope: scope.clone(),
+            state: OutcomeUnknown,
+            accepted_at: Timestamp::from_millis(0),
+            contract: ReplayContract {
+                idempotency_header: None,
+                ..contract(ReplayClass::IdempotencyKey)
+            },
+        };
+        let incoming = IncomingIntent {
+            fingerprint: &fp,
+            actor: &actor,
+            intent_scope: &scope,
+        };
+        assert_eq!(
+            decide_retry(Some(&prior), &incoming, Timestamp::from_millis(1)),
+            RetryDecision::NeedsReview {
+                prior: id,
+                reason: ReviewReason::OutcomeUnknownIrreversible
+            }
+        );
+    }
+}
