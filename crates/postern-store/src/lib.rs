@@ -1,0 +1,314 @@
+//! Postern's durable record: the only crate that touches SQLite.
+//!
+//! * [`Store`] is the read-write handle the gateway holds: it admits executions (retry lookup
+//!   and acceptance in one atomic step), appends lifecycle events, stores results, and on open
+//!   turns every execution left `dispatched` into `outcome_unknown`.
+//! * [`JournalView`] is a read-only handle for the CLI and the app.
+//! * [`audit::verify`] checks a database file offline.
+
+pub mod audit;
+pub mod journal;
+mod schema;
+mod view;
+mod writer;
+
+pub use audit::{Checkpoint, Finding, VerifyReport};
+pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
+pub use schema::{APPLICATION_ID, supported_version};
+pub use view::{ActivityFilter, ExecutionSummary, JournalView, SessionSummary, StoredResult};
+
+use postern_core::{
+    Actor, Channel, ErrorCode, ExecutionId, ExecutionState, Fingerprint, IllegalTransition,
+    IntentScope, PriorExecution, ReplayContract, RetryDecision, SessionId, Timestamp,
+};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Why a file cannot be used as a Postern database. Nothing is written to such a file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    #[error("no such file")]
+    Missing,
+    #[error("the file is empty (0 bytes), not a Postern database")]
+    Empty,
+    #[error("not an SQLite database")]
+    NotSqlite,
+    #[error("an SQLite database, but not a Postern one (application_id {application_id:#x})")]
+    NotPostern { application_id: i32 },
+    #[error("an SQLite database that Postern has not initialised")]
+    NotInitialised,
+    #[error(
+        "schema version {found} is newer than this postern supports ({supported}); upgrade postern"
+    )]
+    NewerSchema { found: u32, supported: u32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{}: {problem}", path.display())]
+    Unusable { path: PathBuf, problem: Unusable },
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot create data directory {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    IllegalTransition(#[from] IllegalTransition),
+    #[error("no execution {0}")]
+    UnknownExecution(ExecutionId),
+    #[error("execution {0} already exists")]
+    DuplicateExecution(ExecutionId),
+    #[error("no session {0}")]
+    UnknownSession(SessionId),
+    #[error("session {0} already exists")]
+    DuplicateSession(SessionId),
+    #[error("session {0} has already ended")]
+    SessionEnded(SessionId),
+    #[error("execution {0} is not completed; only a completed execution has a result to store")]
+    ResultWithoutCompletion(ExecutionId),
+    #[error("journal row could not be encoded: {0}")]
+    Encode(#[from] postern_core::CanonicalError),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error(
+        "migration {version} recorded in this database differs from the one shipped with postern; \
+         the schema history was altered"
+    )]
+    MigrationMismatch { version: u32 },
+    #[error("the journal writer has stopped; restart postern")]
+    WriterStopped,
+}
+
+impl ErrorCode for StoreError {
+    fn code(&self) -> &'static str {
+        match self {
+            StoreError::Unusable { problem, .. } => match problem {
+                Unusable::Missing => "database_missing",
+                Unusable::Empty => "database_empty",
+                Unusable::NotSqlite => "not_sqlite",
+                Unusable::NotPostern { .. } | Unusable::NotInitialised => "not_postern_database",
+                Unusable::NewerSchema { .. } => "newer_schema",
+            },
+            StoreError::Sqlite(_) => "database_error",
+            StoreError::Io { .. } => "io_error",
+            StoreError::IllegalTransition(e) => e.code(),
+            StoreError::UnknownExecution(_) => "unknown_execution",
+            StoreError::DuplicateExecution(_) => "duplicate_execution",
+            StoreError::UnknownSession(_) => "unknown_session",
+            StoreError::DuplicateSession(_) => "duplicate_session",
+            StoreError::SessionEnded(_) => "session_ended",
+            StoreError::ResultWithoutCompletion(_) => "result_without_completion",
+            StoreError::Encode(e) => e.code(),
+            StoreError::Corrupt(_) => "corrupt_data",
+            StoreError::MigrationMismatch { .. } => "migration_mismatch",
+            StoreError::WriterStopped => "writer_stopped",
+        }
+    }
+}
+
+/// A request to run an action, as the engine hands it to the store after canonicalisation.
+#[derive(Clone, Debug)]
+pub struct NewExecution {
+    pub id: ExecutionId,
+    pub fingerprint: Fingerprint,
+    pub actor: Actor,
+    pub intent_scope: IntentScope,
+    pub session_id: Option<SessionId>,
+    pub tool: String,
+    pub channel: Channel,
+    pub contract: ReplayContract,
+    /// The canonical action record (secret arguments already digested).
+    pub record: Value,
+    /// Protocol correlation (JSON-RPC id, MCP session): evidence only, never a decision input.
+    pub correlation: Value,
+    pub at: Timestamp,
+}
+
+/// What admission decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    /// A new execution was accepted and journaled.
+    Accepted { id: ExecutionId },
+    /// The call matched a prior execution; the decision says what to do with it. A
+    /// `retry_received` row was journaled on the prior.
+    Matched {
+        prior: PriorExecution,
+        decision: RetryDecision,
+    },
+}
+
+/// An observed outcome and the result bytes returned to the agent (and to later retries).
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// Machine-readable summary, e.g. `{"http_status": 201}` or `{"exit_status": 0}`.
+    pub outcome: Value,
+    pub result: Vec<u8>,
+    pub at: Timestamp,
+}
+
+/// A new agent run.
+#[derive(Clone, Debug)]
+pub struct SessionStart {
+    pub id: SessionId,
+    pub actor: Actor,
+    pub pid: Option<u32>,
+    pub process_start: Option<i64>,
+    pub transport: String,
+    /// What the client claims in `initialize` (a label only).
+    pub client: Option<String>,
+    pub at: Timestamp,
+}
+
+/// Executions whose state was changed when the store was opened.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Recovery {
+    /// Left `dispatched` by a previous process: now `outcome_unknown`.
+    pub outcome_unknown: Vec<ExecutionId>,
+}
+
+/// Tuning for the writer.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreOptions {
+    /// Most operations committed in one transaction (1 disables group commit).
+    pub max_batch: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { max_batch: 256 }
+    }
+}
+
+/// The read-write store. Cheap to share behind an `Arc`; every method may be called from any
+/// thread, and concurrent writes are grouped into shared transactions.
+#[derive(Debug)]
+pub struct Store {
+    writer: writer::WriterHandle,
+    view: JournalView,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating and migrating if needed) the database at `path`, then recovers
+    /// executions left `dispatched` by a previous process. `now` stamps the recovery rows.
+    pub fn open(path: &Path, now: Timestamp) -> Result<(Store, Recovery), StoreError> {
+        Self::open_with(path, now, StoreOptions::default())
+    }
+
+    pub fn open_with(
+        path: &Path,
+        now: Timestamp,
+        options: StoreOptions,
+    ) -> Result<(Store, Recovery), StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            create_private_dir(dir)?;
+        }
+        // An existing but emptied file is refused rather than silently becoming a new journal:
+        // truncation is exactly the kind of loss an audit trail must surface.
+        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+            return Err(StoreError::Unusable {
+                path: path.to_owned(),
+                problem: Unusable::Empty,
+            });
+        }
+        let mut conn = rusqlite::Connection::open(path)?;
+        schema::check_identity(&conn, path, true)?;
+        configure_writer(&conn)?;
+        schema::migrate(&mut conn, path, now.as_millis())?;
+        let writer = writer::WriterHandle::spawn(conn, options)?;
+        let view = JournalView::open_read_only(path)?;
+        let store = Store {
+            writer,
+            view,
+            path: path.to_owned(),
+        };
+        let recovery = store.writer.recover(now)?;
+        Ok((store, recovery))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Read access to the same database.
+    pub fn view(&self) -> &JournalView {
+        &self.view
+    }
+
+    /// Looks up the most recent execution with the same fingerprint, actor and scope, applies
+    /// the core retry decision, and either accepts a new execution or journals the retry on the
+    /// prior — atomically, so two identical concurrent calls can never both be accepted.
+    pub fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
+        self.writer.admit(new)
+    }
+
+    /// Moves an execution to `to` (checked against the lifecycle) and journals it.
+    pub fn transition(
+        &self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.transition(id, to, detail, at)
+    }
+
+    /// Journals `completed` with its outcome and stores the result in the same transaction.
+    pub fn complete(
+        &self,
+        id: ExecutionId,
+        completion: Completion,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.complete(id, completion)
+    }
+
+    pub fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {
+        self.writer.start_session(start)
+    }
+
+    pub fn end_session(
+        &self,
+        id: SessionId,
+        reason: &str,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.end_session(id, reason.to_owned(), at)
+    }
+
+    /// Records the current journal head as a checkpoint and returns it for export.
+    pub fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
+        self.writer.checkpoint(at)
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    let io = |source| StoreError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn configure_writer(conn: &rusqlite::Connection) -> Result<(), rusqlite::Error> {
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // WAL: readers never block the writer. FULL: a commit is on disk before it returns, so a
+    // `dispatched` row exists before the first byte leaves for the target.
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidQuery);
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! Versioned migrations. A shipped migration is never edited: its SHA-256 is recorded in every
+//! database it ran on, checked at every open, and pinned by a snapshot test.
+
+use crate::{StoreError, Unusable};
+use rusqlite::{Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
+
+/// `PRAGMA application_id` of a Postern database: ASCII "Pstn".
+pub const APPLICATION_ID: i32 = 0x5073_746e;
+
+#[derive(Debug)]
+pub struct Migration {
+    pub version: u32,
+    pub sql: &'static str,
+}
+
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: include_str!("migrations/0001_journal.sql"),
+}];
+
+/// Highest schema version this build understands.
+pub fn supported_version() -> u32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+pub fn checksum(sql: &str) -> String {
+    hex::encode(Sha256::digest(sql.as_bytes()))
+}
+
+/// What kind of file is at the other end of a connection, without changing it.
+pub fn inspect(conn: &Connection) -> Result<(i32, u32, bool), rusqlite::Error> {
+    let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let has_tables: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table')",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok((app, version, has_tables))
+}
+
+/// Checks the file is a Postern database this build can read (`allow_new` accepts a database
+/// with no tables yet, which `migrate` will initialise).
+pub fn check_identity(
+    conn: &Connection,
+    path: &std::path::Path,
+    allow_new: bool,
+) -> Result<u32, StoreError> {
+    let unusable = |problem| StoreError::Unusable {
+        path: path.to_owned(),
+        problem,
+    };
+    let (app, version, has_tables) = inspect(conn).map_err(|e| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => unusable(Unusable::NotSqlite),
+        _ => StoreError::Sqlite(e),
+    })?;
+    if app == 0 && !has_tables && allow_new {
+        return Ok(0);
+    }
+    if app != APPLICATION_ID {
+        return Err(unusable(if app == 0 && !has_tables {
+            Unusable::NotInitialised
+        } else {
+            Unusable::NotPostern {
+                application_id: app,
+            }
+        }));
+    }
+    if version > supported_version() {
+        return Err(unusable(Unusable::NewerSchema {
+            found: version,
+            supported: supported_version(),
+        }));
+    }
+    Ok(version)
+}
+
+/// Applies pending migrations in one transaction and checks the recorded checksums of the
+/// ones already applied.
+pub fn migrate(
+    conn: &mut Connection,
+    path: &std::path::Path,
+    applied_at_ms: i64,
+) -> Result<(), StoreError> {
+    let current = check_identity(conn, path, true)?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for m in MIGRATIONS {
+        if m.version <= current {
+            let recorded: Option<String> = tx
+                .query_row(
+                    "SELECT sha256 FROM schema_migrations WHERE version = ?1",
+                    [m.version],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if recorded.as_deref() != Some(checksum(m.sql).as_str()) {
+                return Err(StoreError::MigrationMismatch { version: m.version });
+            }
+            continue;
+        }
+        tx.execute_batch(m.sql)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, sha256, applied_at) VALUES (?1, ?2, ?3)",
+            rusqlite::params![m.version, checksum(m.sql), applied_at_ms],
+        )?;
+        tx.pragma_update(None, "user_version", m.version)?;
+    }
+    tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Never edit a shipped migration: add a new one. If this snapshot changes, a migration
+    /// that may already exist in users' databases was edited.
+    #[test]
+    fn shipped_migrations_are_never_edited() {
+        let pinned: Vec<String> = MIGRATIONS
+            .iter()
+            .map(|m| format!("{} {}", m.version, checksum(m.sql)))
+            .collect();
+        insta::assert_snapshot!(pinned.join("\n"));
+    }
+
+    #[test]
+    fn versions_are_contiguous_from_one() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1);
+        }
+    }
+}

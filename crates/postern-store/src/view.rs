@@ -1,0 +1,261 @@
+//! Read-only queries over the journal and its projections, for the CLI and the app.
+//! A `JournalView` never writes: it opens the file read-only and refuses files that are not a
+//! Postern database before running a single query against them.
+
+use crate::{
+    StoreError, Unusable,
+    journal::{HashHex, JournalEntry, JournalHead, JournalRow},
+    schema, writer,
+};
+use postern_core::{ExecutionId, SessionId};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use serde::Serialize;
+use serde_json::Value;
+use std::{path::Path, sync::Mutex};
+
+#[derive(Debug)]
+pub struct JournalView {
+    conn: Mutex<Connection>,
+}
+
+/// What `postern activity` shows.
+#[derive(Clone, Debug, Default)]
+pub struct ActivityFilter {
+    pub execution: Option<ExecutionId>,
+    pub session: Option<SessionId>,
+    /// Most recent rows to return (in chronological order).
+    pub limit: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ExecutionSummary {
+    pub id: String,
+    pub fingerprint: String,
+    pub actor: String,
+    pub intent_scope: String,
+    pub session_id: Option<String>,
+    pub tool: String,
+    pub channel: String,
+    pub state: String,
+    pub accepted_at: i64,
+    pub updated_at: i64,
+    pub first_dispatched_at: Option<i64>,
+    pub contract: Value,
+    pub record: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SessionSummary {
+    pub id: String,
+    pub actor: String,
+    pub pid: Option<i64>,
+    pub process_start: Option<i64>,
+    pub transport: String,
+    pub client: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub end_reason: Option<String>,
+    pub executions: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StoredResult {
+    pub execution_id: String,
+    pub recorded_at: i64,
+    pub sha256: String,
+    #[serde(skip)]
+    pub body: Vec<u8>,
+}
+
+pub(crate) fn unusable(path: &Path, problem: Unusable) -> StoreError {
+    StoreError::Unusable {
+        path: path.to_owned(),
+        problem,
+    }
+}
+
+/// Opens `path` read-only after checking it is a Postern database this build can read.
+pub(crate) fn open_checked(path: &Path) -> Result<Connection, StoreError> {
+    let meta = std::fs::metadata(path).map_err(|_| unusable(path, Unusable::Missing))?;
+    if meta.len() == 0 {
+        return Err(unusable(path, Unusable::Empty));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    schema::check_identity(&conn, path, false)?;
+    Ok(conn)
+}
+
+fn entry_from(seq: i64, body: &str, hash: Vec<u8>) -> Result<JournalEntry, StoreError> {
+    let row: JournalRow = serde_json::from_str(body)
+        .map_err(|e| StoreError::Corrupt(format!("journal row {seq}: {e}")))?;
+    let hash = hash
+        .try_into()
+        .map_err(|_| StoreError::Corrupt(format!("journal row {seq}: bad row_hash")))?;
+    Ok(JournalEntry {
+        row,
+        row_hash: HashHex(hash),
+    })
+}
+
+impl JournalView {
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        Ok(JournalView {
+            conn: Mutex::new(open_checked(path)?),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let conn = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Corrupt("view lock poisoned".into()))?;
+        f(&conn)
+    }
+
+    fn entries(
+        conn: &Connection,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
+        let mut stmt = conn.prepare_cached(sql)?;
+        let rows = stmt.query_map(params, |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+            ))
+        })?;
+        rows.map(|r| {
+            let (seq, body, hash) = r?;
+            entry_from(seq, &body, hash)
+        })
+        .collect()
+    }
+
+    pub fn head(&self) -> Result<JournalHead, StoreError> {
+        self.with(writer::load_head)
+    }
+
+    /// Activity rows, most recent `limit` of them, oldest first.
+    pub fn activity(&self, filter: &ActivityFilter) -> Result<Vec<JournalEntry>, StoreError> {
+        let limit = i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX);
+        let mut out = self.with(|c| {
+            Self::entries(
+                c,
+                "SELECT seq, body, row_hash FROM journal
+                 WHERE stream = 'activity'
+                   AND (?1 IS NULL OR execution_id = ?1)
+                   AND (?2 IS NULL OR session_id = ?2)
+                 ORDER BY seq DESC LIMIT ?3",
+                params![
+                    filter.execution.map(|e| e.to_string()),
+                    filter.session.map(|s| s.to_string()),
+                    limit
+                ],
+            )
+        })?;
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Every activity row of one execution, oldest first.
+    pub fn timeline(&self, id: ExecutionId) -> Result<Vec<JournalEntry>, StoreError> {
+        self.with(|c| {
+            Self::entries(
+                c,
+                "SELECT seq, body, row_hash FROM journal WHERE execution_id = ?1 ORDER BY seq",
+                [id.to_string()],
+            )
+        })
+    }
+
+    pub fn execution(&self, id: ExecutionId) -> Result<Option<ExecutionSummary>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached(
+                "SELECT id, fingerprint, actor, intent_scope, session_id, tool, channel, state, accepted_at,
+                        updated_at, first_dispatched_at, contract, record
+                 FROM executions WHERE id = ?1",
+            )?
+            .query_row([id.to_string()], |r| {
+                let json = |i: usize| -> rusqlite::Result<Value> {
+                    let text: String = r.get(i)?;
+                    serde_json::from_str(&text).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+                    })
+                };
+                Ok(ExecutionSummary {
+                    id: r.get(0)?,
+                    fingerprint: r.get(1)?,
+                    actor: r.get(2)?,
+                    intent_scope: r.get(3)?,
+                    session_id: r.get(4)?,
+                    tool: r.get(5)?,
+                    channel: r.get(6)?,
+                    state: r.get(7)?,
+                    accepted_at: r.get(8)?,
+                    updated_at: r.get(9)?,
+                    first_dispatched_at: r.get(10)?,
+                    contract: json(11)?,
+                    record: json(12)?,
+                })
+            })
+            .optional()
+            .map_err(StoreError::from)
+        })
+    }
+
+    pub fn result(&self, id: ExecutionId) -> Result<Option<StoredResult>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached("SELECT execution_id, recorded_at, sha256, body FROM results WHERE execution_id = ?1")?
+                .query_row([id.to_string()], |r| {
+                    Ok(StoredResult { execution_id: r.get(0)?, recorded_at: r.get(1)?, sha256: r.get(2)?, body: r.get(3)? })
+                })
+                .optional()
+                .map_err(StoreError::from)
+        })
+    }
+
+    /// Agent runs, most recent first, with how many executions each made.
+    pub fn sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT s.id, s.actor, s.pid, s.process_start, s.transport, s.client, s.started_at, s.ended_at,
+                        s.end_reason, (SELECT count(*) FROM executions e WHERE e.session_id = s.id)
+                 FROM agent_sessions s ORDER BY s.started_at DESC, s.id DESC",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok(SessionSummary {
+                    id: r.get(0)?,
+                    actor: r.get(1)?,
+                    pid: r.get(2)?,
+                    process_start: r.get(3)?,
+                    transport: r.get(4)?,
+                    client: r.get(5)?,
+                    started_at: r.get(6)?,
+                    ended_at: r.get(7)?,
+                    end_reason: r.get(8)?,
+                    executions: r.get(9)?,
+                })
+            })?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
+    }
+
+    /// Number of executions per state, for status displays.
+    pub fn state_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT state, count(*) FROM executions GROUP BY state ORDER BY state",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
+    }
+}

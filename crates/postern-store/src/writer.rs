@@ -1,0 +1,616 @@
+//! The single journal writer: one thread owns the read-write connection and commits every
+//! write, grouping whatever requests are waiting into one transaction (group commit).
+//!
+//! Serialising writes here is also what makes admission atomic: the retry lookup and the
+//! acceptance of a new execution happen in the same transaction, on the same thread, so two
+//! identical concurrent calls are decided one after the other.
+
+use crate::{
+    Admission, Checkpoint, Completion, NewExecution, Recovery, SessionStart, StoreError,
+    StoreOptions,
+    journal::{HashHex, JournalEntry, JournalHead, JournalRow, ROW_VERSION, Stream, chain_hash},
+};
+use postern_core::{
+    Actor, ExecutionId, ExecutionState, IncomingIntent, IntentScope, PriorExecution,
+    ReplayContract, RetryDecision, SessionId, Timestamp, decide_retry,
+};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::sync::mpsc;
+
+enum Op {
+    Admit(Box<NewExecution>),
+    Transition {
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+    },
+    Complete {
+        id: ExecutionId,
+        completion: Completion,
+    },
+    StartSession(Box<SessionStart>),
+    EndSession {
+        id: SessionId,
+        reason: String,
+        at: Timestamp,
+    },
+    Checkpoint {
+        at: Timestamp,
+    },
+    Recover {
+        now: Timestamp,
+    },
+}
+
+enum Reply {
+    Admission(Admission),
+    Entry(JournalEntry),
+    Checkpoint(Checkpoint),
+    Recovery(Recovery),
+}
+
+struct Job {
+    op: Op,
+    reply: mpsc::SyncSender<Result<Reply, StoreError>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct WriterHandle {
+    tx: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for WriterHandle {
+    /// Closing the channel ends the writer loop once queued jobs are committed; joining it
+    /// means the database connection is closed when the `Store` is gone.
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+macro_rules! expect_reply {
+    ($result:expr, $variant:ident) => {
+        match $result? {
+            Reply::$variant(v) => Ok(v),
+            _ => Err(StoreError::Corrupt(
+                "writer answered with the wrong reply kind".into(),
+            )),
+        }
+    };
+}
+
+impl WriterHandle {
+    pub(crate) fn spawn(conn: Connection, options: StoreOptions) -> Result<Self, StoreError> {
+        let head = load_head(&conn)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let mut writer = Writer {
+            conn,
+            head,
+            max_batch: options.max_batch.max(1),
+        };
+        let thread = std::thread::Builder::new()
+            .name("postern-journal-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| StoreError::Corrupt(format!("cannot start the journal writer: {e}")))?;
+        Ok(WriterHandle {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn call(&self, op: Op) -> Result<Reply, StoreError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        let tx = self.tx.as_ref().ok_or(StoreError::WriterStopped)?;
+        tx.send(Job { op, reply })
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.recv().map_err(|_| StoreError::WriterStopped)?
+    }
+
+    pub(crate) fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
+        expect_reply!(self.call(Op::Admit(Box::new(new))), Admission)
+    }
+
+    pub(crate) fn transition(
+        &self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::Transition { id, to, detail, at }), Entry)
+    }
+
+    pub(crate) fn complete(
+        &self,
+        id: ExecutionId,
+        completion: Completion,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::Complete { id, completion }), Entry)
+    }
+
+    pub(crate) fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::StartSession(Box::new(start))), Entry)
+    }
+
+    pub(crate) fn end_session(
+        &self,
+        id: SessionId,
+        reason: String,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::EndSession { id, reason, at }), Entry)
+    }
+
+    pub(crate) fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
+        expect_reply!(self.call(Op::Checkpoint { at }), Checkpoint)
+    }
+
+    pub(crate) fn recover(&self, now: Timestamp) -> Result<Recovery, StoreError> {
+        expect_reply!(self.call(Op::Recover { now }), Recovery)
+    }
+}
+
+pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
+    let head: Option<(i64, Vec<u8>)> = conn
+        .query_row(
+            "SELECT seq, row_hash FROM journal ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    match head {
+        None => Ok(JournalHead::EMPTY),
+        Some((seq, hash)) => Ok(JournalHead {
+            size: u64::try_from(seq)
+                .map_err(|_| StoreError::Corrupt(format!("negative journal seq {seq}")))?,
+            hash: HashHex(hash.try_into().map_err(|_| {
+                StoreError::Corrupt(format!("row {seq}: row_hash is not 32 bytes"))
+            })?),
+        }),
+    }
+}
+
+struct Writer {
+    conn: Connection,
+    head: JournalHead,
+    max_batch: usize,
+}
+
+/// A row about to be appended (the writer assigns `seq`).
+struct Draft {
+    at: Timestamp,
+    stream: Stream,
+    event: String,
+    execution_id: Option<ExecutionId>,
+    session_id: Option<SessionId>,
+    state: Option<ExecutionState>,
+    detail: Value,
+}
+
+impl Writer {
+    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let replies = self.commit_batch(&batch);
+            for (job, reply) in batch.into_iter().zip(replies) {
+                // The caller may have given up waiting; the write itself stands.
+                let _ = job.reply.send(reply);
+            }
+        }
+    }
+
+    /// Applies every job in one transaction. A job that fails is rolled back to its own
+    /// savepoint and reported; the others still commit. If the commit fails, all fail.
+    fn commit_batch(&mut self, batch: &[Job]) -> Vec<Result<Reply, StoreError>> {
+        let head_before = self.head;
+        if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            return batch
+                .iter()
+                .map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e))))
+                .collect();
+        }
+        let mut replies = Vec::with_capacity(batch.len());
+        for job in batch {
+            let head_at_savepoint = self.head;
+            let result = self
+                .conn
+                .execute_batch("SAVEPOINT op")
+                .map_err(StoreError::from)
+                .and_then(|()| {
+                    let r = self.apply(&job.op);
+                    let end = if r.is_ok() {
+                        "RELEASE op"
+                    } else {
+                        "ROLLBACK TO op; RELEASE op"
+                    };
+                    self.conn.execute_batch(end)?;
+                    r
+                });
+            if result.is_err() {
+                self.head = head_at_savepoint;
+            }
+            replies.push(result);
+        }
+        if let Err(e) = self.conn.execute_batch("COMMIT") {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            self.head = head_before;
+            return batch
+                .iter()
+                .map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e))))
+                .collect();
+        }
+        replies
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<Reply, StoreError> {
+        match op {
+            Op::Admit(new) => self.admit(new).map(Reply::Admission),
+            Op::Transition { id, to, detail, at } => self
+                .transition(*id, *to, detail.clone(), *at)
+                .map(Reply::Entry),
+            Op::Complete { id, completion } => self.complete(*id, completion).map(Reply::Entry),
+            Op::StartSession(start) => self.start_session(start).map(Reply::Entry),
+            Op::EndSession { id, reason, at } => {
+                self.end_session(*id, reason, *at).map(Reply::Entry)
+            }
+            Op::Checkpoint { at } => self.checkpoint(*at).map(Reply::Checkpoint),
+            Op::Recover { now } => self.recover(*now).map(Reply::Recovery),
+        }
+    }
+
+    fn append(&mut self, draft: Draft) -> Result<JournalEntry, StoreError> {
+        let row = JournalRow {
+            v: ROW_VERSION,
+            seq: self.head.size + 1,
+            at: draft.at,
+            stream: draft.stream,
+            event: draft.event,
+            execution_id: draft.execution_id,
+            session_id: draft.session_id,
+            state: draft.state,
+            detail: draft.detail,
+        };
+        let body = row.canonical()?;
+        let hash = chain_hash(&self.head.hash.0, &body);
+        let body_text = String::from_utf8(body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let seq =
+            i64::try_from(row.seq).map_err(|_| StoreError::Corrupt("journal is full".into()))?;
+        self.conn
+            .prepare_cached("INSERT INTO journal (seq, body, row_hash) VALUES (?1, ?2, ?3)")?
+            .execute(params![seq, body_text, hash.as_slice()])?;
+        self.head = JournalHead {
+            size: row.seq,
+            hash: HashHex(hash),
+        };
+        Ok(JournalEntry {
+            row,
+            row_hash: HashHex(hash),
+        })
+    }
+
+    fn find_prior(&self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
+        let found = self
+            .conn
+            .prepare_cached(
+                "SELECT id, state, accepted_at, contract FROM executions
+                 WHERE fingerprint = ?1 AND actor = ?2 AND intent_scope = ?3
+                 ORDER BY accepted_at DESC, id DESC LIMIT 1",
+            )?
+            .query_row(
+                params![
+                    new.fingerprint.to_string(),
+                    new.actor.as_str(),
+                    new.intent_scope.as_str()
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                },
+            )
+            .optional()?;
+        let Some((id, state, accepted_at, contract)) = found else {
+            return Ok(None);
+        };
+        Ok(Some(PriorExecution {
+            id: id
+                .parse()
+                .map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))?,
+            fingerprint: new.fingerprint,
+            actor: Actor::from_recorded(new.actor.as_str()),
+            intent_scope: IntentScope::from_recorded(new.intent_scope.as_str()),
+            state: state
+                .parse()
+                .map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?,
+            accepted_at: Timestamp::from_millis(accepted_at),
+            contract: serde_json::from_str::<ReplayContract>(&contract)
+                .map_err(|e| StoreError::Corrupt(format!("execution {id}: contract: {e}")))?,
+        }))
+    }
+
+    fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
+        let prior = self.find_prior(new)?;
+        let incoming = IncomingIntent {
+            fingerprint: &new.fingerprint,
+            actor: &new.actor,
+            intent_scope: &new.intent_scope,
+        };
+        let decision = decide_retry(prior.as_ref(), &incoming, new.at);
+        if let (Some(prior), false) = (prior.as_ref(), decision == RetryDecision::NewExecution) {
+            let session_id = self.execution_session(prior.id)?;
+            self.append(Draft {
+                at: new.at,
+                stream: Stream::Activity,
+                event: "retry_received".into(),
+                execution_id: Some(prior.id),
+                session_id,
+                state: Some(prior.state),
+                detail: json!({
+                    "decision": decision,
+                    "correlation": new.correlation,
+                    "fingerprint": new.fingerprint,
+                    "attempted_execution_id": new.id,
+                }),
+            })?;
+            return Ok(Admission::Matched {
+                prior: prior.clone(),
+                decision,
+            });
+        }
+        let contract =
+            serde_json::to_string(&new.contract).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let record =
+            serde_json::to_string(&new.record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let inserted = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO executions (id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
+                                         accepted_at, updated_at, contract, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'accepted', ?8, ?8, ?9, ?10)
+                 ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![
+                new.id.to_string(),
+                new.fingerprint.to_string(),
+                new.actor.as_str(),
+                new.intent_scope.as_str(),
+                new.session_id.map(|s| s.to_string()),
+                new.tool,
+                new.channel.as_str(),
+                new.at.as_millis(),
+                contract,
+                record,
+            ])?;
+        if inserted == 0 {
+            return Err(StoreError::DuplicateExecution(new.id));
+        }
+        let mut detail = json!({
+            "tool": new.tool,
+            "channel": new.channel,
+            "actor": new.actor,
+            "intent_scope": new.intent_scope,
+            "fingerprint": new.fingerprint,
+            "record": new.record,
+            "contract": new.contract,
+            "correlation": new.correlation,
+        });
+        if let Some(prior) = &prior {
+            // A related execution exists but does not attach (outside its window, delivered, …):
+            // say so, so a reviewer can see why this was treated as a new intent.
+            detail["related_prior"] = json!({"execution_id": prior.id, "state": prior.state});
+        }
+        self.append(Draft {
+            at: new.at,
+            stream: Stream::Activity,
+            event: ExecutionState::Accepted.as_str().into(),
+            execution_id: Some(new.id),
+            session_id: new.session_id,
+            state: Some(ExecutionState::Accepted),
+            detail,
+        })?;
+        Ok(Admission::Accepted { id: new.id })
+    }
+
+    fn execution_session(&self, id: ExecutionId) -> Result<Option<SessionId>, StoreError> {
+        Ok(self.execution_state(id)?.1)
+    }
+
+    fn execution_state(
+        &self,
+        id: ExecutionId,
+    ) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
+        let (state, session): (String, Option<String>) = self
+            .conn
+            .prepare_cached("SELECT state, session_id FROM executions WHERE id = ?1")?
+            .query_row([id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?
+            .ok_or(StoreError::UnknownExecution(id))?;
+        let state = state
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?;
+        let session = session
+            .map(|s| {
+                s.parse()
+                    .map_err(|e| StoreError::Corrupt(format!("execution {id}: session: {e}")))
+            })
+            .transpose()?;
+        Ok((state, session))
+    }
+
+    fn transition(
+        &mut self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let (from, session_id) = self.execution_state(id)?;
+        let next = from.transition(to)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE executions SET state = ?2, updated_at = ?3,
+                        first_dispatched_at = COALESCE(first_dispatched_at, CASE WHEN ?2 = 'dispatched' THEN ?3 END)
+                 WHERE id = ?1",
+            )?
+            .execute(params![id.to_string(), next.as_str(), at.as_millis()])?;
+        self.append(Draft {
+            at,
+            stream: Stream::Activity,
+            event: next.as_str().into(),
+            execution_id: Some(id),
+            session_id,
+            state: Some(next),
+            detail,
+        })
+    }
+
+    fn complete(
+        &mut self,
+        id: ExecutionId,
+        completion: &Completion,
+    ) -> Result<JournalEntry, StoreError> {
+        let sha = hex::encode(Sha256::digest(&completion.result));
+        let detail = json!({
+            "outcome": completion.outcome,
+            "result": {"sha256": sha, "bytes": completion.result.len()},
+        });
+        let entry = self.transition(id, ExecutionState::Completed, detail, completion.at)?;
+        self.conn
+            .prepare_cached("INSERT INTO results (execution_id, recorded_at, sha256, body) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![id.to_string(), completion.at.as_millis(), sha, completion.result])?;
+        Ok(entry)
+    }
+
+    fn start_session(&mut self, s: &SessionStart) -> Result<JournalEntry, StoreError> {
+        let inserted = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO agent_sessions (id, actor, pid, process_start, transport, client, started_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![
+                s.id.to_string(),
+                s.actor.as_str(),
+                s.pid,
+                s.process_start,
+                s.transport,
+                s.client,
+                s.at.as_millis()
+            ])?;
+        if inserted == 0 {
+            return Err(StoreError::DuplicateSession(s.id));
+        }
+        self.append(Draft {
+            at: s.at,
+            stream: Stream::Session,
+            event: "session_started".into(),
+            execution_id: None,
+            session_id: Some(s.id),
+            state: None,
+            detail: json!({
+                "actor": s.actor, "pid": s.pid, "process_start": s.process_start,
+                "transport": s.transport, "client": s.client,
+            }),
+        })
+    }
+
+    fn end_session(
+        &mut self,
+        id: SessionId,
+        reason: &str,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let ended: Option<Option<i64>> = self
+            .conn
+            .prepare_cached("SELECT ended_at FROM agent_sessions WHERE id = ?1")?
+            .query_row([id.to_string()], |r| r.get(0))
+            .optional()?;
+        match ended {
+            None => return Err(StoreError::UnknownSession(id)),
+            Some(Some(_)) => return Err(StoreError::SessionEnded(id)),
+            Some(None) => {}
+        }
+        self.conn
+            .prepare_cached(
+                "UPDATE agent_sessions SET ended_at = ?2, end_reason = ?3 WHERE id = ?1",
+            )?
+            .execute(params![id.to_string(), at.as_millis(), reason])?;
+        self.append(Draft {
+            at,
+            stream: Stream::Session,
+            event: "session_ended".into(),
+            execution_id: None,
+            session_id: Some(id),
+            state: None,
+            detail: json!({ "reason": reason }),
+        })
+    }
+
+    fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpoint, StoreError> {
+        let cp = Checkpoint::new(self.head, at);
+        self.conn
+            .prepare_cached(
+                "INSERT INTO checkpoints (journal_size, head_hash, created_at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![
+                i64::try_from(cp.journal_size).unwrap_or(i64::MAX),
+                cp.head_hash.to_string(),
+                at.as_millis()
+            ])?;
+        Ok(cp)
+    }
+
+    fn recover(&mut self, now: Timestamp) -> Result<Recovery, StoreError> {
+        let stranded: Vec<(String, Option<i64>)> = self
+            .conn
+            .prepare_cached("SELECT id, first_dispatched_at FROM executions WHERE state = 'dispatched' ORDER BY id")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut recovery = Recovery::default();
+        for (id, dispatched_at) in stranded {
+            let id: ExecutionId = id
+                .parse()
+                .map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
+            self.transition(
+                id,
+                ExecutionState::OutcomeUnknown,
+                json!({
+                    "reason": "gateway_restarted_while_dispatched",
+                    "explanation": "Postern stopped while this action was dispatched; bytes may have reached the target and no outcome was observed.",
+                    "first_dispatched_at": dispatched_at,
+                }),
+                now,
+            )?;
+            recovery.outcome_unknown.push(id);
+        }
+        Ok(recovery)
+    }
+}
+
+/// `rusqlite::Error` is not `Clone`; a batch-wide failure is reported to every caller.
+fn clone_sqlite_error(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone())
+        }
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
+    }
+}
