@@ -166,11 +166,11 @@ impl ReplayContract {
         {
             return Err(err(ContractProblem::SecretWithDefault(f.clone())));
         }
-        if let Some(fields) = &self.fingerprint_fields {
-            if let Some(f) = self.defaults.keys().find(|f| !fields.contains(*f)) {
-                // A default that never enters the fingerprint is harmless but almost always a typo.
-                return Err(err(ContractProblem::DefaultOutsideFingerprint(f.clone())));
-            }
+        // A default that never enters the fingerprint is harmless but almost always a typo.
+        if let Some(fields) = &self.fingerprint_fields
+            && let Some(f) = self.defaults.keys().find(|f| !fields.contains(*f))
+        {
+            return Err(err(ContractProblem::DefaultOutsideFingerprint(f.clone())));
         }
         Ok(())
     }

@@ -172,7 +172,7 @@ mod tests {
         ));
         assert!(matches!(
             " act_01ARZ3NDEKTSV4RRFFQ69G5FAV".parse::<ExecutionId>(),
-            Err(_)
+            Err(IdError::WrongPrefix { .. })
         ));
     }
 

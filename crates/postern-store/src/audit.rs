@@ -203,11 +203,11 @@ pub fn verify(
     let (head, chain_finding) = check_chain(&conn, total, progress)?;
     let mut findings: Vec<Finding> = chain_finding.into_iter().collect();
     let mut checkpoint_checked = false;
-    if findings.is_empty() {
-        if let Some(cp) = checkpoint {
-            checkpoint_checked = true;
-            findings.extend(check_checkpoint(&conn, head, cp)?);
-        }
+    if findings.is_empty()
+        && let Some(cp) = checkpoint
+    {
+        checkpoint_checked = true;
+        findings.extend(check_checkpoint(&conn, head, cp)?);
     }
     if findings.is_empty() {
         findings.extend(check_projection(&conn)?);
@@ -274,7 +274,7 @@ fn check_chain(
             ));
         }
         prev.copy_from_slice(stored);
-        if seq % PROGRESS_EVERY == 0 {
+        if seq.is_multiple_of(PROGRESS_EVERY) {
             progress(seq, total);
         }
         expected += 1;

@@ -126,8 +126,10 @@ pub struct NewExecution {
     pub at: Timestamp,
 }
 
-/// What admission decided.
+/// What admission decided. (Returned once per call and matched on at once, so the size
+/// difference between the variants does not matter.)
 #[derive(Clone, Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Admission {
     /// A new execution was accepted and journaled.
     Accepted { id: ExecutionId },

@@ -46,7 +46,7 @@ enum Op {
 }
 
 enum Reply {
-    Admission(Admission),
+    Admission(Box<Admission>),
     Entry(JournalEntry),
     Checkpoint(Checkpoint),
     Recovery(Recovery),
@@ -113,7 +113,7 @@ impl WriterHandle {
     }
 
     pub(crate) fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
-        expect_reply!(self.call(Op::Admit(Box::new(new))), Admission)
+        expect_reply!(self.call(Op::Admit(Box::new(new))), Admission).map(|a| *a)
     }
 
     pub(crate) fn transition(
@@ -256,7 +256,7 @@ impl Writer {
 
     fn apply(&mut self, op: &Op) -> Result<Reply, StoreError> {
         match op {
-            Op::Admit(new) => self.admit(new).map(Reply::Admission),
+            Op::Admit(new) => self.admit(new).map(|a| Reply::Admission(Box::new(a))),
             Op::Transition { id, to, detail, at } => self
                 .transition(*id, *to, detail.clone(), *at)
                 .map(Reply::Entry),

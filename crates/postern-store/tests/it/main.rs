@@ -1,5 +1,7 @@
 //! Integration tests of postern-store against real SQLite files on disk.
 
+#![allow(clippy::unwrap_used)] // tests assert by unwrapping the error they expect
+
 mod admission;
 mod audit_tamper;
 mod canary;

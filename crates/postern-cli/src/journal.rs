@@ -1,0 +1,239 @@
+//! `postern status`, `activity`, `sessions` and `execution show`: reading the journals.
+
+use crate::{Failure, audit::now, location, render};
+use anyhow::{Context, anyhow};
+use postern_core::{ExecutionId, SessionId};
+use postern_store::{ActivityFilter, JournalEntry, JournalView, Store, StoreError, Unusable};
+use serde_json::json;
+use std::{path::Path, process::ExitCode};
+
+/// Opens the journal read-only, with a hint when there is none yet.
+fn view(data_dir: &Path) -> Result<JournalView, Failure> {
+    let db = location::database(data_dir);
+    JournalView::open_read_only(&db).map_err(|e| match e {
+        StoreError::Unusable {
+            problem: Unusable::Missing,
+            ..
+        } => Failure {
+            code: 2,
+            error: anyhow!(
+                "no Postern journal at {} (run `postern status` to create one, or pass --data-dir)",
+                db.display()
+            ),
+        },
+        other => other.into(),
+    })
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).context("encode JSON")?
+    );
+    Ok(())
+}
+
+pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
+    let db = location::database(data_dir);
+    let (store, recovery) = Store::open(&db, now())?;
+    let head = store.view().head()?;
+    let states = store.view().state_counts()?;
+    let sessions = store.view().sessions()?;
+    if as_json {
+        print_json(&json!({
+            "data_dir": data_dir.display().to_string(),
+            "database": db.display().to_string(),
+            "schema_version": postern_store::supported_version(),
+            "journal": head,
+            "executions_by_state": states.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "active_sessions": sessions.iter().filter(|s| s.ended_at.is_none()).count(),
+            "recovered_to_outcome_unknown": recovery.outcome_unknown,
+        }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("data dir    {}", data_dir.display());
+    println!(
+        "database    {} (schema v{})",
+        db.display(),
+        postern_store::supported_version()
+    );
+    println!("journal     {} rows, head {}", head.size, head.hash);
+    let total: i64 = states.iter().map(|(_, n)| n).sum();
+    let by_state: Vec<String> = states.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    println!(
+        "executions  {total}{}",
+        if by_state.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", by_state.join(", "))
+        }
+    );
+    println!(
+        "sessions    {} ({} active)",
+        sessions.len(),
+        sessions.iter().filter(|s| s.ended_at.is_none()).count()
+    );
+    if !recovery.outcome_unknown.is_empty() {
+        println!(
+            "recovered   {} execution(s) left dispatched by a previous run are now outcome_unknown:",
+            recovery.outcome_unknown.len()
+        );
+        for id in &recovery.outcome_unknown {
+            println!("  - {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn activity_table(rows: &[JournalEntry]) -> comfy_table::Table {
+    let mut t = render::table(&["seq", "time (UTC)", "execution", "event", "state", "detail"]);
+    for e in rows {
+        let r = &e.row;
+        t.add_row(vec![
+            r.seq.to_string(),
+            render::time(r.at.as_millis()),
+            r.execution_id.map(|id| id.to_string()).unwrap_or_default(),
+            r.event.clone(),
+            r.state.map(|s| s.to_string()).unwrap_or_default(),
+            render::brief(&summary(e), 60),
+        ]);
+    }
+    t
+}
+
+/// What is worth a glance in a row's detail (the full record is in `execution show --json`).
+fn summary(e: &JournalEntry) -> serde_json::Value {
+    let d = &e.row.detail;
+    match e.row.event.as_str() {
+        "accepted" => {
+            json!({"tool": d["tool"], "actor": d["actor"], "fingerprint": d["fingerprint"]})
+        }
+        "retry_received" => {
+            json!({"decision": d["decision"]["decision"], "correlation": d["correlation"]})
+        }
+        _ => d.clone(),
+    }
+}
+
+pub fn activity(
+    data_dir: &Path,
+    execution: Option<ExecutionId>,
+    session: Option<SessionId>,
+    limit: usize,
+    as_json: bool,
+) -> Result<ExitCode, Failure> {
+    let rows = view(data_dir)?.activity(&ActivityFilter {
+        execution,
+        session,
+        limit,
+    })?;
+    if as_json {
+        print_json(&rows)?;
+    } else if rows.is_empty() {
+        println!("no activity yet");
+    } else {
+        println!("{}", activity_table(&rows).trim_fmt());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
+    let sessions = view(data_dir)?.sessions()?;
+    if as_json {
+        print_json(&sessions)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if sessions.is_empty() {
+        println!("no agent sessions yet");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = render::table(&[
+        "session",
+        "actor",
+        "pid",
+        "transport",
+        "client",
+        "started (UTC)",
+        "ended (UTC)",
+        "calls",
+    ]);
+    for s in &sessions {
+        t.add_row(vec![
+            s.id.clone(),
+            s.actor.clone(),
+            s.pid.map(|p| p.to_string()).unwrap_or_default(),
+            s.transport.clone(),
+            s.client.clone().unwrap_or_default(),
+            render::time(s.started_at),
+            s.ended_at
+                .map(render::time)
+                .unwrap_or_else(|| "active".into()),
+            s.executions.to_string(),
+        ]);
+    }
+    println!("{}", t.trim_fmt());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode, Failure> {
+    let view = view(data_dir)?;
+    let summary = view.execution(id)?.ok_or_else(|| Failure {
+        code: 2,
+        error: anyhow!("no execution {id} in this journal"),
+    })?;
+    let timeline = view.timeline(id)?;
+    let result = view.result(id)?;
+    if as_json {
+        print_json(&json!({ "execution": summary, "timeline": timeline, "result": result }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("execution     {}", summary.id);
+    println!("tool          {} ({})", summary.tool, summary.channel);
+    match &summary.record["target"] {
+        serde_json::Value::String(url) => println!(
+            "target        {} {url}",
+            summary.record["method"].as_str().unwrap_or("")
+        ),
+        other => println!("target        {other}"),
+    }
+    println!("actor         {}", summary.actor);
+    println!("intent scope  {}", summary.intent_scope);
+    println!("fingerprint   {}", summary.fingerprint);
+    println!(
+        "contract      {}",
+        summary.contract["class"].as_str().unwrap_or("?")
+    );
+    if summary.contract["class"] == "idempotency_key" {
+        println!(
+            "idempotency   {}: {}",
+            summary.contract["idempotency_header"]
+                .as_str()
+                .unwrap_or("?"),
+            summary.id
+        );
+    }
+    println!("state         {}", summary.state);
+    if let Some(r) = &result {
+        println!("result        {} bytes, sha256:{}", r.body.len(), r.sha256);
+    }
+    println!();
+    let mut t = render::table(&["seq", "time (UTC)", "event", "state", "detail"]);
+    for e in &timeline {
+        t.add_row(vec![
+            e.row.seq.to_string(),
+            render::time(e.row.at.as_millis()),
+            e.row.event.clone(),
+            e.row.state.map(|s| s.to_string()).unwrap_or_default(),
+            render::brief(
+                &if e.row.event == "accepted" {
+                    json!({"correlation": e.row.detail["correlation"]})
+                } else {
+                    e.row.detail.clone()
+                },
+                80,
+            ),
+        ]);
+    }
+    println!("{}", t.trim_fmt());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,7 @@
+//! Integration tests of the `postern` binary: real processes, real database files.
+
+#![allow(clippy::unwrap_used)] // tests assert by unwrapping the error they expect
+
+mod audit;
+mod journal;
+mod support;
