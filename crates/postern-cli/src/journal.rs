@@ -11,10 +11,7 @@ use std::{path::Path, process::ExitCode};
 fn view(data_dir: &Path) -> Result<JournalView, Failure> {
     let db = location::database(data_dir);
     JournalView::open_read_only(&db).map_err(|e| match e {
-        StoreError::Unusable {
-            problem: Unusable::Missing,
-            ..
-        } => Failure {
+        StoreError::Unusable { problem: Unusable::Missing, .. } => Failure {
             code: 2,
             error: anyhow!(
                 "no Postern journal at {} (run `postern status` to create one, or pass --data-dir)",
@@ -26,10 +23,7 @@ fn view(data_dir: &Path) -> Result<JournalView, Failure> {
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).context("encode JSON")?
-    );
+    println!("{}", serde_json::to_string_pretty(value).context("encode JSON")?);
     Ok(())
 }
 
@@ -52,27 +46,15 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("data dir    {}", data_dir.display());
-    println!(
-        "database    {} (schema v{})",
-        db.display(),
-        postern_store::supported_version()
-    );
+    println!("database    {} (schema v{})", db.display(), postern_store::supported_version());
     println!("journal     {} rows, head {}", head.size, head.hash);
     let total: i64 = states.iter().map(|(_, n)| n).sum();
     let by_state: Vec<String> = states.iter().map(|(s, n)| format!("{s} {n}")).collect();
     println!(
         "executions  {total}{}",
-        if by_state.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", by_state.join(", "))
-        }
+        if by_state.is_empty() { String::new() } else { format!(" ({})", by_state.join(", ")) }
     );
-    println!(
-        "sessions    {} ({} active)",
-        sessions.len(),
-        sessions.iter().filter(|s| s.ended_at.is_none()).count()
-    );
+    println!("sessions    {} ({} active)", sessions.len(), sessions.iter().filter(|s| s.ended_at.is_none()).count());
     if !recovery.outcome_unknown.is_empty() {
         println!(
             "recovered   {} execution(s) left dispatched by a previous run are now outcome_unknown:",
@@ -122,11 +104,7 @@ pub fn activity(
     limit: usize,
     as_json: bool,
 ) -> Result<ExitCode, Failure> {
-    let rows = view(data_dir)?.activity(&ActivityFilter {
-        execution,
-        session,
-        limit,
-    })?;
+    let rows = view(data_dir)?.activity(&ActivityFilter { execution, session, limit })?;
     if as_json {
         print_json(&rows)?;
     } else if rows.is_empty() {
@@ -147,16 +125,8 @@ pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
         println!("no agent sessions yet");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut t = render::table(&[
-        "session",
-        "actor",
-        "pid",
-        "transport",
-        "client",
-        "started (UTC)",
-        "ended (UTC)",
-        "calls",
-    ]);
+    let mut t =
+        render::table(&["session", "actor", "pid", "transport", "client", "started (UTC)", "ended (UTC)", "calls"]);
     for s in &sessions {
         t.add_row(vec![
             s.id.clone(),
@@ -165,9 +135,7 @@ pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
             s.transport.clone(),
             s.client.clone().unwrap_or_default(),
             render::time(s.started_at),
-            s.ended_at
-                .map(render::time)
-                .unwrap_or_else(|| "active".into()),
+            s.ended_at.map(render::time).unwrap_or_else(|| "active".into()),
             s.executions.to_string(),
         ]);
     }
@@ -177,10 +145,8 @@ pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
 
 pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode, Failure> {
     let view = view(data_dir)?;
-    let summary = view.execution(id)?.ok_or_else(|| Failure {
-        code: 2,
-        error: anyhow!("no execution {id} in this journal"),
-    })?;
+    let summary =
+        view.execution(id)?.ok_or_else(|| Failure { code: 2, error: anyhow!("no execution {id} in this journal") })?;
     let timeline = view.timeline(id)?;
     let result = view.result(id)?;
     if as_json {
@@ -190,27 +156,17 @@ pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode,
     println!("execution     {}", summary.id);
     println!("tool          {} ({})", summary.tool, summary.channel);
     match &summary.record["target"] {
-        serde_json::Value::String(url) => println!(
-            "target        {} {url}",
-            summary.record["method"].as_str().unwrap_or("")
-        ),
+        serde_json::Value::String(url) => {
+            println!("target        {} {url}", summary.record["method"].as_str().unwrap_or(""))
+        }
         other => println!("target        {other}"),
     }
     println!("actor         {}", summary.actor);
     println!("intent scope  {}", summary.intent_scope);
     println!("fingerprint   {}", summary.fingerprint);
-    println!(
-        "contract      {}",
-        summary.contract["class"].as_str().unwrap_or("?")
-    );
+    println!("contract      {}", summary.contract["class"].as_str().unwrap_or("?"));
     if summary.contract["class"] == "idempotency_key" {
-        println!(
-            "idempotency   {}: {}",
-            summary.contract["idempotency_header"]
-                .as_str()
-                .unwrap_or("?"),
-            summary.id
-        );
+        println!("idempotency   {}: {}", summary.contract["idempotency_header"].as_str().unwrap_or("?"), summary.id);
     }
     println!("state         {}", summary.state);
     if let Some(r) = &result {

@@ -13,11 +13,7 @@ use postern_core::{ErrorCode, ExecutionId, SessionId};
 use std::{path::PathBuf, process::ExitCode};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "postern",
-    version,
-    about = "Credential vault and MCP gateway with execution identity"
-)]
+#[command(name = "postern", version, about = "Credential vault and MCP gateway with execution identity")]
 struct Cli {
     /// Data directory (default: the OS data dir, e.g. ~/.local/share/postern on Linux).
     #[arg(long, global = true, env = "POSTERN_DATA_DIR", value_name = "DIR")]
@@ -73,6 +69,10 @@ enum AuditCommand {
         /// An exported checkpoint to compare the journal head with.
         #[arg(long, value_name = "FILE")]
         checkpoint: Option<PathBuf>,
+        /// Check the chain (and checkpoint) only, not the current-state and result tables
+        /// against it: faster on very large journals.
+        #[arg(long)]
+        chain_only: bool,
         #[arg(long)]
         json: bool,
     },
@@ -118,31 +118,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let data_dir = location::data_dir(cli.data_dir)?;
     match cli.command {
         Command::Status { json } => journal::status(&data_dir, json),
-        Command::Audit {
-            command:
-                AuditCommand::Verify {
-                    db,
-                    checkpoint,
-                    json,
-                },
-        } => audit::verify(
-            &db.unwrap_or_else(|| location::database(&data_dir)),
-            checkpoint.as_deref(),
-            json,
-        ),
-        Command::Audit {
-            command: AuditCommand::Checkpoint { out },
-        } => audit::checkpoint(&data_dir, out.as_deref()),
-        Command::Activity {
-            execution,
-            session,
-            limit,
-            json,
-        } => journal::activity(&data_dir, execution, session, limit, json),
+        Command::Audit { command: AuditCommand::Verify { db, checkpoint, chain_only, json } } => {
+            let db = db.unwrap_or_else(|| location::database(&data_dir));
+            audit::verify(&db, checkpoint.as_deref(), chain_only, json)
+        }
+        Command::Audit { command: AuditCommand::Checkpoint { out } } => audit::checkpoint(&data_dir, out.as_deref()),
+        Command::Activity { execution, session, limit, json } => {
+            journal::activity(&data_dir, execution, session, limit, json)
+        }
         Command::Sessions { json } => journal::sessions(&data_dir, json),
-        Command::Execution {
-            command: ExecutionCommand::Show { id, json },
-        } => journal::show(&data_dir, id, json),
+        Command::Execution { command: ExecutionCommand::Show { id, json } } => journal::show(&data_dir, id, json),
     }
 }
 

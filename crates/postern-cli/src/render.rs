@@ -6,9 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 /// RFC 3339 UTC with milliseconds, e.g. `2025-11-29T19:36:40.000Z`.
 pub fn time(ms: i64) -> String {
     match u64::try_from(ms) {
-        Ok(ms) => {
-            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-        }
+        Ok(ms) => humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string(),
         Err(_) => format!("{ms}ms"),
     }
 }

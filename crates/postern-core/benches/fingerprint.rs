@@ -2,8 +2,8 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use postern_core::{
-    ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, FingerprintKey, HttpAction,
-    IntentScope, ReplayClass, ReplayContract, SessionId, Timestamp,
+    ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, FingerprintKey, HttpAction, IntentScope,
+    ReplayClass, ReplayContract, SessionId, Timestamp,
 };
 use serde_json::json;
 use std::hint::black_box;
@@ -19,10 +19,7 @@ fn typical() -> (ActionRequest, ReplayContract) {
         ..ReplayContract::read_only()
     };
     let request = ActionRequest {
-        actor: Actor::process(
-            "/usr/bin/claude",
-            "9f2c4b1e0d6a7c5b3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d",
-        ),
+        actor: Actor::process("/usr/bin/claude", "9f2c4b1e0d6a7c5b3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d"),
         tool: "deploy_release".into(),
         target: ActionTarget::Http(HttpAction {
             method: "POST".into(),
@@ -32,10 +29,7 @@ fn typical() -> (ActionRequest, ReplayContract) {
         credential_ref: Some("deploy-service".into()),
         arguments: json!({"service": "catalog", "version": "2026.07.22", "approval_code": "x7-canary",
                           "replicas": 6, "labels": {"team": "search", "tier": "gold"}}),
-        intent_scope: IntentScope::agent_run(SessionId::from_parts(
-            Timestamp::from_millis(1_764_445_000_000),
-            7,
-        )),
+        intent_scope: IntentScope::agent_run(SessionId::from_parts(Timestamp::from_millis(1_764_445_000_000), 7)),
     };
     (request, contract)
 }
@@ -47,8 +41,7 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.bench_function("canonicalise_and_fingerprint_typical_record", |b| {
         b.iter(|| {
-            let action =
-                CanonicalAction::build(black_box(&request), &contract, &key).expect("builds");
+            let action = CanonicalAction::build(black_box(&request), &contract, &key).expect("builds");
             black_box(action.fingerprint(&key))
         })
     });

@@ -50,11 +50,7 @@ pub fn check_numbers(value: &Value, path: &mut String) -> Result<(), CanonicalEr
             };
             if too_big {
                 return Err(CanonicalError::IntegerOutOfRange {
-                    path: if path.is_empty() {
-                        "/".into()
-                    } else {
-                        path.clone()
-                    },
+                    path: if path.is_empty() { "/".into() } else { path.clone() },
                 });
             }
             Ok(())
@@ -93,8 +89,7 @@ pub fn canonical_bytes(value: &Value) -> Result<Vec<u8>, CanonicalError> {
 /// Canonical bytes of any serialisable value whose numbers are known to be in range
 /// (journal rows built by Postern itself: sequence numbers and millisecond timestamps).
 pub fn canonical_bytes_of<T: Serialize>(value: &T) -> Result<Vec<u8>, CanonicalError> {
-    let as_value =
-        serde_json::to_value(value).map_err(|e| CanonicalError::Serialise(e.to_string()))?;
+    let as_value = serde_json::to_value(value).map_err(|e| CanonicalError::Serialise(e.to_string()))?;
     canonical_bytes(&as_value)
 }
 
@@ -173,8 +168,7 @@ mod tests {
         ];
         for &(bits, expected) in table {
             let n = serde_json::Number::from_f64(f64::from_bits(bits)).expect("finite");
-            let got =
-                String::from_utf8(canonical_bytes(&Value::Number(n)).expect("ok")).expect("utf-8");
+            let got = String::from_utf8(canonical_bytes(&Value::Number(n)).expect("ok")).expect("utf-8");
             assert_eq!(got, expected, "bits {bits:#018x}");
         }
     }
@@ -191,12 +185,7 @@ mod tests {
         assert_eq!(canon_text("9007199254740991"), "9007199254740991");
         assert_eq!(canon_text("-9007199254740991"), "-9007199254740991");
         let err = canonical_bytes(&json!({"a": [1, {"b~/c": 9007199254740993u64}]})).unwrap_err();
-        assert_eq!(
-            err,
-            CanonicalError::IntegerOutOfRange {
-                path: "/a/1/b~0~1c".into()
-            }
-        );
+        assert_eq!(err, CanonicalError::IntegerOutOfRange { path: "/a/1/b~0~1c".into() });
         assert_eq!(err.code(), "integer_out_of_range");
         let neg = canonical_bytes(&json!(-9007199254740992i64)).unwrap_err();
         assert_eq!(neg, CanonicalError::IntegerOutOfRange { path: "/".into() });

@@ -123,13 +123,9 @@ impl ReplayContract {
 
     /// Checks the contract is complete and consistent for a tool on `channel`.
     pub fn validate(&self, tool: &str, channel: Channel) -> Result<(), ContractError> {
-        let err = |problem: ContractProblem| ContractError::Invalid {
-            tool: tool.to_owned(),
-            problem,
-        };
+        let err = |problem: ContractProblem| ContractError::Invalid { tool: tool.to_owned(), problem };
         match (self.class, channel) {
-            (ReplayClass::IdempotencyKey, Channel::Ssh)
-            | (ReplayClass::StatusQuery, Channel::Ssh) => {
+            (ReplayClass::IdempotencyKey, Channel::Ssh) | (ReplayClass::StatusQuery, Channel::Ssh) => {
                 return Err(err(ContractProblem::ClassNeedsHttp(self.class)));
             }
             (ReplayClass::SshMarker, Channel::Http) => {
@@ -152,18 +148,10 @@ impl ReplayContract {
         if self.attach_window == AttachWindow::Millis(0) {
             return Err(err(ContractProblem::ZeroAttachWindow));
         }
-        if let Some(h) = self
-            .semantic_headers
-            .iter()
-            .find(|h| !is_header_token(h) || h.to_ascii_lowercase() != **h)
-        {
+        if let Some(h) = self.semantic_headers.iter().find(|h| !is_header_token(h) || h.to_ascii_lowercase() != **h) {
             return Err(err(ContractProblem::InvalidHeaderName(h.clone())));
         }
-        if let Some(f) = self
-            .secret_fields
-            .iter()
-            .find(|f| self.defaults.contains_key(*f))
-        {
+        if let Some(f) = self.secret_fields.iter().find(|f| self.defaults.contains_key(*f)) {
             return Err(err(ContractProblem::SecretWithDefault(f.clone())));
         }
         // A default that never enters the fingerprint is harmless but almost always a typo.
@@ -178,10 +166,7 @@ impl ReplayContract {
 
 /// HTTP methods that are safe by definition (RFC 9110 §9.2.1) and so need no contract.
 pub fn is_safe_method(method: &str) -> bool {
-    matches!(
-        method.to_ascii_uppercase().as_str(),
-        "GET" | "HEAD" | "OPTIONS" | "TRACE"
-    )
+    matches!(method.to_ascii_uppercase().as_str(), "GET" | "HEAD" | "OPTIONS" | "TRACE")
 }
 
 /// The contract a tool runs under: its own (validated), or the read-only contract for a tool
@@ -209,9 +194,7 @@ pub fn effective_contract(
 }
 
 fn is_header_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -241,16 +224,9 @@ pub enum ContractError {
          (read_only, idempotency_key, status_query, ssh_marker or irreversible)",
         describe(*channel, method.as_deref())
     )]
-    MissingContract {
-        tool: String,
-        channel: Channel,
-        method: Option<String>,
-    },
+    MissingContract { tool: String, channel: Channel, method: Option<String> },
     #[error("replay contract of tool {tool:?}: {problem}")]
-    Invalid {
-        tool: String,
-        problem: ContractProblem,
-    },
+    Invalid { tool: String, problem: ContractProblem },
 }
 
 fn describe(channel: Channel, method: Option<&str>) -> String {
@@ -292,8 +268,7 @@ mod tests {
         let err = effective_contract("restart", Channel::Ssh, None, None).unwrap_err();
         assert!(err.to_string().contains("SSH command"));
         for method in ["GET", "head", "OPTIONS"] {
-            let c =
-                effective_contract("list", Channel::Http, Some(method), None).expect("safe method");
+            let c = effective_contract("list", Channel::Http, Some(method), None).expect("safe method");
             assert_eq!(c.class, ReplayClass::ReadOnly);
         }
     }
@@ -302,47 +277,28 @@ mod tests {
     fn incomplete_contracts_are_refused_with_the_reason() {
         let cases: Vec<(ReplayContract, Channel, ContractProblem)> = vec![
             (
-                ReplayContract {
-                    idempotency_header: None,
-                    ..keyed()
-                },
+                ReplayContract { idempotency_header: None, ..keyed() },
                 Channel::Http,
                 ContractProblem::MissingIdempotencyHeader,
             ),
+            (keyed(), Channel::Ssh, ContractProblem::ClassNeedsHttp(ReplayClass::IdempotencyKey)),
             (
-                keyed(),
-                Channel::Ssh,
-                ContractProblem::ClassNeedsHttp(ReplayClass::IdempotencyKey),
-            ),
-            (
-                ReplayContract {
-                    class: ReplayClass::SshMarker,
-                    ..ReplayContract::read_only()
-                },
+                ReplayContract { class: ReplayClass::SshMarker, ..ReplayContract::read_only() },
                 Channel::Http,
                 ContractProblem::ClassNeedsSsh,
             ),
             (
-                ReplayContract {
-                    class: ReplayClass::StatusQuery,
-                    ..ReplayContract::read_only()
-                },
+                ReplayContract { class: ReplayClass::StatusQuery, ..ReplayContract::read_only() },
                 Channel::Http,
                 ContractProblem::MissingStatusQuery,
             ),
             (
-                ReplayContract {
-                    attach_window: AttachWindow::Millis(0),
-                    ..keyed()
-                },
+                ReplayContract { attach_window: AttachWindow::Millis(0), ..keyed() },
                 Channel::Http,
                 ContractProblem::ZeroAttachWindow,
             ),
             (
-                ReplayContract {
-                    idempotency_header: Some("Bad Header".into()),
-                    ..keyed()
-                },
+                ReplayContract { idempotency_header: Some("Bad Header".into()), ..keyed() },
                 Channel::Http,
                 ContractProblem::InvalidHeaderName("Bad Header".into()),
             ),
@@ -367,17 +323,9 @@ mod tests {
         ];
         for (contract, channel, problem) in cases {
             let err = contract.validate("t", channel).unwrap_err();
-            assert_eq!(
-                err,
-                ContractError::Invalid {
-                    tool: "t".into(),
-                    problem
-                }
-            );
+            assert_eq!(err, ContractError::Invalid { tool: "t".into(), problem });
         }
-        keyed()
-            .validate("t", Channel::Http)
-            .expect("complete contract is accepted");
+        keyed().validate("t", Channel::Http).expect("complete contract is accepted");
     }
 
     #[test]

@@ -12,17 +12,12 @@ use ulid::Ulid;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
     #[error("identifier {found:?} must start with {expected:?}")]
-    WrongPrefix {
-        expected: &'static str,
-        found: String,
-    },
+    WrongPrefix { expected: &'static str, found: String },
     #[error("identifier {found:?} must be {expected_len} characters long")]
     WrongLength { expected_len: usize, found: String },
     #[error("identifier {found:?} does not contain a valid ULID")]
     InvalidUlid { found: String },
-    #[error(
-        "identifier {found:?} is not in canonical form (ULIDs are upper-case Crockford base32)"
-    )]
+    #[error("identifier {found:?} is not in canonical form (ULIDs are upper-case Crockford base32)")]
     NonCanonical { found: String },
 }
 
@@ -39,15 +34,9 @@ fn shown(s: &str) -> String {
 
 fn parse_prefixed(s: &str, prefix: &'static str) -> Result<Ulid, IdError> {
     const ULID_LEN: usize = 26;
-    let rest = s.strip_prefix(prefix).ok_or_else(|| IdError::WrongPrefix {
-        expected: prefix,
-        found: shown(s),
-    })?;
+    let rest = s.strip_prefix(prefix).ok_or_else(|| IdError::WrongPrefix { expected: prefix, found: shown(s) })?;
     if rest.len() != ULID_LEN {
-        return Err(IdError::WrongLength {
-            expected_len: prefix.len() + ULID_LEN,
-            found: shown(s),
-        });
+        return Err(IdError::WrongLength { expected_len: prefix.len() + ULID_LEN, found: shown(s) });
     }
     // 26 base32 digits carry 130 bits; a first digit above '7' would overflow the 128-bit ULID
     // (the `ulid` crate wraps it silently), so it is refused here.
@@ -144,36 +133,15 @@ mod tests {
     #[test]
     fn malformed_ids_are_rejected_with_a_specific_reason() {
         let good = SessionId::from_parts(Timestamp::from_millis(5), 7).to_string();
-        assert!(matches!(
-            good.parse::<ExecutionId>(),
-            Err(IdError::WrongPrefix { .. })
-        ));
-        assert!(matches!(
-            "act_".parse::<ExecutionId>(),
-            Err(IdError::WrongLength { .. })
-        ));
-        assert!(matches!(
-            "act_01ARZ3NDEKTSV4RRFFQ69G5FA".parse::<ExecutionId>(),
-            Err(IdError::WrongLength { .. })
-        ));
+        assert!(matches!(good.parse::<ExecutionId>(), Err(IdError::WrongPrefix { .. })));
+        assert!(matches!("act_".parse::<ExecutionId>(), Err(IdError::WrongLength { .. })));
+        assert!(matches!("act_01ARZ3NDEKTSV4RRFFQ69G5FA".parse::<ExecutionId>(), Err(IdError::WrongLength { .. })));
         // 'U' is not in Crockford base32.
-        assert!(matches!(
-            "act_01ARZ3NDEKTSV4RRFFQ69G5FAU".parse::<ExecutionId>(),
-            Err(IdError::InvalidUlid { .. })
-        ));
+        assert!(matches!("act_01ARZ3NDEKTSV4RRFFQ69G5FAU".parse::<ExecutionId>(), Err(IdError::InvalidUlid { .. })));
         // First character above '7' overflows 128 bits.
-        assert!(matches!(
-            "act_81ARZ3NDEKTSV4RRFFQ69G5FAV".parse::<ExecutionId>(),
-            Err(IdError::InvalidUlid { .. })
-        ));
-        assert!(matches!(
-            "act_01arz3ndektsv4rrffq69g5fav".parse::<ExecutionId>(),
-            Err(IdError::NonCanonical { .. })
-        ));
-        assert!(matches!(
-            " act_01ARZ3NDEKTSV4RRFFQ69G5FAV".parse::<ExecutionId>(),
-            Err(IdError::WrongPrefix { .. })
-        ));
+        assert!(matches!("act_81ARZ3NDEKTSV4RRFFQ69G5FAV".parse::<ExecutionId>(), Err(IdError::InvalidUlid { .. })));
+        assert!(matches!("act_01arz3ndektsv4rrffq69g5fav".parse::<ExecutionId>(), Err(IdError::NonCanonical { .. })));
+        assert!(matches!(" act_01ARZ3NDEKTSV4RRFFQ69G5FAV".parse::<ExecutionId>(), Err(IdError::WrongPrefix { .. })));
     }
 
     #[test]

@@ -15,19 +15,15 @@ pub mod time;
 
 pub use canonical::{CanonicalError, canonical_bytes};
 pub use contract::{
-    AttachWindow, ContractError, ReplayClass, ReplayContract, ScopePolicy, StatusQuery,
-    effective_contract,
+    AttachWindow, ContractError, ReplayClass, ReplayContract, ScopePolicy, StatusQuery, effective_contract,
 };
 pub use fingerprint::{Fingerprint, FingerprintKey, FingerprintParseError};
 pub use id::{ExecutionId, IdError, SessionId};
 pub use lifecycle::{ExecutionState, IllegalTransition};
 pub use record::{
-    ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, HttpAction, IntentScope,
-    RecordError, SshAction,
+    ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, HttpAction, IntentScope, RecordError, SshAction,
 };
-pub use retry::{
-    IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry,
-};
+pub use retry::{IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry};
 pub use time::Timestamp;
 
 /// Every error a library crate returns carries a stable, machine-readable code that the UI,

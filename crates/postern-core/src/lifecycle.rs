@@ -86,14 +86,7 @@ impl ExecutionState {
 
     /// The one legal way to change state: `Ok(next)` or an error naming both states.
     pub fn transition(self, next: ExecutionState) -> Result<ExecutionState, IllegalTransition> {
-        if self.successors().contains(&next) {
-            Ok(next)
-        } else {
-            Err(IllegalTransition {
-                from: self,
-                to: next,
-            })
-        }
+        if self.successors().contains(&next) { Ok(next) } else { Err(IllegalTransition { from: self, to: next }) }
     }
 
     /// No further transition is possible.
@@ -157,72 +150,17 @@ mod tests {
     fn every_legal_path_of_the_design_succeeds() {
         let paths: &[&[ExecutionState]] = &[
             &[Accepted, Authorized, Dispatched, Completed, ResultDelivered],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                Completed,
-                CompletedResultNotDelivered,
-            ],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                Completed,
-                CompletedResultNotDelivered,
-                ResultDelivered,
-            ],
+            &[Accepted, Authorized, Dispatched, Completed, CompletedResultNotDelivered],
+            &[Accepted, Authorized, Dispatched, Completed, CompletedResultNotDelivered, ResultDelivered],
             &[Accepted, Denied],
             &[Accepted, Authorized, FailedBeforeDispatch],
             &[Accepted, Authorized, Dispatched, FailedBeforeDispatch],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                OutcomeUnknown,
-                Completed,
-                ResultDelivered,
-            ],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                OutcomeUnknown,
-                NotExecuted,
-            ],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                OutcomeUnknown,
-                NotExecuted,
-                Dispatched,
-                Completed,
-            ],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                OutcomeUnknown,
-                NeedsReview,
-                Completed,
-            ],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                OutcomeUnknown,
-                NeedsReview,
-                NotExecuted,
-            ],
-            &[
-                Accepted,
-                Authorized,
-                Dispatched,
-                OutcomeUnknown,
-                Dispatched,
-                Completed,
-            ],
+            &[Accepted, Authorized, Dispatched, OutcomeUnknown, Completed, ResultDelivered],
+            &[Accepted, Authorized, Dispatched, OutcomeUnknown, NotExecuted],
+            &[Accepted, Authorized, Dispatched, OutcomeUnknown, NotExecuted, Dispatched, Completed],
+            &[Accepted, Authorized, Dispatched, OutcomeUnknown, NeedsReview, Completed],
+            &[Accepted, Authorized, Dispatched, OutcomeUnknown, NeedsReview, NotExecuted],
+            &[Accepted, Authorized, Dispatched, OutcomeUnknown, Dispatched, Completed],
         ];
         for path in paths {
             assert_eq!(walk(path), Ok(*path.last().expect("non-empty")), "{path:?}");
@@ -256,10 +194,7 @@ mod tests {
             let err = from.transition(to).unwrap_err();
             assert_eq!(err, IllegalTransition { from, to });
             let msg = err.to_string();
-            assert!(
-                msg.contains(from.as_str()) && msg.contains(to.as_str()),
-                "{msg}"
-            );
+            assert!(msg.contains(from.as_str()) && msg.contains(to.as_str()), "{msg}");
             assert_eq!(err.code(), "illegal_transition");
         }
     }
@@ -271,10 +206,7 @@ mod tests {
             assert!(s.transition(Accepted).is_err());
         }
         assert_eq!(
-            ExecutionState::ALL
-                .iter()
-                .filter(|s| s.is_terminal())
-                .count(),
+            ExecutionState::ALL.iter().filter(|s| s.is_terminal()).count(),
             3,
             "denied, failed_before_dispatch, result_delivered"
         );
@@ -284,10 +216,7 @@ mod tests {
     fn names_round_trip() {
         for s in ExecutionState::ALL {
             assert_eq!(s.as_str().parse::<ExecutionState>(), Ok(s));
-            assert_eq!(
-                serde_json::to_value(s).expect("ser"),
-                serde_json::json!(s.as_str())
-            );
+            assert_eq!(serde_json::to_value(s).expect("ser"), serde_json::json!(s.as_str()));
         }
         assert!("running".parse::<ExecutionState>().is_err());
     }

@@ -169,10 +169,7 @@ impl CanonicalAction {
             ActionTarget::Http(http) => {
                 record.insert("method".into(), json!(normalise_method(&http.method)?));
                 record.insert("target".into(), json!(normalise_url(&http.url)?));
-                record.insert(
-                    "headers".into(),
-                    json!(semantic_headers(&http.headers, contract)),
-                );
+                record.insert("headers".into(), json!(semantic_headers(&http.headers, contract)));
             }
             ActionTarget::Ssh(ssh) => {
                 if ssh.host_key_fingerprint.trim().is_empty() {
@@ -216,9 +213,7 @@ fn canonical_arguments(
         Value::Object(map) => map.clone(),
         Value::Null => Map::new(),
         other => {
-            return Err(RecordError::ArgumentsNotObject {
-                found: json_kind(other),
-            });
+            return Err(RecordError::ArgumentsNotObject { found: json_kind(other) });
         }
     };
     // Protocol metadata (progress tokens, tracing) never changes the effect.
@@ -231,8 +226,8 @@ fn canonical_arguments(
     }
     for name in &contract.secret_fields {
         if let Some(value) = args.get_mut(name) {
-            let bytes = canonical_bytes(value)
-                .map_err(|e| RecordError::from_canonical(e, &format!("/arguments/{name}")))?;
+            let bytes =
+                canonical_bytes(value).map_err(|e| RecordError::from_canonical(e, &format!("/arguments/{name}")))?;
             *value = json!({ "secret_digest": key.secret_digest(&bytes) });
         }
     }
@@ -253,9 +248,7 @@ fn json_kind(v: &Value) -> &'static str {
 fn normalise_method(method: &str) -> Result<String, RecordError> {
     let upper = method.trim().to_ascii_uppercase();
     if upper.is_empty() || !upper.bytes().all(|b| b.is_ascii_alphabetic()) {
-        return Err(RecordError::InvalidMethod {
-            method: method.chars().take(32).collect(),
-        });
+        return Err(RecordError::InvalidMethod { method: method.chars().take(32).collect() });
     }
     Ok(upper)
 }
@@ -263,13 +256,9 @@ fn normalise_method(method: &str) -> Result<String, RecordError> {
 /// Scheme and host lower-cased, default port dropped, dot-segments resolved, fragment dropped,
 /// query parameters sorted by name (stable, so repeated names keep their relative order).
 pub fn normalise_url(raw: &str) -> Result<String, RecordError> {
-    let mut url = url::Url::parse(raw.trim()).map_err(|e| RecordError::InvalidUrl {
-        reason: e.to_string(),
-    })?;
+    let mut url = url::Url::parse(raw.trim()).map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(RecordError::InvalidUrl {
-            reason: format!("scheme {:?} is not http or https", url.scheme()),
-        });
+        return Err(RecordError::InvalidUrl { reason: format!("scheme {:?} is not http or https", url.scheme()) });
     }
     if !url.username().is_empty() || url.password().is_some() {
         // Credentials come from the vault, never from the URL an agent passes.
@@ -280,11 +269,7 @@ pub fn normalise_url(raw: &str) -> Result<String, RecordError> {
         let mut pairs: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
         pairs.sort_by(|a, b| param_name(a).cmp(param_name(b)));
         let sorted = pairs.join("&");
-        url.set_query(if sorted.is_empty() {
-            None
-        } else {
-            Some(&sorted)
-        });
+        url.set_query(if sorted.is_empty() { None } else { Some(&sorted) });
     }
     Ok(url.to_string())
 }
@@ -293,10 +278,7 @@ fn param_name(pair: &str) -> &str {
     pair.split_once('=').map_or(pair, |(name, _)| name)
 }
 
-fn semantic_headers(
-    headers: &[(String, String)],
-    contract: &ReplayContract,
-) -> BTreeMap<String, String> {
+fn semantic_headers(headers: &[(String, String)], contract: &ReplayContract) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in headers {
         let name = name.trim().to_ascii_lowercase();
@@ -403,8 +385,7 @@ mod tests {
             tool: "deploy_release".into(),
             target: ActionTarget::Http(HttpAction {
                 method: "post".into(),
-                url: "HTTPS://Deploy-API.internal.example:443/v1/./x/../releases?b=2&a=1#frag"
-                    .into(),
+                url: "HTTPS://Deploy-API.internal.example:443/v1/./x/../releases?b=2&a=1#frag".into(),
                 headers: vec![
                     ("Content-Type".into(), " application/json ".into()),
                     ("X-Request-Id".into(), "req-77".into()),
@@ -430,68 +411,41 @@ mod tests {
     #[test]
     fn url_normalisation() {
         let cases = [
-            (
-                "HTTP://Example.COM:80/a/b/../c/./d?z=1&a=2&a=1#x",
-                "http://example.com/a/c/d?a=2&a=1&z=1",
-            ),
+            ("HTTP://Example.COM:80/a/b/../c/./d?z=1&a=2&a=1#x", "http://example.com/a/c/d?a=2&a=1&z=1"),
             ("https://example.com:443", "https://example.com/"),
             ("https://example.com:8443/x", "https://example.com:8443/x"),
             ("https://example.com/x?", "https://example.com/x"),
             ("https://example.com/x?b&&a=", "https://example.com/x?a=&b"),
-            (
-                "https://EXAMPLE.com/%7Euser/a%2Fb",
-                "https://example.com/%7Euser/a%2Fb",
-            ),
+            ("https://EXAMPLE.com/%7Euser/a%2Fb", "https://example.com/%7Euser/a%2Fb"),
         ];
         for (raw, expected) in cases {
             assert_eq!(normalise_url(raw).expect(raw), expected, "{raw}");
         }
-        assert_eq!(
-            normalise_url("ftp://example.com/").unwrap_err().code(),
-            "invalid_url"
-        );
-        assert_eq!(
-            normalise_url("not a url").unwrap_err().code(),
-            "invalid_url"
-        );
-        assert_eq!(
-            normalise_url("https://user:pw@example.com/").unwrap_err(),
-            RecordError::CredentialsInUrl
-        );
+        assert_eq!(normalise_url("ftp://example.com/").unwrap_err().code(), "invalid_url");
+        assert_eq!(normalise_url("not a url").unwrap_err().code(), "invalid_url");
+        assert_eq!(normalise_url("https://user:pw@example.com/").unwrap_err(), RecordError::CredentialsInUrl);
     }
 
     #[test]
     fn only_semantic_headers_enter_and_names_are_lower_cased() {
         let req = deploy_request(json!({"service": "a", "version": "1"}));
         let action = CanonicalAction::build(&req, &deploy_contract(), &key()).expect("builds");
-        assert_eq!(
-            action.record()["headers"],
-            json!({"content-type": "application/json"})
-        );
+        assert_eq!(action.record()["headers"], json!({"content-type": "application/json"}));
         assert_eq!(action.record()["method"], json!("POST"));
     }
 
     #[test]
     fn meta_and_non_fingerprint_fields_do_not_change_the_fingerprint() {
         let contract = ReplayContract {
-            fingerprint_fields: Some(
-                [
-                    "service".to_string(),
-                    "version".to_string(),
-                    "region".to_string(),
-                ]
-                .into(),
-            ),
+            fingerprint_fields: Some(["service".to_string(), "version".to_string(), "region".to_string()].into()),
             ..deploy_contract()
         };
-        let a = CanonicalAction::build(
-            &deploy_request(json!({"service": "a", "version": "1"})),
-            &contract,
-            &key(),
-        )
-        .expect("builds");
+        let a = CanonicalAction::build(&deploy_request(json!({"service": "a", "version": "1"})), &contract, &key())
+            .expect("builds");
         let b = CanonicalAction::build(
-            &deploy_request(json!({"service": "a", "version": "1", "_meta": {"progressToken": "p"}, "note": "retry #2"})),
+            &deploy_request(
+                json!({"service": "a", "version": "1", "_meta": {"progressToken": "p"}, "note": "retry #2"}),
+            ),
             &contract,
             &key(),
         )
@@ -511,11 +465,7 @@ mod tests {
             credential_ref: Some("prod-ssh".into()),
             ..deploy_request(json!({}))
         };
-        let contract = ReplayContract {
-            class: ReplayClass::SshMarker,
-            idempotency_header: None,
-            ..deploy_contract()
-        };
+        let contract = ReplayContract { class: ReplayClass::SshMarker, idempotency_header: None, ..deploy_contract() };
         let action = CanonicalAction::build(&req, &contract, &key()).expect("builds");
         assert_eq!(
             action.record()["target"],
@@ -532,16 +482,12 @@ mod tests {
             }),
             ..req
         };
-        assert_eq!(
-            CanonicalAction::build(&no_key, &contract, &key()).unwrap_err(),
-            RecordError::MissingHostKey
-        );
+        assert_eq!(CanonicalAction::build(&no_key, &contract, &key()).unwrap_err(), RecordError::MissingHostKey);
     }
 
     #[test]
     fn bad_arguments_get_specific_errors() {
-        let err = CanonicalAction::build(&deploy_request(json!([1])), &deploy_contract(), &key())
-            .unwrap_err();
+        let err = CanonicalAction::build(&deploy_request(json!([1])), &deploy_contract(), &key()).unwrap_err();
         assert_eq!(err, RecordError::ArgumentsNotObject { found: "array" });
         let err = CanonicalAction::build(
             &deploy_request(json!({"amount": MAX_SAFE_INTEGER + 2})),
@@ -549,24 +495,14 @@ mod tests {
             &key(),
         )
         .unwrap_err();
-        assert_eq!(
-            err,
-            RecordError::IntegerOutOfRange {
-                path: "/arguments/amount".into()
-            }
-        );
+        assert_eq!(err, RecordError::IntegerOutOfRange { path: "/arguments/amount".into() });
         let err = CanonicalAction::build(
             &deploy_request(json!({"approval_code": MAX_SAFE_INTEGER + 2})),
             &deploy_contract(),
             &key(),
         )
         .unwrap_err();
-        assert_eq!(
-            err,
-            RecordError::IntegerOutOfRange {
-                path: "/arguments/approval_code".into()
-            }
-        );
+        assert_eq!(err, RecordError::IntegerOutOfRange { path: "/arguments/approval_code".into() });
     }
 
     // ---- property tests -------------------------------------------------------------------
@@ -577,9 +513,7 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             (-safe..=safe).prop_map(|i| json!(i)),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(|f| json!(f)),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
             "\\PC{0,12}".prop_map(Value::String),
         ];
         leaf.prop_recursive(4, 48, 6, |inner| {
@@ -594,9 +528,7 @@ mod tests {
     /// Renders `v` as JSON text with pseudo-random whitespace and member order.
     fn render_shuffled(v: &Value, seed: &mut u64, out: &mut String) {
         fn next(seed: &mut u64) -> usize {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (*seed >> 33) as usize
         }
         let ws = [" ", "\n", "\t", "  ", "", "\r\n"];

@@ -69,19 +69,13 @@ pub enum RetryDecision {
     /// The prior is dispatched and running: wait for its outcome, never dispatch again.
     WaitForPrior { prior: ExecutionId },
     /// The prior's outcome is unknown: verify it through its contract.
-    VerifyPrior {
-        prior: ExecutionId,
-        verification: Verification,
-    },
+    VerifyPrior { prior: ExecutionId, verification: Verification },
     /// The prior completed: return its stored result.
     ReturnStoredResult { prior: ExecutionId },
     /// The prior was denied: return the same denial.
     ReturnPriorDenial { prior: ExecutionId },
     /// Only a human can decide; show them the prior's record.
-    NeedsReview {
-        prior: ExecutionId,
-        reason: ReviewReason,
-    },
+    NeedsReview { prior: ExecutionId, reason: ReviewReason },
 }
 
 impl RetryDecision {
@@ -115,18 +109,11 @@ pub fn matches(prior: &PriorExecution, incoming: &IncomingIntent<'_>, now: Times
     prior.fingerprint == *incoming.fingerprint
         && prior.actor == *incoming.actor
         && prior.intent_scope == *incoming.intent_scope
-        && prior
-            .contract
-            .attach_window
-            .contains(now.millis_since(prior.accepted_at))
+        && prior.contract.attach_window.contains(now.millis_since(prior.accepted_at))
 }
 
 /// The retry decision of design §4, extended as described in the module docs.
-pub fn decide_retry(
-    prior: Option<&PriorExecution>,
-    incoming: &IncomingIntent<'_>,
-    now: Timestamp,
-) -> RetryDecision {
+pub fn decide_retry(prior: Option<&PriorExecution>, incoming: &IncomingIntent<'_>, now: Timestamp) -> RetryDecision {
     use ExecutionState::*;
     let Some(prior) = prior else {
         return RetryDecision::NewExecution;
@@ -141,40 +128,24 @@ pub fn decide_retry(
         OutcomeUnknown => verify_through_contract(id, &prior.contract),
         Completed | CompletedResultNotDelivered => RetryDecision::ReturnStoredResult { prior: id },
         Denied => RetryDecision::ReturnPriorDenial { prior: id },
-        NeedsReview => RetryDecision::NeedsReview {
-            prior: id,
-            reason: ReviewReason::AwaitingReview,
-        },
+        NeedsReview => RetryDecision::NeedsReview { prior: id, reason: ReviewReason::AwaitingReview },
         // Delivered results and provable non-dispatches are done: a matching call is a new intent.
         ResultDelivered | FailedBeforeDispatch => RetryDecision::NewExecution,
     }
 }
 
 fn verify_through_contract(id: ExecutionId, contract: &ReplayContract) -> RetryDecision {
-    let irreversible = RetryDecision::NeedsReview {
-        prior: id,
-        reason: ReviewReason::OutcomeUnknownIrreversible,
-    };
-    let verification = match (
-        contract.class,
-        &contract.idempotency_header,
-        &contract.status_query,
-    ) {
-        (ReplayClass::IdempotencyKey, Some(header), _) => Verification::ResendWithSameKey {
-            header: header.clone(),
-            key: id,
-        },
-        (ReplayClass::StatusQuery, _, Some(query)) => Verification::QueryStatus {
-            query: query.clone(),
-        },
+    let irreversible = RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible };
+    let verification = match (contract.class, &contract.idempotency_header, &contract.status_query) {
+        (ReplayClass::IdempotencyKey, Some(header), _) => {
+            Verification::ResendWithSameKey { header: header.clone(), key: id }
+        }
+        (ReplayClass::StatusQuery, _, Some(query)) => Verification::QueryStatus { query: query.clone() },
         (ReplayClass::SshMarker, _, _) => Verification::ReadSshMarker,
         // Irreversible, or a contract that lost the field it needs: only a human can decide.
         _ => return irreversible,
     };
-    RetryDecision::VerifyPrior {
-        prior: id,
-        verification,
-    }
+    RetryDecision::VerifyPrior { prior: id, verification }
 }
 
 #[cfg(test)]
@@ -188,8 +159,7 @@ mod tests {
     fn contract(class: ReplayClass) -> ReplayContract {
         ReplayContract {
             class,
-            idempotency_header: (class == ReplayClass::IdempotencyKey)
-                .then(|| "Idempotency-Key".to_string()),
+            idempotency_header: (class == ReplayClass::IdempotencyKey).then(|| "Idempotency-Key".to_string()),
             status_query: (class == ReplayClass::StatusQuery).then(|| StatusQuery {
                 method: "GET".into(),
                 url_template: "https://pay.example/v1/status/{execution_id}".into(),
@@ -211,35 +181,23 @@ mod tests {
             Dispatched => D::WaitForPrior { prior: id },
             Completed | CompletedResultNotDelivered => D::ReturnStoredResult { prior: id },
             Denied => D::ReturnPriorDenial { prior: id },
-            NeedsReview => D::NeedsReview {
-                prior: id,
-                reason: ReviewReason::AwaitingReview,
-            },
+            NeedsReview => D::NeedsReview { prior: id, reason: ReviewReason::AwaitingReview },
             ResultDelivered | FailedBeforeDispatch => D::NewExecution,
             OutcomeUnknown => match class {
                 ReplayClass::IdempotencyKey => D::VerifyPrior {
                     prior: id,
-                    verification: Verification::ResendWithSameKey {
-                        header: "Idempotency-Key".into(),
-                        key: id,
-                    },
+                    verification: Verification::ResendWithSameKey { header: "Idempotency-Key".into(), key: id },
                 },
                 ReplayClass::StatusQuery => D::VerifyPrior {
                     prior: id,
                     verification: Verification::QueryStatus {
-                        query: contract(ReplayClass::StatusQuery)
-                            .status_query
-                            .expect("set"),
+                        query: contract(ReplayClass::StatusQuery).status_query.expect("set"),
                     },
                 },
-                ReplayClass::SshMarker => D::VerifyPrior {
-                    prior: id,
-                    verification: Verification::ReadSshMarker,
-                },
-                ReplayClass::Irreversible => D::NeedsReview {
-                    prior: id,
-                    reason: ReviewReason::OutcomeUnknownIrreversible,
-                },
+                ReplayClass::SshMarker => D::VerifyPrior { prior: id, verification: Verification::ReadSshMarker },
+                ReplayClass::Irreversible => {
+                    D::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
+                }
                 ReplayClass::ReadOnly => D::NewExecution,
             },
         }
@@ -279,12 +237,9 @@ mod tests {
                     for same_scope in [true, false] {
                         for same_fp in [true, false] {
                             // just inside, exactly at the edge (outside), and far outside
-                            for (elapsed, inside) in [
-                                (0, true),
-                                (WINDOW_MS - 1, true),
-                                (WINDOW_MS, false),
-                                (WINDOW_MS * 50, false),
-                            ] {
+                            for (elapsed, inside) in
+                                [(0, true), (WINDOW_MS - 1, true), (WINDOW_MS, false), (WINDOW_MS * 50, false)]
+                            {
                                 let incoming = IncomingIntent {
                                     fingerprint: if same_fp { &fp } else { &other_fp },
                                     actor: if same_actor { &actor } else { &other_actor },
@@ -317,15 +272,8 @@ mod tests {
         let fp = key.fingerprint(b"x");
         let actor = Actor::token_agent("ci");
         let scope = IntentScope::durable();
-        let incoming = IncomingIntent {
-            fingerprint: &fp,
-            actor: &actor,
-            intent_scope: &scope,
-        };
-        assert_eq!(
-            decide_retry(None, &incoming, Timestamp::from_millis(0)),
-            RetryDecision::NewExecution
-        );
+        let incoming = IncomingIntent { fingerprint: &fp, actor: &actor, intent_scope: &scope };
+        assert_eq!(decide_retry(None, &incoming, Timestamp::from_millis(0)), RetryDecision::NewExecution);
 
         let accepted_at = Timestamp::from_millis(0);
         let id = ExecutionId::from_parts(accepted_at, 1);
@@ -344,22 +292,12 @@ mod tests {
         let a_year = Timestamp::from_millis(365 * 24 * 3_600_000);
         assert_eq!(
             decide_retry(Some(&prior), &incoming, a_year),
-            RetryDecision::NeedsReview {
-                prior: id,
-                reason: ReviewReason::OutcomeUnknownIrreversible
-            }
+            RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
         );
         prior.contract.attach_window = AttachWindow::Millis(5);
-        assert_eq!(
-            decide_retry(Some(&prior), &incoming, Timestamp::from_millis(5)),
-            RetryDecision::NewExecution
-        );
+        assert_eq!(decide_retry(Some(&prior), &incoming, Timestamp::from_millis(5)), RetryDecision::NewExecution);
         // A clock that went backwards still attaches (elapsed clamps to zero).
-        assert!(
-            decide_retry(Some(&prior), &incoming, Timestamp::from_millis(-10_000))
-                .prior()
-                .is_some()
-        );
+        assert!(decide_retry(Some(&prior), &incoming, Timestamp::from_millis(-10_000)).prior().is_some());
     }
 
     #[test]
@@ -376,22 +314,12 @@ mod tests {
             intent_scope: scope.clone(),
             state: OutcomeUnknown,
             accepted_at: Timestamp::from_millis(0),
-            contract: ReplayContract {
-                idempotency_header: None,
-                ..contract(ReplayClass::IdempotencyKey)
-            },
+            contract: ReplayContract { idempotency_header: None, ..contract(ReplayClass::IdempotencyKey) },
         };
-        let incoming = IncomingIntent {
-            fingerprint: &fp,
-            actor: &actor,
-            intent_scope: &scope,
-        };
+        let incoming = IncomingIntent { fingerprint: &fp, actor: &actor, intent_scope: &scope };
         assert_eq!(
             decide_retry(Some(&prior), &incoming, Timestamp::from_millis(1)),
-            RetryDecision::NeedsReview {
-                prior: id,
-                reason: ReviewReason::OutcomeUnknownIrreversible
-            }
+            RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
         );
     }
 }

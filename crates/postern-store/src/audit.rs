@@ -8,14 +8,14 @@
 
 use crate::{
     StoreError,
-    journal::{GENESIS, HashHex, JournalHead, chain_hash},
+    journal::{GENESIS, HashHex, JournalHead, chain_hash, scan_head},
     view::open_checked,
 };
-use postern_core::Timestamp;
+use postern_core::{ExecutionState, Timestamp};
 use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::{fmt, path::Path};
+use std::{collections::HashMap, fmt, path::Path, sync::mpsc};
 
 /// A journal head exported for safekeeping outside the machine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,14 +44,9 @@ impl Checkpoint {
 
     /// Parses an exported checkpoint file, with a message naming what is wrong.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let cp: Checkpoint =
-            serde_json::from_str(text).map_err(|e| format!("not a Postern checkpoint: {e}"))?;
+        let cp: Checkpoint = serde_json::from_str(text).map_err(|e| format!("not a Postern checkpoint: {e}"))?;
         if cp.format != Self::FORMAT {
-            return Err(format!(
-                "unsupported checkpoint format {:?} (expected {:?})",
-                cp.format,
-                Self::FORMAT
-            ));
+            return Err(format!("unsupported checkpoint format {:?} (expected {:?})", cp.format, Self::FORMAT));
         }
         Ok(cp)
     }
@@ -72,23 +67,12 @@ pub enum Finding {
     /// shifted by one.
     Inserted { position: u64 },
     /// The journal is shorter than an exported checkpoint says it was.
-    Truncated {
-        journal_size: u64,
-        checkpoint_size: u64,
-    },
+    Truncated { journal_size: u64, checkpoint_size: u64 },
     /// The journal's row at the checkpoint's size does not have the checkpointed hash: history
     /// up to that point was rewritten.
-    HeadDiffers {
-        seq: u64,
-        checkpoint: HashHex,
-        journal: HashHex,
-    },
+    HeadDiffers { seq: u64, checkpoint: HashHex, journal: HashHex },
     /// `executions` says one state, the journal another.
-    ProjectionMismatch {
-        execution_id: String,
-        projection: String,
-        journal: Option<String>,
-    },
+    ProjectionMismatch { execution_id: String, projection: String, journal: Option<String> },
     /// The journal has an execution that `executions` lacks.
     ProjectionMissing { execution_id: String },
     /// A stored result does not match the digest journaled when it was recorded.
@@ -118,10 +102,7 @@ impl fmt::Display for Finding {
                 write!(f, "row {from}: missing (deleted)")
             }
             Finding::Missing { from, to } => write!(f, "rows {from}..{to}: missing (deleted)"),
-            Finding::Reordered {
-                position,
-                found_seq,
-            } => write!(
+            Finding::Reordered { position, found_seq } => write!(
                 f,
                 "row {position}: reordered (this position holds the row appended as {found_seq}; row {position} appears later)"
             ),
@@ -129,37 +110,21 @@ impl fmt::Display for Finding {
                 f,
                 "row {position}: inserted (a row Postern never appended sits here; the rows after it are shifted by one)"
             ),
-            Finding::Truncated {
-                journal_size,
-                checkpoint_size,
-            } => write!(
+            Finding::Truncated { journal_size, checkpoint_size } => write!(
                 f,
                 "journal truncated: it ends at row {journal_size} but the checkpoint covers {checkpoint_size} rows"
             ),
-            Finding::HeadDiffers {
-                seq,
-                checkpoint,
-                journal,
-            } => write!(
+            Finding::HeadDiffers { seq, checkpoint, journal } => write!(
                 f,
                 "row {seq}: chain head differs from the checkpoint (checkpoint {checkpoint}, journal {journal}); history was rewritten"
             ),
-            Finding::ProjectionMismatch {
-                execution_id,
-                projection,
-                journal,
-            } => write!(
+            Finding::ProjectionMismatch { execution_id, projection, journal } => write!(
                 f,
                 "execution {execution_id}: current state says {projection:?} but the journal says {}",
-                journal
-                    .as_deref()
-                    .map_or("nothing".to_string(), |j| format!("{j:?}"))
+                journal.as_deref().map_or("nothing".to_string(), |j| format!("{j:?}"))
             ),
             Finding::ProjectionMissing { execution_id } => {
-                write!(
-                    f,
-                    "execution {execution_id}: in the journal but missing from the executions table"
-                )
+                write!(f, "execution {execution_id}: in the journal but missing from the executions table")
             }
             Finding::ResultMismatch { execution_id, why } => {
                 write!(f, "execution {execution_id}: stored result {why}")
@@ -194,13 +159,28 @@ pub fn verify(
     checkpoint: Option<&Checkpoint>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, StoreError> {
-    let conn = open_checked(path)?;
-    // Read-only tuning: large page cache and memory-mapped reads for the sequential scan.
-    conn.pragma_update(None, "cache_size", -65_536)?;
-    conn.pragma_update(None, "mmap_size", 1i64 << 32)?;
-    let total: u64 =
-        conn.query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64;
-    let (head, chain_finding) = check_chain(&conn, total, progress)?;
+    verify_with(path, checkpoint, VerifyScope::Full, progress)
+}
+
+/// How much `verify_with` checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyScope {
+    /// The chain, the checkpoint, and the projections (`executions`, `results`) against it.
+    Full,
+    /// The chain and the checkpoint only: faster on very large journals, but a forged current
+    /// state or stored result is not noticed.
+    ChainOnly,
+}
+
+pub fn verify_with(
+    path: &Path,
+    checkpoint: Option<&Checkpoint>,
+    scope: VerifyScope,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<VerifyReport, StoreError> {
+    let conn = open_for_scan(path)?;
+    let total: u64 = conn.query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64;
+    let (head, chain_finding, tally) = check_chain(&conn, total, scope, progress)?;
     let mut findings: Vec<Finding> = chain_finding.into_iter().collect();
     let mut checkpoint_checked = false;
     if findings.is_empty()
@@ -209,14 +189,12 @@ pub fn verify(
         checkpoint_checked = true;
         findings.extend(check_checkpoint(&conn, head, cp)?);
     }
-    if findings.is_empty() {
-        findings.extend(check_projection(&conn)?);
-        findings.extend(check_results(&conn)?);
+    // The projections are compared only with a journal that verified.
+    if findings.is_empty() && scope == VerifyScope::Full {
+        findings.extend(check_projection(&conn, tally.last_state)?);
+        findings.extend(check_results(&conn, tally.result_digests)?);
     }
-    let count = |sql: &str| {
-        conn.query_row(sql, [], |r| r.get::<_, i64>(0))
-            .map(|n| n as u64)
-    };
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).map(|n| n as u64);
     Ok(VerifyReport {
         rows: total,
         executions: count("SELECT count(*) FROM executions")?,
@@ -227,75 +205,235 @@ pub fn verify(
     })
 }
 
+fn open_for_scan(path: &Path) -> Result<Connection, StoreError> {
+    let conn = open_checked(path)?;
+    // Read-only tuning: a large page cache and memory-mapped reads for sequential scans.
+    conn.pragma_update(None, "cache_size", -65_536)?;
+    conn.pragma_update(None, "mmap_size", 1i64 << 32)?;
+    Ok(conn)
+}
+
+/// Rows read from SQLite and handed to the hashing thread in one piece.
+#[derive(Default)]
+struct Batch {
+    seqs: Vec<u64>,
+    /// Bodies back to back; `ends[i]` is where body `i` ends.
+    bodies: Vec<u8>,
+    ends: Vec<usize>,
+    hashes: Vec<[u8; 32]>,
+    /// Each row's head, parsed by the reader (trusted only once the row's hash verifies).
+    facts: Vec<Option<Fact>>,
+}
+
+impl Batch {
+    const ROWS: usize = 2048;
+
+    fn clear(&mut self) {
+        self.seqs.clear();
+        self.bodies.clear();
+        self.ends.clear();
+        self.hashes.clear();
+        self.facts.clear();
+    }
+}
+
+/// Where the walk stopped, if it did not reach the end.
+enum Break {
+    /// Row `seq` came after `expected - 1`: the rows in between are gone.
+    Gap { expected: u64, seq: u64 },
+    /// Row `seq` does not chain from the previous row's stored hash, or its content was
+    /// appended at another position.
+    Mismatch { seq: u64, body: Vec<u8>, stored: [u8; 32] },
+    /// Row `seq` chains, but Postern cannot read it (written by an incompatible version).
+    Unreadable { seq: u64 },
+}
+
+/// An execution id's text as a fixed-size key (ids are always 30 ASCII characters).
+type IdKey = [u8; 30];
+
+fn id_key(id: &[u8]) -> Option<IdKey> {
+    id.try_into().ok()
+}
+
+/// A row's head in compact owned form.
+#[derive(Clone, Copy)]
+struct Fact {
+    seq: u64,
+    execution: Option<(IdKey, ExecutionState)>,
+    result_sha256: Option<[u8; 64]>,
+}
+
+impl Fact {
+    fn position_only(seq: u64) -> Fact {
+        Fact { seq, execution: None, result_sha256: None }
+    }
+
+    /// `None` when the head is missing or names a state or id Postern does not know.
+    fn read(body: &[u8]) -> Option<Fact> {
+        let head = scan_head(body)?;
+        let execution = match (head.execution_id, head.state) {
+            (Some(id), Some(state)) => Some((id_key(id)?, std::str::from_utf8(state).ok()?.parse().ok()?)),
+            _ => None,
+        };
+        let result_sha256 = match head.result_sha256 {
+            Some(sha) => Some(sha.try_into().ok()?),
+            None => None,
+        };
+        Some(Fact { seq: head.seq, execution, result_sha256 })
+    }
+}
+
+/// What the verified journal says about each execution, collected during the walk.
+#[derive(Default)]
+struct Tally {
+    last_state: HashMap<IdKey, ExecutionState>,
+    result_digests: HashMap<IdKey, [u8; 64]>,
+}
+
+impl Tally {
+    fn record(&mut self, fact: &Fact) {
+        if let Some((key, state)) = fact.execution {
+            self.last_state.insert(key, state);
+            if let Some(sha) = fact.result_sha256 {
+                self.result_digests.insert(key, sha);
+            }
+        }
+    }
+}
+
 /// Walks the chain in `seq` order. Every row must chain from the stored hash of the row before
 /// it; the first row that does not is diagnosed and the walk stops there.
+///
+/// Two threads share the work: this one steps through SQLite and copies rows into batches, a
+/// second one hashes them (each row's check needs only the previous row's *stored* hash, so
+/// hashing never waits on reading beyond the batch boundary).
 fn check_chain(
     conn: &Connection,
     total: u64,
+    scope: VerifyScope,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<(JournalHead, Option<Finding>), StoreError> {
-    let mut stmt = conn.prepare("SELECT seq, body, row_hash FROM journal ORDER BY seq")?;
-    let mut rows = stmt.query([])?;
-    let mut prev = GENESIS;
-    let mut expected: u64 = 1;
-    while let Some(row) = rows.next()? {
-        let seq = row.get::<_, i64>(0)? as u64;
-        let (Ok(body), Ok(stored)) = (row.get_ref(1)?.as_bytes(), row.get_ref(2)?.as_bytes())
-        else {
-            let why = "content or hash has been replaced by a value of the wrong type".to_string();
-            return Ok((
-                JournalHead {
-                    size: seq - 1,
-                    hash: HashHex(prev),
-                },
-                Some(Finding::Modified { seq, why }),
-            ));
-        };
-        if seq != expected {
-            return Ok((
-                JournalHead {
-                    size: expected - 1,
-                    hash: HashHex(prev),
-                },
-                Some(Finding::Missing {
-                    from: expected,
-                    to: seq - 1,
-                }),
-            ));
+) -> Result<(JournalHead, Option<Finding>, Tally), StoreError> {
+    let (full_tx, full_rx) = mpsc::sync_channel::<Batch>(4);
+    let (empty_tx, empty_rx) = mpsc::channel::<Batch>();
+    let (walked, read_error) = std::thread::scope(|threads| {
+        let hasher = threads.spawn(move || {
+            let mut tally = Tally::default();
+            let mut prev = GENESIS;
+            let mut expected: u64 = 1;
+            for mut batch in full_rx {
+                for i in 0..batch.seqs.len() {
+                    let seq = batch.seqs[i];
+                    let body = &batch.bodies[if i == 0 { 0 } else { batch.ends[i - 1] }..batch.ends[i]];
+                    let stored = batch.hashes[i];
+                    if seq != expected {
+                        return (prev, expected - 1, Some(Break::Gap { expected, seq }), tally);
+                    }
+                    let fact = (chain_hash(&prev, body) == stored).then_some(batch.facts[i]);
+                    match fact {
+                        Some(Some(fact)) if fact.seq == seq => tally.record(&fact),
+                        Some(None) => return (prev, seq - 1, Some(Break::Unreadable { seq }), tally),
+                        _ => {
+                            let broke = Break::Mismatch { seq, body: body.to_vec(), stored };
+                            return (prev, seq - 1, Some(broke), tally);
+                        }
+                    }
+                    prev = stored;
+                    expected += 1;
+                }
+                batch.clear();
+                // The reader may already be done; then the batch is simply dropped.
+                let _ = empty_tx.send(batch);
+            }
+            (prev, expected - 1, None, tally)
+        });
+        let read = read_rows(conn, total, scope, progress, &full_tx, &empty_rx);
+        drop(full_tx);
+        let walked = hasher.join();
+        (walked, read.err())
+    });
+    let (prev, size, broke, tally) = walked.map_err(|_| StoreError::Corrupt("chain hashing thread panicked".into()))?;
+    let head = JournalHead { size, hash: HashHex(prev) };
+    let finding = match broke {
+        None => {
+            // Only a clean walk to the end is a result; a read error mid-way is not.
+            if let Some(e) = read_error {
+                return Err(e);
+            }
+            None
         }
-        if chain_hash(&prev, body).as_slice() != stored {
-            let finding = diagnose(conn, seq, body, stored)?;
-            return Ok((
-                JournalHead {
-                    size: seq - 1,
-                    hash: HashHex(prev),
-                },
-                Some(finding),
-            ));
+        Some(Break::Gap { expected, seq }) => Some(Finding::Missing { from: expected, to: seq - 1 }),
+        Some(Break::Mismatch { seq, body, stored }) => Some(diagnose(conn, seq, &body, &stored)?),
+        Some(Break::Unreadable { seq }) => {
+            return Err(StoreError::Corrupt(format!(
+                "row {seq} verifies but cannot be read by this postern (written by an incompatible version?)"
+            )));
         }
-        prev.copy_from_slice(stored);
-        if seq.is_multiple_of(PROGRESS_EVERY) {
-            progress(seq, total);
-        }
-        expected += 1;
-    }
-    progress(expected - 1, total);
-    Ok((
-        JournalHead {
-            size: expected - 1,
-            hash: HashHex(prev),
-        },
-        None,
-    ))
+    };
+    Ok((head, finding, tally))
 }
 
-#[derive(Deserialize)]
-struct SeqOnly {
-    seq: u64,
+/// Steps through the journal and feeds batches to the hashing thread until the end, or until
+/// the hasher stops listening (it found the first broken row).
+fn read_rows(
+    conn: &Connection,
+    total: u64,
+    scope: VerifyScope,
+    progress: &mut dyn FnMut(u64, u64),
+    full: &mpsc::SyncSender<Batch>,
+    empty: &mpsc::Receiver<Batch>,
+) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare("SELECT seq, body, row_hash FROM journal ORDER BY seq")?;
+    let mut rows = stmt.query([])?;
+    let mut batch = Batch::default();
+    let mut read: u64 = 0;
+    loop {
+        let row = rows.next()?;
+        if let Some(row) = row {
+            let seq = row.get::<_, i64>(0)? as u64;
+            match (
+                row.get_ref(1)?.as_bytes(),
+                row.get_ref(2)?.as_bytes().ok().and_then(|h| <[u8; 32]>::try_from(h).ok()),
+            ) {
+                (Ok(body), Some(hash)) => {
+                    batch.seqs.push(seq);
+                    batch.bodies.extend_from_slice(body);
+                    batch.ends.push(batch.bodies.len());
+                    batch.hashes.push(hash);
+                    batch.facts.push(match scope {
+                        VerifyScope::Full => Fact::read(body),
+                        // Only the position matters; it is read cheaply from the head.
+                        VerifyScope::ChainOnly => body_seq(body).map(Fact::position_only),
+                    });
+                }
+                // A value of the wrong type, or a hash of the wrong length: an empty body with a
+                // zero hash can never chain, so the hasher stops here and the row is diagnosed.
+                _ => {
+                    batch.seqs.push(seq);
+                    batch.ends.push(batch.bodies.len());
+                    batch.hashes.push([0; 32]);
+                    batch.facts.push(None);
+                }
+            }
+            read += 1;
+        }
+        if batch.seqs.len() >= Batch::ROWS || (row.is_none() && !batch.seqs.is_empty()) {
+            let next = empty.try_recv().unwrap_or_default();
+            if full.send(std::mem::replace(&mut batch, next)).is_err() {
+                return Ok(()); // the hasher stopped at a broken row
+            }
+            if read.is_multiple_of(PROGRESS_EVERY) {
+                progress(read, total);
+            }
+        }
+        if row.is_none() {
+            progress(read, total);
+            return Ok(());
+        }
+    }
 }
 
 fn body_seq(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<SeqOnly>(body).ok().map(|s| s.seq)
+    scan_head(body).map(|h| h.seq)
 }
 
 /// Explains why the row at `position` does not chain, from the `seq` each row carries inside
@@ -304,29 +442,16 @@ fn body_seq(body: &[u8]) -> Option<u64> {
 /// A row whose content claims another position is only called *displaced* (reordered or
 /// inserted-before) when it still chains from the hash of the row that originally preceded it,
 /// which proves its content is untouched. Anything else is a modification.
-fn diagnose(
-    conn: &Connection,
-    position: u64,
-    body: &[u8],
-    stored: &[u8],
-) -> Result<Finding, StoreError> {
-    let modified = |why: &str| {
-        Ok(Finding::Modified {
-            seq: position,
-            why: why.into(),
-        })
-    };
+fn diagnose(conn: &Connection, position: u64, body: &[u8], stored: &[u8]) -> Result<Finding, StoreError> {
+    let modified = |why: &str| Ok(Finding::Modified { seq: position, why: why.into() });
     let Some(claimed) = body_seq(body) else {
         return modified("content is not a valid journal row");
     };
     if claimed == position || claimed == 0 {
         return modified("content does not match its recorded hash");
     }
-    let predecessor = if claimed == 1 {
-        Some((0, GENESIS.to_vec()))
-    } else {
-        row_claiming(conn, claimed - 1, position)?
-    };
+    let predecessor =
+        if claimed == 1 { Some((0, GENESIS.to_vec())) } else { row_claiming(conn, claimed - 1, position)? };
     match predecessor {
         Some((_, pred_hash)) => {
             let pred: [u8; 32] = pred_hash.try_into().unwrap_or([0; 32]);
@@ -336,35 +461,25 @@ fn diagnose(
             if claimed < position {
                 Ok(Finding::Inserted { position: claimed })
             } else {
-                Ok(Finding::Reordered {
-                    position,
-                    found_seq: claimed,
-                })
+                Ok(Finding::Reordered { position, found_seq: claimed })
             }
         }
         None if claimed > position
             && row_claiming(conn, claimed, position)?.is_none()
             && row_claiming(conn, position, position)?.is_none() =>
         {
-            Ok(Finding::Missing {
-                from: position,
-                to: claimed - 1,
-            })
+            Ok(Finding::Missing { from: position, to: claimed - 1 })
         }
         None => modified("content does not match its recorded hash"),
     }
 }
 
 /// The (position, row_hash) of a row other than `except` whose content claims `seq`.
-fn row_claiming(
-    conn: &Connection,
-    seq: u64,
-    except: u64,
-) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+fn row_claiming(conn: &Connection, seq: u64, except: u64) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
     Ok(conn
         .query_row(
             "SELECT seq, row_hash FROM journal
-             WHERE seq != ?2 AND (CASE WHEN json_valid(body) THEN json_extract(body, '$.seq') END) = ?1
+             WHERE seq != ?2 AND (CASE WHEN json_valid(body) THEN json_extract(body, '$.head.seq') END) = ?1
              ORDER BY seq LIMIT 1",
             rusqlite::params![seq as i64, except as i64],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, Vec<u8>>(1)?)),
@@ -372,26 +487,15 @@ fn row_claiming(
         .optional()?)
 }
 
-fn check_checkpoint(
-    conn: &Connection,
-    head: JournalHead,
-    cp: &Checkpoint,
-) -> Result<Option<Finding>, StoreError> {
+fn check_checkpoint(conn: &Connection, head: JournalHead, cp: &Checkpoint) -> Result<Option<Finding>, StoreError> {
     if cp.journal_size > head.size {
-        return Ok(Some(Finding::Truncated {
-            journal_size: head.size,
-            checkpoint_size: cp.journal_size,
-        }));
+        return Ok(Some(Finding::Truncated { journal_size: head.size, checkpoint_size: cp.journal_size }));
     }
     if cp.journal_size == 0 {
         return Ok(None);
     }
     let at: Option<Vec<u8>> = conn
-        .query_row(
-            "SELECT row_hash FROM journal WHERE seq = ?1",
-            [cp.journal_size as i64],
-            |r| r.get(0),
-        )
+        .query_row("SELECT row_hash FROM journal WHERE seq = ?1", [cp.journal_size as i64], |r| r.get(0))
         .optional()?;
     let journal = HashHex(at.and_then(|h| h.try_into().ok()).unwrap_or([0; 32]));
     Ok((journal != cp.head_hash).then_some(Finding::HeadDiffers {
@@ -401,67 +505,57 @@ fn check_checkpoint(
     }))
 }
 
-fn check_projection(conn: &Connection) -> Result<Vec<Finding>, StoreError> {
+fn key_text(key: &IdKey) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+/// Compares `executions` with the last state the journal recorded for every execution.
+fn check_projection(
+    conn: &Connection,
+    mut journal: HashMap<IdKey, ExecutionState>,
+) -> Result<Vec<Finding>, StoreError> {
     let mut findings = Vec::new();
-    let mut stmt = conn.prepare(
-        "SELECT e.id, e.state,
-                (SELECT j.state FROM journal j WHERE j.execution_id = e.id ORDER BY j.seq DESC LIMIT 1)
-         FROM executions e ORDER BY e.id",
-    )?;
+    let mut stmt = conn.prepare("SELECT id, state FROM executions")?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
-        let (id, projection, journal): (String, String, Option<String>) =
-            (r.get(0)?, r.get(1)?, r.get(2)?);
-        if journal.as_deref() != Some(projection.as_str()) {
-            findings.push(Finding::ProjectionMismatch {
-                execution_id: id,
-                projection,
-                journal,
-            });
+        let (id, projection): (String, String) = (r.get(0)?, r.get(1)?);
+        let recorded = id_key(id.as_bytes()).and_then(|k| journal.remove(&k));
+        if recorded.map(ExecutionState::as_str) != Some(projection.as_str()) {
+            let journal = recorded.map(|s| s.as_str().to_owned());
+            findings.push(Finding::ProjectionMismatch { execution_id: id, projection, journal });
         }
     }
-    let mut stmt = conn.prepare(
-        "SELECT DISTINCT j.execution_id FROM journal j
-         WHERE j.execution_id IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.id = j.execution_id)
-         ORDER BY 1",
-    )?;
-    let missing = stmt.query_map([], |r| r.get::<_, String>(0))?;
-    for id in missing {
-        findings.push(Finding::ProjectionMissing { execution_id: id? });
-    }
+    findings.extend(journal.into_keys().map(|k| Finding::ProjectionMissing { execution_id: key_text(&k) }));
+    findings.sort_by_cached_key(Finding::to_string);
     Ok(findings)
 }
 
-fn check_results(conn: &Connection) -> Result<Vec<Finding>, StoreError> {
+/// Compares every stored result with the digest its `completed` row recorded.
+fn check_results(conn: &Connection, mut journal: HashMap<IdKey, [u8; 64]>) -> Result<Vec<Finding>, StoreError> {
     let mut findings = Vec::new();
-    let mut stmt = conn.prepare(
-        "SELECT r.execution_id, r.sha256, r.body,
-                (SELECT json_extract(j.body, '$.detail.result.sha256') FROM journal j
-                  WHERE j.execution_id = r.execution_id AND j.event = 'completed' ORDER BY j.seq DESC LIMIT 1)
-         FROM results r ORDER BY r.execution_id",
-    )?;
+    let mut stmt = conn.prepare("SELECT execution_id, sha256, body FROM results")?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
         let id: String = r.get(0)?;
         let recorded: String = r.get(1)?;
-        let actual = hex::encode(Sha256::digest(r.get_ref(2)?.as_bytes().unwrap_or_default()));
-        let journaled: Option<String> = r.get(3)?;
-        let why = if journaled.is_none() {
-            Some("has no `completed` row in the journal".to_string())
-        } else if journaled.as_deref() != Some(actual.as_str()) {
-            Some("does not match the digest in its `completed` journal row".to_string())
-        } else if recorded != actual {
-            Some("does not match its own recorded digest".to_string())
-        } else {
-            None
+        let mut actual = [0u8; 64];
+        hex::encode_to_slice(Sha256::digest(r.get_ref(2)?.as_bytes().unwrap_or_default()), &mut actual)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let journaled = id_key(id.as_bytes()).and_then(|k| journal.remove(&k));
+        let why = match journaled {
+            None => Some("has no `completed` row in the journal"),
+            Some(j) if j != actual => Some("does not match the digest in its `completed` journal row"),
+            Some(_) if recorded.as_bytes() != actual => Some("does not match its own recorded digest"),
+            Some(_) => None,
         };
         if let Some(why) = why {
-            findings.push(Finding::ResultMismatch {
-                execution_id: id,
-                why,
-            });
+            findings.push(Finding::ResultMismatch { execution_id: id, why: why.into() });
         }
     }
+    findings.extend(journal.into_keys().map(|k| Finding::ResultMismatch {
+        execution_id: key_text(&k),
+        why: "is missing, though the journal recorded one".into(),
+    }));
+    findings.sort_by_cached_key(Finding::to_string);
     Ok(findings)
 }

@@ -1,8 +1,6 @@
 //! The shape of one journal row and the hash chain that links rows together (design §7).
 
-use postern_core::{
-    ExecutionId, ExecutionState, SessionId, Timestamp, canonical::canonical_bytes_of,
-};
+use postern_core::{ExecutionId, ExecutionState, SessionId, Timestamp, canonical::canonical_bytes_of};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -31,8 +29,9 @@ pub enum Stream {
     Session,
 }
 
-/// One journal row as chained. Its canonical JSON is the `body` column.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One journal row as chained. Its canonical JSON is the `body` column, laid out as
+/// `{"head":{…},"payload":{…}}` (see [`RowHead`]).
+#[derive(Clone, Debug, PartialEq)]
 pub struct JournalRow {
     pub v: u32,
     pub seq: u64,
@@ -41,28 +40,158 @@ pub struct JournalRow {
     /// A lifecycle state name (`dispatched`, …) or another event (`retry_received`,
     /// `session_started`, `session_ended`).
     pub event: String,
+    pub execution_id: Option<ExecutionId>,
+    pub session_id: Option<SessionId>,
+    /// The execution's state after this row (activity stream only).
+    pub state: Option<ExecutionState>,
+    /// SHA-256 (hex) of the stored result (`completed` rows only).
+    pub result_sha256: Option<String>,
+    /// Event-specific detail (never a secret).
+    pub detail: Value,
+}
+
+/// The scalar facts of a row. In canonical order `head` sorts before `payload`, so a reader that
+/// needs only these facts (audit cross-checks, listings) parses the head and stops.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowHead {
+    pub v: u32,
+    pub seq: u64,
+    pub at: Timestamp,
+    pub stream: Stream,
+    pub event: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<ExecutionId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<SessionId>,
-    /// The execution's state after this row (activity stream only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<ExecutionState>,
-    pub detail: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_sha256: Option<String>,
 }
 
+/// The stored shape of a row.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    head: RowHead,
+    payload: Value,
+}
+
+/// Every canonical body starts with this, because `head` is the first key in RFC 8785 order.
+pub const HEAD_PREFIX: &[u8] = b"{\"head\":";
+
 impl JournalRow {
+    fn stored(&self) -> Stored {
+        Stored {
+            head: RowHead {
+                v: self.v,
+                seq: self.seq,
+                at: self.at,
+                stream: self.stream,
+                event: self.event.clone(),
+                execution_id: self.execution_id,
+                session_id: self.session_id,
+                state: self.state,
+                result_sha256: self.result_sha256.clone(),
+            },
+            payload: self.detail.clone(),
+        }
+    }
+
+    /// The RFC 8785 bytes that are stored and chained.
     pub fn canonical(&self) -> Result<Vec<u8>, postern_core::CanonicalError> {
-        canonical_bytes_of(self)
+        canonical_bytes_of(&self.stored())
+    }
+
+    /// Parses a stored body.
+    pub fn from_body(body: &[u8]) -> Result<Self, serde_json::Error> {
+        let Stored { head, payload } = serde_json::from_slice(body)?;
+        Ok(JournalRow {
+            v: head.v,
+            seq: head.seq,
+            at: head.at,
+            stream: head.stream,
+            event: head.event,
+            execution_id: head.execution_id,
+            session_id: head.session_id,
+            state: head.state,
+            result_sha256: head.result_sha256,
+            detail: payload,
+        })
     }
 }
 
-/// A row read back, with its chain hash.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+impl Serialize for JournalRow {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.stored().serialize(s)
+    }
+}
+
+/// The head's scalar fields located by byte scanning, for the hot path of `audit verify`.
+///
+/// Exact for canonical bodies because: `head` sorts before `payload`, so the head is everything
+/// before the first `},"payload":`; the head holds only numbers and strings; and a raw `"` never
+/// occurs inside a JSON string (it is escaped), so `"key":` patterns only match real keys. A
+/// property test checks it against the full serde parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScannedHead<'a> {
+    pub seq: u64,
+    pub execution_id: Option<&'a [u8]>,
+    pub state: Option<&'a [u8]>,
+    pub result_sha256: Option<&'a [u8]>,
+}
+
+pub fn scan_head(body: &[u8]) -> Option<ScannedHead<'_>> {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    // Built once: constructing a searcher costs more than searching a 200-byte head.
+    static HEAD_END: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"},\"payload\":"));
+    static SEQ: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"seq\":"));
+    static EXECUTION_ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"execution_id\":\""));
+    static STATE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"state\":\""));
+    static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result_sha256\":\""));
+    let rest = body.strip_prefix(HEAD_PREFIX)?;
+    let head = &rest[..HEAD_END.find(rest)? + 1];
+    let string = |key: &Finder<'_>| -> Option<&[u8]> {
+        let at = key.find(head)? + key.needle().len();
+        let len = memchr::memchr(b'"', &head[at..])?;
+        Some(&head[at..at + len])
+    };
+    let seq_at = SEQ.find(head)? + SEQ.needle().len();
+    let digits = head[seq_at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let seq = std::str::from_utf8(&head[seq_at..seq_at + digits]).ok()?.parse().ok()?;
+    Some(ScannedHead {
+        seq,
+        execution_id: string(&EXECUTION_ID),
+        state: string(&STATE),
+        result_sha256: string(&RESULT),
+    })
+}
+
+/// Reads only the head of a canonical body, stopping before the payload.
+pub fn read_head(body: &[u8]) -> Option<RowHead> {
+    let rest = body.strip_prefix(HEAD_PREFIX)?;
+    serde_json::Deserializer::from_slice(rest).into_iter::<RowHead>().next()?.ok()
+}
+
+/// A row read back, with its chain hash. Serialises flat (for `--json` output and the app):
+/// `{"seq":…,"at":…,"event":…,…,"detail":{…},"row_hash":"sha256:…"}`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct JournalEntry {
-    #[serde(flatten)]
     pub row: JournalRow,
     pub row_hash: HashHex,
+}
+
+impl Serialize for JournalEntry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Flat<'a> {
+            #[serde(flatten)]
+            head: RowHead,
+            detail: &'a Value,
+            row_hash: HashHex,
+        }
+        Flat { head: self.row.stored().head, detail: &self.row.detail, row_hash: self.row_hash }.serialize(s)
+    }
 }
 
 /// The end of the chain: how many rows, and the last row's hash.
@@ -73,10 +202,7 @@ pub struct JournalHead {
 }
 
 impl JournalHead {
-    pub const EMPTY: JournalHead = JournalHead {
-        size: 0,
-        hash: HashHex(GENESIS),
-    };
+    pub const EMPTY: JournalHead = JournalHead { size: 0, hash: HashHex(GENESIS) };
 }
 
 /// A SHA-256 shown as `sha256:<hex>`.
@@ -98,12 +224,9 @@ impl fmt::Debug for HashHex {
 impl std::str::FromStr for HashHex {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let hex_part = s
-            .strip_prefix("sha256:")
-            .ok_or("hash must start with sha256:")?;
+        let hex_part = s.strip_prefix("sha256:").ok_or("hash must start with sha256:")?;
         let mut out = [0u8; 32];
-        hex::decode_to_slice(hex_part, &mut out)
-            .map_err(|e| format!("hash is not 64 hex digits: {e}"))?;
+        hex::decode_to_slice(hex_part, &mut out).map_err(|e| format!("hash is not 64 hex digits: {e}"))?;
         Ok(HashHex(out))
     }
 }
@@ -116,8 +239,56 @@ impl Serialize for HashHex {
 
 impl<'de> Deserialize<'de> for HashHex {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn row_strategy() -> impl Strategy<Value = JournalRow> {
+        let detail = prop_oneof![
+            Just(json!({})),
+            "\\PC{0,40}".prop_map(|s| json!({"note": s, "seq": 99, "state": "x\"y", "nested": {"execution_id": s}})),
+            "\\PC{0,40}".prop_map(|s| json!({"},\"payload\":": s, "\"seq\":1": [s]})),
+        ];
+        (1u64..(1 << 53), any::<bool>(), 0usize..11, any::<bool>(), detail, 0i64..(1 << 47)).prop_map(
+            |(seq, activity, state, with_result, detail, at)| JournalRow {
+                v: ROW_VERSION,
+                seq,
+                at: Timestamp::from_millis(at),
+                stream: if activity { Stream::Activity } else { Stream::Session },
+                event: "some_event".into(),
+                execution_id: activity.then(|| ExecutionId::from_parts(Timestamp::from_millis(at), u128::from(seq))),
+                session_id: Some(SessionId::from_parts(Timestamp::from_millis(at), 7)),
+                state: activity.then(|| ExecutionState::ALL[state]),
+                result_sha256: (activity && with_result).then(|| "ab".repeat(32)),
+                detail,
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn scanning_the_head_agrees_with_parsing_it(row in row_strategy()) {
+            let body = row.canonical().expect("canonical");
+            let scanned = scan_head(&body).expect("scans");
+            let parsed = read_head(&body).expect("parses");
+            prop_assert_eq!(scanned.seq, parsed.seq);
+            prop_assert_eq!(scanned.execution_id.map(<[u8]>::to_vec), parsed.execution_id.map(|e| e.to_string().into_bytes()));
+            prop_assert_eq!(scanned.state.map(<[u8]>::to_vec), parsed.state.map(|s| s.as_str().as_bytes().to_vec()));
+            prop_assert_eq!(scanned.result_sha256.map(<[u8]>::to_vec), parsed.result_sha256.map(String::into_bytes));
+            prop_assert_eq!(JournalRow::from_body(&body).expect("round trip"), row);
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_row_does_not_scan() {
+        assert!(scan_head(b"").is_none());
+        assert!(scan_head(b"{\"payload\":{},\"head\":{\"seq\":1}}").is_none());
+        assert!(scan_head(b"{\"head\":{\"seq\":1}").is_none());
     }
 }

@@ -14,10 +14,7 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("migrations/0001_journal.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[Migration { version: 1, sql: include_str!("migrations/0001_journal.sql") }];
 
 /// Highest schema version this build understands.
 pub fn supported_version() -> u32 {
@@ -32,25 +29,15 @@ pub fn checksum(sql: &str) -> String {
 pub fn inspect(conn: &Connection) -> Result<(i32, u32, bool), rusqlite::Error> {
     let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
     let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    let has_tables: bool = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table')",
-        [],
-        |r| r.get(0),
-    )?;
+    let has_tables: bool =
+        conn.query_row("SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table')", [], |r| r.get(0))?;
     Ok((app, version, has_tables))
 }
 
 /// Checks the file is a Postern database this build can read (`allow_new` accepts a database
 /// with no tables yet, which `migrate` will initialise).
-pub fn check_identity(
-    conn: &Connection,
-    path: &std::path::Path,
-    allow_new: bool,
-) -> Result<u32, StoreError> {
-    let unusable = |problem| StoreError::Unusable {
-        path: path.to_owned(),
-        problem,
-    };
+pub fn check_identity(conn: &Connection, path: &std::path::Path, allow_new: bool) -> Result<u32, StoreError> {
+    let unusable = |problem| StoreError::Unusable { path: path.to_owned(), problem };
     let (app, version, has_tables) = inspect(conn).map_err(|e| match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => unusable(Unusable::NotSqlite),
         _ => StoreError::Sqlite(e),
@@ -62,37 +49,24 @@ pub fn check_identity(
         return Err(unusable(if app == 0 && !has_tables {
             Unusable::NotInitialised
         } else {
-            Unusable::NotPostern {
-                application_id: app,
-            }
+            Unusable::NotPostern { application_id: app }
         }));
     }
     if version > supported_version() {
-        return Err(unusable(Unusable::NewerSchema {
-            found: version,
-            supported: supported_version(),
-        }));
+        return Err(unusable(Unusable::NewerSchema { found: version, supported: supported_version() }));
     }
     Ok(version)
 }
 
 /// Applies pending migrations in one transaction and checks the recorded checksums of the
 /// ones already applied.
-pub fn migrate(
-    conn: &mut Connection,
-    path: &std::path::Path,
-    applied_at_ms: i64,
-) -> Result<(), StoreError> {
+pub fn migrate(conn: &mut Connection, path: &std::path::Path, applied_at_ms: i64) -> Result<(), StoreError> {
     let current = check_identity(conn, path, true)?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for m in MIGRATIONS {
         if m.version <= current {
             let recorded: Option<String> = tx
-                .query_row(
-                    "SELECT sha256 FROM schema_migrations WHERE version = ?1",
-                    [m.version],
-                    |r| r.get(0),
-                )
+                .query_row("SELECT sha256 FROM schema_migrations WHERE version = ?1", [m.version], |r| r.get(0))
                 .optional()?;
             if recorded.as_deref() != Some(checksum(m.sql).as_str()) {
                 return Err(StoreError::MigrationMismatch { version: m.version });
@@ -119,10 +93,7 @@ mod tests {
     /// that may already exist in users' databases was edited.
     #[test]
     fn shipped_migrations_are_never_edited() {
-        let pinned: Vec<String> = MIGRATIONS
-            .iter()
-            .map(|m| format!("{} {}", m.version, checksum(m.sql)))
-            .collect();
+        let pinned: Vec<String> = MIGRATIONS.iter().map(|m| format!("{} {}", m.version, checksum(m.sql))).collect();
         insta::assert_snapshot!(pinned.join("\n"));
     }
 

@@ -68,10 +68,7 @@ pub struct StoredResult {
 }
 
 pub(crate) fn unusable(path: &Path, problem: Unusable) -> StoreError {
-    StoreError::Unusable {
-        path: path.to_owned(),
-        problem,
-    }
+    StoreError::Unusable { path: path.to_owned(), problem }
 }
 
 /// Opens `path` read-only after checking it is a Postern database this build can read.
@@ -80,58 +77,33 @@ pub(crate) fn open_checked(path: &Path) -> Result<Connection, StoreError> {
     if meta.len() == 0 {
         return Err(unusable(path, Unusable::Empty));
     }
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     schema::check_identity(&conn, path, false)?;
     Ok(conn)
 }
 
 fn entry_from(seq: i64, body: &str, hash: Vec<u8>) -> Result<JournalEntry, StoreError> {
-    let row: JournalRow = serde_json::from_str(body)
-        .map_err(|e| StoreError::Corrupt(format!("journal row {seq}: {e}")))?;
-    let hash = hash
-        .try_into()
-        .map_err(|_| StoreError::Corrupt(format!("journal row {seq}: bad row_hash")))?;
-    Ok(JournalEntry {
-        row,
-        row_hash: HashHex(hash),
-    })
+    let row =
+        JournalRow::from_body(body.as_bytes()).map_err(|e| StoreError::Corrupt(format!("journal row {seq}: {e}")))?;
+    let hash = hash.try_into().map_err(|_| StoreError::Corrupt(format!("journal row {seq}: bad row_hash")))?;
+    Ok(JournalEntry { row, row_hash: HashHex(hash) })
 }
 
 impl JournalView {
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
-        Ok(JournalView {
-            conn: Mutex::new(open_checked(path)?),
-        })
+        Ok(JournalView { conn: Mutex::new(open_checked(path)?) })
     }
 
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let conn = self
-            .conn
-            .lock()
-            .map_err(|_| StoreError::Corrupt("view lock poisoned".into()))?;
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let conn = self.conn.lock().map_err(|_| StoreError::Corrupt("view lock poisoned".into()))?;
         f(&conn)
     }
 
-    fn entries(
-        conn: &Connection,
-        sql: &str,
-        params: impl rusqlite::Params,
-    ) -> Result<Vec<JournalEntry>, StoreError> {
+    fn entries(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<JournalEntry>, StoreError> {
         let mut stmt = conn.prepare_cached(sql)?;
-        let rows = stmt.query_map(params, |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Vec<u8>>(2)?,
-            ))
-        })?;
+        let rows =
+            stmt.query_map(params, |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, Vec<u8>>(2)?)))?;
         rows.map(|r| {
             let (seq, body, hash) = r?;
             entry_from(seq, &body, hash)
@@ -154,11 +126,7 @@ impl JournalView {
                    AND (?1 IS NULL OR execution_id = ?1)
                    AND (?2 IS NULL OR session_id = ?2)
                  ORDER BY seq DESC LIMIT ?3",
-                params![
-                    filter.execution.map(|e| e.to_string()),
-                    filter.session.map(|s| s.to_string()),
-                    limit
-                ],
+                params![filter.execution.map(|e| e.to_string()), filter.session.map(|s| s.to_string()), limit],
             )
         })?;
         out.reverse();
@@ -215,7 +183,12 @@ impl JournalView {
         self.with(|c| {
             c.prepare_cached("SELECT execution_id, recorded_at, sha256, body FROM results WHERE execution_id = ?1")?
                 .query_row([id.to_string()], |r| {
-                    Ok(StoredResult { execution_id: r.get(0)?, recorded_at: r.get(1)?, sha256: r.get(2)?, body: r.get(3)? })
+                    Ok(StoredResult {
+                        execution_id: r.get(0)?,
+                        recorded_at: r.get(1)?,
+                        sha256: r.get(2)?,
+                        body: r.get(3)?,
+                    })
                 })
                 .optional()
                 .map_err(StoreError::from)
@@ -251,9 +224,7 @@ impl JournalView {
     /// Number of executions per state, for status displays.
     pub fn state_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
         self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT state, count(*) FROM executions GROUP BY state ORDER BY state",
-            )?;
+            let mut stmt = c.prepare_cached("SELECT state, count(*) FROM executions GROUP BY state ORDER BY state")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect::<Result<_, _>>().map_err(StoreError::from)
         })

@@ -6,43 +6,30 @@
 //! identical concurrent calls are decided one after the other.
 
 use crate::{
-    Admission, Checkpoint, Completion, NewExecution, Recovery, SessionStart, StoreError,
-    StoreOptions,
+    Admission, Checkpoint, Completion, NewExecution, Recovery, SessionStart, StoreError, StoreOptions,
     journal::{HashHex, JournalEntry, JournalHead, JournalRow, ROW_VERSION, Stream, chain_hash},
 };
 use postern_core::{
-    Actor, ExecutionId, ExecutionState, IncomingIntent, IntentScope, PriorExecution,
-    ReplayContract, RetryDecision, SessionId, Timestamp, decide_retry,
+    Actor, ExecutionId, ExecutionState, IncomingIntent, IntentScope, PriorExecution, ReplayContract, RetryDecision,
+    SessionId, Timestamp, decide_retry,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use std::sync::mpsc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+    mpsc,
+};
 
 enum Op {
     Admit(Box<NewExecution>),
-    Transition {
-        id: ExecutionId,
-        to: ExecutionState,
-        detail: Value,
-        at: Timestamp,
-    },
-    Complete {
-        id: ExecutionId,
-        completion: Completion,
-    },
+    Transition { id: ExecutionId, to: ExecutionState, detail: Value, at: Timestamp },
+    Complete { id: ExecutionId, completion: Completion },
     StartSession(Box<SessionStart>),
-    EndSession {
-        id: SessionId,
-        reason: String,
-        at: Timestamp,
-    },
-    Checkpoint {
-        at: Timestamp,
-    },
-    Recover {
-        now: Timestamp,
-    },
+    EndSession { id: SessionId, reason: String, at: Timestamp },
+    Checkpoint { at: Timestamp },
+    Recover { now: Timestamp },
 }
 
 enum Reply {
@@ -57,8 +44,27 @@ struct Job {
     reply: mpsc::SyncSender<Result<Reply, StoreError>>,
 }
 
+/// Counters of what the writer committed: `operations / transactions` is the group-commit
+/// factor (how many writes shared one fsync).
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    transactions: AtomicU64,
+    operations: AtomicU64,
+}
+
+impl WriterStats {
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
+
+    pub fn operations(&self) -> u64 {
+        self.operations.load(Ordering::Relaxed)
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct WriterHandle {
+    pub(crate) stats: Arc<WriterStats>,
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -78,9 +84,7 @@ macro_rules! expect_reply {
     ($result:expr, $variant:ident) => {
         match $result? {
             Reply::$variant(v) => Ok(v),
-            _ => Err(StoreError::Corrupt(
-                "writer answered with the wrong reply kind".into(),
-            )),
+            _ => Err(StoreError::Corrupt("writer answered with the wrong reply kind".into())),
         }
     };
 }
@@ -89,26 +93,19 @@ impl WriterHandle {
     pub(crate) fn spawn(conn: Connection, options: StoreOptions) -> Result<Self, StoreError> {
         let head = load_head(&conn)?;
         let (tx, rx) = mpsc::channel::<Job>();
-        let mut writer = Writer {
-            conn,
-            head,
-            max_batch: options.max_batch.max(1),
-        };
+        let stats = Arc::new(WriterStats::default());
+        let mut writer = Writer { conn, head, max_batch: options.max_batch.max(1), stats: Arc::clone(&stats) };
         let thread = std::thread::Builder::new()
             .name("postern-journal-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| StoreError::Corrupt(format!("cannot start the journal writer: {e}")))?;
-        Ok(WriterHandle {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
+        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread) })
     }
 
     fn call(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, rx) = mpsc::sync_channel(1);
         let tx = self.tx.as_ref().ok_or(StoreError::WriterStopped)?;
-        tx.send(Job { op, reply })
-            .map_err(|_| StoreError::WriterStopped)?;
+        tx.send(Job { op, reply }).map_err(|_| StoreError::WriterStopped)?;
         rx.recv().map_err(|_| StoreError::WriterStopped)?
     }
 
@@ -126,11 +123,7 @@ impl WriterHandle {
         expect_reply!(self.call(Op::Transition { id, to, detail, at }), Entry)
     }
 
-    pub(crate) fn complete(
-        &self,
-        id: ExecutionId,
-        completion: Completion,
-    ) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn complete(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
         expect_reply!(self.call(Op::Complete { id, completion }), Entry)
     }
 
@@ -138,12 +131,7 @@ impl WriterHandle {
         expect_reply!(self.call(Op::StartSession(Box::new(start))), Entry)
     }
 
-    pub(crate) fn end_session(
-        &self,
-        id: SessionId,
-        reason: String,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn end_session(&self, id: SessionId, reason: String, at: Timestamp) -> Result<JournalEntry, StoreError> {
         expect_reply!(self.call(Op::EndSession { id, reason, at }), Entry)
     }
 
@@ -158,20 +146,15 @@ impl WriterHandle {
 
 pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
     let head: Option<(i64, Vec<u8>)> = conn
-        .query_row(
-            "SELECT seq, row_hash FROM journal ORDER BY seq DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        .query_row("SELECT seq, row_hash FROM journal ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match head {
         None => Ok(JournalHead::EMPTY),
         Some((seq, hash)) => Ok(JournalHead {
-            size: u64::try_from(seq)
-                .map_err(|_| StoreError::Corrupt(format!("negative journal seq {seq}")))?,
-            hash: HashHex(hash.try_into().map_err(|_| {
-                StoreError::Corrupt(format!("row {seq}: row_hash is not 32 bytes"))
-            })?),
+            size: u64::try_from(seq).map_err(|_| StoreError::Corrupt(format!("negative journal seq {seq}")))?,
+            hash: HashHex(
+                hash.try_into().map_err(|_| StoreError::Corrupt(format!("row {seq}: row_hash is not 32 bytes")))?,
+            ),
         }),
     }
 }
@@ -180,6 +163,7 @@ struct Writer {
     conn: Connection,
     head: JournalHead,
     max_batch: usize,
+    stats: Arc<WriterStats>,
 }
 
 /// A row about to be appended (the writer assigns `seq`).
@@ -190,6 +174,7 @@ struct Draft {
     execution_id: Option<ExecutionId>,
     session_id: Option<SessionId>,
     state: Option<ExecutionState>,
+    result_sha256: Option<String>,
     detail: Value,
 }
 
@@ -216,28 +201,17 @@ impl Writer {
     fn commit_batch(&mut self, batch: &[Job]) -> Vec<Result<Reply, StoreError>> {
         let head_before = self.head;
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
-            return batch
-                .iter()
-                .map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e))))
-                .collect();
+            return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
         }
         let mut replies = Vec::with_capacity(batch.len());
         for job in batch {
             let head_at_savepoint = self.head;
-            let result = self
-                .conn
-                .execute_batch("SAVEPOINT op")
-                .map_err(StoreError::from)
-                .and_then(|()| {
-                    let r = self.apply(&job.op);
-                    let end = if r.is_ok() {
-                        "RELEASE op"
-                    } else {
-                        "ROLLBACK TO op; RELEASE op"
-                    };
-                    self.conn.execute_batch(end)?;
-                    r
-                });
+            let result = self.conn.execute_batch("SAVEPOINT op").map_err(StoreError::from).and_then(|()| {
+                let r = self.apply(&job.op);
+                let end = if r.is_ok() { "RELEASE op" } else { "ROLLBACK TO op; RELEASE op" };
+                self.conn.execute_batch(end)?;
+                r
+            });
             if result.is_err() {
                 self.head = head_at_savepoint;
             }
@@ -246,25 +220,20 @@ impl Writer {
         if let Err(e) = self.conn.execute_batch("COMMIT") {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.head = head_before;
-            return batch
-                .iter()
-                .map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e))))
-                .collect();
+            return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
         }
+        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        self.stats.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
         replies
     }
 
     fn apply(&mut self, op: &Op) -> Result<Reply, StoreError> {
         match op {
             Op::Admit(new) => self.admit(new).map(|a| Reply::Admission(Box::new(a))),
-            Op::Transition { id, to, detail, at } => self
-                .transition(*id, *to, detail.clone(), *at)
-                .map(Reply::Entry),
+            Op::Transition { id, to, detail, at } => self.transition(*id, *to, detail.clone(), *at).map(Reply::Entry),
             Op::Complete { id, completion } => self.complete(*id, completion).map(Reply::Entry),
             Op::StartSession(start) => self.start_session(start).map(Reply::Entry),
-            Op::EndSession { id, reason, at } => {
-                self.end_session(*id, reason, *at).map(Reply::Entry)
-            }
+            Op::EndSession { id, reason, at } => self.end_session(*id, reason, *at).map(Reply::Entry),
             Op::Checkpoint { at } => self.checkpoint(*at).map(Reply::Checkpoint),
             Op::Recover { now } => self.recover(*now).map(Reply::Recovery),
         }
@@ -280,24 +249,20 @@ impl Writer {
             execution_id: draft.execution_id,
             session_id: draft.session_id,
             state: draft.state,
+            result_sha256: draft.result_sha256,
             detail: draft.detail,
         };
         let body = row.canonical()?;
         let hash = chain_hash(&self.head.hash.0, &body);
         let body_text = String::from_utf8(body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let seq =
-            i64::try_from(row.seq).map_err(|_| StoreError::Corrupt("journal is full".into()))?;
-        self.conn
-            .prepare_cached("INSERT INTO journal (seq, body, row_hash) VALUES (?1, ?2, ?3)")?
-            .execute(params![seq, body_text, hash.as_slice()])?;
-        self.head = JournalHead {
-            size: row.seq,
-            hash: HashHex(hash),
-        };
-        Ok(JournalEntry {
-            row,
-            row_hash: HashHex(hash),
-        })
+        let seq = i64::try_from(row.seq).map_err(|_| StoreError::Corrupt("journal is full".into()))?;
+        self.conn.prepare_cached("INSERT INTO journal (seq, body, row_hash) VALUES (?1, ?2, ?3)")?.execute(params![
+            seq,
+            body_text,
+            hash.as_slice()
+        ])?;
+        self.head = JournalHead { size: row.seq, hash: HashHex(hash) };
+        Ok(JournalEntry { row, row_hash: HashHex(hash) })
     }
 
     fn find_prior(&self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
@@ -308,35 +273,19 @@ impl Writer {
                  WHERE fingerprint = ?1 AND actor = ?2 AND intent_scope = ?3
                  ORDER BY accepted_at DESC, id DESC LIMIT 1",
             )?
-            .query_row(
-                params![
-                    new.fingerprint.to_string(),
-                    new.actor.as_str(),
-                    new.intent_scope.as_str()
-                ],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                        r.get::<_, String>(3)?,
-                    ))
-                },
-            )
+            .query_row(params![new.fingerprint.to_string(), new.actor.as_str(), new.intent_scope.as_str()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+            })
             .optional()?;
         let Some((id, state, accepted_at, contract)) = found else {
             return Ok(None);
         };
         Ok(Some(PriorExecution {
-            id: id
-                .parse()
-                .map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))?,
+            id: id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))?,
             fingerprint: new.fingerprint,
             actor: Actor::from_recorded(new.actor.as_str()),
             intent_scope: IntentScope::from_recorded(new.intent_scope.as_str()),
-            state: state
-                .parse()
-                .map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?,
+            state: state.parse().map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?,
             accepted_at: Timestamp::from_millis(accepted_at),
             contract: serde_json::from_str::<ReplayContract>(&contract)
                 .map_err(|e| StoreError::Corrupt(format!("execution {id}: contract: {e}")))?,
@@ -345,11 +294,8 @@ impl Writer {
 
     fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
         let prior = self.find_prior(new)?;
-        let incoming = IncomingIntent {
-            fingerprint: &new.fingerprint,
-            actor: &new.actor,
-            intent_scope: &new.intent_scope,
-        };
+        let incoming =
+            IncomingIntent { fingerprint: &new.fingerprint, actor: &new.actor, intent_scope: &new.intent_scope };
         let decision = decide_retry(prior.as_ref(), &incoming, new.at);
         if let (Some(prior), false) = (prior.as_ref(), decision == RetryDecision::NewExecution) {
             let session_id = self.execution_session(prior.id)?;
@@ -360,6 +306,7 @@ impl Writer {
                 execution_id: Some(prior.id),
                 session_id,
                 state: Some(prior.state),
+                result_sha256: None,
                 detail: json!({
                     "decision": decision,
                     "correlation": new.correlation,
@@ -367,15 +314,10 @@ impl Writer {
                     "attempted_execution_id": new.id,
                 }),
             })?;
-            return Ok(Admission::Matched {
-                prior: prior.clone(),
-                decision,
-            });
+            return Ok(Admission::Matched { prior: prior.clone(), decision });
         }
-        let contract =
-            serde_json::to_string(&new.contract).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let record =
-            serde_json::to_string(&new.record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let contract = serde_json::to_string(&new.contract).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let record = serde_json::to_string(&new.record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let inserted = self
             .conn
             .prepare_cached(
@@ -421,6 +363,7 @@ impl Writer {
             execution_id: Some(new.id),
             session_id: new.session_id,
             state: Some(ExecutionState::Accepted),
+            result_sha256: None,
             detail,
         })?;
         Ok(Admission::Accepted { id: new.id })
@@ -430,24 +373,16 @@ impl Writer {
         Ok(self.execution_state(id)?.1)
     }
 
-    fn execution_state(
-        &self,
-        id: ExecutionId,
-    ) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
+    fn execution_state(&self, id: ExecutionId) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
         let (state, session): (String, Option<String>) = self
             .conn
             .prepare_cached("SELECT state, session_id FROM executions WHERE id = ?1")?
             .query_row([id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?
             .ok_or(StoreError::UnknownExecution(id))?;
-        let state = state
-            .parse()
-            .map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?;
+        let state = state.parse().map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?;
         let session = session
-            .map(|s| {
-                s.parse()
-                    .map_err(|e| StoreError::Corrupt(format!("execution {id}: session: {e}")))
-            })
+            .map(|s| s.parse().map_err(|e| StoreError::Corrupt(format!("execution {id}: session: {e}"))))
             .transpose()?;
         Ok((state, session))
     }
@@ -458,6 +393,17 @@ impl Writer {
         to: ExecutionState,
         detail: Value,
         at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.transition_with_result(id, to, detail, at, None)
+    }
+
+    fn transition_with_result(
+        &mut self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+        result_sha256: Option<String>,
     ) -> Result<JournalEntry, StoreError> {
         let (from, session_id) = self.execution_state(id)?;
         let next = from.transition(to)?;
@@ -475,24 +421,21 @@ impl Writer {
             execution_id: Some(id),
             session_id,
             state: Some(next),
+            result_sha256,
             detail,
         })
     }
 
-    fn complete(
-        &mut self,
-        id: ExecutionId,
-        completion: &Completion,
-    ) -> Result<JournalEntry, StoreError> {
+    fn complete(&mut self, id: ExecutionId, completion: &Completion) -> Result<JournalEntry, StoreError> {
         let sha = hex::encode(Sha256::digest(&completion.result));
-        let detail = json!({
-            "outcome": completion.outcome,
-            "result": {"sha256": sha, "bytes": completion.result.len()},
-        });
-        let entry = self.transition(id, ExecutionState::Completed, detail, completion.at)?;
+        let detail = json!({ "outcome": completion.outcome, "result_bytes": completion.result.len() });
+        let entry =
+            self.transition_with_result(id, ExecutionState::Completed, detail, completion.at, Some(sha.clone()))?;
         self.conn
-            .prepare_cached("INSERT INTO results (execution_id, recorded_at, sha256, body) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![id.to_string(), completion.at.as_millis(), sha, completion.result])?;
+            .prepare_cached(
+                "INSERT INTO results (execution_id, journal_seq, recorded_at, sha256, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![id.to_string(), entry.row.seq as i64, completion.at.as_millis(), sha, completion.result])?;
         Ok(entry)
     }
 
@@ -522,6 +465,7 @@ impl Writer {
             execution_id: None,
             session_id: Some(s.id),
             state: None,
+            result_sha256: None,
             detail: json!({
                 "actor": s.actor, "pid": s.pid, "process_start": s.process_start,
                 "transport": s.transport, "client": s.client,
@@ -529,12 +473,7 @@ impl Writer {
         })
     }
 
-    fn end_session(
-        &mut self,
-        id: SessionId,
-        reason: &str,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
+    fn end_session(&mut self, id: SessionId, reason: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let ended: Option<Option<i64>> = self
             .conn
             .prepare_cached("SELECT ended_at FROM agent_sessions WHERE id = ?1")?
@@ -546,9 +485,7 @@ impl Writer {
             Some(None) => {}
         }
         self.conn
-            .prepare_cached(
-                "UPDATE agent_sessions SET ended_at = ?2, end_reason = ?3 WHERE id = ?1",
-            )?
+            .prepare_cached("UPDATE agent_sessions SET ended_at = ?2, end_reason = ?3 WHERE id = ?1")?
             .execute(params![id.to_string(), at.as_millis(), reason])?;
         self.append(Draft {
             at,
@@ -557,6 +494,7 @@ impl Writer {
             execution_id: None,
             session_id: Some(id),
             state: None,
+            result_sha256: None,
             detail: json!({ "reason": reason }),
         })
     }
@@ -564,9 +502,7 @@ impl Writer {
     fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpoint, StoreError> {
         let cp = Checkpoint::new(self.head, at);
         self.conn
-            .prepare_cached(
-                "INSERT INTO checkpoints (journal_size, head_hash, created_at) VALUES (?1, ?2, ?3)",
-            )?
+            .prepare_cached("INSERT INTO checkpoints (journal_size, head_hash, created_at) VALUES (?1, ?2, ?3)")?
             .execute(params![
                 i64::try_from(cp.journal_size).unwrap_or(i64::MAX),
                 cp.head_hash.to_string(),
@@ -583,9 +519,7 @@ impl Writer {
             .collect::<Result<_, _>>()?;
         let mut recovery = Recovery::default();
         for (id, dispatched_at) in stranded {
-            let id: ExecutionId = id
-                .parse()
-                .map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
+            let id: ExecutionId = id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
             self.transition(
                 id,
                 ExecutionState::OutcomeUnknown,
@@ -605,9 +539,7 @@ impl Writer {
 /// `rusqlite::Error` is not `Clone`; a batch-wide failure is reported to every caller.
 fn clone_sqlite_error(e: &rusqlite::Error) -> rusqlite::Error {
     match e {
-        rusqlite::Error::SqliteFailure(code, msg) => {
-            rusqlite::Error::SqliteFailure(*code, msg.clone())
-        }
+        rusqlite::Error::SqliteFailure(code, msg) => rusqlite::Error::SqliteFailure(*code, msg.clone()),
         other => rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
             Some(other.to_string()),

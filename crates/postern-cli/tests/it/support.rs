@@ -1,9 +1,8 @@
 //! Runs the real `postern` binary and builds journals for it with postern-store.
 
 use postern_core::{
-    ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, Channel, ExecutionId,
-    ExecutionState, FingerprintKey, HttpAction, IntentScope, ReplayClass, ReplayContract,
-    SessionId, Timestamp,
+    ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, Channel, ExecutionId, ExecutionState,
+    FingerprintKey, HttpAction, IntentScope, ReplayClass, ReplayContract, SessionId, Timestamp,
 };
 use postern_store::{Completion, NewExecution, SessionStart, Store};
 use serde_json::json;
@@ -28,11 +27,7 @@ pub fn postern(args: &[&str], data_dir: Option<&Path>) -> Run {
     if let Some(dir) = data_dir {
         cmd.env("POSTERN_DATA_DIR", dir);
     }
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = cmd.output().expect("run postern");
+    let Output { status, stdout, stderr } = cmd.output().expect("run postern");
     Run {
         code: status.code().expect("exit code"),
         stdout: String::from_utf8(stdout).expect("utf-8 stdout"),
@@ -116,25 +111,11 @@ pub fn journal(n: u128) -> Journal {
     for i in 1..=n {
         let id = exec(i);
         let t = at(i as i64 * 100);
+        store.admit(new_execution(id, i as u64 * 10, t)).expect("admit");
         store
-            .admit(new_execution(id, i as u64 * 10, t))
-            .expect("admit");
-        store
-            .transition(
-                id,
-                ExecutionState::Authorized,
-                json!({"rung": "session"}),
-                at(i as i64 * 100 + 1),
-            )
+            .transition(id, ExecutionState::Authorized, json!({"rung": "session"}), at(i as i64 * 100 + 1))
             .expect("auth");
-        store
-            .transition(
-                id,
-                ExecutionState::Dispatched,
-                json!({}),
-                at(i as i64 * 100 + 2),
-            )
-            .expect("dispatch");
+        store.transition(id, ExecutionState::Dispatched, json!({}), at(i as i64 * 100 + 2)).expect("dispatch");
         store
             .complete(
                 id,
@@ -145,30 +126,12 @@ pub fn journal(n: u128) -> Journal {
                 },
             )
             .expect("complete");
-        store
-            .transition(
-                id,
-                ExecutionState::ResultDelivered,
-                json!({}),
-                at(i as i64 * 100 + 4),
-            )
-            .expect("deliver");
+        store.transition(id, ExecutionState::ResultDelivered, json!({}), at(i as i64 * 100 + 4)).expect("deliver");
     }
     let pending = exec(999);
-    store
-        .admit(new_execution(pending, 999, at(99_900)))
-        .expect("admit");
-    store
-        .transition(
-            pending,
-            ExecutionState::Authorized,
-            json!({"rung": "session"}),
-            at(99_901),
-        )
-        .expect("auth");
-    store
-        .transition(pending, ExecutionState::Dispatched, json!({}), at(99_902))
-        .expect("dispatch");
+    store.admit(new_execution(pending, 999, at(99_900))).expect("admit");
+    store.transition(pending, ExecutionState::Authorized, json!({"rung": "session"}), at(99_901)).expect("auth");
+    store.transition(pending, ExecutionState::Dispatched, json!({}), at(99_902)).expect("dispatch");
     drop(store);
     Journal { dir }
 }
@@ -176,7 +139,6 @@ pub fn journal(n: u128) -> Journal {
 /// Edits the file like an attacker: protections dropped, then `sql` run.
 pub fn tamper(db: &Path, sql: &str) {
     let conn = rusqlite::Connection::open(db).expect("open");
-    conn.execute_batch("DROP TRIGGER journal_refuses_update; DROP TRIGGER journal_refuses_delete;")
-        .expect("drop");
+    conn.execute_batch("DROP TRIGGER journal_refuses_update; DROP TRIGGER journal_refuses_delete;").expect("drop");
     conn.execute_batch(sql).expect("tamper");
 }

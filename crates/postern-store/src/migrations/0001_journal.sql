@@ -7,19 +7,21 @@ CREATE TABLE schema_migrations (
 ) STRICT;
 
 -- The Activity and Sessions journals: two streams of one append-only, hash-chained table.
--- `body` is the RFC 8785 canonical JSON of the row (it includes `seq`);
--- row_hash = SHA-256(previous row_hash || body), the first row chaining from 32 zero bytes.
+-- `body` is the RFC 8785 canonical JSON of the row, {"head":{...},"payload":{...}}: `head` holds
+-- the row's scalar facts (seq, time, stream, event, ids, state, result digest) and, sorting first,
+-- can be read without parsing the payload. row_hash = SHA-256(previous row_hash || body), the
+-- first row chaining from 32 zero bytes.
 -- Every other column is generated from `body`, so there is no second copy that could disagree.
 CREATE TABLE journal (
     seq          INTEGER PRIMARY KEY,
     body         TEXT NOT NULL,
     row_hash     BLOB NOT NULL CHECK (length(row_hash) = 32),
-    stream       TEXT GENERATED ALWAYS AS (json_extract(body, '$.stream')) VIRTUAL,
-    event        TEXT GENERATED ALWAYS AS (json_extract(body, '$.event')) VIRTUAL,
-    at           INTEGER GENERATED ALWAYS AS (json_extract(body, '$.at')) VIRTUAL,
-    execution_id TEXT GENERATED ALWAYS AS (json_extract(body, '$.execution_id')) VIRTUAL,
-    session_id   TEXT GENERATED ALWAYS AS (json_extract(body, '$.session_id')) VIRTUAL,
-    state        TEXT GENERATED ALWAYS AS (json_extract(body, '$.state')) VIRTUAL
+    stream       TEXT GENERATED ALWAYS AS (json_extract(body, '$.head.stream')) VIRTUAL,
+    event        TEXT GENERATED ALWAYS AS (json_extract(body, '$.head.event')) VIRTUAL,
+    at           INTEGER GENERATED ALWAYS AS (json_extract(body, '$.head.at')) VIRTUAL,
+    execution_id TEXT GENERATED ALWAYS AS (json_extract(body, '$.head.execution_id')) VIRTUAL,
+    session_id   TEXT GENERATED ALWAYS AS (json_extract(body, '$.head.session_id')) VIRTUAL,
+    state        TEXT GENERATED ALWAYS AS (json_extract(body, '$.head.state')) VIRTUAL
 ) STRICT;
 
 CREATE INDEX journal_by_execution ON journal (execution_id, seq) WHERE execution_id IS NOT NULL;
@@ -58,9 +60,10 @@ CREATE INDEX executions_by_state ON executions (state);
 CREATE INDEX executions_by_session ON executions (session_id) WHERE session_id IS NOT NULL;
 
 -- Results of completed executions, returned to retries. Append-only; each result's SHA-256 is
--- also in the journal's `completed` row.
+-- also in the journal's `completed` row, whose seq is `journal_seq`.
 CREATE TABLE results (
     execution_id TEXT PRIMARY KEY REFERENCES executions (id),
+    journal_seq  INTEGER NOT NULL,
     recorded_at  INTEGER NOT NULL,
     sha256       TEXT NOT NULL,
     body         BLOB NOT NULL

@@ -12,16 +12,9 @@ fn a_retry_of_a_dispatched_call_waits_instead_of_dispatching_again() {
     let store = fx.open();
     let s = session(1);
     let first = exec_id(1);
-    assert_eq!(
-        store.admit(payment(first, 500, s, at(0))).expect("admit"),
-        Admission::Accepted { id: first }
-    );
-    store
-        .transition(first, ExecutionState::Authorized, json!({}), at(1))
-        .expect("authorize");
-    store
-        .transition(first, ExecutionState::Dispatched, json!({}), at(2))
-        .expect("dispatch");
+    assert_eq!(store.admit(payment(first, 500, s, at(0))).expect("admit"), Admission::Accepted { id: first });
+    store.transition(first, ExecutionState::Authorized, json!({}), at(1)).expect("authorize");
+    store.transition(first, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
 
     // Same effect, new JSON-RPC id, new attempted execution id: recognised as a retry.
     let mut retry = payment(exec_id(2), 500, s, at(5_000));
@@ -38,10 +31,7 @@ fn a_retry_of_a_dispatched_call_waits_instead_of_dispatching_again() {
     let last = timeline.last().expect("rows");
     assert_eq!(last.row.event, "retry_received");
     assert_eq!(last.row.state, Some(ExecutionState::Dispatched));
-    assert_eq!(
-        last.row.detail["correlation"],
-        json!({"jsonrpc_id": "retry-8"})
-    );
+    assert_eq!(last.row.detail["correlation"], json!({"jsonrpc_id": "retry-8"}));
     assert_eq!(last.row.detail["decision"]["decision"], "wait_for_prior");
     // And no second execution exists.
     assert!(store.view().execution(exec_id(2)).expect("query").is_none());
@@ -54,34 +44,19 @@ fn outcome_unknown_is_verified_with_the_same_idempotency_key() {
     let s = session(1);
     let first = exec_id(1);
     store.admit(payment(first, 500, s, at(0))).expect("admit");
+    store.transition(first, ExecutionState::Authorized, json!({}), at(1)).expect("authorize");
+    store.transition(first, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
     store
-        .transition(first, ExecutionState::Authorized, json!({}), at(1))
-        .expect("authorize");
-    store
-        .transition(first, ExecutionState::Dispatched, json!({}), at(2))
-        .expect("dispatch");
-    store
-        .transition(
-            first,
-            ExecutionState::OutcomeUnknown,
-            json!({"reason": "connection_reset_after_send"}),
-            at(3),
-        )
+        .transition(first, ExecutionState::OutcomeUnknown, json!({"reason": "connection_reset_after_send"}), at(3))
         .expect("unknown");
-    let Admission::Matched { decision, .. } = store
-        .admit(payment(exec_id(2), 500, s, at(10)))
-        .expect("admit")
-    else {
+    let Admission::Matched { decision, .. } = store.admit(payment(exec_id(2), 500, s, at(10))).expect("admit") else {
         panic!("expected match")
     };
     assert_eq!(
         decision,
         RetryDecision::VerifyPrior {
             prior: first,
-            verification: Verification::ResendWithSameKey {
-                header: "Idempotency-Key".into(),
-                key: first
-            },
+            verification: Verification::ResendWithSameKey { header: "Idempotency-Key".into(), key: first },
         }
     );
 }
@@ -93,54 +68,30 @@ fn a_completed_prior_returns_its_stored_result_and_a_delivered_one_starts_anew()
     let s = session(1);
     let first = exec_id(1);
     store.admit(payment(first, 500, s, at(0))).expect("admit");
-    store
-        .transition(first, ExecutionState::Authorized, json!({}), at(1))
-        .expect("authorize");
-    store
-        .transition(first, ExecutionState::Dispatched, json!({}), at(2))
-        .expect("dispatch");
+    store.transition(first, ExecutionState::Authorized, json!({}), at(1)).expect("authorize");
+    store.transition(first, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
     store
         .complete(
             first,
-            Completion {
-                outcome: json!({"http_status": 201}),
-                result: b"{\"id\":\"pay_1\"}".to_vec(),
-                at: at(3),
-            },
+            Completion { outcome: json!({"http_status": 201}), result: b"{\"id\":\"pay_1\"}".to_vec(), at: at(3) },
         )
         .expect("complete");
     store
-        .transition(
-            first,
-            ExecutionState::CompletedResultNotDelivered,
-            json!({"reason": "client_gone"}),
-            at(4),
-        )
+        .transition(first, ExecutionState::CompletedResultNotDelivered, json!({"reason": "client_gone"}), at(4))
         .expect("not delivered");
-    let Admission::Matched { decision, .. } = store
-        .admit(payment(exec_id(2), 500, s, at(10)))
-        .expect("admit")
-    else {
+    let Admission::Matched { decision, .. } = store.admit(payment(exec_id(2), 500, s, at(10))).expect("admit") else {
         panic!("expected match")
     };
     assert_eq!(decision, RetryDecision::ReturnStoredResult { prior: first });
     let result = store.view().result(first).expect("query").expect("stored");
     assert_eq!(result.body, b"{\"id\":\"pay_1\"}");
 
-    store
-        .transition(first, ExecutionState::ResultDelivered, json!({}), at(11))
-        .expect("delivered");
+    store.transition(first, ExecutionState::ResultDelivered, json!({}), at(11)).expect("delivered");
     // The agent got its answer; the same call again is a deliberate second payment.
     let second = exec_id(3);
-    assert_eq!(
-        store.admit(payment(second, 500, s, at(20))).expect("admit"),
-        Admission::Accepted { id: second }
-    );
+    assert_eq!(store.admit(payment(second, 500, s, at(20))).expect("admit"), Admission::Accepted { id: second });
     let accepted = &store.view().timeline(second).expect("timeline")[0];
-    assert_eq!(
-        accepted.row.detail["related_prior"]["execution_id"],
-        json!(first.to_string())
-    );
+    assert_eq!(accepted.row.detail["related_prior"]["execution_id"], json!(first.to_string()));
 }
 
 #[test]
@@ -148,28 +99,19 @@ fn different_scope_or_outside_the_window_is_a_new_execution() {
     let fx = Fixture::new();
     let store = fx.open();
     let first = exec_id(1);
-    store
-        .admit(payment(first, 500, session(1), at(0)))
-        .expect("admit");
+    store.admit(payment(first, 500, session(1), at(0))).expect("admit");
     // Another agent run: not a retry.
     assert!(matches!(
-        store
-            .admit(payment(exec_id(2), 500, session(2), at(10)))
-            .expect("admit"),
+        store.admit(payment(exec_id(2), 500, session(2), at(10))).expect("admit"),
         Admission::Accepted { .. }
     ));
     // Same run, after the 10-minute window of the contract: not a retry either.
     assert!(matches!(
-        store
-            .admit(payment(exec_id(3), 500, session(1), at(600_000)))
-            .expect("admit"),
+        store.admit(payment(exec_id(3), 500, session(1), at(600_000))).expect("admit"),
         Admission::Accepted { .. }
     ));
     // Same run, inside the window of the newest prior: continues that never-dispatched prior.
-    match store
-        .admit(payment(exec_id(4), 500, session(1), at(600_100)))
-        .expect("admit")
-    {
+    match store.admit(payment(exec_id(4), 500, session(1), at(600_100))).expect("admit") {
         Admission::Matched { prior, decision } => {
             assert_eq!(prior.id, exec_id(3));
             assert_eq!(decision, RetryDecision::ContinuePrior { prior: exec_id(3) });
@@ -190,45 +132,21 @@ fn identical_concurrent_calls_are_accepted_exactly_once() {
             let barrier = Arc::clone(&barrier);
             std::thread::spawn(move || {
                 barrier.wait();
-                store
-                    .admit(payment(
-                        exec_id(100 + i as u128),
-                        999,
-                        session(1),
-                        at(i as i64),
-                    ))
-                    .expect("admit")
+                store.admit(payment(exec_id(100 + i as u128), 999, session(1), at(i as i64))).expect("admit")
             })
         })
         .collect();
-    let outcomes: Vec<Admission> = handles
-        .into_iter()
-        .map(|h| h.join().expect("thread"))
-        .collect();
-    let accepted: Vec<_> = outcomes
-        .iter()
-        .filter(|a| matches!(a, Admission::Accepted { .. }))
-        .collect();
+    let outcomes: Vec<Admission> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    let accepted: Vec<_> = outcomes.iter().filter(|a| matches!(a, Admission::Accepted { .. })).collect();
     assert_eq!(accepted.len(), 1, "{outcomes:?}");
-    let Admission::Accepted { id } = accepted[0] else {
-        unreachable!()
-    };
-    for other in outcomes
-        .iter()
-        .filter(|a| !matches!(a, Admission::Accepted { .. }))
-    {
+    let Admission::Accepted { id } = accepted[0] else { unreachable!() };
+    for other in outcomes.iter().filter(|a| !matches!(a, Admission::Accepted { .. })) {
         assert_eq!(
             other,
-            &Admission::Matched {
-                prior: other_prior(other),
-                decision: RetryDecision::ContinuePrior { prior: *id }
-            }
+            &Admission::Matched { prior: other_prior(other), decision: RetryDecision::ContinuePrior { prior: *id } }
         );
     }
-    assert_eq!(
-        store.view().state_counts().expect("counts"),
-        vec![("accepted".to_string(), 1)]
-    );
+    assert_eq!(store.view().state_counts().expect("counts"), vec![("accepted".to_string(), 1)]);
 }
 
 fn other_prior(a: &Admission) -> postern_core::PriorExecution {
@@ -243,42 +161,19 @@ fn illegal_transitions_are_refused_and_leave_the_journal_untouched() {
     let fx = Fixture::new();
     let store = fx.open();
     let id = exec_id(1);
-    store
-        .admit(payment(id, 1, session(1), at(0)))
-        .expect("admit");
+    store.admit(payment(id, 1, session(1), at(0))).expect("admit");
     let before = store.view().head().expect("head");
-    let err = store
-        .transition(id, ExecutionState::Completed, json!({}), at(1))
-        .unwrap_err();
+    let err = store.transition(id, ExecutionState::Completed, json!({}), at(1)).unwrap_err();
     assert_eq!(err.code(), "illegal_transition");
-    assert_eq!(
-        err.to_string(),
-        "illegal lifecycle transition from accepted to completed"
-    );
-    let err = store
-        .complete(
-            id,
-            Completion {
-                outcome: json!({}),
-                result: vec![],
-                at: at(2),
-            },
-        )
-        .unwrap_err();
+    assert_eq!(err.to_string(), "illegal lifecycle transition from accepted to completed");
+    let err = store.complete(id, Completion { outcome: json!({}), result: vec![], at: at(2) }).unwrap_err();
     assert_eq!(err.code(), "illegal_transition");
-    assert!(
-        store.view().result(id).expect("query").is_none(),
-        "no result stored without completion"
-    );
-    let err = store
-        .transition(exec_id(9), ExecutionState::Authorized, json!({}), at(1))
-        .unwrap_err();
+    assert!(store.view().result(id).expect("query").is_none(), "no result stored without completion");
+    let err = store.transition(exec_id(9), ExecutionState::Authorized, json!({}), at(1)).unwrap_err();
     assert!(matches!(err, StoreError::UnknownExecution(_)));
     assert_eq!(store.view().head().expect("head"), before);
     // A failed operation does not poison the batch: the next write succeeds and chains.
-    store
-        .transition(id, ExecutionState::Authorized, json!({}), at(3))
-        .expect("authorize");
+    store.transition(id, ExecutionState::Authorized, json!({}), at(3)).expect("authorize");
     assert_eq!(store.view().head().expect("head").size, before.size + 1);
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
@@ -298,12 +193,7 @@ fn sixty_four_concurrent_writers_produce_one_intact_chain() {
                     let n = (w * 1000 + i) as u128;
                     run_to_delivery(
                         &store,
-                        payment(
-                            exec_id(10_000 + n),
-                            n as u64,
-                            session(w as u128 + 1),
-                            at(n as i64),
-                        ),
+                        payment(exec_id(10_000 + n), n as u64, session(w as u128 + 1), at(n as i64)),
                         200,
                     );
                 }
@@ -321,21 +211,8 @@ fn sixty_four_concurrent_writers_produce_one_intact_chain() {
     // Every execution's rows are in lifecycle order.
     let rows = store
         .view()
-        .activity(&ActivityFilter {
-            execution: Some(exec_id(10_000 + 63_007)),
-            limit: 10,
-            ..Default::default()
-        })
+        .activity(&ActivityFilter { execution: Some(exec_id(10_000 + 63_007)), limit: 10, ..Default::default() })
         .expect("rows");
     let events: Vec<&str> = rows.iter().map(|r| r.row.event.as_str()).collect();
-    assert_eq!(
-        events,
-        [
-            "accepted",
-            "authorized",
-            "dispatched",
-            "completed",
-            "result_delivered"
-        ]
-    );
+    assert_eq!(events, ["accepted", "authorized", "dispatched", "completed", "result_delivered"]);
 }

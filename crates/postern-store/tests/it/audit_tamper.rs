@@ -17,9 +17,7 @@ fn populated() -> (Fixture, u64) {
 }
 
 fn findings(fx: &Fixture, checkpoint: Option<&Checkpoint>) -> Vec<Finding> {
-    verify(&fx.path, checkpoint, &mut |_, _| {})
-        .expect("verifiable")
-        .findings
+    verify(&fx.path, checkpoint, &mut |_, _| {}).expect("verifiable").findings
 }
 
 #[test]
@@ -34,16 +32,9 @@ fn an_untouched_journal_verifies_and_verify_does_not_write() {
     })
     .expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
-    assert_eq!(
-        (report.rows, report.executions, report.head.size),
-        (size, EXECUTIONS as u64, size)
-    );
+    assert_eq!((report.rows, report.executions, report.head.size), (size, EXECUTIONS as u64, size));
     assert!(calls >= 1);
-    assert_eq!(
-        digest(&fx.path),
-        before,
-        "verify must not change the database file"
-    );
+    assert_eq!(digest(&fx.path), before, "verify must not change the database file");
 }
 
 #[test]
@@ -53,31 +44,19 @@ fn a_modified_row_is_named() {
     // Row 24 is a `completed` row: pretend the payment failed.
     let (body, _) = row(&conn, 24);
     assert!(body.contains("\"http_status\":201"), "{body}");
-    conn.execute(
-        "UPDATE journal SET body = ?1 WHERE seq = 24",
-        [body.replace("201", "502")],
-    )
-    .expect("tamper");
+    conn.execute("UPDATE journal SET body = ?1 WHERE seq = 24", [body.replace("201", "502")]).expect("tamper");
     drop(conn);
     let f = findings(&fx, None);
     assert_eq!(f.len(), 1, "{f:?}");
     assert!(matches!(&f[0], Finding::Modified { seq: 24, .. }), "{f:?}");
-    assert_eq!(
-        f[0].to_string(),
-        "row 24: modified (content does not match its recorded hash)"
-    );
+    assert_eq!(f[0].to_string(), "row 24: modified (content does not match its recorded hash)");
 }
 
 #[test]
 fn a_deleted_row_is_named_with_and_without_renumbering() {
     let (fx, _) = populated();
-    attacker(&fx.path)
-        .execute("DELETE FROM journal WHERE seq = 17", [])
-        .expect("tamper");
-    assert_eq!(
-        findings(&fx, None),
-        vec![Finding::Missing { from: 17, to: 17 }]
-    );
+    attacker(&fx.path).execute("DELETE FROM journal WHERE seq = 17", []).expect("tamper");
+    assert_eq!(findings(&fx, None), vec![Finding::Missing { from: 17, to: 17 }]);
 
     let (fx, _) = populated();
     let conn = attacker(&fx.path);
@@ -94,6 +73,23 @@ fn a_deleted_row_is_named_with_and_without_renumbering() {
 }
 
 #[test]
+fn a_deleted_row_is_found_even_after_the_rest_of_the_chain_was_recomputed() {
+    // Each row's content carries the position it was appended at, so renumbering and
+    // rechaining everything after a deletion still leaves a row at the wrong position.
+    let (fx, _) = populated();
+    let conn = attacker(&fx.path);
+    conn.execute_batch(
+        "DELETE FROM journal WHERE seq = 17;
+         UPDATE journal SET seq = -seq WHERE seq > 17;
+         UPDATE journal SET seq = -seq - 1 WHERE seq < 0;",
+    )
+    .expect("tamper");
+    rechain_from(&conn, 17);
+    drop(conn);
+    assert_eq!(findings(&fx, None), vec![Finding::Missing { from: 17, to: 17 }]);
+}
+
+#[test]
 fn two_swapped_rows_are_named_as_reordered() {
     let (fx, _) = populated();
     attacker(&fx.path)
@@ -104,13 +100,7 @@ fn two_swapped_rows_are_named_as_reordered() {
         )
         .expect("tamper");
     let f = findings(&fx, None);
-    assert_eq!(
-        f,
-        vec![Finding::Reordered {
-            position: 31,
-            found_seq: 32
-        }]
-    );
+    assert_eq!(f, vec![Finding::Reordered { position: 31, found_seq: 32 }]);
 }
 
 #[test]
@@ -122,8 +112,10 @@ fn an_inserted_row_is_named_even_when_it_chains_correctly() {
     // A forged row claiming position 40, chained correctly onto row 39.
     let forged = template.replace("\"http_status\":201", "\"http_status\":200");
     let forged_hash = chain_hash(&prev, forged.as_bytes());
-    conn.execute_batch("UPDATE journal SET seq = -seq WHERE seq >= 40; UPDATE journal SET seq = -seq + 1 WHERE seq < 0;")
-        .expect("shift");
+    conn.execute_batch(
+        "UPDATE journal SET seq = -seq WHERE seq >= 40; UPDATE journal SET seq = -seq + 1 WHERE seq < 0;",
+    )
+    .expect("shift");
     conn.execute(
         "INSERT INTO journal (seq, body, row_hash) VALUES (40, ?1, ?2)",
         rusqlite::params![forged, forged_hash.as_slice()],
@@ -144,20 +136,12 @@ fn a_truncated_tail_is_caught_by_a_checkpoint_and_only_by_one() {
     drop(store);
     let exported = serde_json::to_string_pretty(&cp).expect("export");
     let cp = Checkpoint::parse(&exported).expect("parse");
-    attacker(&fx.path)
-        .execute("DELETE FROM journal WHERE seq > ?1", [size as i64 - 3])
-        .expect("truncate");
+    attacker(&fx.path).execute("DELETE FROM journal WHERE seq > ?1", [size as i64 - 3]).expect("truncate");
     // Without an off-machine checkpoint, a clean cut at the end cannot be told from a shorter
     // history (documented limit) ...
     assert!(findings(&fx, None).iter().all(|f| !f.is_chain()));
     // ... with one, it is named.
-    assert_eq!(
-        findings(&fx, Some(&cp)),
-        vec![Finding::Truncated {
-            journal_size: size - 3,
-            checkpoint_size: size
-        }]
-    );
+    assert_eq!(findings(&fx, Some(&cp)), vec![Finding::Truncated { journal_size: size - 3, checkpoint_size: size }]);
 }
 
 #[test]
@@ -169,22 +153,12 @@ fn a_rewritten_history_is_caught_by_a_checkpoint() {
     drop(store);
     let conn = attacker(&fx.path);
     let (body, _) = row(&conn, 24);
-    conn.execute(
-        "UPDATE journal SET body = ?1 WHERE seq = 24",
-        [body.replace("201", "502")],
-    )
-    .expect("tamper");
+    conn.execute("UPDATE journal SET body = ?1 WHERE seq = 24", [body.replace("201", "502")]).expect("tamper");
     rechain_from(&conn, 24);
     drop(conn);
-    assert!(
-        findings(&fx, None).iter().all(|f| !f.is_chain()),
-        "a full rechain is self-consistent"
-    );
+    assert!(findings(&fx, None).iter().all(|f| !f.is_chain()), "a full rechain is self-consistent");
     let f = findings(&fx, Some(&cp));
-    assert!(
-        matches!(f.as_slice(), [Finding::HeadDiffers { seq, .. }] if *seq == cp.journal_size),
-        "{f:?}"
-    );
+    assert!(matches!(f.as_slice(), [Finding::HeadDiffers { seq, .. }] if *seq == cp.journal_size), "{f:?}");
 }
 
 /// Every byte of a row's content, flipped where it lives in the database file (SQLite keeps no
@@ -193,10 +167,7 @@ fn a_rewritten_history_is_caught_by_a_checkpoint() {
 fn flipping_any_single_byte_of_a_row_is_detected_at_that_row() {
     let (fx, _) = populated();
     let target = 23u64;
-    let (body, hash) = row(
-        &rusqlite::Connection::open(&fx.path).expect("open"),
-        target as i64,
-    );
+    let (body, hash) = row(&rusqlite::Connection::open(&fx.path).expect("open"), target as i64);
     let pristine = std::fs::read(&fx.path).expect("read");
     let start = pristine
         .windows(body.len())
@@ -218,16 +189,10 @@ fn flipping_any_single_byte_of_a_row_is_detected_at_that_row() {
         let mut h = hash.clone();
         h[i] ^= 0x80;
         attacker(&fx.path)
-            .execute(
-                "UPDATE journal SET row_hash = ?1 WHERE seq = ?2",
-                rusqlite::params![h, target as i64],
-            )
+            .execute("UPDATE journal SET row_hash = ?1 WHERE seq = ?2", rusqlite::params![h, target as i64])
             .expect("flip hash byte");
         let f = findings(&fx, None);
-        assert!(
-            matches!(f.as_slice(), [Finding::Modified { seq, .. }] if *seq == target),
-            "hash byte {i}: {f:?}"
-        );
+        assert!(matches!(f.as_slice(), [Finding::Modified { seq, .. }] if *seq == target), "hash byte {i}: {f:?}");
     }
 }
 
@@ -235,21 +200,9 @@ fn flipping_any_single_byte_of_a_row_is_detected_at_that_row() {
 fn a_forged_current_state_or_stored_result_is_reported() {
     let (fx, _) = populated();
     let conn = attacker(&fx.path);
-    let victim: String = conn
-        .query_row("SELECT id FROM executions ORDER BY id LIMIT 1", [], |r| {
-            r.get(0)
-        })
-        .expect("id");
-    conn.execute(
-        "UPDATE executions SET state = 'outcome_unknown' WHERE id = ?1",
-        [&victim],
-    )
-    .expect("forge state");
-    conn.execute(
-        "UPDATE results SET body = x'7b7d' WHERE execution_id = ?1",
-        [&victim],
-    )
-    .expect("forge result");
+    let victim: String = conn.query_row("SELECT id FROM executions ORDER BY id LIMIT 1", [], |r| r.get(0)).expect("id");
+    conn.execute("UPDATE executions SET state = 'outcome_unknown' WHERE id = ?1", [&victim]).expect("forge state");
+    conn.execute("UPDATE results SET body = x'7b7d' WHERE execution_id = ?1", [&victim]).expect("forge result");
     drop(conn);
     let f = findings(&fx, None);
     assert_eq!(
@@ -273,13 +226,8 @@ fn a_store_reopened_after_tampering_still_opens_but_verify_reports() {
     // Opening is not a verification: the gateway keeps working on a tampered file (refusing
     // would let an attacker deny service), and the incident responder runs verify.
     let (fx, _) = populated();
-    attacker(&fx.path)
-        .execute("DELETE FROM journal WHERE seq = 5", [])
-        .expect("tamper");
+    attacker(&fx.path).execute("DELETE FROM journal WHERE seq = 5", []).expect("tamper");
     let (store, _) = Store::open(&fx.path, at(1)).expect("opens");
     drop(store);
-    assert_eq!(
-        findings(&fx, None),
-        vec![Finding::Missing { from: 5, to: 5 }]
-    );
+    assert_eq!(findings(&fx, None), vec![Finding::Missing { from: 5, to: 5 }]);
 }

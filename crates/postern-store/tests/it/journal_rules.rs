@@ -13,29 +13,15 @@ fn update_and_delete_on_the_journal_are_refused_by_the_database() {
     populate(&store, 2);
     drop(store);
     let conn = rusqlite::Connection::open(&fx.path).expect("open");
-    let err = conn
-        .execute("UPDATE journal SET body = body || ' ' WHERE seq = 1", [])
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("append-only; UPDATE refused"),
-        "{err}"
-    );
-    let err = conn
-        .execute("DELETE FROM journal WHERE seq = 1", [])
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("append-only; DELETE refused"),
-        "{err}"
-    );
-    let err = conn
-        .execute("UPDATE results SET body = x'00'", [])
-        .unwrap_err();
+    let err = conn.execute("UPDATE journal SET body = body || ' ' WHERE seq = 1", []).unwrap_err();
+    assert!(err.to_string().contains("append-only; UPDATE refused"), "{err}");
+    let err = conn.execute("DELETE FROM journal WHERE seq = 1", []).unwrap_err();
+    assert!(err.to_string().contains("append-only; DELETE refused"), "{err}");
+    let err = conn.execute("UPDATE results SET body = x'00'", []).unwrap_err();
     assert!(err.to_string().contains("immutable"), "{err}");
     let err = conn.execute("DELETE FROM results", []).unwrap_err();
     assert!(err.to_string().contains("immutable"), "{err}");
-    let rows: i64 = conn
-        .query_row("SELECT count(*) FROM journal", [], |r| r.get(0))
-        .expect("count");
+    let rows: i64 = conn.query_row("SELECT count(*) FROM journal", [], |r| r.get(0)).expect("count");
     assert_eq!(rows, 10);
 }
 
@@ -46,14 +32,9 @@ fn every_row_hash_is_sha256_of_previous_hash_and_canonical_body() {
     populate(&store, 3);
     drop(store);
     let conn = rusqlite::Connection::open(&fx.path).expect("open");
-    let mut stmt = conn
-        .prepare("SELECT seq, body, row_hash FROM journal ORDER BY seq")
-        .expect("prepare");
-    let rows: Vec<(i64, String, Vec<u8>)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .expect("query")
-        .map(Result::unwrap)
-        .collect();
+    let mut stmt = conn.prepare("SELECT seq, body, row_hash FROM journal ORDER BY seq").expect("prepare");
+    let rows: Vec<(i64, String, Vec<u8>)> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).expect("query").map(Result::unwrap).collect();
     let mut prev = [0u8; 32];
     for (seq, body, hash) in rows {
         // Independent recomputation with sha2 directly.
@@ -65,11 +46,9 @@ fn every_row_hash_is_sha256_of_previous_hash_and_canonical_body() {
         assert_eq!(chain_hash(&prev, body.as_bytes()), expected);
         // The body is canonical JSON of the row and carries its own position.
         let value: serde_json::Value = serde_json::from_str(&body).expect("json");
-        assert_eq!(
-            postern_core::canonical_bytes(&value).expect("canonical"),
-            body.as_bytes()
-        );
-        assert_eq!(value["seq"], json!(seq));
+        assert_eq!(postern_core::canonical_bytes(&value).expect("canonical"), body.as_bytes());
+        assert_eq!(value["head"]["seq"], json!(seq));
+        assert!(body.starts_with("{\"head\":{"), "{body}");
         prev = expected;
     }
 }
@@ -104,20 +83,8 @@ fn sessions_are_journaled_and_end_once() {
         .unwrap_err();
     assert_eq!(err.code(), "duplicate_session");
     store.end_session(s, "agent_exited", at(30)).expect("end");
-    assert_eq!(
-        store
-            .end_session(s, "agent_exited", at(31))
-            .unwrap_err()
-            .code(),
-        "session_ended"
-    );
-    assert_eq!(
-        store
-            .end_session(session(8), "x", at(31))
-            .unwrap_err()
-            .code(),
-        "unknown_session"
-    );
+    assert_eq!(store.end_session(s, "agent_exited", at(31)).unwrap_err().code(), "session_ended");
+    assert_eq!(store.end_session(session(8), "x", at(31)).unwrap_err().code(), "unknown_session");
     let sessions = store.view().sessions().expect("sessions");
     assert_eq!(sessions.len(), 1);
     assert_eq!(sessions[0].executions, 1);
@@ -126,11 +93,7 @@ fn sessions_are_journaled_and_end_once() {
     // Activity rows of the session's executions carry the session id, so they can be filtered.
     let rows = store
         .view()
-        .activity(&postern_store::ActivityFilter {
-            session: Some(s),
-            limit: 100,
-            ..Default::default()
-        })
+        .activity(&postern_store::ActivityFilter { session: Some(s), limit: 100, ..Default::default() })
         .expect("activity");
     assert_eq!(rows.len(), 5);
 }
@@ -140,27 +103,13 @@ fn journal_payload_shape_is_pinned() {
     let fx = Fixture::new();
     let store = fx.open();
     let id = exec_id(1);
+    store.admit(payment(id, 1250, session(1), at(0))).expect("admit");
     store
-        .admit(payment(id, 1250, session(1), at(0)))
-        .expect("admit");
-    store
-        .transition(
-            id,
-            ExecutionState::Authorized,
-            json!({"rung": "session", "approved_by": "reviewer"}),
-            at(1),
-        )
+        .transition(id, ExecutionState::Authorized, json!({"rung": "session", "approved_by": "reviewer"}), at(1))
         .expect("auth");
+    store.transition(id, ExecutionState::Dispatched, json!({"attempt": 1}), at(2)).expect("dispatch");
     store
-        .transition(id, ExecutionState::Dispatched, json!({"attempt": 1}), at(2))
-        .expect("dispatch");
-    store
-        .transition(
-            id,
-            ExecutionState::OutcomeUnknown,
-            json!({"reason": "reset_after_send"}),
-            at(3),
-        )
+        .transition(id, ExecutionState::OutcomeUnknown, json!({"reason": "reset_after_send"}), at(3))
         .expect("unknown");
     let bodies: Vec<serde_json::Value> = store
         .view()
@@ -177,81 +126,42 @@ fn files_postern_cannot_own_are_refused_without_being_changed() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Not SQLite.
     let text = dir.path().join("notes.db");
-    std::fs::write(
-        &text,
-        b"this is a text file, not a database, but long enough to have a header",
-    )
-    .expect("write");
+    std::fs::write(&text, b"this is a text file, not a database, but long enough to have a header").expect("write");
     let before = std::fs::read(&text).expect("read");
     let err = Store::open(&text, at(0)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            StoreError::Unusable {
-                problem: Unusable::NotSqlite,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, StoreError::Unusable { problem: Unusable::NotSqlite, .. }), "{err}");
     assert_eq!(std::fs::read(&text).expect("read"), before);
     // Someone else's SQLite database.
     let foreign = dir.path().join("foreign.db");
-    rusqlite::Connection::open(&foreign)
-        .expect("create")
-        .execute_batch("CREATE TABLE t (x)")
-        .expect("table");
+    rusqlite::Connection::open(&foreign).expect("create").execute_batch("CREATE TABLE t (x)").expect("table");
     let err = Store::open(&foreign, at(0)).unwrap_err();
     assert_eq!(err.code(), "not_postern_database");
     assert!(err.to_string().contains("not a Postern one"), "{err}");
     // An emptied file: refused, never silently restarted as a fresh journal.
     let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").expect("write");
-    assert_eq!(
-        Store::open(&empty, at(0)).unwrap_err().code(),
-        "database_empty"
-    );
+    assert_eq!(Store::open(&empty, at(0)).unwrap_err().code(), "database_empty");
     // A missing file for a reader.
-    assert_eq!(
-        JournalView::open_read_only(&dir.path().join("nope.db"))
-            .unwrap_err()
-            .code(),
-        "database_missing"
-    );
+    assert_eq!(JournalView::open_read_only(&dir.path().join("nope.db")).unwrap_err().code(), "database_missing");
 }
 
 #[test]
 fn a_newer_schema_or_an_edited_migration_is_refused() {
     let fx = Fixture::new();
     drop(fx.open());
-    rusqlite::Connection::open(&fx.path)
-        .expect("open")
-        .pragma_update(None, "user_version", 99)
-        .expect("bump");
+    rusqlite::Connection::open(&fx.path).expect("open").pragma_update(None, "user_version", 99).expect("bump");
     let err = Store::open(&fx.path, at(0)).unwrap_err();
     assert_eq!(err.code(), "newer_schema");
-    assert!(
-        err.to_string().contains("schema version 99 is newer"),
-        "{err}"
-    );
-    assert_eq!(
-        JournalView::open_read_only(&fx.path).unwrap_err().code(),
-        "newer_schema"
-    );
+    assert!(err.to_string().contains("schema version 99 is newer"), "{err}");
+    assert_eq!(JournalView::open_read_only(&fx.path).unwrap_err().code(), "newer_schema");
 
     let fx = Fixture::new();
     drop(fx.open());
     rusqlite::Connection::open(&fx.path)
         .expect("open")
-        .execute(
-            "UPDATE schema_migrations SET sha256 = 'edited' WHERE version = 1",
-            [],
-        )
+        .execute("UPDATE schema_migrations SET sha256 = 'edited' WHERE version = 1", [])
         .expect("edit");
-    assert_eq!(
-        Store::open(&fx.path, at(0)).unwrap_err().code(),
-        "migration_mismatch"
-    );
+    assert_eq!(Store::open(&fx.path, at(0)).unwrap_err().code(), "migration_mismatch");
 }
 
 #[cfg(unix)]
@@ -260,9 +170,6 @@ fn the_data_directory_is_private() {
     use std::os::unix::fs::PermissionsExt;
     let fx = Fixture::new();
     drop(fx.open());
-    let mode = std::fs::metadata(fx.path.parent().expect("dir"))
-        .expect("meta")
-        .permissions()
-        .mode();
+    let mode = std::fs::metadata(fx.path.parent().expect("dir")).expect("meta").permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
 }

@@ -12,51 +12,22 @@ fn reopening_turns_dispatched_into_outcome_unknown_with_a_reason() {
     let store = fx.open();
     let dispatched = exec_id(1);
     let authorized = exec_id(2);
-    store
-        .admit(payment(dispatched, 1, session(1), at(0)))
-        .expect("admit");
-    store
-        .transition(dispatched, ExecutionState::Authorized, json!({}), at(1))
-        .expect("auth");
-    store
-        .transition(dispatched, ExecutionState::Dispatched, json!({}), at(2))
-        .expect("dispatch");
-    store
-        .admit(payment(authorized, 2, session(1), at(3)))
-        .expect("admit");
-    store
-        .transition(authorized, ExecutionState::Authorized, json!({}), at(4))
-        .expect("auth");
+    store.admit(payment(dispatched, 1, session(1), at(0))).expect("admit");
+    store.transition(dispatched, ExecutionState::Authorized, json!({}), at(1)).expect("auth");
+    store.transition(dispatched, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
+    store.admit(payment(authorized, 2, session(1), at(3))).expect("admit");
+    store.transition(authorized, ExecutionState::Authorized, json!({}), at(4)).expect("auth");
     drop(store);
 
     let (store, recovery) = Store::open(&fx.path, at(60_000)).expect("reopen");
     assert_eq!(recovery.outcome_unknown, vec![dispatched]);
-    let row = store
-        .view()
-        .timeline(dispatched)
-        .expect("timeline")
-        .pop()
-        .expect("row");
+    let row = store.view().timeline(dispatched).expect("timeline").pop().expect("row");
     assert_eq!(row.row.event, "outcome_unknown");
-    assert_eq!(
-        row.row.detail["reason"],
-        "gateway_restarted_while_dispatched"
-    );
-    assert_eq!(
-        row.row.detail["first_dispatched_at"],
-        json!(at(2).as_millis())
-    );
+    assert_eq!(row.row.detail["reason"], "gateway_restarted_while_dispatched");
+    assert_eq!(row.row.detail["first_dispatched_at"], json!(at(2).as_millis()));
     assert_eq!(row.row.at, at(60_000));
     // Never-dispatched work is left alone: nothing left the machine.
-    assert_eq!(
-        store
-            .view()
-            .execution(authorized)
-            .expect("q")
-            .expect("exists")
-            .state,
-        "authorized"
-    );
+    assert_eq!(store.view().execution(authorized).expect("q").expect("exists").state, "authorized");
     drop(store);
     let (_store, again) = Store::open(&fx.path, at(70_000)).expect("reopen twice");
     assert!(again.outcome_unknown.is_empty());
@@ -71,15 +42,9 @@ fn crash_child() {
     };
     let (store, _) = Store::open(std::path::Path::new(&path), at(0)).expect("open");
     let id = exec_id(1);
-    store
-        .admit(payment(id, 77, session(1), at(0)))
-        .expect("admit");
-    store
-        .transition(id, ExecutionState::Authorized, json!({}), at(1))
-        .expect("auth");
-    store
-        .transition(id, ExecutionState::Dispatched, json!({}), at(2))
-        .expect("dispatch");
+    store.admit(payment(id, 77, session(1), at(0))).expect("admit");
+    store.transition(id, ExecutionState::Authorized, json!({}), at(1)).expect("auth");
+    store.transition(id, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
     println!("DISPATCHED {id}");
     std::thread::sleep(std::time::Duration::from_secs(60));
 }
@@ -89,13 +54,7 @@ fn killed_while_dispatched_recovers_after_sigkill() {
     let fx = Fixture::new();
     std::fs::create_dir_all(fx.path.parent().expect("dir")).expect("mkdir");
     let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "recovery::crash_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["recovery::crash_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("POSTERN_TEST_CRASH_DB", &fx.path)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -112,15 +71,7 @@ fn killed_while_dispatched_recovers_after_sigkill() {
 
     let (store, recovery) = Store::open(&fx.path, at(5_000)).expect("reopen after crash");
     assert_eq!(recovery.outcome_unknown, vec![exec_id(1)], "{line}");
-    assert_eq!(
-        store
-            .view()
-            .execution(exec_id(1))
-            .expect("q")
-            .expect("exists")
-            .state,
-        "outcome_unknown"
-    );
+    assert_eq!(store.view().execution(exec_id(1)).expect("q").expect("exists").state, "outcome_unknown");
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
 }

@@ -2,9 +2,8 @@
 //! connection that edits the file the way someone with write access could.
 
 use postern_core::{
-    ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, Channel, ExecutionId,
-    ExecutionState, FingerprintKey, HttpAction, IntentScope, ReplayClass, ReplayContract,
-    SessionId, Timestamp,
+    ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, Channel, ExecutionId, ExecutionState,
+    FingerprintKey, HttpAction, IntentScope, ReplayClass, ReplayContract, SessionId, Timestamp,
 };
 use postern_store::{Completion, NewExecution, Store, journal::chain_hash};
 use serde_json::{Value, json};
@@ -57,20 +56,10 @@ pub fn keyed_contract() -> ReplayContract {
 
 /// A canonicalised `POST /v1/payments` request as the engine would hand it to the store.
 pub fn payment(id: ExecutionId, amount: u64, session: SessionId, at: Timestamp) -> NewExecution {
-    payment_with(
-        id,
-        json!({"amount": amount, "currency": "EUR"}),
-        session,
-        at,
-    )
+    payment_with(id, json!({"amount": amount, "currency": "EUR"}), session, at)
 }
 
-pub fn payment_with(
-    id: ExecutionId,
-    arguments: Value,
-    session: SessionId,
-    at: Timestamp,
-) -> NewExecution {
+pub fn payment_with(id: ExecutionId, arguments: Value, session: SessionId, at: Timestamp) -> NewExecution {
     let contract = keyed_contract();
     let request = ActionRequest {
         actor: Actor::process("/usr/bin/agent", "abc123"),
@@ -106,21 +95,9 @@ pub fn run_to_delivery(store: &Store, new: NewExecution, status: u16) -> Executi
     let t = new.at;
     store.admit(new).expect("admit");
     store
-        .transition(
-            id,
-            ExecutionState::Authorized,
-            json!({"rung": "allowlisted"}),
-            t.saturating_add_millis(1),
-        )
+        .transition(id, ExecutionState::Authorized, json!({"rung": "allowlisted"}), t.saturating_add_millis(1))
         .expect("authorize");
-    store
-        .transition(
-            id,
-            ExecutionState::Dispatched,
-            json!({}),
-            t.saturating_add_millis(2),
-        )
-        .expect("dispatch");
+    store.transition(id, ExecutionState::Dispatched, json!({}), t.saturating_add_millis(2)).expect("dispatch");
     store
         .complete(
             id,
@@ -131,14 +108,7 @@ pub fn run_to_delivery(store: &Store, new: NewExecution, status: u16) -> Executi
             },
         )
         .expect("complete");
-    store
-        .transition(
-            id,
-            ExecutionState::ResultDelivered,
-            json!({}),
-            t.saturating_add_millis(4),
-        )
-        .expect("deliver");
+    store.transition(id, ExecutionState::ResultDelivered, json!({}), t.saturating_add_millis(4)).expect("deliver");
     id
 }
 
@@ -146,11 +116,7 @@ pub fn run_to_delivery(store: &Store, new: NewExecution, status: u16) -> Executi
 pub fn populate(store: &Store, n: u128) -> u64 {
     let s = session(1);
     for i in 0..n {
-        run_to_delivery(
-            store,
-            payment(exec_id(1000 + i), 100 + i as u64, s, at(i as i64 * 10)),
-            201,
-        );
+        run_to_delivery(store, payment(exec_id(1000 + i), 100 + i as u64, s, at(i as i64 * 10)), 201);
     }
     store.view().head().expect("head").size
 }
@@ -171,12 +137,8 @@ pub fn attacker(path: &Path) -> rusqlite::Connection {
 }
 
 pub fn row(conn: &rusqlite::Connection, seq: i64) -> (String, Vec<u8>) {
-    conn.query_row(
-        "SELECT body, row_hash FROM journal WHERE seq = ?1",
-        [seq],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .expect("row exists")
+    conn.query_row("SELECT body, row_hash FROM journal WHERE seq = ?1", [seq], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("row exists")
 }
 
 pub fn hash32(v: &[u8]) -> [u8; 32] {
@@ -186,22 +148,13 @@ pub fn hash32(v: &[u8]) -> [u8; 32] {
 /// Rewrites every row from `from` onwards so the chain verifies again (what an attacker with
 /// the file but without an off-machine checkpoint can always do).
 pub fn rechain_from(conn: &rusqlite::Connection, from: i64) {
-    let mut prev = if from == 1 {
-        [0u8; 32]
-    } else {
-        hash32(&row(conn, from - 1).1)
-    };
-    let max: i64 = conn
-        .query_row("SELECT max(seq) FROM journal", [], |r| r.get(0))
-        .expect("max");
+    let mut prev = if from == 1 { [0u8; 32] } else { hash32(&row(conn, from - 1).1) };
+    let max: i64 = conn.query_row("SELECT max(seq) FROM journal", [], |r| r.get(0)).expect("max");
     for seq in from..=max {
         let (body, _) = row(conn, seq);
         let h = chain_hash(&prev, body.as_bytes());
-        conn.execute(
-            "UPDATE journal SET row_hash = ?2 WHERE seq = ?1",
-            rusqlite::params![seq, h.as_slice()],
-        )
-        .expect("rechain");
+        conn.execute("UPDATE journal SET row_hash = ?2 WHERE seq = ?1", rusqlite::params![seq, h.as_slice()])
+            .expect("rechain");
         prev = h;
     }
 }
