@@ -62,8 +62,6 @@ pub enum StoreError {
     DuplicateSession(SessionId),
     #[error("session {0} has already ended")]
     SessionEnded(SessionId),
-    #[error("execution {0} is not completed; only a completed execution has a result to store")]
-    ResultWithoutCompletion(ExecutionId),
     #[error("journal row could not be encoded: {0}")]
     Encode(#[from] postern_core::CanonicalError),
     #[error("stored data is corrupt: {0}")]
@@ -95,7 +93,6 @@ impl ErrorCode for StoreError {
             StoreError::UnknownSession(_) => "unknown_session",
             StoreError::DuplicateSession(_) => "duplicate_session",
             StoreError::SessionEnded(_) => "session_ended",
-            StoreError::ResultWithoutCompletion(_) => "result_without_completion",
             StoreError::Encode(e) => e.code(),
             StoreError::Corrupt(_) => "corrupt_data",
             StoreError::MigrationMismatch { .. } => "migration_mismatch",

@@ -43,9 +43,7 @@ fn outcome_unknown_is_verified_with_the_same_idempotency_key() {
     let store = fx.open();
     let s = session(1);
     let first = exec_id(1);
-    store.admit(payment(first, 500, s, at(0))).expect("admit");
-    store.transition(first, ExecutionState::Authorized, json!({}), at(1)).expect("authorize");
-    store.transition(first, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
+    dispatch_new(&store, payment(first, 500, s, at(0)));
     store
         .transition(first, ExecutionState::OutcomeUnknown, json!({"reason": "connection_reset_after_send"}), at(3))
         .expect("unknown");
@@ -67,9 +65,7 @@ fn a_completed_prior_returns_its_stored_result_and_a_delivered_one_starts_anew()
     let store = fx.open();
     let s = session(1);
     let first = exec_id(1);
-    store.admit(payment(first, 500, s, at(0))).expect("admit");
-    store.transition(first, ExecutionState::Authorized, json!({}), at(1)).expect("authorize");
-    store.transition(first, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
+    dispatch_new(&store, payment(first, 500, s, at(0)));
     store
         .complete(
             first,

@@ -12,9 +12,7 @@ fn reopening_turns_dispatched_into_outcome_unknown_with_a_reason() {
     let store = fx.open();
     let dispatched = exec_id(1);
     let authorized = exec_id(2);
-    store.admit(payment(dispatched, 1, session(1), at(0))).expect("admit");
-    store.transition(dispatched, ExecutionState::Authorized, json!({}), at(1)).expect("auth");
-    store.transition(dispatched, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
+    dispatch_new(&store, payment(dispatched, 1, session(1), at(0)));
     store.admit(payment(authorized, 2, session(1), at(3))).expect("admit");
     store.transition(authorized, ExecutionState::Authorized, json!({}), at(4)).expect("auth");
     drop(store);
@@ -42,9 +40,7 @@ fn crash_child() {
     };
     let (store, _) = Store::open(std::path::Path::new(&path), at(0)).expect("open");
     let id = exec_id(1);
-    store.admit(payment(id, 77, session(1), at(0))).expect("admit");
-    store.transition(id, ExecutionState::Authorized, json!({}), at(1)).expect("auth");
-    store.transition(id, ExecutionState::Dispatched, json!({}), at(2)).expect("dispatch");
+    dispatch_new(&store, payment(id, 77, session(1), at(0)));
     println!("DISPATCHED {id}");
     std::thread::sleep(std::time::Duration::from_secs(60));
 }

@@ -89,15 +89,23 @@ pub fn payment_with(id: ExecutionId, arguments: Value, session: SessionId, at: T
     }
 }
 
-/// Drives a new execution through accepted → authorized → dispatched → completed → delivered.
-pub fn run_to_delivery(store: &Store, new: NewExecution, status: u16) -> ExecutionId {
+/// Admits a new execution and takes it to `dispatched` (accepted → authorized → dispatched),
+/// one millisecond per step from its acceptance time.
+pub fn dispatch_new(store: &Store, new: NewExecution) -> ExecutionId {
     let id = new.id;
     let t = new.at;
-    store.admit(new).expect("admit");
+    assert_eq!(store.admit(new).expect("admit"), postern_store::Admission::Accepted { id });
     store
         .transition(id, ExecutionState::Authorized, json!({"rung": "allowlisted"}), t.saturating_add_millis(1))
         .expect("authorize");
     store.transition(id, ExecutionState::Dispatched, json!({}), t.saturating_add_millis(2)).expect("dispatch");
+    id
+}
+
+/// Drives a new execution through accepted → authorized → dispatched → completed → delivered.
+pub fn run_to_delivery(store: &Store, new: NewExecution, status: u16) -> ExecutionId {
+    let t = new.at;
+    let id = dispatch_new(store, new);
     store
         .complete(
             id,
