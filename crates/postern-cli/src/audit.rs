@@ -19,7 +19,7 @@ pub fn verify(db: &Path, checkpoint: Option<&Path>, chain_only: bool, json: bool
     // Drawn only when stderr is a terminal; scripts get clean output.
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template("verifying {bar:40} {pos}/{len} rows ({per_sec}, eta {eta})")
+        ProgressStyle::with_template("verifying {wide_bar} {human_pos}/{human_len} rows, eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let started = Instant::now();
