@@ -27,6 +27,8 @@ pub enum Stream {
     Activity,
     /// Agent runs starting and ending.
     Session,
+    /// Credentials added or removed, the vault locked or unlocked.
+    Vault,
 }
 
 /// One journal row as chained. Its canonical JSON is the `body` column, laid out as

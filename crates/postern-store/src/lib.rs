@@ -62,6 +62,10 @@ pub enum StoreError {
     DuplicateSession(SessionId),
     #[error("session {0} has already ended")]
     SessionEnded(SessionId),
+    #[error("a credential named {0:?} already exists; remove it first")]
+    DuplicateCredential(String),
+    #[error("no credential named {0:?}")]
+    UnknownCredential(String),
     #[error("journal row could not be encoded: {0}")]
     Encode(#[from] postern_core::CanonicalError),
     #[error("stored data is corrupt: {0}")]
@@ -93,6 +97,8 @@ impl ErrorCode for StoreError {
             StoreError::UnknownSession(_) => "unknown_session",
             StoreError::DuplicateSession(_) => "duplicate_session",
             StoreError::SessionEnded(_) => "session_ended",
+            StoreError::DuplicateCredential(_) => "duplicate_credential",
+            StoreError::UnknownCredential(_) => "unknown_credential",
             StoreError::Encode(e) => e.code(),
             StoreError::Corrupt(_) => "corrupt_data",
             StoreError::MigrationMismatch { .. } => "migration_mismatch",
@@ -151,6 +157,18 @@ pub struct SessionStart {
     /// What the client claims in `initialize` (a label only).
     pub client: Option<String>,
     pub at: Timestamp,
+}
+
+/// A credential's non-secret metadata as stored. The vault crate gives `kind`, `spec` and
+/// `bindings` their meaning; the store keeps them and journals every change.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CredentialRecord {
+    pub name: String,
+    pub kind: String,
+    pub spec: Value,
+    pub bindings: Value,
+    pub approve_every_use: bool,
+    pub created_at: i64,
 }
 
 /// Executions whose state was changed when the store was opened.
@@ -256,6 +274,26 @@ impl Store {
 
     pub fn end_session(&self, id: SessionId, reason: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         self.writer.end_session(id, reason.to_owned(), at)
+    }
+
+    /// This installation's id (created on first call with `candidate`), which namespaces its
+    /// keychain items.
+    pub fn installation_id(&self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
+        self.writer.installation_id(candidate.to_owned(), at)
+    }
+
+    /// Records a credential's metadata and journals it (the secret goes to the keychain).
+    pub fn put_credential(&self, record: CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.put_credential(record, at)
+    }
+
+    pub fn remove_credential(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.remove_credential(name.to_owned(), at)
+    }
+
+    /// Locks or unlocks the vault and journals who/why in `detail`.
+    pub fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.set_locked(locked, detail, at)
     }
 
     /// What the writer has committed so far (for benchmarks and status displays).

@@ -14,7 +14,10 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-pub const MIGRATIONS: &[Migration] = &[Migration { version: 1, sql: include_str!("migrations/0001_journal.sql") }];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration { version: 1, sql: include_str!("migrations/0001_journal.sql") },
+    Migration { version: 2, sql: include_str!("migrations/0002_vault.sql") },
+];
 
 /// Highest schema version this build understands.
 pub fn supported_version() -> u32 {

@@ -221,6 +221,39 @@ impl JournalView {
         })
     }
 
+    /// Every credential's metadata, by name.
+    pub fn credentials(&self) -> Result<Vec<crate::CredentialRecord>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT name, kind, spec, bindings, approve_every_use, created_at FROM credentials ORDER BY name",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                let json = |i: usize| -> rusqlite::Result<Value> {
+                    let text: String = r.get(i)?;
+                    serde_json::from_str(&text).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+                    })
+                };
+                Ok(crate::CredentialRecord {
+                    name: r.get(0)?,
+                    kind: r.get(1)?,
+                    spec: json(2)?,
+                    bindings: json(3)?,
+                    approve_every_use: r.get(4)?,
+                    created_at: r.get(5)?,
+                })
+            })?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
+    }
+
+    /// Whether the vault is locked (never locked yet means unlocked).
+    pub fn locked(&self) -> Result<bool, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row("SELECT locked FROM vault_state", [], |r| r.get::<_, bool>(0)).optional()?.unwrap_or(false))
+        })
+    }
+
     /// Number of executions per state, for status displays.
     pub fn state_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
         self.with(|c| {

@@ -6,7 +6,8 @@
 //! identical concurrent calls are decided one after the other.
 
 use crate::{
-    Admission, Checkpoint, Completion, NewExecution, Recovery, SessionStart, StoreError, StoreOptions,
+    Admission, Checkpoint, Completion, CredentialRecord, NewExecution, Recovery, SessionStart, StoreError,
+    StoreOptions,
     journal::{HashHex, JournalEntry, JournalHead, JournalRow, ROW_VERSION, Stream, chain_hash},
 };
 use postern_core::{
@@ -30,6 +31,10 @@ enum Op {
     EndSession { id: SessionId, reason: String, at: Timestamp },
     Checkpoint { at: Timestamp },
     Recover { now: Timestamp },
+    InstallationId { candidate: String, at: Timestamp },
+    PutCredential { record: Box<CredentialRecord>, at: Timestamp },
+    RemoveCredential { name: String, at: Timestamp },
+    SetLocked { locked: bool, detail: Value, at: Timestamp },
 }
 
 enum Reply {
@@ -37,6 +42,7 @@ enum Reply {
     Entry(JournalEntry),
     Checkpoint(Checkpoint),
     Recovery(Recovery),
+    Text(String),
 }
 
 struct Job {
@@ -142,6 +148,22 @@ impl WriterHandle {
     pub(crate) fn recover(&self, now: Timestamp) -> Result<Recovery, StoreError> {
         expect_reply!(self.call(Op::Recover { now }), Recovery)
     }
+
+    pub(crate) fn installation_id(&self, candidate: String, at: Timestamp) -> Result<String, StoreError> {
+        expect_reply!(self.call(Op::InstallationId { candidate, at }), Text)
+    }
+
+    pub(crate) fn put_credential(&self, record: CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::PutCredential { record: Box::new(record), at }), Entry)
+    }
+
+    pub(crate) fn remove_credential(&self, name: String, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::RemoveCredential { name, at }), Entry)
+    }
+
+    pub(crate) fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::SetLocked { locked, detail, at }), Entry)
+    }
 }
 
 pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
@@ -236,6 +258,10 @@ impl Writer {
             Op::EndSession { id, reason, at } => self.end_session(*id, reason, *at).map(Reply::Entry),
             Op::Checkpoint { at } => self.checkpoint(*at).map(Reply::Checkpoint),
             Op::Recover { now } => self.recover(*now).map(Reply::Recovery),
+            Op::InstallationId { candidate, at } => self.installation_id(candidate, *at).map(Reply::Text),
+            Op::PutCredential { record, at } => self.put_credential(record, *at).map(Reply::Entry),
+            Op::RemoveCredential { name, at } => self.remove_credential(name, *at).map(Reply::Entry),
+            Op::SetLocked { locked, detail, at } => self.set_locked(*locked, detail.clone(), *at).map(Reply::Entry),
         }
     }
 
@@ -509,6 +535,65 @@ impl Writer {
                 at.as_millis()
             ])?;
         Ok(cp)
+    }
+
+    fn installation_id(&mut self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO installation (singleton, id, created_at) VALUES (1, ?1, ?2) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![candidate, at.as_millis()])?;
+        Ok(self.conn.prepare_cached("SELECT id FROM installation")?.query_row([], |r| r.get(0))?)
+    }
+
+    fn vault_row(&mut self, event: &str, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.append(Draft {
+            at,
+            stream: Stream::Vault,
+            event: event.into(),
+            execution_id: None,
+            session_id: None,
+            state: None,
+            result_sha256: None,
+            detail,
+        })
+    }
+
+    fn put_credential(&mut self, c: &CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let json = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Corrupt(e.to_string()));
+        let inserted = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO credentials (name, kind, spec, bindings, approve_every_use, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (name) DO NOTHING",
+            )?
+            .execute(params![c.name, c.kind, json(&c.spec)?, json(&c.bindings)?, c.approve_every_use, c.created_at])?;
+        if inserted == 0 {
+            return Err(StoreError::DuplicateCredential(c.name.clone()));
+        }
+        let detail = json!({
+            "name": c.name, "kind": c.kind, "spec": c.spec, "bindings": c.bindings,
+            "approve_every_use": c.approve_every_use,
+        });
+        self.vault_row("credential_added", detail, at)
+    }
+
+    fn remove_credential(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let removed = self.conn.prepare_cached("DELETE FROM credentials WHERE name = ?1")?.execute([name])?;
+        if removed == 0 {
+            return Err(StoreError::UnknownCredential(name.to_owned()));
+        }
+        self.vault_row("credential_removed", json!({ "name": name }), at)
+    }
+
+    fn set_locked(&mut self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO vault_state (singleton, locked, changed_at) VALUES (1, ?1, ?2)
+                 ON CONFLICT (singleton) DO UPDATE SET locked = excluded.locked, changed_at = excluded.changed_at",
+            )?
+            .execute(params![locked, at.as_millis()])?;
+        self.vault_row(if locked { "vault_locked" } else { "vault_unlocked" }, detail, at)
     }
 
     fn recover(&mut self, now: Timestamp) -> Result<Recovery, StoreError> {

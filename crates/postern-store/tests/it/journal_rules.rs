@@ -173,3 +173,60 @@ fn the_data_directory_is_private() {
     let mode = std::fs::metadata(fx.path.parent().expect("dir")).expect("meta").permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
 }
+
+#[test]
+fn a_version_1_journal_is_upgraded_in_place_and_keeps_verifying() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.path.parent().expect("dir")).expect("mkdir");
+    {
+        // A database exactly as schema v1 left it, with one execution in it.
+        let conn = rusqlite::Connection::open(&fx.path).expect("create");
+        let v1 = include_str!("../../src/migrations/0001_journal.sql");
+        conn.execute_batch(v1).expect("v1 schema");
+        conn.execute(
+            "INSERT INTO schema_migrations (version, sha256, applied_at) VALUES (1, ?1, 0)",
+            [hex::encode(Sha256::digest(v1.as_bytes()))],
+        )
+        .expect("record v1");
+        conn.pragma_update(None, "user_version", 1).expect("version");
+        conn.pragma_update(None, "application_id", postern_store::APPLICATION_ID).expect("app id");
+    }
+    let store = Store::open(&fx.path, at(0)).expect("upgrade").0;
+    run_to_delivery(&store, payment(exec_id(1), 5, session(1), at(1)), 201);
+    assert!(!store.view().locked().expect("lock state"), "a new vault starts unlocked");
+    drop(store);
+    let version: u32 = rusqlite::Connection::open(&fx.path)
+        .expect("open")
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, postern_store::supported_version());
+    assert!(postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify").intact());
+}
+
+#[test]
+fn vault_changes_are_journaled_on_their_own_stream() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let id = store.installation_id("inst_first", at(0)).expect("create id");
+    assert_eq!(store.installation_id("inst_second", at(1)).expect("same id"), id, "created once");
+    let record = postern_store::CredentialRecord {
+        name: "deploy".into(),
+        kind: "bearer".into(),
+        spec: json!({}),
+        bindings: json!([{"host": "deploy.example"}]),
+        approve_every_use: true,
+        created_at: at(2).as_millis(),
+    };
+    let added = store.put_credential(record.clone(), at(2)).expect("add");
+    assert_eq!((added.row.stream, added.row.event.as_str()), (postern_store::Stream::Vault, "credential_added"));
+    assert_eq!(store.put_credential(record, at(3)).unwrap_err().code(), "duplicate_credential");
+    assert_eq!(store.view().credentials().expect("list").len(), 1);
+    store.set_locked(true, json!({"by": "cli"}), at(4)).expect("lock");
+    assert!(store.view().locked().expect("state"));
+    store.remove_credential("deploy", at(5)).expect("remove");
+    assert_eq!(store.remove_credential("deploy", at(6)).unwrap_err().code(), "unknown_credential");
+    drop(store);
+    let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
+    assert!(report.intact(), "{:?}", report.findings);
+    assert_eq!(report.rows, 3, "credential_added, vault_locked, credential_removed");
+}
