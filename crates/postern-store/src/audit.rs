@@ -24,9 +24,14 @@ pub struct Checkpoint {
     pub journal_size: u64,
     pub head_hash: HashHex,
     pub created_at: Timestamp,
-    /// Ed25519 signature over the head (added by the vault; `None` until then).
+    /// Ed25519 signature (hex) over [`Checkpoint::signed_bytes`], made with the installation's
+    /// journal-signing key from the keychain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// The signer's public key (hex). Informative only: a verifier must compare it with a key it
+    /// already trusts (`--pubkey`), since anyone can sign with a key of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
 }
 
 impl Checkpoint {
@@ -39,7 +44,20 @@ impl Checkpoint {
             head_hash: head.hash,
             created_at: at,
             signature: None,
+            public_key: None,
         }
+    }
+
+    /// What the signature covers: the RFC 8785 bytes of format, size, head hash and time.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let unsigned = serde_json::json!({
+            "format": self.format,
+            "journal_size": self.journal_size,
+            "head_hash": self.head_hash,
+            "created_at": self.created_at,
+        });
+        // Sizes and millisecond times are far below 2^53; this cannot fail.
+        postern_core::canonical_bytes(&unsigned).unwrap_or_default()
     }
 
     /// Parses an exported checkpoint file, with a message naming what is wrong.

@@ -18,12 +18,16 @@ fn verify_refuses_unusable_input_with_exit_2_and_names_the_problem() {
     let newer = journal(1);
     rusqlite::Connection::open(newer.db()).expect("open").pragma_update(None, "user_version", 42).expect("bump");
 
+    let newer_message = format!(
+        "schema version 42 is newer than this postern supports ({}); upgrade postern",
+        postern_store::supported_version()
+    );
     let cases = [
         (missing.clone(), "no such file"),
         (empty.clone(), "the file is empty (0 bytes)"),
         (text.clone(), "not an SQLite database"),
         (foreign.clone(), "not a Postern one"),
-        (newer.db(), "schema version 42 is newer than this postern supports (1); upgrade postern"),
+        (newer.db(), newer_message.as_str()),
     ];
     for (path, message) in cases {
         let before = std::fs::read(&path).ok();

@@ -1,0 +1,260 @@
+//! Postern's vault: the only crate that touches the OS keychain.
+//!
+//! Secrets (credential values, the fingerprint key, the journal-signing key) live only in the
+//! keychain; their non-secret metadata and the lock state live in the store, where every change
+//! is journaled. A locked vault hands out no secret at all.
+
+mod credential;
+mod error;
+mod keychain;
+mod sensitive;
+
+pub use credential::{Binding, Credential, CredentialKind};
+pub use error::{HEADLESS_RECIPE, VaultError};
+pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
+pub use sensitive::Sensitive;
+
+use ed25519_dalek::{Signer, SigningKey, Verifier, VerifyingKey};
+use postern_core::{FingerprintKey, Timestamp};
+use postern_store::{Checkpoint, Store};
+use serde_json::json;
+use std::sync::Arc;
+
+/// The vault of one installation (one data directory).
+#[derive(Debug)]
+pub struct Vault {
+    store: Arc<Store>,
+    keychain: Arc<dyn SecretStore>,
+    installation: String,
+}
+
+impl Vault {
+    /// Opens the vault of the installation whose journal is `store`, creating its id on first use.
+    pub fn open(store: Arc<Store>, keychain: Arc<dyn SecretStore>, now: Timestamp) -> Result<Self, VaultError> {
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random).map_err(|e| VaultError::Randomness(e.to_string()))?;
+        let candidate =
+            format!("inst_{}", ulid::Ulid::from_parts(now.as_millis().max(0) as u64, u128::from_le_bytes(random)));
+        let installation = store.installation_id(&candidate, now)?;
+        Ok(Vault { store, keychain, installation })
+    }
+
+    fn item(&self, name: &str) -> String {
+        format!("{}/{name}", self.installation)
+    }
+
+    pub fn installation_id(&self) -> &str {
+        &self.installation
+    }
+
+    pub fn is_locked(&self) -> Result<bool, VaultError> {
+        Ok(self.store.view().locked()?)
+    }
+
+    /// Locks the vault: every later action is denied until it is unlocked.
+    pub fn lock(&self, by: &str, now: Timestamp) -> Result<(), VaultError> {
+        self.store.set_locked(true, json!({ "by": by }), now)?;
+        Ok(())
+    }
+
+    pub fn unlock(&self, by: &str, now: Timestamp) -> Result<(), VaultError> {
+        self.store.set_locked(false, json!({ "by": by }), now)?;
+        Ok(())
+    }
+
+    /// Stores `secret` in the keychain, then the metadata in the journal. If recording the
+    /// metadata fails, the keychain item is removed again.
+    pub fn add_credential(
+        &self,
+        credential: &Credential,
+        secret: &Sensitive<String>,
+        now: Timestamp,
+    ) -> Result<(), VaultError> {
+        credential.validate()?;
+        if secret.expose().is_empty() {
+            return Err(VaultError::EmptySecret);
+        }
+        if self.credentials()?.iter().any(|c| c.name == credential.name) {
+            return Err(VaultError::DuplicateCredential(credential.name.clone()));
+        }
+        let item = self.item(&format!("credential/{}", credential.name));
+        self.keychain.set(&item, secret.expose().as_bytes())?;
+        if let Err(e) = self.store.put_credential(credential.to_record(now.as_millis()), now) {
+            let _ = self.keychain.delete(&item);
+            return Err(match e {
+                postern_store::StoreError::DuplicateCredential(n) => VaultError::DuplicateCredential(n),
+                other => other.into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes the metadata (journaled) and the keychain item.
+    pub fn remove_credential(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
+        self.store.remove_credential(name, now).map_err(|e| match e {
+            postern_store::StoreError::UnknownCredential(n) => VaultError::UnknownCredential(n),
+            other => other.into(),
+        })?;
+        self.keychain.delete(&self.item(&format!("credential/{name}")))?;
+        Ok(())
+    }
+
+    pub fn credentials(&self) -> Result<Vec<Credential>, VaultError> {
+        self.store.view().credentials()?.iter().map(Credential::from_record).collect()
+    }
+
+    pub fn credential(&self, name: &str) -> Result<Credential, VaultError> {
+        self.credentials()?
+            .into_iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| VaultError::UnknownCredential(name.into()))
+    }
+
+    /// The secret of a credential, for the channel that injects it. Refused while locked.
+    pub fn secret(&self, name: &str) -> Result<Sensitive<String>, VaultError> {
+        if self.is_locked()? {
+            return Err(VaultError::Locked);
+        }
+        self.credential(name)?;
+        let bytes = self
+            .keychain
+            .get(&self.item(&format!("credential/{name}")))?
+            .ok_or_else(|| VaultError::MissingSecret(name.into()))?;
+        let text = String::from_utf8(bytes.expose().clone())
+            .map_err(|_| VaultError::CorruptKey { item: name.into(), detail: "not UTF-8".into() })?;
+        Ok(Sensitive::new(text))
+    }
+
+    /// 32 random bytes kept in the keychain under `name`, created on first use.
+    fn key_material(&self, name: &str) -> Result<Sensitive<[u8; 32]>, VaultError> {
+        let item = self.item(name);
+        if let Some(bytes) = self.keychain.get(&item)? {
+            let key: [u8; 32] = bytes.expose().as_slice().try_into().map_err(|_| VaultError::CorruptKey {
+                item,
+                detail: format!("{} bytes, expected 32", bytes.expose().len()),
+            })?;
+            return Ok(Sensitive::new(key));
+        }
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| VaultError::Randomness(e.to_string()))?;
+        self.keychain.set(&item, &key)?;
+        Ok(Sensitive::new(key))
+    }
+
+    /// The installation's fingerprint key (design §2), created on first use.
+    pub fn fingerprint_key(&self) -> Result<FingerprintKey, VaultError> {
+        Ok(FingerprintKey::from_bytes(*self.key_material("fingerprint-key")?.expose()))
+    }
+
+    fn signing_key(&self) -> Result<SigningKey, VaultError> {
+        Ok(SigningKey::from_bytes(self.key_material("journal-signing-key")?.expose()))
+    }
+
+    /// The public half of the journal-signing key, hex: keep it off the machine with the
+    /// checkpoints, and pass it to `postern audit verify --pubkey`.
+    pub fn journal_public_key(&self) -> Result<String, VaultError> {
+        Ok(hex::encode(self.signing_key()?.verifying_key().to_bytes()))
+    }
+
+    /// Signs a checkpoint with the journal-signing key.
+    pub fn sign_checkpoint(&self, mut checkpoint: Checkpoint) -> Result<Checkpoint, VaultError> {
+        let key = self.signing_key()?;
+        checkpoint.signature = Some(hex::encode(key.sign(&checkpoint.signed_bytes()).to_bytes()));
+        checkpoint.public_key = Some(hex::encode(key.verifying_key().to_bytes()));
+        Ok(checkpoint)
+    }
+}
+
+/// Why a checkpoint's signature does not hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureProblem {
+    #[error("the checkpoint is not signed")]
+    Unsigned,
+    #[error("{0:?} is not an Ed25519 public key (64 hex digits)")]
+    BadPublicKey(String),
+    #[error("the checkpoint was signed by key {found}, not by the trusted key {trusted}")]
+    WrongSigner { found: String, trusted: String },
+    #[error("the signature does not match the checkpoint's contents (it was altered after signing)")]
+    Invalid,
+}
+
+/// Checks `checkpoint` was signed by `trusted_public_key` (hex). Needs no keychain.
+pub fn verify_checkpoint_signature(checkpoint: &Checkpoint, trusted_public_key: &str) -> Result<(), SignatureProblem> {
+    let trusted = trusted_public_key.trim().to_ascii_lowercase();
+    let key_bytes: [u8; 32] = hex::decode(&trusted)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| SignatureProblem::BadPublicKey(trusted.clone()))?;
+    let key = VerifyingKey::from_bytes(&key_bytes).map_err(|_| SignatureProblem::BadPublicKey(trusted.clone()))?;
+    let signature = checkpoint.signature.as_deref().ok_or(SignatureProblem::Unsigned)?;
+    if let Some(found) = &checkpoint.public_key
+        && found.to_ascii_lowercase() != trusted
+    {
+        return Err(SignatureProblem::WrongSigner { found: found.clone(), trusted });
+    }
+    let sig_bytes: [u8; 64] =
+        hex::decode(signature).ok().and_then(|b| b.try_into().ok()).ok_or(SignatureProblem::Invalid)?;
+    key.verify(&checkpoint.signed_bytes(), &ed25519_dalek::Signature::from_bytes(&sig_bytes))
+        .map_err(|_| SignatureProblem::Invalid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vault() -> (tempfile::TempDir, Vault) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(0)).expect("store");
+        let vault = Vault::open(Arc::new(store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(1))
+            .expect("vault");
+        (dir, vault)
+    }
+
+    fn bearer(name: &str) -> Credential {
+        Credential {
+            name: name.into(),
+            kind: CredentialKind::Bearer,
+            bindings: vec![Binding::new("api.example", None).expect("b")],
+            approve_every_use: false,
+        }
+    }
+
+    #[test]
+    fn a_locked_vault_hands_out_no_secret() {
+        let (_dir, v) = vault();
+        v.add_credential(&bearer("api"), &Sensitive::new("s3cret".into()), Timestamp::from_millis(2)).expect("add");
+        assert_eq!(v.secret("api").expect("secret").expose(), "s3cret");
+        v.lock("test", Timestamp::from_millis(3)).expect("lock");
+        assert!(matches!(v.secret("api"), Err(VaultError::Locked)));
+        v.unlock("test", Timestamp::from_millis(4)).expect("unlock");
+        assert!(v.secret("api").is_ok());
+    }
+
+    #[test]
+    fn keys_are_created_once_and_kept() {
+        let (_dir, v) = vault();
+        let a = v.fingerprint_key().expect("key").fingerprint(b"x");
+        let b = v.fingerprint_key().expect("key").fingerprint(b"x");
+        assert_eq!(a, b);
+        assert_eq!(v.journal_public_key().expect("pk"), v.journal_public_key().expect("pk"));
+    }
+
+    #[test]
+    fn checkpoint_signatures_bind_contents_and_signer() {
+        let (_dir, v) = vault();
+        let cp = Checkpoint::new(postern_store::JournalHead::EMPTY, Timestamp::from_millis(9));
+        let signed = v.sign_checkpoint(cp).expect("sign");
+        let pk = v.journal_public_key().expect("pk");
+        verify_checkpoint_signature(&signed, &pk).expect("valid");
+        let mut altered = signed.clone();
+        altered.journal_size += 1;
+        assert_eq!(verify_checkpoint_signature(&altered, &pk), Err(SignatureProblem::Invalid));
+        let (_dir2, other) = vault();
+        let other_pk = other.journal_public_key().expect("pk");
+        assert!(matches!(verify_checkpoint_signature(&signed, &other_pk), Err(SignatureProblem::WrongSigner { .. })));
+        let mut stripped = signed;
+        stripped.signature = None;
+        assert_eq!(verify_checkpoint_signature(&stripped, &pk), Err(SignatureProblem::Unsigned));
+        assert!(matches!(verify_checkpoint_signature(&stripped, "zz"), Err(SignatureProblem::BadPublicKey(_))));
+    }
+}

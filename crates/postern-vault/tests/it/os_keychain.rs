@@ -1,0 +1,67 @@
+//! The vault on the real Secret Service: secrets round-trip through the keychain, never reach
+//! the database file, are namespaced per installation, and are gone after removal.
+
+use postern_core::Timestamp;
+use postern_store::Store;
+use postern_vault::{Binding, Credential, CredentialKind, OsKeychain, SecretStore, Sensitive, Vault, VaultError};
+use std::sync::Arc;
+
+const CANARY: &str = "CANARY-vault-3b1f7e-never-on-disk";
+
+fn keychain() -> Arc<OsKeychain> {
+    Arc::new(
+        OsKeychain::connect()
+            .unwrap_or_else(|e| panic!("these tests need a Secret Service (run them through scripts/test.sh): {e}")),
+    )
+}
+
+fn vault(dir: &std::path::Path, keychain: Arc<OsKeychain>) -> Vault {
+    let (store, _) = Store::open(&dir.join("postern.db"), Timestamp::from_millis(1)).expect("store");
+    Vault::open(Arc::new(store), keychain, Timestamp::from_millis(2)).expect("vault")
+}
+
+fn credential(name: &str) -> Credential {
+    Credential {
+        name: name.into(),
+        kind: CredentialKind::Header { name: "X-Api-Key".into() },
+        bindings: vec![Binding::new("127.0.0.1", Some("/v1")).expect("binding")],
+        approve_every_use: false,
+    }
+}
+
+#[test]
+fn a_secret_round_trips_through_the_keychain_and_never_reaches_the_database() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = keychain();
+    let v = vault(dir.path(), Arc::clone(&kc));
+    v.add_credential(&credential("api"), &Sensitive::new(CANARY.into()), Timestamp::from_millis(3)).expect("add");
+    assert_eq!(v.secret("api").expect("secret").expose(), CANARY);
+    // The keychain item is namespaced by this installation.
+    let item = format!("{}/credential/api", v.installation_id());
+    assert_eq!(kc.get(&item).expect("get").expect("present").expose().as_slice(), CANARY.as_bytes());
+    for entry in std::fs::read_dir(dir.path()).expect("dir") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).expect("read");
+        assert!(!bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()), "canary in {}", path.display());
+    }
+    assert!(!format!("{v:?}").contains(CANARY));
+    v.remove_credential("api", Timestamp::from_millis(4)).expect("remove");
+    assert!(kc.get(&item).expect("get").is_none(), "the keychain item is deleted with the credential");
+    assert!(matches!(v.secret("api"), Err(VaultError::UnknownCredential(_))));
+}
+
+#[test]
+fn two_installations_never_share_keys_or_secrets() {
+    let (a, b) = (tempfile::tempdir().expect("a"), tempfile::tempdir().expect("b"));
+    let (va, vb) = (vault(a.path(), keychain()), vault(b.path(), keychain()));
+    assert_ne!(va.installation_id(), vb.installation_id());
+    assert_ne!(va.journal_public_key().expect("pk a"), vb.journal_public_key().expect("pk b"));
+    assert_ne!(va.fingerprint_key().expect("a").fingerprint(b"x"), vb.fingerprint_key().expect("b").fingerprint(b"x"));
+    va.add_credential(&credential("shared-name"), &Sensitive::new("secret-a".into()), Timestamp::from_millis(3))
+        .expect("add");
+    assert!(matches!(vb.secret("shared-name"), Err(VaultError::UnknownCredential(_))));
+    // The same installation reopened finds its keys again.
+    let again = vault(a.path(), keychain());
+    assert_eq!(again.journal_public_key().expect("pk"), va.journal_public_key().expect("pk"));
+    va.remove_credential("shared-name", Timestamp::from_millis(4)).expect("cleanup");
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every test. The vault's tests use the real OS keychain, so on Linux this starts a private
+# D-Bus session with an unlocked gnome-keyring (Secret Service) around the test run, in a
+# throwaway XDG data directory; nothing touches the desktop's own keyring.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v dbus-run-session >/dev/null || need+=(dbus)
+command -v gnome-keyring-daemon >/dev/null || need+=(gnome-keyring)
+if ((${#need[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh needs: ${need[*]} (sudo apt-get install dbus gnome-keyring)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install cargo-nextest --locked
+fi
+
+keyring_home=$(mktemp -d)
+trap 'rm -rf "$keyring_home"' EXIT
+export XDG_DATA_HOME="$keyring_home/data" XDG_RUNTIME_DIR="$keyring_home/run"
+mkdir -p "$XDG_DATA_HOME" "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+
+# The keyring password only protects this throwaway keyring.
+exec dbus-run-session -- bash -c '
+  printf "%s" postern-test-keyring | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+  exec cargo nextest run --workspace --locked --no-fail-fast "$@"
+' test-session "$@"
