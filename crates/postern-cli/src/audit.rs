@@ -7,13 +7,52 @@ use postern_core::Timestamp;
 use postern_store::{Checkpoint, Store, audit};
 use std::{path::Path, process::ExitCode, time::Instant};
 
-pub fn verify(db: &Path, checkpoint: Option<&Path>, chain_only: bool, json: bool) -> Result<ExitCode, Failure> {
-    let checkpoint = match checkpoint {
-        None => None,
+/// How far a checkpoint's signature was checked.
+enum Signature {
+    Trusted,
+    /// Valid for the key embedded in the checkpoint, which nothing vouches for.
+    SelfConsistent,
+    Unsigned,
+}
+
+fn check_signature(cp: &Checkpoint, path: &Path, pubkey: Option<&str>) -> Result<Signature, Failure> {
+    let unusable = |e: String| Failure { code: 2, error: anyhow!("checkpoint {}: {e}", path.display()) };
+    match (pubkey, cp.signature.is_some()) {
+        (Some(key), _) => {
+            let key = match key.strip_prefix('@') {
+                Some(file) => {
+                    std::fs::read_to_string(file).map_err(|e| unusable(format!("cannot read {file}: {e}")))?
+                }
+                None => key.to_owned(),
+            };
+            postern_vault::verify_checkpoint_signature(cp, &key).map_err(|e| unusable(e.to_string()))?;
+            Ok(Signature::Trusted)
+        }
+        (None, true) => {
+            let embedded = cp.public_key.clone().unwrap_or_default();
+            postern_vault::verify_checkpoint_signature(cp, &embedded).map_err(|e| unusable(e.to_string()))?;
+            Ok(Signature::SelfConsistent)
+        }
+        (None, false) => Ok(Signature::Unsigned),
+    }
+}
+
+pub fn verify(
+    db: &Path,
+    checkpoint: Option<&Path>,
+    pubkey: Option<&str>,
+    chain_only: bool,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let (checkpoint, signature) = match checkpoint {
+        None => (None, None),
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| Failure { code: 2, error: anyhow!("cannot read checkpoint {}: {e}", path.display()) })?;
-            Some(Checkpoint::parse(&text).map_err(|e| Failure { code: 2, error: anyhow!("{}: {e}", path.display()) })?)
+            let cp =
+                Checkpoint::parse(&text).map_err(|e| Failure { code: 2, error: anyhow!("{}: {e}", path.display()) })?;
+            let signature = check_signature(&cp, path, pubkey)?;
+            (Some(cp), Some(signature))
         }
     };
     // Drawn only when stderr is a terminal; scripts get clean output.
@@ -54,6 +93,14 @@ pub fn verify(db: &Path, checkpoint: Option<&Path>, chain_only: bool, json: bool
             (Some(cp), true) => println!("checkpoint  row {}: does not match", cp.journal_size),
             (Some(_), false) => println!("checkpoint  not compared (the chain itself is broken)"),
         }
+        match signature {
+            Some(Signature::Trusted) => println!("signature   valid, by the trusted key"),
+            Some(Signature::SelfConsistent) => println!(
+                "signature   valid for the key inside the checkpoint; pass --pubkey to check that key is yours"
+            ),
+            Some(Signature::Unsigned) => println!("signature   none (an unsigned checkpoint proves less)"),
+            None => {}
+        }
         if chain_only {
             println!("scope       chain only (current states and stored results were not compared)");
         }
@@ -72,7 +119,10 @@ pub fn verify(db: &Path, checkpoint: Option<&Path>, chain_only: bool, json: bool
 
 pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failure> {
     let (store, _) = Store::open(&location::database(data_dir), now())?;
-    let cp = store.checkpoint(now())?;
+    let store = std::sync::Arc::new(store);
+    let keychain = postern_vault::OsKeychain::connect()?;
+    let vault = postern_vault::Vault::open(std::sync::Arc::clone(&store), std::sync::Arc::new(keychain), now())?;
+    let cp = vault.sign_checkpoint(store.checkpoint(now())?)?;
     let text = serde_json::to_string_pretty(&cp).context("encode checkpoint")? + "\n";
     match out {
         Some(path) => {

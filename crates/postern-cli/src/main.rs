@@ -7,6 +7,7 @@ mod audit;
 mod journal;
 mod location;
 mod render;
+mod vault;
 
 use clap::{Parser, Subcommand};
 use postern_core::{ErrorCode, ExecutionId, SessionId};
@@ -56,6 +57,28 @@ enum Command {
         #[command(subcommand)]
         command: ExecutionCommand,
     },
+    /// Credentials in the OS keychain, and the vault lock.
+    Vault {
+        #[command(subcommand)]
+        command: VaultCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum VaultCommand {
+    /// Add a credential; the secret is read from a hidden prompt or standard input, never argv.
+    Add(vault::Add),
+    /// List credentials (names, kinds, where they may be sent; never secrets).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a credential and its keychain item.
+    Remove { name: String },
+    /// Lock the vault: every action is denied until unlocked.
+    Lock,
+    /// Unlock the vault.
+    Unlock,
 }
 
 #[derive(Subcommand, Debug)]
@@ -69,6 +92,10 @@ enum AuditCommand {
         /// An exported checkpoint to compare the journal head with.
         #[arg(long, value_name = "FILE")]
         checkpoint: Option<PathBuf>,
+        /// The trusted journal public key (hex, or @FILE) to check the checkpoint's signature with;
+        /// needs no keychain.
+        #[arg(long, value_name = "KEY")]
+        pubkey: Option<String>,
         /// Check the chain (and checkpoint) only, not the current-state and result tables
         /// against it: faster on very large journals.
         #[arg(long)]
@@ -76,12 +103,15 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Record the current journal head and write it as a checkpoint file to keep off-machine.
+    /// Record the current journal head, sign it with the installation's journal key, and write it
+    /// as a checkpoint file to keep off-machine.
     Checkpoint {
         /// Where to write the checkpoint (default: standard output).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Print the public half of the journal-signing key (keep it off-machine with checkpoints).
+    Pubkey,
 }
 
 #[derive(Subcommand, Debug)]
@@ -104,11 +134,17 @@ pub struct Failure {
 impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(e: E) -> Self {
         let error: anyhow::Error = e.into();
-        // Anything the store says about the input file is "unusable input".
-        let code = match error.downcast_ref::<postern_store::StoreError>() {
-            Some(e) if e.code() != "database_error" => 2,
-            Some(_) => 1,
-            None => 1,
+        // Anything the store says about the input file is "unusable input"; so are credential
+        // definitions the vault refuses.
+        let code = if let Some(e) = error.downcast_ref::<postern_store::StoreError>() {
+            if e.code() == "database_error" { 1 } else { 2 }
+        } else if let Some(e) = error.downcast_ref::<postern_vault::VaultError>() {
+            match e.code() {
+                "invalid_credential" | "empty_secret" | "duplicate_credential" | "unknown_credential" => 2,
+                _ => 1,
+            }
+        } else {
+            1
         };
         Failure { code, error }
     }
@@ -118,11 +154,22 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let data_dir = location::data_dir(cli.data_dir)?;
     match cli.command {
         Command::Status { json } => journal::status(&data_dir, json),
-        Command::Audit { command: AuditCommand::Verify { db, checkpoint, chain_only, json } } => {
+        Command::Audit { command: AuditCommand::Verify { db, checkpoint, pubkey, chain_only, json } } => {
             let db = db.unwrap_or_else(|| location::database(&data_dir));
-            audit::verify(&db, checkpoint.as_deref(), chain_only, json)
+            audit::verify(&db, checkpoint.as_deref(), pubkey.as_deref(), chain_only, json)
         }
         Command::Audit { command: AuditCommand::Checkpoint { out } } => audit::checkpoint(&data_dir, out.as_deref()),
+        Command::Audit { command: AuditCommand::Pubkey } => {
+            println!("{}", vault::open(&data_dir)?.journal_public_key()?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Vault { command } => match command {
+            VaultCommand::Add(args) => vault::add(&data_dir, args),
+            VaultCommand::List { json } => vault::list(&data_dir, json),
+            VaultCommand::Remove { name } => vault::remove(&data_dir, &name),
+            VaultCommand::Lock => vault::set_locked(&data_dir, true),
+            VaultCommand::Unlock => vault::set_locked(&data_dir, false),
+        },
         Command::Activity { execution, session, limit, json } => {
             journal::activity(&data_dir, execution, session, limit, json)
         }

@@ -5,3 +5,4 @@
 mod audit;
 mod journal;
 mod support;
+mod vault;

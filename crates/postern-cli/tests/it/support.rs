@@ -9,6 +9,14 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// Bytes of every file in `dir` contain `needle`?
+pub fn any_file_contains(dir: &Path, needle: &str) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| std::fs::read(p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())))
+}
+
 pub const T0: i64 = 1_764_445_000_000;
 
 pub fn at(ms: i64) -> Timestamp {
@@ -22,12 +30,23 @@ pub struct Run {
 }
 
 pub fn postern(args: &[&str], data_dir: Option<&Path>) -> Run {
+    postern_with(args, data_dir, None, &[])
+}
+
+/// Runs `postern` with `stdin` piped in (or closed) and extra environment variables.
+pub fn postern_with(args: &[&str], data_dir: Option<&Path>, stdin: Option<&str>, env: &[(&str, &str)]) -> Run {
+    use std::io::Write;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_postern"));
-    cmd.args(args).env_remove("POSTERN_DATA_DIR");
+    cmd.args(args).env_remove("POSTERN_DATA_DIR").envs(env.iter().copied());
     if let Some(dir) = data_dir {
         cmd.env("POSTERN_DATA_DIR", dir);
     }
-    let Output { status, stdout, stderr } = cmd.output().expect("run postern");
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("run postern");
+    let mut pipe = child.stdin.take().expect("stdin");
+    pipe.write_all(stdin.unwrap_or("").as_bytes()).expect("write stdin");
+    drop(pipe);
+    let Output { status, stdout, stderr } = child.wait_with_output().expect("wait");
     Run {
         code: status.code().expect("exit code"),
         stdout: String::from_utf8(stdout).expect("utf-8 stdout"),
