@@ -57,11 +57,22 @@ enum Command {
         #[command(subcommand)]
         command: ExecutionCommand,
     },
+    /// Tool manifests.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
     /// Credentials in the OS keychain, and the vault lock.
     Vault {
         #[command(subcommand)]
         command: VaultCommand,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ToolsCommand {
+    /// Check a manifest: every tool, its replay contract; every problem with file and line.
+    Check { file: PathBuf },
 }
 
 #[derive(Subcommand, Debug)]
@@ -163,6 +174,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             println!("{}", vault::open(&data_dir)?.journal_public_key()?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Tools { command: ToolsCommand::Check { file } } => tools_check(&file),
         Command::Vault { command } => match command {
             VaultCommand::Add(args) => vault::add(&data_dir, args),
             VaultCommand::List { json } => vault::list(&data_dir, json),
@@ -175,6 +187,31 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Sessions { json } => journal::sessions(&data_dir, json),
         Command::Execution { command: ExecutionCommand::Show { id, json } } => journal::show(&data_dir, id, json),
+    }
+}
+
+fn tools_check(file: &std::path::Path) -> Result<ExitCode, Failure> {
+    match postern_gateway::Manifest::load(file) {
+        Ok(manifest) => {
+            let mut t = render::table(&["tool", "method", "url", "credential", "replay contract"]);
+            for tool in manifest.tools() {
+                t.add_row(vec![
+                    tool.name.clone(),
+                    tool.method.clone(),
+                    tool.url_template.clone(),
+                    tool.credential.clone().unwrap_or_default(),
+                    tool.contract.class.as_str().to_owned(),
+                ]);
+            }
+            println!("{}", t.trim_fmt());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("{e}");
+            }
+            Err(Failure { code: 2, error: anyhow::anyhow!("{} problem(s) in {}", errors.len(), file.display()) })
+        }
     }
 }
 

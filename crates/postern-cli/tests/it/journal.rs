@@ -80,3 +80,26 @@ fn execution_show_prints_the_lifecycle_timeline() {
     assert_eq!(shown["timeline"].as_array().expect("timeline").len(), 5);
     assert_eq!(shown["result"]["sha256"].as_str().expect("sha").len(), 64);
 }
+
+#[test]
+fn tools_check_lists_tools_or_every_located_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "[[tool]]\nname = \"refund\"\nmethod = \"POST\"\nurl = \"https://pay.example/v1/refunds\"\ncredential = \"pay\"\n\
+         contract = { class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\" }\n",
+    )
+    .expect("write");
+    let run = postern(&["tools", "check", good.to_str().expect("utf-8")], None);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("refund") && run.stdout.contains("idempotency_key"), "{}", run.stdout);
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "\n[[tool]]\nname = \"deploy\"\nmethod = \"POST\"\nurl = \"https://deploy.example/v1\"\n")
+        .expect("write");
+    let run = postern(&["tools", "check", bad.to_str().expect("utf-8")], None);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains(&format!("{}:2: tool \"deploy\":", bad.display())), "{}", run.stderr);
+    assert!(run.stderr.contains("declares no replay contract"), "{}", run.stderr);
+}

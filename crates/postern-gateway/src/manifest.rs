@@ -1,0 +1,503 @@
+//! Tool manifests: the TOML file that declares which tools agents may call, how each becomes an
+//! HTTP request, and its replay contract. A manifest is checked completely when it is loaded —
+//! every problem is reported with file and line — so nothing about a tool is guessed at call time.
+//!
+//! ```toml
+//! [[tool]]
+//! name = "create_payment"
+//! description = "Create a payment"
+//! method = "POST"
+//! url = "https://pay.example/v1/payments"
+//! credential = "pay-api"
+//! timeout = "10s"
+//! input_schema = { type = "object", required = ["amount"], properties = { amount = { type = "integer" } } }
+//! contract = { class = "idempotency_key", idempotency_header = "Idempotency-Key", attach_window = "15m" }
+//! ```
+
+use postern_core::{
+    AttachWindow, Channel, ErrorCode, ReplayClass, ReplayContract, ScopePolicy, StatusQuery, effective_contract,
+};
+use serde::Deserialize;
+use serde_json::Value;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+/// Default request timeout when a tool names none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default attach window when a contract names none.
+pub const DEFAULT_ATTACH_WINDOW: Duration = Duration::from_secs(10 * 60);
+
+/// Headers a manifest may never set: credentials come from the vault, routing from the URL.
+const RESERVED_HEADERS: [&str; 5] = ["authorization", "proxy-authorization", "cookie", "host", "content-length"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    #[serde(default, rename = "tool")]
+    tools: Vec<toml::Spanned<ToolSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolSpec {
+    name: String,
+    #[serde(default)]
+    description: String,
+    method: String,
+    url: String,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    body: Option<toml::Value>,
+    credential: Option<String>,
+    timeout: Option<String>,
+    input_schema: Option<toml::Value>,
+    contract: Option<ContractSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ContractSpec {
+    class: ReplayClass,
+    fingerprint_fields: Option<BTreeSet<String>>,
+    #[serde(default)]
+    defaults: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    secret_fields: BTreeSet<String>,
+    #[serde(default)]
+    semantic_headers: BTreeSet<String>,
+    /// `"15m"`, `"90s"`, … or `"until_resolved"`.
+    attach_window: Option<String>,
+    #[serde(default)]
+    scope: ScopePolicy,
+    idempotency_header: Option<String>,
+    status_query: Option<StatusQuery>,
+}
+
+/// One tool, fully checked.
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    pub method: String,
+    pub url_template: String,
+    pub headers: BTreeMap<String, String>,
+    pub body_template: Option<Value>,
+    pub credential: Option<String>,
+    pub timeout: Duration,
+    pub input_schema: Value,
+    pub contract: ReplayContract,
+    validator: jsonschema::Validator,
+}
+
+impl fmt::Debug for Tool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.name)
+            .field("method", &self.method)
+            .field("url_template", &self.url_template)
+            .field("contract", &self.contract.class)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A problem in a manifest, located.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub tool: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: ", self.file.display(), self.line)?;
+        if let Some(tool) = &self.tool {
+            write!(f, "tool {tool:?}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+impl ErrorCode for ManifestError {
+    fn code(&self) -> &'static str {
+        "invalid_manifest"
+    }
+}
+
+/// Why a call's arguments were refused, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid arguments for tool {tool:?}: {field}: {message}")]
+pub struct ArgumentError {
+    pub tool: String,
+    /// JSON Pointer of the failing value (`/` for the whole object).
+    pub field: String,
+    pub message: String,
+}
+
+impl ErrorCode for ArgumentError {
+    fn code(&self) -> &'static str {
+        "invalid_arguments"
+    }
+}
+
+/// The HTTP request a call renders to (before credentials are injected).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedRequest {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+fn to_json(value: toml::Value) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like \"30s\" or \"10m\" ({e})"))
+}
+
+/// `{name}` placeholders in a URL template.
+fn placeholders(template: &str) -> Vec<&str> {
+    template.split('{').skip(1).filter_map(|rest| rest.split_once('}').map(|(name, _)| name)).collect()
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, for one path segment or
+/// query value substituted into a URL template.
+fn encode_component(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Tool {
+    fn from_spec(spec: ToolSpec) -> Result<Tool, String> {
+        let method = spec.method.trim().to_ascii_uppercase();
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(format!("{:?} is not an HTTP method", spec.method));
+        }
+        let name_ok = !spec.name.is_empty()
+            && spec.name.len() <= 64
+            && spec.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(format!("tool name {:?} must be 1–64 letters, digits, '_' or '-'", spec.name));
+        }
+        // The template must be a URL once its placeholders are filled in.
+        let probe = placeholders(&spec.url).iter().fold(spec.url.clone(), |u, p| u.replace(&format!("{{{p}}}"), "x"));
+        let parsed = url::Url::parse(&probe).map_err(|e| format!("url {:?} is not a URL: {e}", spec.url))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(format!("url {:?} must be http or https", spec.url));
+        }
+        if let Some(h) = spec.headers.keys().find(|h| RESERVED_HEADERS.contains(&h.to_ascii_lowercase().as_str())) {
+            return Err(format!("header {h:?} cannot be set in a manifest (credentials come from the vault)"));
+        }
+        let input_schema = spec.input_schema.map(to_json).unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        let validator = jsonschema::validator_for(&input_schema)
+            .map_err(|e| format!("input_schema is not a valid JSON Schema: {e}"))?;
+        if let Some(props) = input_schema.get("properties").and_then(Value::as_object)
+            && let Some(p) = placeholders(&spec.url).into_iter().find(|p| !props.contains_key(*p))
+        {
+            return Err(format!("url placeholder {{{p}}} is not a property of input_schema"));
+        }
+        let contract = match spec.contract {
+            None => None,
+            Some(c) => {
+                let attach_window = match c.attach_window.as_deref() {
+                    None => AttachWindow::Millis(DEFAULT_ATTACH_WINDOW.as_millis() as u64),
+                    Some("until_resolved") => AttachWindow::UntilResolved,
+                    Some(s) => AttachWindow::Millis(parse_duration(s)?.as_millis() as u64),
+                };
+                Some(ReplayContract {
+                    class: c.class,
+                    fingerprint_fields: c.fingerprint_fields,
+                    defaults: c.defaults.into_iter().map(|(k, v)| (k, to_json(v))).collect(),
+                    secret_fields: c.secret_fields,
+                    semantic_headers: c.semantic_headers.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
+                    attach_window,
+                    scope: c.scope,
+                    idempotency_header: c.idempotency_header,
+                    status_query: c.status_query,
+                })
+            }
+        };
+        let contract =
+            effective_contract(&spec.name, Channel::Http, Some(&method), contract.as_ref()).map_err(|e| match e {
+                // The tool is already named in the location prefix.
+                postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
+                other => other.to_string(),
+            })?;
+        Ok(Tool {
+            name: spec.name,
+            description: spec.description,
+            method,
+            url_template: spec.url,
+            headers: spec.headers,
+            body_template: spec.body.map(to_json),
+            credential: spec.credential,
+            timeout: spec.timeout.as_deref().map(parse_duration).transpose()?.unwrap_or(DEFAULT_TIMEOUT),
+            input_schema,
+            contract,
+            validator,
+        })
+    }
+
+    /// Fills in the contract's defaults and checks the arguments against the schema. The error
+    /// names the first failing field.
+    pub fn validate_arguments(&self, arguments: &Value) -> Result<Value, ArgumentError> {
+        let mut args = match arguments {
+            Value::Object(map) => map.clone(),
+            Value::Null => serde_json::Map::new(),
+            other => {
+                return Err(ArgumentError {
+                    tool: self.name.clone(),
+                    field: "/".into(),
+                    message: format!("arguments must be an object, got {other}"),
+                });
+            }
+        };
+        args.remove("_meta");
+        for (name, default) in &self.contract.defaults {
+            args.entry(name.clone()).or_insert_with(|| default.clone());
+        }
+        let args = Value::Object(args);
+        if let Some(error) = self.validator.iter_errors(&args).next() {
+            let field = error.instance_path().to_string();
+            return Err(ArgumentError {
+                tool: self.name.clone(),
+                field: if field.is_empty() { "/".into() } else { field },
+                message: error.to_string(),
+            });
+        }
+        Ok(args)
+    }
+
+    /// The request for validated `arguments`: placeholders in the URL are percent-encoded,
+    /// strings `"{name}"` in the body template are replaced by the argument's JSON value, and a
+    /// method with a body and no template sends the arguments themselves.
+    pub fn render(&self, arguments: &Value) -> Result<RenderedRequest, ArgumentError> {
+        let missing = |p: &str| ArgumentError {
+            tool: self.name.clone(),
+            field: format!("/{p}"),
+            message: "required by the tool's url".into(),
+        };
+        let mut url = self.url_template.clone();
+        for p in placeholders(&self.url_template) {
+            let value = match arguments.get(p) {
+                Some(Value::String(s)) => s.clone(),
+                Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+                _ => return Err(missing(p)),
+            };
+            url = url.replace(&format!("{{{p}}}"), &encode_component(&value));
+        }
+        let body = match (&self.body_template, self.method.as_str()) {
+            (Some(template), _) => Some(fill(template, arguments)),
+            (None, "GET" | "HEAD" | "DELETE" | "OPTIONS") => None,
+            (None, _) => Some(arguments.clone()),
+        };
+        let mut headers: Vec<(String, String)> = self.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        if body.is_some() && !self.headers.keys().any(|k| k.eq_ignore_ascii_case("content-type")) {
+            headers.push(("content-type".into(), "application/json".into()));
+        }
+        Ok(RenderedRequest {
+            method: self.method.clone(),
+            url,
+            headers,
+            body: body.map(|b| serde_json::to_vec(&b).unwrap_or_default()),
+        })
+    }
+}
+
+fn fill(template: &Value, arguments: &Value) -> Value {
+    match template {
+        Value::String(s) if s.starts_with('{') && s.ends_with('}') && s.len() > 2 => {
+            arguments.get(&s[1..s.len() - 1]).cloned().unwrap_or(Value::Null)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|v| fill(v, arguments)).collect()),
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), fill(v, arguments))).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A loaded, fully checked manifest.
+#[derive(Debug, Default)]
+pub struct Manifest {
+    tools: BTreeMap<String, Tool>,
+}
+
+impl Manifest {
+    /// Parses `text` (read from `file`), reporting every problem found, each with its line.
+    pub fn parse(text: &str, file: &Path) -> Result<Manifest, Vec<ManifestError>> {
+        let at = |line: usize, tool: Option<&str>, message: String| ManifestError {
+            file: file.to_owned(),
+            line,
+            tool: tool.map(str::to_owned),
+            message,
+        };
+        let spec: FileSpec = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(1, |s| line_of(text, s.start));
+            vec![at(line, None, e.message().to_owned())]
+        })?;
+        let mut tools = BTreeMap::new();
+        let mut errors = Vec::new();
+        for spanned in spec.tools {
+            let line = line_of(text, spanned.span().start);
+            let spec = spanned.into_inner();
+            let name = spec.name.clone();
+            match Tool::from_spec(spec) {
+                Ok(tool) if tools.contains_key(&tool.name) => {
+                    errors.push(at(line, Some(&name), "a tool with this name is already defined".into()));
+                }
+                Ok(tool) => {
+                    tools.insert(tool.name.clone(), tool);
+                }
+                Err(message) => errors.push(at(line, Some(&name), message)),
+            }
+        }
+        if errors.is_empty() { Ok(Manifest { tools }) } else { Err(errors) }
+    }
+
+    pub fn load(path: &Path) -> Result<Manifest, Vec<ManifestError>> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| vec![ManifestError { file: path.to_owned(), line: 1, tool: None, message: e.to_string() }])?;
+        Manifest::parse(&text, path)
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&Tool> {
+        self.tools.get(name)
+    }
+
+    pub fn tools(&self) -> impl Iterator<Item = &Tool> {
+        self.tools.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GOOD: &str = r#"
+[[tool]]
+name = "create_payment"
+description = "Create a payment"
+method = "post"
+url = "http://127.0.0.1:8080/v1/accounts/{account}/payments"
+credential = "pay-api"
+timeout = "5s"
+input_schema = { type = "object", required = ["account", "amount"], properties = { account = { type = "string" }, amount = { type = "integer", minimum = 1 }, currency = { type = "string" } } }
+contract = { class = "idempotency_key", idempotency_header = "Idempotency-Key", attach_window = "15m", defaults = { currency = "EUR" } }
+
+[[tool]]
+name = "list_payments"
+method = "GET"
+url = "http://127.0.0.1:8080/v1/payments"
+"#;
+
+    fn good() -> Manifest {
+        Manifest::parse(GOOD, Path::new("tools.toml")).expect("valid manifest")
+    }
+
+    #[test]
+    fn a_good_manifest_loads_with_contracts() {
+        let m = good();
+        let pay = m.tool("create_payment").expect("tool");
+        assert_eq!(pay.method, "POST");
+        assert_eq!(pay.timeout, Duration::from_secs(5));
+        assert_eq!(pay.contract.class, ReplayClass::IdempotencyKey);
+        assert_eq!(pay.contract.attach_window, AttachWindow::Millis(15 * 60 * 1000));
+        // A GET without a contract is read-only.
+        assert_eq!(m.tool("list_payments").expect("tool").contract.class, ReplayClass::ReadOnly);
+    }
+
+    #[test]
+    fn arguments_get_defaults_and_errors_name_the_field() {
+        let pay = good();
+        let pay = pay.tool("create_payment").expect("tool");
+        let args = pay.validate_arguments(&json!({"account": "a/b c", "amount": 5, "_meta": {"p": 1}})).expect("valid");
+        assert_eq!(args, json!({"account": "a/b c", "amount": 5, "currency": "EUR"}));
+        let err = pay.validate_arguments(&json!({"account": "a", "amount": 0})).unwrap_err();
+        assert_eq!(err.field, "/amount");
+        assert_eq!(err.code(), "invalid_arguments");
+        let err = pay.validate_arguments(&json!({"amount": 3})).unwrap_err();
+        assert_eq!(err.field, "/");
+        assert!(err.message.contains("account"), "{}", err.message);
+        assert!(pay.validate_arguments(&json!([1])).is_err());
+        let req = pay.render(&args).expect("render");
+        assert_eq!(req.url, "http://127.0.0.1:8080/v1/accounts/a%2Fb%20c/payments");
+        assert_eq!(req.body.as_deref(), Some(br#"{"account":"a/b c","amount":5,"currency":"EUR"}"#.as_slice()));
+        assert!(req.headers.contains(&("content-type".into(), "application/json".into())));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_file_line_and_tool() {
+        let text = r#"
+[[tool]]
+name = "deploy"
+method = "POST"
+url = "https://deploy.example/v1/releases"
+
+[[tool]]
+name = "rotate"
+method = "POST"
+url = "https://vault.example/rotate"
+contract = { class = "idempotency_key" }
+
+[[tool]]
+name = "sneaky"
+method = "GET"
+url = "https://api.example/x"
+headers = { Authorization = "Bearer abc" }
+
+[[tool]]
+name = "templated"
+method = "GET"
+url = "https://api.example/items/{id}"
+input_schema = { type = "object", properties = { other = { type = "string" } } }
+"#;
+        let errors = Manifest::parse(text, Path::new("/etc/postern/tools.toml")).unwrap_err();
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(shown.len(), 4, "{shown:#?}");
+        assert!(shown[0].starts_with("/etc/postern/tools.toml:2: tool \"deploy\": "), "{}", shown[0]);
+        assert!(shown[0].contains("can change state (HTTP POST) but declares no replay contract"), "{}", shown[0]);
+        assert!(shown[1].starts_with("/etc/postern/tools.toml:7: tool \"rotate\": replay contract: class idempotency_key needs `idempotency_header`"), "{}", shown[1]);
+        assert!(
+            shown[2].starts_with("/etc/postern/tools.toml:13: tool \"sneaky\": header \"Authorization\" cannot be set"),
+            "{}",
+            shown[2]
+        );
+        assert!(shown[3].contains(":19: tool \"templated\": url placeholder {id} is not a property"), "{}", shown[3]);
+    }
+
+    #[test]
+    fn syntax_errors_and_unknown_keys_point_at_their_line() {
+        let errors = Manifest::parse(
+            "[[tool]]\nname = \"x\"\nmethod = \"GET\"\nurl = \"http://a/\"\nretries = 3\n",
+            Path::new("t.toml"),
+        )
+        .unwrap_err();
+        assert_eq!(errors[0].line, 5, "{}", errors[0]);
+        assert!(errors[0].message.contains("retries"), "{}", errors[0]);
+        let errors = Manifest::parse("[[tool]\nname = ", Path::new("t.toml")).unwrap_err();
+        assert_eq!(errors[0].line, 1, "{}", errors[0]);
+        let errors =
+            Manifest::parse("[[tool]]\nname = \"x\"\nmethod = \"GET\"\nurl = \"ftp://a/\"\n", Path::new("t.toml"))
+                .unwrap_err();
+        assert!(errors[0].message.contains("must be http or https"), "{}", errors[0]);
+    }
+}
