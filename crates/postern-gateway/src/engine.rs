@@ -1,0 +1,550 @@
+//! The engine: one call travels accept → authorize → dispatch → observe → deliver, and every
+//! retry is decided from the journal (design §3–§4), never from the transport.
+
+use crate::{
+    http::{self, HttpResult, Outgoing, Sent},
+    manifest::{ArgumentError, Manifest, Tool},
+};
+use postern_core::{
+    ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState,
+    FingerprintKey, HttpAction, IntentScope, RecordError, RetryDecision, ReviewReason, SessionId, Timestamp,
+    Verification,
+};
+use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
+use postern_vault::{CredentialKind, Sensitive, Vault, VaultError};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::{sync::Arc, time::Duration};
+
+/// What the approval ladder needs to know about a call (design §6).
+#[derive(Debug, Clone, Serialize)]
+pub struct AuthorizationRequest {
+    pub execution_id: ExecutionId,
+    pub tool: String,
+    pub actor: String,
+    pub method: String,
+    pub target: String,
+    pub credential: Option<String>,
+    pub approve_every_use: bool,
+    pub vault_locked: bool,
+}
+
+/// The approver's answer, journaled with the `authorized` or `denied` row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Authorization {
+    pub allowed: bool,
+    /// Which rung decided: `vault_locked`, `approve_every_use`, `session`, `run`.
+    pub rung: String,
+    pub by: String,
+    pub reason: String,
+}
+
+/// Decides whether a call may run. The desktop app and the terminal approver implement the
+/// interactive rungs; this crate ships the ladder's fixed first rung.
+pub trait Approver: Send + Sync + std::fmt::Debug {
+    fn authorize(&self, request: &AuthorizationRequest) -> Authorization;
+}
+
+/// Rung 1 only: a locked vault denies. A call that would need a person (a credential marked
+/// "approve every use") is denied too, because this approver has no one to ask.
+#[derive(Debug, Default)]
+pub struct LockOnlyApprover;
+
+impl Approver for LockOnlyApprover {
+    fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
+        let (allowed, rung, reason) = if r.vault_locked {
+            (false, "vault_locked", "the vault is locked")
+        } else if r.approve_every_use {
+            (false, "approve_every_use", "this credential needs a reviewer's approval and no approver is running")
+        } else {
+            (true, "run", "allowed")
+        };
+        Authorization { allowed, rung: rung.into(), by: "postern".into(), reason: reason.into() }
+    }
+}
+
+/// One tool call as the gateway hands it to the engine.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub tool: String,
+    pub arguments: Value,
+    pub actor: Actor,
+    pub intent_scope: IntentScope,
+    pub session: Option<SessionId>,
+    /// Protocol correlation (JSON-RPC id, MCP session): evidence only.
+    pub correlation: Value,
+}
+
+/// Where a call ended up.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallOutcome {
+    pub execution_id: ExecutionId,
+    pub state: ExecutionState,
+    /// The call was recognised as a retry of an earlier execution.
+    pub attached: bool,
+    /// The retry decision that was taken (`new_execution` for a fresh call).
+    pub decision: String,
+    pub result: Option<HttpResult>,
+    /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
+    pub detail: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    #[error(transparent)]
+    Arguments(#[from] ArgumentError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("credential {credential:?} may not be sent to {url} (see its --host bindings)")]
+    CredentialNotBound { credential: String, url: String },
+    #[error(transparent)]
+    UnsafeTarget(#[from] http::UnsafeTarget),
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the engine's worker failed: {0}")]
+    Internal(String),
+}
+
+impl ErrorCode for EngineError {
+    fn code(&self) -> &'static str {
+        match self {
+            EngineError::UnknownTool(_) => "unknown_tool",
+            EngineError::Arguments(e) => e.code(),
+            EngineError::Record(e) => e.code(),
+            EngineError::CredentialNotBound { .. } => "credential_not_bound",
+            EngineError::UnsafeTarget(_) => "unsafe_target",
+            EngineError::Vault(e) => e.code(),
+            EngineError::Store(e) => e.code(),
+            EngineError::Internal(_) => "internal_error",
+        }
+    }
+}
+
+/// The wall clock, as a parameter so tests can move time.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        Timestamp::from_millis(ms)
+    })
+}
+
+pub struct Engine {
+    store: Arc<Store>,
+    vault: Arc<Vault>,
+    key: FingerprintKey,
+    manifest: Arc<Manifest>,
+    approver: Arc<dyn Approver>,
+    http: reqwest::Client,
+    clock: Clock,
+    body_cap: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("tools", &self.manifest.tools().count()).finish_non_exhaustive()
+    }
+}
+
+/// Everything a call needs after validation.
+struct Prepared<'a> {
+    tool: &'a Tool,
+    url: url::Url,
+    method: String,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
+    credential: Option<postern_vault::Credential>,
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<Store>,
+        vault: Arc<Vault>,
+        manifest: Arc<Manifest>,
+        approver: Arc<dyn Approver>,
+        clock: Clock,
+    ) -> Result<Self, EngineError> {
+        let key = vault.fingerprint_key()?;
+        Ok(Engine {
+            store,
+            vault,
+            key,
+            manifest,
+            approver,
+            http: http::client(),
+            clock,
+            body_cap: http::DEFAULT_BODY_CAP,
+        })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    /// Runs a blocking store or vault operation off the async executor.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Arc<Store>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || f(store))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(Into::into)
+    }
+
+    async fn transition(&self, id: ExecutionId, to: ExecutionState, detail: Value) -> Result<(), EngineError> {
+        let at = self.now();
+        self.blocking(move |s| s.transition(id, to, detail, at).map(|_| ())).await
+    }
+
+    fn prepare(&self, call: &Call) -> Result<(Prepared<'_>, Value), EngineError> {
+        let tool = self.manifest.tool(&call.tool).ok_or_else(|| EngineError::UnknownTool(call.tool.clone()))?;
+        let arguments = tool.validate_arguments(&call.arguments)?;
+        let rendered = tool.render(&arguments)?;
+        let url = url::Url::parse(&rendered.url)
+            .map_err(|e| RecordError::InvalidUrl { reason: format!("{}: {e}", rendered.url) })?;
+        http::check_target(&url)?;
+        let credential = match &tool.credential {
+            None => None,
+            Some(name) => {
+                let c = self.vault.credential(name)?;
+                if !c.allows(&url) {
+                    return Err(EngineError::CredentialNotBound { credential: name.clone(), url: url.to_string() });
+                }
+                Some(c)
+            }
+        };
+        let prepared =
+            Prepared { tool, url, method: rendered.method, headers: rendered.headers, body: rendered.body, credential };
+        Ok((prepared, arguments))
+    }
+
+    /// Handles one call end to end. Errors are reserved for calls that never became an
+    /// execution (unknown tool, invalid arguments, unsafe target, …); every execution's fate —
+    /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
+    pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
+        let (p, arguments) = self.prepare(&call)?;
+        let action = CanonicalAction::build(
+            &ActionRequest {
+                actor: call.actor.clone(),
+                tool: p.tool.name.clone(),
+                target: ActionTarget::Http(HttpAction {
+                    method: p.method.clone(),
+                    url: p.url.to_string(),
+                    headers: p.headers.clone(),
+                }),
+                credential_ref: p.credential.as_ref().map(|c| c.name.clone()),
+                arguments,
+                intent_scope: call.intent_scope.clone(),
+            },
+            &p.tool.contract,
+            &self.key,
+        )?;
+        let at = self.now();
+        let mut random = [0u8; 16];
+        getrandom_fill(&mut random)?;
+        let new = NewExecution {
+            id: ExecutionId::from_parts(at, u128::from_le_bytes(random)),
+            fingerprint: action.fingerprint(&self.key),
+            actor: call.actor.clone(),
+            intent_scope: call.intent_scope.clone(),
+            session_id: call.session,
+            tool: p.tool.name.clone(),
+            channel: Channel::Http,
+            contract: p.tool.contract.clone(),
+            record: action.record().clone(),
+            correlation: call.correlation.clone(),
+            at,
+        };
+        match self.blocking(move |s| s.admit(new)).await? {
+            Admission::Accepted { id } => self.authorize_and_run(&p, &call, id, "new_execution", false).await,
+            Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
+        }
+    }
+
+    async fn act_on(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        state: ExecutionState,
+        decision: RetryDecision,
+    ) -> Result<CallOutcome, EngineError> {
+        let name = decision.name();
+        match decision {
+            RetryDecision::NewExecution => Err(EngineError::Internal("a match cannot decide new_execution".into())),
+            RetryDecision::ContinuePrior { .. } => match state {
+                ExecutionState::Accepted => self.authorize_and_run(p, call, id, name, true).await,
+                // Authorized, or verified not executed: nothing was sent, carry on with this one.
+                _ => self.dispatch(p, id, name, true).await,
+            },
+            RetryDecision::WaitForPrior { .. } => {
+                self.wait_for(id, p.tool.timeout + Duration::from_secs(5), name).await
+            }
+            RetryDecision::VerifyPrior { verification: Verification::ResendWithSameKey { .. }, .. } => {
+                self.dispatch(p, id, name, true).await
+            }
+            RetryDecision::VerifyPrior { verification: Verification::QueryStatus { query }, .. } => {
+                self.query_status(p, id, &query, name).await
+            }
+            RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
+                self.review(id, state, "ssh_marker verification needs the SSH channel", name).await
+            }
+            RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name).await,
+            RetryDecision::ReturnPriorDenial { .. } => {
+                Ok(self.outcome(id, ExecutionState::Denied, true, name, None, json!({})))
+            }
+            RetryDecision::NeedsReview { reason, .. } => {
+                let why = match reason {
+                    ReviewReason::OutcomeUnknownIrreversible => {
+                        "the first attempt's outcome is unknown and this tool is irreversible; Postern did not re-send it"
+                    }
+                    ReviewReason::AwaitingReview => "the first attempt is waiting for a reviewer",
+                };
+                self.review(id, state, why, name).await
+            }
+        }
+    }
+
+    fn outcome(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        attached: bool,
+        decision: &str,
+        result: Option<HttpResult>,
+        detail: Value,
+    ) -> CallOutcome {
+        CallOutcome { execution_id: id, state, attached, decision: decision.into(), result, detail }
+    }
+
+    async fn authorize_and_run(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+    ) -> Result<CallOutcome, EngineError> {
+        let request = AuthorizationRequest {
+            execution_id: id,
+            tool: p.tool.name.clone(),
+            actor: call.actor.as_str().to_owned(),
+            method: p.method.clone(),
+            target: p.url.to_string(),
+            credential: p.credential.as_ref().map(|c| c.name.clone()),
+            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use),
+            vault_locked: self.vault.is_locked()?,
+        };
+        let approver = Arc::clone(&self.approver);
+        let verdict = tokio::task::spawn_blocking(move || approver.authorize(&request))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let detail = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
+        if !verdict.allowed {
+            self.transition(id, ExecutionState::Denied, detail.clone()).await?;
+            return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
+        }
+        self.transition(id, ExecutionState::Authorized, detail).await?;
+        self.dispatch(p, id, decision, attached).await
+    }
+
+    /// Journals `dispatched` durably, then sends, then journals what was observed.
+    async fn dispatch(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+    ) -> Result<CallOutcome, EngineError> {
+        let credential = match &p.credential {
+            None => None,
+            Some(c) => match self.vault.secret(&c.name) {
+                Ok(secret) => Some(credential_header(&c.kind, secret)),
+                Err(e @ VaultError::Locked) => {
+                    // Locked between authorization and dispatch: nothing was sent.
+                    let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
+                    self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
+                    return Ok(self.outcome(
+                        id,
+                        ExecutionState::FailedBeforeDispatch,
+                        attached,
+                        decision,
+                        None,
+                        detail,
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let idempotency = p.tool.contract.idempotency_header.clone().map(|h| (h, id.to_string()));
+        let detail = json!({ "target": p.url.to_string(), "method": p.method, "idempotency_key": idempotency.as_ref().map(|(_, k)| k) });
+        self.transition(id, ExecutionState::Dispatched, detail).await?;
+        let out = Outgoing {
+            method: p.method.clone(),
+            url: p.url.clone(),
+            headers: p.headers.clone(),
+            body: p.body.clone(),
+            credential,
+            idempotency,
+            timeout: p.tool.timeout,
+        };
+        match http::send(&self.http, out, self.body_cap).await {
+            Sent::Response { result, elapsed } => {
+                let bytes = serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?;
+                let completion = Completion {
+                    outcome: json!({ "http_status": result.status, "elapsed_ms": elapsed.as_millis() as u64,
+                                     "truncated": result.truncated, "secret_echoed": result.secret_echoed }),
+                    result: bytes,
+                    at: self.now(),
+                };
+                self.blocking(move |s| s.complete(id, completion).map(|_| ())).await?;
+                Ok(self.outcome(id, ExecutionState::Completed, attached, decision, Some(result), json!({})))
+            }
+            Sent::NotSent { reason } => {
+                let detail = json!({ "reason": reason });
+                self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
+                Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, attached, decision, None, detail))
+            }
+            Sent::Unknown { reason } => {
+                let detail = json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() });
+                self.transition(id, ExecutionState::OutcomeUnknown, detail.clone()).await?;
+                Ok(self.outcome(id, ExecutionState::OutcomeUnknown, attached, decision, None, detail))
+            }
+        }
+    }
+
+    async fn query_status(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        query: &postern_core::StatusQuery,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let url = url::Url::parse(&query.url_template.replace("{execution_id}", &id.to_string()))
+            .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
+        http::check_target(&url)?;
+        let credential = match &p.credential {
+            Some(c) if c.allows(&url) => Some(credential_header(&c.kind, self.vault.secret(&c.name)?)),
+            _ => None,
+        };
+        let out = Outgoing {
+            method: query.method.clone(),
+            url,
+            headers: vec![],
+            body: None,
+            credential,
+            idempotency: None,
+            timeout: p.tool.timeout,
+        };
+        match http::send(&self.http, out, self.body_cap).await {
+            Sent::Response { result, .. } if (200..300).contains(&result.status) => {
+                let bytes = serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?;
+                let completion = Completion {
+                    outcome: json!({ "verified_by": "status_query", "http_status": result.status }),
+                    result: bytes,
+                    at: self.now(),
+                };
+                self.blocking(move |s| s.complete(id, completion).map(|_| ())).await?;
+                Ok(self.outcome(id, ExecutionState::Completed, true, decision, Some(result), json!({})))
+            }
+            Sent::Response { result, .. } if result.status == 404 => {
+                let detail = json!({ "verified_by": "status_query", "http_status": 404 });
+                self.transition(id, ExecutionState::NotExecuted, detail).await?;
+                // Proven not executed: the same execution may now be dispatched.
+                self.dispatch(p, id, decision, true).await
+            }
+            other => {
+                let why = format!("the status query could not tell ({other:?})");
+                self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
+            }
+        }
+    }
+
+    async fn review(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        why: &str,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let detail = json!({ "reason": why });
+        if state == ExecutionState::OutcomeUnknown {
+            self.transition(id, ExecutionState::NeedsReview, detail.clone()).await?;
+        }
+        Ok(self.outcome(id, ExecutionState::NeedsReview, true, decision, None, detail))
+    }
+
+    async fn stored(&self, id: ExecutionId, state: ExecutionState, decision: &str) -> Result<CallOutcome, EngineError> {
+        let stored = self.store.view().result(id)?;
+        let result = stored
+            .map(|r| serde_json::from_slice::<HttpResult>(&r.body))
+            .transpose()
+            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?;
+        Ok(self.outcome(id, state, true, decision, result, json!({ "returned": "stored_result" })))
+    }
+
+    /// Waits (bounded) for a dispatched execution to leave `dispatched`, then reports it.
+    async fn wait_for(&self, id: ExecutionId, limit: Duration, decision: &str) -> Result<CallOutcome, EngineError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+            let state: ExecutionState = current
+                .state
+                .parse()
+                .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+            if state != ExecutionState::Dispatched || tokio::time::Instant::now() >= deadline {
+                return match state {
+                    ExecutionState::Completed
+                    | ExecutionState::CompletedResultNotDelivered
+                    | ExecutionState::ResultDelivered => self.stored(id, state, decision).await,
+                    other => Ok(self.outcome(id, other, true, decision, None, json!({ "waited_for": id }))),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Records whether the outcome reached the agent (where the transport can tell).
+    pub async fn delivered(&self, id: ExecutionId, reached_agent: bool) -> Result<(), EngineError> {
+        let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        let to =
+            if reached_agent { ExecutionState::ResultDelivered } else { ExecutionState::CompletedResultNotDelivered };
+        let state: ExecutionState = current
+            .state
+            .parse()
+            .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+        if state.transition(to).is_ok() {
+            self.transition(id, to, json!({})).await?;
+        }
+        Ok(())
+    }
+}
+
+fn credential_header(kind: &CredentialKind, secret: Sensitive<String>) -> (String, Sensitive<String>) {
+    match kind {
+        CredentialKind::Bearer => ("authorization".into(), Sensitive::new(format!("Bearer {}", secret.expose()))),
+        CredentialKind::Basic { username } => {
+            use base64::Engine as _;
+            let token = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{}", secret.expose()));
+            ("authorization".into(), Sensitive::new(format!("Basic {token}")))
+        }
+        CredentialKind::Header { name } => (name.to_ascii_lowercase(), secret),
+    }
+}
+
+fn getrandom_fill(buf: &mut [u8]) -> Result<(), EngineError> {
+    getrandom::fill(buf).map_err(|e| EngineError::Internal(format!("no randomness: {e}")))
+}

@@ -1,0 +1,237 @@
+//! The HTTP channel: send one request and classify what happened by send phase.
+//!
+//! * no connection was ever established (DNS failure, connection refused, TLS handshake) →
+//!   [`Sent::NotSent`]: provably nothing reached the target;
+//! * any HTTP response, 4xx and 5xx included → [`Sent::Response`];
+//! * anything else after the connection was made (timeout, reset, truncated response) →
+//!   [`Sent::Unknown`]: the request may have been executed.
+
+use postern_vault::Sensitive;
+use serde::{Deserialize, Serialize};
+use std::{
+    net::IpAddr,
+    sync::Once,
+    time::{Duration, Instant},
+};
+
+/// Response bodies are stored up to this size; the rest is dropped and flagged.
+pub const DEFAULT_BODY_CAP: usize = 8 * 1024 * 1024;
+
+/// Response headers worth keeping with a result (others are noise or may carry secrets).
+const KEPT_HEADERS: [&str; 6] = ["content-type", "location", "etag", "retry-after", "idempotency-key", "x-request-id"];
+
+/// What the channel sends: the rendered request plus the injected credential and key.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub method: String,
+    pub url: url::Url,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
+    /// `(header name, value)` carrying the credential; never logged, never journaled.
+    pub credential: Option<(String, Sensitive<String>)>,
+    pub idempotency: Option<(String, String)>,
+    pub timeout: Duration,
+}
+
+/// The stored form of an HTTP outcome (what a retry gets back).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpResult {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// UTF-8 text, or `base64:` + standard base64 for other bytes.
+    pub body: String,
+    pub truncated: bool,
+    /// The target sent the credential back; those bytes were replaced by `<redacted>`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret_echoed: bool,
+}
+
+#[derive(Debug)]
+pub enum Sent {
+    Response { result: HttpResult, elapsed: Duration },
+    NotSent { reason: String },
+    Unknown { reason: String },
+}
+
+/// Why a target is refused before anything is sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnsafeTarget {
+    #[error("{0} is not https; plain http is allowed only to loopback addresses")]
+    PlainHttp(String),
+    #[error("{0} is a link-local or cloud-metadata address; Postern never sends requests there")]
+    LinkLocal(String),
+}
+
+/// HTTPS is required except for loopback; link-local and metadata addresses are refused.
+pub fn check_target(url: &url::Url) -> Result<(), UnsafeTarget> {
+    let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+    let ip: Option<IpAddr> = host.parse().ok();
+    let link_local = match ip {
+        Some(IpAddr::V4(v4)) => v4.is_link_local() || v4.octets()[..2] == [100, 100],
+        Some(IpAddr::V6(v6)) => {
+            (v6.segments()[0] & 0xffc0) == 0xfe80 || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
+        }
+        None => host == "metadata.google.internal" || host == "metadata",
+    };
+    if link_local {
+        return Err(UnsafeTarget::LinkLocal(host));
+    }
+    let loopback = ip.is_some_and(|ip| ip.is_loopback()) || host == "localhost";
+    if url.scheme() != "https" && !loopback {
+        return Err(UnsafeTarget::PlainHttp(url.to_string()));
+    }
+    Ok(())
+}
+
+/// One HTTP client for the engine: rustls (ring), no redirects ever (a credentialed request
+/// must not be forwarded to wherever the target points), no proxies from the environment.
+pub fn client() -> reqwest::Client {
+    static PROVIDER: Once = Once::new();
+    PROVIDER.call_once(|| {
+        // Fails only if another provider was installed first, which is just as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+fn encode_body(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("base64:{}", base64(bytes)),
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Sends `out` and classifies the result by send phase.
+pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> Sent {
+    let started = Instant::now();
+    let method = match reqwest::Method::from_bytes(out.method.as_bytes()) {
+        Ok(m) => m,
+        Err(_) => return Sent::NotSent { reason: format!("invalid method {:?}", out.method) },
+    };
+    let mut request = client.request(method, out.url.clone()).timeout(out.timeout);
+    for (name, value) in &out.headers {
+        request = request.header(name, value);
+    }
+    if let Some((name, value)) = &out.idempotency {
+        request = request.header(name, value);
+    }
+    if let Some((name, value)) = &out.credential {
+        let mut header = reqwest::header::HeaderValue::from_str(value.expose())
+            .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static(""));
+        header.set_sensitive(true);
+        request = request.header(name, header);
+    }
+    if let Some(body) = out.body {
+        request = request.body(body);
+    }
+    let mut response = match request.send().await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => return Sent::NotSent { reason: describe(&e) },
+        Err(e) => return Sent::Unknown { reason: describe(&e) },
+    };
+    let status = response.status().as_u16();
+    let headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let mut body = Vec::new();
+    let mut truncated = false;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = body_cap.saturating_sub(body.len());
+                if chunk.len() > room {
+                    body.extend_from_slice(&chunk[..room]);
+                    truncated = true;
+                    break;
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            // The status line arrived, so the target acted; the body is incomplete.
+            Err(_) => {
+                truncated = true;
+                break;
+            }
+        }
+    }
+    let mut secret_echoed = false;
+    if let Some((_, secret)) = &out.credential {
+        let needle = secret.expose().as_bytes();
+        if !needle.is_empty() && body.windows(needle.len()).any(|w| w == needle) {
+            secret_echoed = true;
+            body = replace_all(&body, needle, b"<redacted>");
+        }
+    }
+    Sent::Response {
+        result: HttpResult { status, headers, body: encode_body(&body), truncated, secret_echoed },
+        elapsed: started.elapsed(),
+    }
+}
+
+fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut i = 0;
+    while i < haystack.len() {
+        if haystack[i..].starts_with(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            out.push(haystack[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// An error message with its cause chain, without any request detail that could hold a secret.
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else if e.is_body() || e.is_decode() {
+        "response body failed"
+    } else {
+        "request failed"
+    };
+    let mut cause = String::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        cause = s.to_string();
+        source = s.source();
+    }
+    if cause.is_empty() { kind.to_owned() } else { format!("{kind}: {cause}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_need_https_except_loopback_and_never_link_local() {
+        let ok = ["https://api.example/x", "http://127.0.0.1:8080/x", "http://localhost/x", "http://[::1]:9/x"];
+        for u in ok {
+            check_target(&url::Url::parse(u).expect("url")).expect(u);
+        }
+        assert!(matches!(
+            check_target(&url::Url::parse("http://api.example/").expect("u")),
+            Err(UnsafeTarget::PlainHttp(_))
+        ));
+        for u in ["https://169.254.169.254/latest/meta-data", "https://[fe80::1]/", "https://metadata.google.internal/"]
+        {
+            assert!(matches!(check_target(&url::Url::parse(u).expect("u")), Err(UnsafeTarget::LinkLocal(_))), "{u}");
+        }
+    }
+}

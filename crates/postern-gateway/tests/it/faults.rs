@@ -1,0 +1,245 @@
+//! The scenarios of issue #3: a dropped connection after dispatch never becomes a second side
+//! effect at a target that honours idempotency keys, and never a blind re-send elsewhere.
+//! Each test counts what the target actually did.
+
+use crate::support::*;
+use postern_core::ExecutionState;
+use serde_json::json;
+use std::sync::{Arc, atomic::Ordering};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_effect() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("create_payment", json!({"amount": 1250}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "the target executed the first request");
+
+    // The agent reconnects and retries with a new JSON-RPC id.
+    let retry = rig.engine.call(call("create_payment", json!({"amount": 1250}), 1, 2)).await.unwrap();
+    assert_eq!(retry.execution_id, first.execution_id, "the retry is the first execution");
+    assert!(retry.attached);
+    assert_eq!(retry.decision, "verify_prior");
+    assert_eq!(retry.state, ExecutionState::Completed);
+    let result = retry.result.unwrap();
+    assert_eq!(result.status, 201);
+    assert!(result.body.contains("pay_1"), "the replayed response of the first request: {}", result.body);
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "exactly one payment");
+    let keys = target.seen_keys.lock().unwrap().clone();
+    assert_eq!(keys, vec![first.execution_id.to_string(); 2], "same idempotency key = execution id, twice");
+    // The credential was injected from the keychain, never chosen by the agent.
+    assert_eq!(target.seen_credentials.lock().unwrap().as_slice(), [SECRET, SECRET]);
+
+    let events: Vec<String> =
+        rig.store.view().timeline(first.execution_id).unwrap().into_iter().map(|e| e.row.event).collect();
+    assert_eq!(
+        events,
+        ["accepted", "authorized", "dispatched", "outcome_unknown", "retry_received", "dispatched", "completed"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_before_forward_is_unknown_and_the_recovery_sends_it_once() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::ResetBeforeForward);
+    let first = rig.engine.call(call("create_payment", json!({"amount": 7}), 1, 1)).await.unwrap();
+    // Postern cannot tell a reset before forwarding from one after: it must not assume either.
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
+    assert_eq!(target.payments.load(Ordering::SeqCst), 0);
+    let retry = rig.engine.call(call("create_payment", json!({"amount": 7}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_cut_on_an_irreversible_tool_goes_to_review_and_sends_nothing_more() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("open_ticket", json!({}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let requests_before = target.requests.load(Ordering::SeqCst);
+    let retry = rig.engine.call(call("open_ticket", json!({}), 1, 2)).await.unwrap();
+    assert_eq!(retry.execution_id, first.execution_id);
+    assert_eq!(retry.state, ExecutionState::NeedsReview);
+    assert!(retry.detail["reason"].as_str().unwrap().contains("did not re-send"), "{:?}", retry.detail);
+    assert_eq!(target.requests.load(Ordering::SeqCst), requests_before, "no request reached the target");
+    assert_eq!(target.irreversible.load(Ordering::SeqCst), 1);
+    // Asking again returns the same review, still without sending.
+    let again = rig.engine.call(call("open_ticket", json!({}), 1, 3)).await.unwrap();
+    assert_eq!((again.execution_id, again.state), (first.execution_id, ExecutionState::NeedsReview));
+    assert_eq!(target.irreversible.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_refused_fails_before_dispatch_and_a_retry_dispatches() {
+    // A port with nothing listening yet.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let first = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::FailedBeforeDispatch, "{first:?}");
+    assert!(first.detail["reason"].as_str().unwrap().contains("could not connect"), "{:?}", first.detail);
+    let target = serve_target(tokio::net::TcpListener::bind(addr).await.unwrap()).await;
+    let retry = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 2)).await.unwrap();
+    assert_ne!(retry.execution_id, first.execution_id, "nothing was sent, so the retry is a new execution");
+    assert_eq!(retry.state, ExecutionState::Completed);
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_from_two_agent_runs_are_two_executions_with_two_keys() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let a = rig.engine.call(call("create_payment", json!({"amount": 9}), 1, 1)).await.unwrap();
+    let b = rig.engine.call(call("create_payment", json!({"amount": 9}), 2, 1)).await.unwrap();
+    assert_ne!(a.execution_id, b.execution_id);
+    assert_eq!((a.state, b.state), (ExecutionState::Completed, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 2);
+    let keys = target.seen_keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_vault_denies_and_nothing_is_sent() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    rig.vault.lock("test", postern_core::Timestamp::from_millis(10)).unwrap();
+    let denied = rig.engine.call(call("create_payment", json!({"amount": 1}), 1, 1)).await.unwrap();
+    assert_eq!(denied.state, ExecutionState::Denied);
+    assert_eq!(denied.detail["rung"], "vault_locked");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    // A retry returns the same denial, even once unlocked: no fresh approval path from a retry.
+    rig.vault.unlock("test", postern_core::Timestamp::from_millis(11)).unwrap();
+    let retry = rig.engine.call(call("create_payment", json!({"amount": 1}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (denied.execution_id, ExecutionState::Denied));
+    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+}
+
+fn events(rig: &Rig, id: postern_core::ExecutionId) -> Vec<String> {
+    rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_query_settles_an_executed_request_without_resending_it() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("create_payment_checked", json!({"amount": 4}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "the target executed it");
+    let retry = rig.engine.call(call("create_payment_checked", json!({"amount": 4}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert!(retry.result.unwrap().body.contains("pay_1"), "the status endpoint's record of the first request");
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "settled by asking, not by sending again");
+    assert_eq!(
+        events(&rig, first.execution_id),
+        ["accepted", "authorized", "dispatched", "outcome_unknown", "retry_received", "completed"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_query_that_proves_nothing_ran_lets_the_same_execution_dispatch_once() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::ResetBeforeForward);
+    let first = rig.engine.call(call("create_payment_checked", json!({"amount": 5}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    assert_eq!(target.payments.load(Ordering::SeqCst), 0);
+    let retry = rig.engine.call(call("create_payment_checked", json!({"amount": 5}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        events(&rig, first.execution_id),
+        [
+            "accepted",
+            "authorized",
+            "dispatched",
+            "outcome_unknown",
+            "retry_received",
+            "not_executed",
+            "dispatched",
+            "completed"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_redacted() {
+    let (_target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let outcome = rig.engine.call(call("echo", json!({}), 1, 1)).await.unwrap();
+    let result = outcome.result.clone().unwrap();
+    assert!(result.secret_echoed, "the target sent the credential back");
+    assert_eq!(result.body, "you sent <redacted>");
+    assert!(!format!("{outcome:?}").contains(SECRET));
+    assert!(!format!("{:?}", rig.engine).contains(SECRET));
+    for entry in std::fs::read_dir(rig.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(!bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "secret in {}", path.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_are_refused_before_they_become_executions() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let err = rig.engine.call(call("nope", json!({}), 1, 1)).await.unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&err), "unknown_tool");
+    let err = rig.engine.call(call("create_payment", json!({"amount": "lots"}), 1, 1)).await.unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&err), "invalid_arguments");
+    assert!(err.to_string().contains("/amount"), "{err}");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(rig.store.view().head().unwrap().size, 1, "only the credential_added row");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effect() {
+    let (target, addr) = start_target().await;
+    target.delay_ms.store(600, Ordering::SeqCst);
+    let base = format!("http://{addr}");
+    let rig = rig(manifest(&base, &base));
+    let engine = Arc::new(rig.engine);
+    let running = {
+        let engine = Arc::clone(&engine);
+        tokio::spawn(async move { engine.call(call("create_payment", json!({"amount": 42}), 1, 1)).await })
+    };
+    // Wait until the execution is journaled as dispatched (the request is at the target).
+    let id = loop {
+        let rows =
+            rig.store.view().activity(&postern_store::ActivityFilter { limit: 10, ..Default::default() }).unwrap();
+        if let Some(row) = rows.iter().find(|r| r.row.event == "dispatched") {
+            break row.row.execution_id.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    // The gateway process dies: the call is abandoned and every handle dropped.
+    running.abort();
+    let _ = running.await;
+    drop(engine);
+    let dir = rig.dir;
+    drop(rig.vault);
+    drop(rig.store);
+    // Let the target finish the request it received.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+
+    let restarted = open_rig(dir, manifest(&base, &base));
+    assert_eq!(restarted.store.view().execution(id).unwrap().unwrap().state, "outcome_unknown");
+    let last = restarted.store.view().timeline(id).unwrap().pop().unwrap();
+    assert_eq!(last.row.detail["reason"], "gateway_restarted_while_dispatched");
+    let retry = restarted.engine.call(call("create_payment", json!({"amount": 42}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "recovered with the same key, not paid twice");
+}
