@@ -15,3 +15,10 @@ pub fn data_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
 pub fn database(data_dir: &Path) -> PathBuf {
     data_dir.join("postern.db")
 }
+
+/// The default tool manifest: `tools.toml` in the OS config directory (XDG on Linux).
+pub fn tools_file() -> Result<PathBuf> {
+    let dirs = directories::ProjectDirs::from("", "", "postern")
+        .context("cannot determine a home directory; pass --tools FILE or set POSTERN_TOOLS")?;
+    Ok(dirs.config_dir().join("tools.toml"))
+}

@@ -4,6 +4,7 @@
 //! input (missing file, not a Postern database, newer schema, bad arguments).
 
 mod audit;
+mod call;
 mod journal;
 mod location;
 mod render;
@@ -57,6 +58,8 @@ enum Command {
         #[command(subcommand)]
         command: ExecutionCommand,
     },
+    /// Run one tool through the engine (journal, retry matching, vault, HTTP) without an agent.
+    Call(call::CallArgs),
     /// Tool manifests.
     Tools {
         #[command(subcommand)]
@@ -174,6 +177,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             println!("{}", vault::open(&data_dir)?.journal_public_key()?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Call(args) => call::run(&data_dir, args),
         Command::Tools { command: ToolsCommand::Check { file } } => tools_check(&file),
         Command::Vault { command } => match command {
             VaultCommand::Add(args) => vault::add(&data_dir, args),

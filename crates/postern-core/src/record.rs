@@ -78,6 +78,12 @@ impl IntentScope {
         IntentScope(format!("run:{session}"))
     }
 
+    /// A scope named by a person (`postern call --scope NAME`): calls sharing the name are one
+    /// intent, so a repeated command is a retry rather than a second action.
+    pub fn named(name: &str) -> Self {
+        IntentScope(format!("named:{name}"))
+    }
+
     /// A scope that outlives agent runs (e.g. credential rotation, until verified).
     pub fn durable() -> Self {
         IntentScope("durable".into())
