@@ -268,6 +268,9 @@ impl Engine {
             correlation: call.correlation.clone(),
             at,
         };
+        if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {
+            return self.read_only(&p, &call, new).await;
+        }
         match self.blocking(move |s| s.admit(new)).await? {
             Admission::Accepted { id } => self.authorize_and_run(&p, &call, id, "new_execution", false).await,
             Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
@@ -330,14 +333,7 @@ impl Engine {
         CallOutcome { execution_id: id, state, attached, decision: decision.into(), result, detail }
     }
 
-    async fn authorize_and_run(
-        &self,
-        p: &Prepared<'_>,
-        call: &Call,
-        id: ExecutionId,
-        decision: &str,
-        attached: bool,
-    ) -> Result<CallOutcome, EngineError> {
+    async fn authorize(&self, p: &Prepared<'_>, call: &Call, id: ExecutionId) -> Result<Authorization, EngineError> {
         let request = AuthorizationRequest {
             execution_id: id,
             tool: p.tool.name.clone(),
@@ -349,19 +345,84 @@ impl Engine {
             vault_locked: self.vault.is_locked()?,
         };
         let approver = Arc::clone(&self.approver);
-        let verdict = tokio::task::spawn_blocking(move || approver.authorize(&request))
+        tokio::task::spawn_blocking(move || approver.authorize(&request))
             .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    async fn authorize_and_run(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+    ) -> Result<CallOutcome, EngineError> {
+        let verdict = self.authorize(p, call, id).await?;
         let detail = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
         if !verdict.allowed {
             self.transition(id, ExecutionState::Denied, detail.clone()).await?;
             return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
         }
-        self.transition(id, ExecutionState::Authorized, detail).await?;
-        self.dispatch(p, id, decision, attached).await
+        // `authorized` and `dispatched` are journaled together, in one fsync.
+        self.dispatch_after(p, id, decision, attached, vec![(ExecutionState::Authorized, detail)]).await
     }
 
-    /// Journals `dispatched` durably, then sends, then journals what was observed.
+    /// A read-only call: authorized in memory, sent, then journaled as a whole in one
+    /// transaction that does not wait for the disk (design: a retry of a read is harmless).
+    async fn read_only(&self, p: &Prepared<'_>, call: &Call, new: NewExecution) -> Result<CallOutcome, EngineError> {
+        let id = new.id;
+        let verdict = self.authorize(p, call, id).await?;
+        let auth = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
+        if !verdict.allowed {
+            let steps = vec![(ExecutionState::Denied, auth.clone())];
+            self.blocking(move |s| s.record_read_only(new, steps, None).map(|_| ())).await?;
+            return Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth));
+        }
+        let out = self.outgoing(p, id)?;
+        let dispatched = json!({ "target": p.url.to_string(), "method": p.method });
+        let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
+        let (state, result, detail, completion) = match http::send(&self.http, out, self.body_cap).await {
+            Sent::Response { result, elapsed } => {
+                let completion = self.completion(&result, elapsed)?;
+                (ExecutionState::Completed, Some(result), json!({}), Some(completion))
+            }
+            Sent::NotSent { reason } => (ExecutionState::FailedBeforeDispatch, None, json!({ "reason": reason }), None),
+            Sent::Unknown { reason } => (ExecutionState::OutcomeUnknown, None, json!({ "reason": reason }), None),
+        };
+        if completion.is_none() {
+            steps.push((state, detail.clone()));
+        }
+        self.blocking(move |s| s.record_read_only(new, steps, completion).map(|_| ())).await?;
+        Ok(self.outcome(id, state, false, "new_execution", result, detail))
+    }
+
+    fn completion(&self, result: &HttpResult, elapsed: Duration) -> Result<Completion, EngineError> {
+        Ok(Completion {
+            outcome: json!({ "http_status": result.status, "elapsed_ms": elapsed.as_millis() as u64,
+                             "truncated": result.truncated, "secret_echoed": result.secret_echoed }),
+            result: serde_json::to_vec(result).map_err(|e| EngineError::Internal(e.to_string()))?,
+            at: self.now(),
+        })
+    }
+
+    /// The request for execution `id`, with its credential and idempotency key.
+    fn outgoing(&self, p: &Prepared<'_>, id: ExecutionId) -> Result<Outgoing, EngineError> {
+        let credential = match &p.credential {
+            None => None,
+            Some(c) => Some(credential_header(&c.kind, self.vault.secret(&c.name)?)),
+        };
+        Ok(Outgoing {
+            method: p.method.clone(),
+            url: p.url.clone(),
+            headers: p.headers.clone(),
+            body: p.body.clone(),
+            credential,
+            idempotency: p.tool.contract.idempotency_header.clone().map(|h| (h, id.to_string())),
+            timeout: p.tool.timeout,
+        })
+    }
+
     async fn dispatch(
         &self,
         p: &Prepared<'_>,
@@ -369,47 +430,39 @@ impl Engine {
         decision: &str,
         attached: bool,
     ) -> Result<CallOutcome, EngineError> {
-        let credential = match &p.credential {
-            None => None,
-            Some(c) => match self.vault.secret(&c.name) {
-                Ok(secret) => Some(credential_header(&c.kind, secret)),
-                Err(e @ VaultError::Locked) => {
-                    // Locked between authorization and dispatch: nothing was sent.
-                    let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
-                    self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
-                    return Ok(self.outcome(
-                        id,
-                        ExecutionState::FailedBeforeDispatch,
-                        attached,
-                        decision,
-                        None,
-                        detail,
-                    ));
-                }
-                Err(e) => return Err(e.into()),
-            },
+        self.dispatch_after(p, id, decision, attached, vec![]).await
+    }
+
+    /// Journals `before` and `dispatched` durably in one transaction, then sends, then journals
+    /// what was observed.
+    async fn dispatch_after(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+        mut before: Vec<(ExecutionState, Value)>,
+    ) -> Result<CallOutcome, EngineError> {
+        let out = match self.outgoing(p, id) {
+            Ok(out) => out,
+            Err(EngineError::Vault(e @ VaultError::Locked)) => {
+                // Locked between authorization and dispatch: nothing was sent.
+                let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
+                before.push((ExecutionState::FailedBeforeDispatch, detail.clone()));
+                let at = self.now();
+                self.blocking(move |s| s.transition_steps(id, before, at).map(|_| ())).await?;
+                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, attached, decision, None, detail));
+            }
+            Err(e) => return Err(e),
         };
-        let idempotency = p.tool.contract.idempotency_header.clone().map(|h| (h, id.to_string()));
-        let detail = json!({ "target": p.url.to_string(), "method": p.method, "idempotency_key": idempotency.as_ref().map(|(_, k)| k) });
-        self.transition(id, ExecutionState::Dispatched, detail).await?;
-        let out = Outgoing {
-            method: p.method.clone(),
-            url: p.url.clone(),
-            headers: p.headers.clone(),
-            body: p.body.clone(),
-            credential,
-            idempotency,
-            timeout: p.tool.timeout,
-        };
+        let detail = json!({ "target": p.url.to_string(), "method": p.method,
+                             "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) });
+        before.push((ExecutionState::Dispatched, detail));
+        let at = self.now();
+        self.blocking(move |s| s.transition_steps(id, before, at).map(|_| ())).await?;
         match http::send(&self.http, out, self.body_cap).await {
             Sent::Response { result, elapsed } => {
-                let bytes = serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?;
-                let completion = Completion {
-                    outcome: json!({ "http_status": result.status, "elapsed_ms": elapsed.as_millis() as u64,
-                                     "truncated": result.truncated, "secret_echoed": result.secret_echoed }),
-                    result: bytes,
-                    at: self.now(),
-                };
+                let completion = self.completion(&result, elapsed)?;
                 self.blocking(move |s| s.complete(id, completion).map(|_| ())).await?;
                 Ok(self.outcome(id, ExecutionState::Completed, attached, decision, Some(result), json!({})))
             }

@@ -263,6 +263,29 @@ impl Store {
         self.writer.transition(id, to, detail, at)
     }
 
+    /// Several transitions of one execution in one durable transaction (e.g. `authorized` and
+    /// `dispatched`, written together just before the first byte leaves).
+    pub fn transition_steps(
+        &self,
+        id: ExecutionId,
+        steps: Vec<(ExecutionState, Value)>,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.steps(id, steps, at)
+    }
+
+    /// Journals a whole read-only execution (accepted, its steps, its completion) in one
+    /// transaction that is committed without waiting for the disk: a read-only call has no side
+    /// effect, so losing its record in a crash loses evidence of a read, never causes a write.
+    pub fn record_read_only(
+        &self,
+        new: NewExecution,
+        steps: Vec<(ExecutionState, Value)>,
+        completion: Option<Completion>,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.read_only(new, steps, completion)
+    }
+
     /// Journals `completed` with its outcome and stores the result in the same transaction.
     pub fn complete(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
         self.writer.complete(id, completion)

@@ -35,6 +35,18 @@ enum Op {
     PutCredential { record: Box<CredentialRecord>, at: Timestamp },
     RemoveCredential { name: String, at: Timestamp },
     SetLocked { locked: bool, detail: Value, at: Timestamp },
+    Steps { id: ExecutionId, steps: Vec<(ExecutionState, Value)>, at: Timestamp },
+    ReadOnly { new: Box<NewExecution>, steps: Vec<(ExecutionState, Value)>, completion: Option<Completion> },
+}
+
+impl Op {
+    /// Must this operation be on disk before its caller hears back? Acceptance is ordered by the
+    /// single writer but needs no fsync of its own: nothing has left the machine yet, and the
+    /// fsync of the `dispatched` row (same WAL, written later) makes it durable too. Read-only
+    /// executions are journaled without waiting for the disk: a retry of them is harmless.
+    fn durable(&self) -> bool {
+        !matches!(self, Op::Admit(_) | Op::ReadOnly { .. })
+    }
 }
 
 enum Reply {
@@ -100,7 +112,13 @@ impl WriterHandle {
         let head = load_head(&conn)?;
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(WriterStats::default());
-        let mut writer = Writer { conn, head, max_batch: options.max_batch.max(1), stats: Arc::clone(&stats) };
+        let mut writer = Writer {
+            conn,
+            head,
+            max_batch: options.max_batch.max(1),
+            stats: Arc::clone(&stats),
+            synchronous_full: true,
+        };
         let thread = std::thread::Builder::new()
             .name("postern-journal-writer".into())
             .spawn(move || writer.run(rx))
@@ -113,6 +131,24 @@ impl WriterHandle {
         let tx = self.tx.as_ref().ok_or(StoreError::WriterStopped)?;
         tx.send(Job { op, reply }).map_err(|_| StoreError::WriterStopped)?;
         rx.recv().map_err(|_| StoreError::WriterStopped)?
+    }
+
+    pub(crate) fn steps(
+        &self,
+        id: ExecutionId,
+        steps: Vec<(ExecutionState, Value)>,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::Steps { id, steps, at }), Entry)
+    }
+
+    pub(crate) fn read_only(
+        &self,
+        new: NewExecution,
+        steps: Vec<(ExecutionState, Value)>,
+        completion: Option<Completion>,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::ReadOnly { new: Box::new(new), steps, completion }), Entry)
     }
 
     pub(crate) fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
@@ -186,6 +222,8 @@ struct Writer {
     head: JournalHead,
     max_batch: usize,
     stats: Arc<WriterStats>,
+    /// The connection's current `PRAGMA synchronous` (FULL or NORMAL).
+    synchronous_full: bool,
 }
 
 /// A row about to be appended (the writer assigns `seq`).
@@ -222,6 +260,16 @@ impl Writer {
     /// savepoint and reported; the others still commit. If the commit fails, all fail.
     fn commit_batch(&mut self, batch: &[Job]) -> Vec<Result<Reply, StoreError>> {
         let head_before = self.head;
+        // A batch is fsynced if any of its operations must be durable (which also makes every
+        // earlier unsynced commit durable: the WAL is written in order).
+        let durable = batch.iter().any(|job| job.op.durable());
+        if durable != self.synchronous_full {
+            let mode = if durable { "FULL" } else { "NORMAL" };
+            if let Err(e) = self.conn.pragma_update(None, "synchronous", mode) {
+                return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
+            }
+            self.synchronous_full = durable;
+        }
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
         }
@@ -262,6 +310,10 @@ impl Writer {
             Op::PutCredential { record, at } => self.put_credential(record, *at).map(Reply::Entry),
             Op::RemoveCredential { name, at } => self.remove_credential(name, *at).map(Reply::Entry),
             Op::SetLocked { locked, detail, at } => self.set_locked(*locked, detail.clone(), *at).map(Reply::Entry),
+            Op::Steps { id, steps, at } => self.steps(*id, steps, *at).map(Reply::Entry),
+            Op::ReadOnly { new, steps, completion } => {
+                self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)
+            }
         }
     }
 
@@ -535,6 +587,40 @@ impl Writer {
                 at.as_millis()
             ])?;
         Ok(cp)
+    }
+
+    fn steps(
+        &mut self,
+        id: ExecutionId,
+        steps: &[(ExecutionState, Value)],
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let mut last = None;
+        for (state, detail) in steps {
+            last = Some(self.transition(id, *state, detail.clone(), at)?);
+        }
+        last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))
+    }
+
+    fn read_only(
+        &mut self,
+        new: &NewExecution,
+        steps: &[(ExecutionState, Value)],
+        completion: Option<&Completion>,
+    ) -> Result<JournalEntry, StoreError> {
+        match self.admit(new)? {
+            Admission::Accepted { .. } => {}
+            Admission::Matched { .. } => {
+                return Err(StoreError::Corrupt(
+                    "a read-only execution matched a prior; read-only calls never attach".into(),
+                ));
+            }
+        }
+        let mut last = self.steps(new.id, steps, new.at)?;
+        if let Some(completion) = completion {
+            last = self.complete(new.id, completion)?;
+        }
+        Ok(last)
     }
 
     fn installation_id(&mut self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
