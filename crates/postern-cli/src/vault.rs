@@ -43,6 +43,9 @@ pub struct Add {
     /// Ask a reviewer before every use.
     #[arg(long)]
     approve_every_use: bool,
+    /// The API honours this idempotency header (lets `http_request` writes be recovered).
+    #[arg(long, value_name = "HEADER")]
+    idempotency_header: Option<String>,
 }
 
 fn read_secret() -> Result<Sensitive<String>, Failure> {
@@ -79,7 +82,13 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     };
     let bindings =
         args.hosts.iter().map(|h| Binding::new(h, args.path_prefix.as_deref())).collect::<Result<Vec<_>, _>>()?;
-    let credential = Credential { name: args.name, kind, bindings, approve_every_use: args.approve_every_use };
+    let credential = Credential {
+        name: args.name,
+        kind,
+        bindings,
+        approve_every_use: args.approve_every_use,
+        idempotency_header: args.idempotency_header,
+    };
     credential.validate()?;
     let vault = open(data_dir)?;
     let secret = read_secret()?;

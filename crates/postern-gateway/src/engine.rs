@@ -153,9 +153,25 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// A manifest tool, or a built-in one made for this call.
+enum ToolRef<'a> {
+    Manifest(&'a Tool),
+    Builtin(Box<Tool>),
+}
+
+impl std::ops::Deref for ToolRef<'_> {
+    type Target = Tool;
+    fn deref(&self) -> &Tool {
+        match self {
+            ToolRef::Manifest(t) => t,
+            ToolRef::Builtin(t) => t,
+        }
+    }
+}
+
 /// Everything a call needs after validation.
 struct Prepared<'a> {
-    tool: &'a Tool,
+    tool: ToolRef<'a>,
     url: url::Url,
     method: String,
     headers: Vec<(String, String)>,
@@ -210,7 +226,11 @@ impl Engine {
     }
 
     fn prepare(&self, call: &Call) -> Result<(Prepared<'_>, Value), EngineError> {
-        let tool = self.manifest.tool(&call.tool).ok_or_else(|| EngineError::UnknownTool(call.tool.clone()))?;
+        let tool = match self.manifest.tool(&call.tool) {
+            Some(tool) => tool,
+            None if call.tool == crate::manifest::HTTP_REQUEST => return self.prepare_http_request(&call.arguments),
+            None => return Err(EngineError::UnknownTool(call.tool.clone())),
+        };
         let arguments = tool.validate_arguments(&call.arguments)?;
         let rendered = tool.render(&arguments)?;
         let url = url::Url::parse(&rendered.url)
@@ -226,9 +246,76 @@ impl Engine {
                 Some(c)
             }
         };
-        let prepared =
-            Prepared { tool, url, method: rendered.method, headers: rendered.headers, body: rendered.body, credential };
+        let prepared = Prepared {
+            tool: ToolRef::Manifest(tool),
+            url,
+            method: rendered.method,
+            headers: rendered.headers,
+            body: rendered.body,
+            credential,
+        };
         Ok((prepared, arguments))
+    }
+
+    /// The built-in `http_request`: GET/HEAD are read-only; other methods are `irreversible`
+    /// unless the credential bound to the URL declares an idempotency header. The credential is
+    /// chosen by the URL's bindings, never by the agent (a `credential` argument only picks
+    /// between several that are bound to the URL).
+    fn prepare_http_request(&self, raw: &Value) -> Result<(Prepared<'_>, Value), EngineError> {
+        let probe =
+            Tool::http_request("GET", "", postern_core::ReplayContract::read_only(), crate::manifest::DEFAULT_TIMEOUT);
+        let args = probe.validate_arguments(raw)?;
+        let field_error =
+            |field: &str, message: String| ArgumentError { tool: probe.name.clone(), field: field.into(), message };
+        let method = args["method"].as_str().unwrap_or("GET").to_owned();
+        let url = url::Url::parse(args["url"].as_str().unwrap_or(""))
+            .map_err(|e| field_error("/url", format!("not an absolute URL: {e}")))?;
+        http::check_target(&url)?;
+        let mut headers = Vec::new();
+        for (name, value) in args.get("headers").and_then(Value::as_object).into_iter().flatten() {
+            if crate::manifest::RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                return Err(field_error(
+                    &format!("/headers/{name}"),
+                    "credentials come from the vault; this header cannot be set".into(),
+                )
+                .into());
+            }
+            headers.push((name.to_ascii_lowercase(), value.as_str().unwrap_or_default().to_owned()));
+        }
+        let bound: Vec<postern_vault::Credential> =
+            self.vault.credentials()?.into_iter().filter(|c| c.allows(&url)).collect();
+        let credential = match args.get("credential").and_then(Value::as_str) {
+            Some(name) => Some(bound.iter().find(|c| c.name == name).cloned().ok_or_else(|| {
+                EngineError::CredentialNotBound { credential: name.to_owned(), url: url.to_string() }
+            })?),
+            None if bound.len() > 1 => {
+                let names: Vec<&str> = bound.iter().map(|c| c.name.as_str()).collect();
+                return Err(field_error(
+                    "/credential",
+                    format!("several credentials are bound to this URL; choose one of {names:?}"),
+                )
+                .into());
+            }
+            None => bound.into_iter().next(),
+        };
+        let mut contract = postern_core::ReplayContract::read_only();
+        contract.semantic_headers = headers.iter().map(|(k, _)| k.clone()).collect();
+        if !postern_core::contract::is_safe_method(&method) {
+            match credential.as_ref().and_then(|c| c.idempotency_header.clone()) {
+                Some(header) => {
+                    contract.class = postern_core::ReplayClass::IdempotencyKey;
+                    contract.idempotency_header = Some(header);
+                }
+                None => contract.class = postern_core::ReplayClass::Irreversible,
+            }
+        }
+        let body = args.get("body").map(|b| serde_json::to_vec(b).unwrap_or_default());
+        if body.is_some() && !headers.iter().any(|(k, _)| k == "content-type") {
+            headers.push(("content-type".into(), "application/json".into()));
+        }
+        let tool = Tool::http_request(&method, url.as_str(), contract, crate::manifest::DEFAULT_TIMEOUT);
+        let prepared = Prepared { tool: ToolRef::Builtin(Box::new(tool)), url, method, headers, body, credential };
+        Ok((prepared, args))
     }
 
     /// Handles one call end to end. Errors are reserved for calls that never became an

@@ -32,7 +32,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_ATTACH_WINDOW: Duration = Duration::from_secs(10 * 60);
 
 /// Headers a manifest may never set: credentials come from the vault, routing from the URL.
-const RESERVED_HEADERS: [&str; 5] = ["authorization", "proxy-authorization", "cookie", "host", "content-length"];
+pub const RESERVED_HEADERS: [&str; 5] = ["authorization", "proxy-authorization", "cookie", "host", "content-length"];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,6 +77,25 @@ struct ContractSpec {
     status_query: Option<StatusQuery>,
 }
 
+/// Name of the built-in generic tool (a manifest tool of the same name replaces it).
+pub const HTTP_REQUEST: &str = "http_request";
+
+/// Arguments of the built-in `http_request` tool.
+pub fn http_request_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "required": ["method", "url"],
+        "additionalProperties": false,
+        "properties": {
+            "method": { "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"] },
+            "url": { "type": "string", "minLength": 1 },
+            "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+            "body": {},
+            "credential": { "type": "string", "description": "only to choose between several credentials bound to the URL" }
+        }
+    })
+}
+
 /// One tool, fully checked.
 pub struct Tool {
     pub name: String,
@@ -89,7 +108,7 @@ pub struct Tool {
     pub timeout: Duration,
     pub input_schema: Value,
     pub contract: ReplayContract,
-    validator: jsonschema::Validator,
+    validator: std::sync::Arc<jsonschema::Validator>,
 }
 
 impl fmt::Debug for Tool {
@@ -253,8 +272,32 @@ impl Tool {
             timeout: spec.timeout.as_deref().map(parse_duration).transpose()?.unwrap_or(DEFAULT_TIMEOUT),
             input_schema,
             contract,
-            validator,
+            validator: std::sync::Arc::new(validator),
         })
+    }
+
+    /// The built-in generic `http_request` tool for one call: its contract depends on the
+    /// method and on the credential the URL selects (see `Engine`).
+    pub fn http_request(method: &str, url: &str, contract: ReplayContract, timeout: Duration) -> Tool {
+        use std::sync::LazyLock;
+        static VALIDATOR: LazyLock<std::sync::Arc<jsonschema::Validator>> = LazyLock::new(|| {
+            std::sync::Arc::new(
+                jsonschema::validator_for(&http_request_schema()).expect("the built-in schema is valid"),
+            )
+        });
+        Tool {
+            name: HTTP_REQUEST.into(),
+            description: "Send one HTTP request with the credential bound to its URL".into(),
+            method: method.to_owned(),
+            url_template: url.to_owned(),
+            headers: BTreeMap::new(),
+            body_template: None,
+            credential: None,
+            timeout,
+            input_schema: http_request_schema(),
+            contract,
+            validator: std::sync::Arc::clone(&VALIDATOR),
+        }
     }
 
     /// Fills in the contract's defaults and checks the arguments against the schema. The error

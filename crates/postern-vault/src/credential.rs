@@ -86,6 +86,10 @@ pub struct Credential {
     pub bindings: Vec<Binding>,
     /// Every use needs a reviewer's approval (ladder rung 2).
     pub approve_every_use: bool,
+    /// The API behind this credential honours this idempotency header, so the generic
+    /// `http_request` tool may treat its writes as `idempotency_key` rather than `irreversible`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_header: Option<String>,
 }
 
 impl Credential {
@@ -120,6 +124,12 @@ impl Credential {
                 Err(VaultError::InvalidCredential(format!("use --kind bearer or basic instead of a raw {name} header")))
             }
             _ => Ok(()),
+        }?;
+        match &self.idempotency_header {
+            Some(h) if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') => {
+                Err(VaultError::InvalidCredential(format!("{h:?} is not a header name")))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -129,11 +139,14 @@ impl Credential {
     }
 
     pub(crate) fn to_record(&self, created_at: i64) -> postern_store::CredentialRecord {
-        let spec = match &self.kind {
+        let mut spec = match &self.kind {
             CredentialKind::Bearer => json!({}),
             CredentialKind::Basic { username } => json!({ "username": username }),
             CredentialKind::Header { name } => json!({ "name": name }),
         };
+        if let Some(h) = &self.idempotency_header {
+            spec["idempotency_header"] = json!(h);
+        }
         postern_store::CredentialRecord {
             name: self.name.clone(),
             kind: self.kind.as_str().into(),
@@ -158,6 +171,7 @@ impl Credential {
             kind,
             bindings: serde_json::from_value(r.bindings.clone()).map_err(|_| corrupt("bindings"))?,
             approve_every_use: r.approve_every_use,
+            idempotency_header: r.spec.get("idempotency_header").and_then(Value::as_str).map(str::to_owned),
         })
     }
 }
@@ -199,6 +213,7 @@ mod tests {
             kind: CredentialKind::Header { name: "Authorization".into() },
             bindings: vec![Binding::new("a.example", None).expect("b")],
             approve_every_use: false,
+            idempotency_header: None,
         };
         assert!(c.validate().is_err(), "raw Authorization header must use bearer/basic");
         c.kind = CredentialKind::Header { name: "X-Api-Key".into() };
@@ -217,6 +232,7 @@ mod tests {
             kind: CredentialKind::Basic { username: "svc".into() },
             bindings: vec![Binding::new("pay.example", Some("/v1")).expect("b")],
             approve_every_use: true,
+            idempotency_header: Some("Idempotency-Key".into()),
         };
         assert_eq!(Credential::from_record(&c.to_record(5)).expect("parse"), c);
     }

@@ -216,6 +216,7 @@ mod tests {
             kind: CredentialKind::Bearer,
             bindings: vec![Binding::new("api.example", None).expect("b")],
             approve_every_use: false,
+            idempotency_header: None,
         }
     }
 

@@ -215,7 +215,11 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
         let engine = Arc::clone(&engine);
         tokio::spawn(async move { engine.call(call("create_payment", json!({"amount": 42}), 1, 1)).await })
     };
-    // Wait until the execution is journaled as dispatched (the request is at the target).
+    // Wait until the target has made the payment (its answer is delayed): the engine dies with
+    // the request executed and no response seen. (`dispatched` alone is written before sending.)
+    while target.payments.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     let id = loop {
         let rows =
             rig.store.view().activity(&postern_store::ActivityFilter { limit: 10, ..Default::default() }).unwrap();

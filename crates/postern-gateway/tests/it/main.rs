@@ -3,5 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod builtin;
 mod faults;
 mod support;

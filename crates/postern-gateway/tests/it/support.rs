@@ -237,6 +237,7 @@ pub fn rig(manifest: Manifest) -> Rig {
         kind: CredentialKind::Header { name: "X-Api-Key".into() },
         bindings: vec![Binding::new("127.0.0.1", None).unwrap()],
         approve_every_use: false,
+        idempotency_header: None,
     };
     rig.vault.add_credential(&credential, &Sensitive::new(SECRET.into()), Timestamp::from_millis(3)).unwrap();
     rig

@@ -26,6 +26,7 @@ fn credential(name: &str) -> Credential {
         kind: CredentialKind::Header { name: "X-Api-Key".into() },
         bindings: vec![Binding::new("127.0.0.1", Some("/v1")).expect("binding")],
         approve_every_use: false,
+        idempotency_header: None,
     }
 }
 

@@ -1,0 +1,97 @@
+//! The built-in `http_request` tool: the credential follows the URL's bindings, and a write is
+//! recoverable only when the credential says its API honours an idempotency header.
+
+use crate::support::*;
+use postern_core::{ErrorCode, ExecutionState, Timestamp};
+use postern_vault::{Binding, Credential, CredentialKind, Sensitive};
+use serde_json::json;
+use std::sync::atomic::Ordering;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_is_read_only_and_carries_the_bound_credential() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let url = format!("http://{addr}/v1/echo");
+    let outcome = rig.engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
+    assert_eq!(outcome.state, ExecutionState::Completed);
+    let result = outcome.result.unwrap();
+    assert!(result.secret_echoed, "the credential bound to 127.0.0.1 was injected");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    let record = rig.store.view().execution(outcome.execution_id).unwrap().unwrap();
+    assert_eq!(record.contract["class"], "read_only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_irreversible_unless_the_credential_declares_an_idempotency_header() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    let url = format!("http://{}/v1/payments", proxy.addr);
+    let pay = |id| call("http_request", json!({"method": "POST", "url": url, "body": {"amount": 3}}), 1, id);
+
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(pay(1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = rig.engine.call(pay(2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "irreversible: never re-sent");
+
+    // A second credential for the same host whose API honours Idempotency-Key.
+    let keyed = Credential {
+        name: "pay-keyed".into(),
+        kind: CredentialKind::Header { name: "X-Api-Key".into() },
+        bindings: vec![Binding::new("127.0.0.1", None).unwrap()],
+        approve_every_use: false,
+        idempotency_header: Some("Idempotency-Key".into()),
+    };
+    rig.vault.add_credential(&keyed, &Sensitive::new(SECRET.into()), Timestamp::from_millis(20)).unwrap();
+    // Two credentials are bound to the URL now: the call must say which.
+    let err = rig.engine.call(pay(3)).await.unwrap_err();
+    assert!(err.to_string().contains("several credentials are bound"), "{err}");
+    let keyed_pay = |id| {
+        call(
+            "http_request",
+            json!({"method": "POST", "url": url, "body": {"amount": 4}, "credential": "pay-keyed"}),
+            1,
+            id,
+        )
+    };
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(keyed_pay(4)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = rig.engine.call(keyed_pay(5)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 2, "one more payment, recovered with the same key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_cannot_set_credentials_or_send_a_key_elsewhere() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let url = format!("http://{addr}/v1/echo");
+    let err = rig
+        .engine
+        .call(call(
+            "http_request",
+            json!({"method": "GET", "url": url, "headers": {"Authorization": "Bearer mine"}}),
+            1,
+            1,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "invalid_arguments");
+    assert!(err.to_string().contains("/headers/Authorization"), "{err}");
+    let err = rig
+        .engine
+        .call(call("http_request", json!({"method": "GET", "url": "http://localhost:9/x", "credential": "pay"}), 1, 2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "credential_not_bound");
+    let err = rig
+        .engine
+        .call(call("http_request", json!({"method": "POST", "url": "http://169.254.169.254/latest/meta-data"}), 1, 3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "unsafe_target");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+}
