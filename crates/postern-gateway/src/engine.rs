@@ -200,6 +200,13 @@ impl Engine {
         })
     }
 
+    /// Caps stored response bodies at `bytes` (default 8 MiB); longer bodies are truncated and
+    /// flagged.
+    pub fn with_body_cap(mut self, bytes: usize) -> Self {
+        self.body_cap = bytes;
+        self
+    }
+
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }

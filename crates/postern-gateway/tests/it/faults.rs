@@ -247,3 +247,35 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
     assert_eq!((retry.execution_id, retry.state), (id, ExecutionState::Completed));
     assert_eq!(target.payments.load(Ordering::SeqCst), 1, "recovered with the same key, not paid twice");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_times_out_as_unknown_not_as_failed() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::Stall);
+    let first = rig.engine.call(call("slow_payment", json!({"amount": 8}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
+    assert!(first.detail["reason"].as_str().unwrap().contains("timed out"), "{:?}", first.detail);
+    let retry = rig.engine.call(call("slow_payment", json!({"amount": 8}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_never_followed_and_large_bodies_are_capped_and_flagged() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let engine = rig.engine.with_body_cap(1_000);
+    let url = format!("http://{addr}/v1/redirect");
+    let moved = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
+    let result = moved.result.unwrap();
+    assert_eq!(result.status, 302, "the redirect is the result; the credential never went to its location");
+    assert!(result.headers.contains(&("location".to_string(), "http://127.0.0.2:9/steal".to_string())));
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    let url = format!("http://{addr}/v1/large");
+    let large = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 2)).await.unwrap();
+    let result = large.result.unwrap();
+    assert!(result.truncated);
+    assert_eq!(result.body.len(), 1_000);
+}

@@ -94,6 +94,16 @@ async fn echo(State(t): State<Arc<Target>>, headers: HeaderMap) -> impl IntoResp
     format!("you sent {key}")
 }
 
+async fn redirect(State(t): State<Arc<Target>>) -> impl IntoResponse {
+    t.requests.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::FOUND, [("location", "http://127.0.0.2:9/steal")], "moved")
+}
+
+async fn large(State(t): State<Arc<Target>>) -> impl IntoResponse {
+    t.requests.fetch_add(1, Ordering::SeqCst);
+    "x".repeat(100_000)
+}
+
 async fn status(State(t): State<Arc<Target>>, Path(key): Path<String>) -> impl IntoResponse {
     match t.keys.lock().unwrap().get(&key) {
         Some(Keyed::Done { body, .. }) => (StatusCode::OK, axum::Json(body.clone())).into_response(),
@@ -108,6 +118,8 @@ pub async fn serve_target(listener: TcpListener) -> Arc<Target> {
         .route("/v1/tickets", post(irreversible))
         .route("/v1/echo", get(echo))
         .route("/v1/status/{key}", get(status))
+        .route("/v1/redirect", get(redirect))
+        .route("/v1/large", get(large))
         .with_state(Arc::clone(&target));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     target
@@ -129,6 +141,8 @@ pub enum Fault {
     CutAfterForward = 1,
     /// Accept, then close before forwarding anything.
     ResetBeforeForward = 2,
+    /// Accept and never answer.
+    Stall = 3,
 }
 
 pub struct FaultProxy {
@@ -148,6 +162,11 @@ impl FaultProxy {
                 let fault = mode.swap(Fault::Pass as u8, Ordering::SeqCst);
                 tokio::spawn(async move {
                     if fault == Fault::ResetBeforeForward as u8 {
+                        drop(client);
+                        return;
+                    }
+                    if fault == Fault::Stall as u8 {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
                         drop(client);
                         return;
                     }
@@ -209,6 +228,14 @@ method = "POST"
 url = "{base}/v1/tickets"
 timeout = "3s"
 contract = {{ class = "irreversible", attach_window = "10m" }}
+
+[[tool]]
+name = "slow_payment"
+method = "POST"
+url = "{base}/v1/payments"
+credential = "pay"
+timeout = "300ms"
+contract = {{ class = "idempotency_key", idempotency_header = "Idempotency-Key" }}
 
 [[tool]]
 name = "echo"
