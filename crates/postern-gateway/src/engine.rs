@@ -43,6 +43,11 @@ pub struct Authorization {
 /// interactive rungs; this crate ships the ladder's fixed first rung.
 pub trait Approver: Send + Sync + std::fmt::Debug {
     fn authorize(&self, request: &AuthorizationRequest) -> Authorization;
+
+    /// Whether `authorize` may wait (for a person, a dialog): then it runs on a blocking thread.
+    fn may_block(&self) -> bool {
+        true
+    }
 }
 
 /// Rung 1 only: a locked vault denies. A call that would need a person (a credential marked
@@ -51,6 +56,10 @@ pub trait Approver: Send + Sync + std::fmt::Debug {
 pub struct LockOnlyApprover;
 
 impl Approver for LockOnlyApprover {
+    fn may_block(&self) -> bool {
+        false
+    }
+
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
         let (allowed, rung, reason) = if r.vault_locked {
             (false, "vault_locked", "the vault is locked")
@@ -215,21 +224,9 @@ impl Engine {
         (self.clock)()
     }
 
-    /// Runs a blocking store or vault operation off the async executor.
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(Arc<Store>) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, EngineError> {
-        let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || f(store))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(Into::into)
-    }
-
     async fn transition(&self, id: ExecutionId, to: ExecutionState, detail: Value) -> Result<(), EngineError> {
-        let at = self.now();
-        self.blocking(move |s| s.transition(id, to, detail, at).map(|_| ())).await
+        self.store.transition_steps_async(id, vec![(to, detail)], self.now()).await?;
+        Ok(())
     }
 
     fn prepare(&self, call: &Call) -> Result<(Prepared<'_>, Value), EngineError> {
@@ -365,7 +362,7 @@ impl Engine {
         if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {
             return self.read_only(&p, &call, new).await;
         }
-        match self.blocking(move |s| s.admit(new)).await? {
+        match self.store.admit_async(new).await? {
             Admission::Accepted { id } => self.authorize_and_run(&p, &call, id, "new_execution", false).await,
             Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
         }
@@ -438,6 +435,9 @@ impl Engine {
             approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use),
             vault_locked: self.vault.is_locked()?,
         };
+        if !self.approver.may_block() {
+            return Ok(self.approver.authorize(&request));
+        }
         let approver = Arc::clone(&self.approver);
         tokio::task::spawn_blocking(move || approver.authorize(&request))
             .await
@@ -469,8 +469,7 @@ impl Engine {
         let verdict = self.authorize(p, call, id).await?;
         let auth = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
         if !verdict.allowed {
-            let steps = vec![(ExecutionState::Denied, auth.clone())];
-            self.blocking(move |s| s.record_read_only(new, steps, None).map(|_| ())).await?;
+            self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;
             return Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth));
         }
         let out = self.outgoing(p, id)?;
@@ -487,7 +486,7 @@ impl Engine {
         if completion.is_none() {
             steps.push((state, detail.clone()));
         }
-        self.blocking(move |s| s.record_read_only(new, steps, completion).map(|_| ())).await?;
+        self.store.record_read_only_detached(new, steps, completion)?;
         Ok(self.outcome(id, state, false, "new_execution", result, detail))
     }
 
@@ -543,8 +542,7 @@ impl Engine {
                 // Locked between authorization and dispatch: nothing was sent.
                 let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
                 before.push((ExecutionState::FailedBeforeDispatch, detail.clone()));
-                let at = self.now();
-                self.blocking(move |s| s.transition_steps(id, before, at).map(|_| ())).await?;
+                self.store.transition_steps_async(id, before, self.now()).await?;
                 return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, attached, decision, None, detail));
             }
             Err(e) => return Err(e),
@@ -552,12 +550,11 @@ impl Engine {
         let detail = json!({ "target": p.url.to_string(), "method": p.method,
                              "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) });
         before.push((ExecutionState::Dispatched, detail));
-        let at = self.now();
-        self.blocking(move |s| s.transition_steps(id, before, at).map(|_| ())).await?;
+        self.store.transition_steps_async(id, before, self.now()).await?;
         match http::send(&self.http, out, self.body_cap).await {
             Sent::Response { result, elapsed } => {
                 let completion = self.completion(&result, elapsed)?;
-                self.blocking(move |s| s.complete(id, completion).map(|_| ())).await?;
+                self.store.complete_async(id, completion).await?;
                 Ok(self.outcome(id, ExecutionState::Completed, attached, decision, Some(result), json!({})))
             }
             Sent::NotSent { reason } => {
@@ -604,7 +601,7 @@ impl Engine {
                     result: bytes,
                     at: self.now(),
                 };
-                self.blocking(move |s| s.complete(id, completion).map(|_| ())).await?;
+                self.store.complete_async(id, completion).await?;
                 Ok(self.outcome(id, ExecutionState::Completed, true, decision, Some(result), json!({})))
             }
             Sent::Response { result, .. } if result.status == 404 => {

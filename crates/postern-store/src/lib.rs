@@ -286,6 +286,43 @@ impl Store {
         self.writer.read_only(new, steps, completion)
     }
 
+    /// Returns once every write queued before this call (including detached ones) is committed.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.writer.flush()
+    }
+
+    /// [`Store::admit`] for async callers: the task awaits the writer without blocking a thread.
+    pub async fn admit_async(&self, new: NewExecution) -> Result<Admission, StoreError> {
+        self.writer.admit_async(new).await
+    }
+
+    /// [`Store::transition_steps`] for async callers.
+    pub async fn transition_steps_async(
+        &self,
+        id: ExecutionId,
+        steps: Vec<(ExecutionState, Value)>,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.steps_async(id, steps, at).await
+    }
+
+    /// [`Store::complete`] for async callers.
+    pub async fn complete_async(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
+        self.writer.complete_async(id, completion).await
+    }
+
+    /// [`Store::record_read_only`] without waiting at all: the record is queued behind earlier
+    /// writes and committed with the next batch; a failure is reported on stderr and counted in
+    /// [`WriterStats::detached_failures`].
+    pub fn record_read_only_detached(
+        &self,
+        new: NewExecution,
+        steps: Vec<(ExecutionState, Value)>,
+        completion: Option<Completion>,
+    ) -> Result<(), StoreError> {
+        self.writer.read_only_detached(new, steps, completion)
+    }
+
     /// Journals `completed` with its outcome and stores the result in the same transaction.
     pub fn complete(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
         self.writer.complete(id, completion)

@@ -25,18 +25,57 @@ use std::sync::{
 
 enum Op {
     Admit(Box<NewExecution>),
-    Transition { id: ExecutionId, to: ExecutionState, detail: Value, at: Timestamp },
-    Complete { id: ExecutionId, completion: Completion },
+    Transition {
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+    },
+    Complete {
+        id: ExecutionId,
+        completion: Completion,
+    },
     StartSession(Box<SessionStart>),
-    EndSession { id: SessionId, reason: String, at: Timestamp },
-    Checkpoint { at: Timestamp },
-    Recover { now: Timestamp },
-    InstallationId { candidate: String, at: Timestamp },
-    PutCredential { record: Box<CredentialRecord>, at: Timestamp },
-    RemoveCredential { name: String, at: Timestamp },
-    SetLocked { locked: bool, detail: Value, at: Timestamp },
-    Steps { id: ExecutionId, steps: Vec<(ExecutionState, Value)>, at: Timestamp },
-    ReadOnly { new: Box<NewExecution>, steps: Vec<(ExecutionState, Value)>, completion: Option<Completion> },
+    EndSession {
+        id: SessionId,
+        reason: String,
+        at: Timestamp,
+    },
+    Checkpoint {
+        at: Timestamp,
+    },
+    Recover {
+        now: Timestamp,
+    },
+    InstallationId {
+        candidate: String,
+        at: Timestamp,
+    },
+    PutCredential {
+        record: Box<CredentialRecord>,
+        at: Timestamp,
+    },
+    RemoveCredential {
+        name: String,
+        at: Timestamp,
+    },
+    SetLocked {
+        locked: bool,
+        detail: Value,
+        at: Timestamp,
+    },
+    Steps {
+        id: ExecutionId,
+        steps: Vec<(ExecutionState, Value)>,
+        at: Timestamp,
+    },
+    /// Writes nothing; answered once everything queued before it is committed.
+    Barrier,
+    ReadOnly {
+        new: Box<NewExecution>,
+        steps: Vec<(ExecutionState, Value)>,
+        completion: Option<Completion>,
+    },
 }
 
 impl Op {
@@ -45,7 +84,7 @@ impl Op {
     /// fsync of the `dispatched` row (same WAL, written later) makes it durable too. Read-only
     /// executions are journaled without waiting for the disk: a retry of them is harmless.
     fn durable(&self) -> bool {
-        !matches!(self, Op::Admit(_) | Op::ReadOnly { .. })
+        !matches!(self, Op::Admit(_) | Op::ReadOnly { .. } | Op::Barrier)
     }
 }
 
@@ -57,9 +96,19 @@ enum Reply {
     Text(String),
 }
 
+/// Who is waiting for a job's outcome.
+enum Responder {
+    /// A thread blocked on the reply.
+    Sync(mpsc::SyncSender<Result<Reply, StoreError>>),
+    /// A task awaiting the reply (no thread is blocked while the writer works).
+    Async(tokio::sync::oneshot::Sender<Result<Reply, StoreError>>),
+    /// Nobody: a failure is reported on stderr and counted in [`WriterStats`].
+    Detached,
+}
+
 struct Job {
     op: Op,
-    reply: mpsc::SyncSender<Result<Reply, StoreError>>,
+    reply: Responder,
 }
 
 /// Counters of what the writer committed: `operations / transactions` is the group-commit
@@ -68,6 +117,7 @@ struct Job {
 pub struct WriterStats {
     transactions: AtomicU64,
     operations: AtomicU64,
+    detached_failures: AtomicU64,
 }
 
 impl WriterStats {
@@ -77,6 +127,11 @@ impl WriterStats {
 
     pub fn operations(&self) -> u64 {
         self.operations.load(Ordering::Relaxed)
+    }
+
+    /// Writes nobody waited for (read-only executions) that failed.
+    pub fn detached_failures(&self) -> u64 {
+        self.detached_failures.load(Ordering::Relaxed)
     }
 }
 
@@ -126,11 +181,55 @@ impl WriterHandle {
         Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread) })
     }
 
+    fn submit(&self, op: Op, reply: Responder) -> Result<(), StoreError> {
+        let tx = self.tx.as_ref().ok_or(StoreError::WriterStopped)?;
+        tx.send(Job { op, reply }).map_err(|_| StoreError::WriterStopped)
+    }
+
     fn call(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, rx) = mpsc::sync_channel(1);
-        let tx = self.tx.as_ref().ok_or(StoreError::WriterStopped)?;
-        tx.send(Job { op, reply }).map_err(|_| StoreError::WriterStopped)?;
+        self.submit(op, Responder::Sync(reply))?;
         rx.recv().map_err(|_| StoreError::WriterStopped)?
+    }
+
+    pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        expect_reply!(self.call(Op::Barrier), Text).map(|_| ())
+    }
+
+    async fn call_async(&self, op: Op) -> Result<Reply, StoreError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.submit(op, Responder::Async(reply))?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
+    }
+
+    pub(crate) async fn admit_async(&self, new: NewExecution) -> Result<Admission, StoreError> {
+        expect_reply!(self.call_async(Op::Admit(Box::new(new))).await, Admission).map(|a| *a)
+    }
+
+    pub(crate) async fn steps_async(
+        &self,
+        id: ExecutionId,
+        steps: Vec<(ExecutionState, Value)>,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call_async(Op::Steps { id, steps, at }).await, Entry)
+    }
+
+    pub(crate) async fn complete_async(
+        &self,
+        id: ExecutionId,
+        completion: Completion,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call_async(Op::Complete { id, completion }).await, Entry)
+    }
+
+    pub(crate) fn read_only_detached(
+        &self,
+        new: NewExecution,
+        steps: Vec<(ExecutionState, Value)>,
+        completion: Option<Completion>,
+    ) -> Result<(), StoreError> {
+        self.submit(Op::ReadOnly { new: Box::new(new), steps, completion }, Responder::Detached)
     }
 
     pub(crate) fn steps(
@@ -251,7 +350,20 @@ impl Writer {
             let replies = self.commit_batch(&batch);
             for (job, reply) in batch.into_iter().zip(replies) {
                 // The caller may have given up waiting; the write itself stands.
-                let _ = job.reply.send(reply);
+                match job.reply {
+                    Responder::Sync(tx) => {
+                        let _ = tx.send(reply);
+                    }
+                    Responder::Async(tx) => {
+                        let _ = tx.send(reply);
+                    }
+                    Responder::Detached => {
+                        if let Err(e) = reply {
+                            self.stats.detached_failures.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("postern: journaling a read-only execution failed: {e}");
+                        }
+                    }
+                }
             }
         }
     }
@@ -311,6 +423,7 @@ impl Writer {
             Op::RemoveCredential { name, at } => self.remove_credential(name, *at).map(Reply::Entry),
             Op::SetLocked { locked, detail, at } => self.set_locked(*locked, detail.clone(), *at).map(Reply::Entry),
             Op::Steps { id, steps, at } => self.steps(*id, steps, *at).map(Reply::Entry),
+            Op::Barrier => Ok(Reply::Text(String::new())),
             Op::ReadOnly { new, steps, completion } => {
                 self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)
             }

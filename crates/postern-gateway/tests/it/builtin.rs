@@ -17,6 +17,7 @@ async fn a_get_is_read_only_and_carries_the_bound_credential() {
     let result = outcome.result.unwrap();
     assert!(result.secret_echoed, "the credential bound to 127.0.0.1 was injected");
     assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    rig.store.flush().unwrap(); // read-only executions are journaled without being waited for
     let record = rig.store.view().execution(outcome.execution_id).unwrap().unwrap();
     assert_eq!(record.contract["class"], "read_only");
 }

@@ -184,6 +184,7 @@ async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_red
     assert_eq!(result.body, "you sent <redacted>");
     assert!(!format!("{outcome:?}").contains(SECRET));
     assert!(!format!("{:?}", rig.engine).contains(SECRET));
+    rig.store.flush().unwrap();
     for entry in std::fs::read_dir(rig.dir.path()).unwrap() {
         let path = entry.unwrap().path();
         let bytes = std::fs::read(&path).unwrap();
