@@ -124,7 +124,7 @@ impl JournalView {
                 "SELECT seq, body, row_hash FROM journal
                  WHERE stream = 'activity'
                    AND (?1 IS NULL OR execution_id = ?1)
-                   AND (?2 IS NULL OR session_id = ?2)
+                   AND (?2 IS NULL OR execution_id IN (SELECT id FROM executions WHERE session_id = ?2))
                  ORDER BY seq DESC LIMIT ?3",
                 params![filter.execution.map(|e| e.to_string()), filter.session.map(|s| s.to_string()), limit],
             )

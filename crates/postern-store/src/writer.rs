@@ -173,6 +173,8 @@ impl WriterHandle {
             max_batch: options.max_batch.max(1),
             stats: Arc::clone(&stats),
             synchronous_full: true,
+            states: Default::default(),
+            cache_invalid: false,
         };
         let thread = std::thread::Builder::new()
             .name("postern-journal-writer".into())
@@ -323,6 +325,10 @@ struct Writer {
     stats: Arc<WriterStats>,
     /// The connection's current `PRAGMA synchronous` (FULL or NORMAL).
     synchronous_full: bool,
+    /// Current state and session of executions, as this writer (the only writer) last wrote
+    /// them; saves a read per transition. Cleared whenever a transaction or savepoint rolls back.
+    states: std::collections::HashMap<ExecutionId, (ExecutionState, Option<SessionId>)>,
+    cache_invalid: bool,
 }
 
 /// A row about to be appended (the writer assigns `seq`).
@@ -388,10 +394,13 @@ impl Writer {
         let mut replies = Vec::with_capacity(batch.len());
         for job in batch {
             let head_at_savepoint = self.head;
-            let result = self.conn.execute_batch("SAVEPOINT op").map_err(StoreError::from).and_then(|()| {
+            let result = self.statement("SAVEPOINT op").and_then(|()| {
                 let r = self.apply(&job.op);
-                let end = if r.is_ok() { "RELEASE op" } else { "ROLLBACK TO op; RELEASE op" };
-                self.conn.execute_batch(end)?;
+                if r.is_err() {
+                    self.statement("ROLLBACK TO op")?;
+                    self.cache_invalid = true;
+                }
+                self.statement("RELEASE op")?;
                 r
             });
             if result.is_err() {
@@ -401,12 +410,32 @@ impl Writer {
         }
         if let Err(e) = self.conn.execute_batch("COMMIT") {
             let _ = self.conn.execute_batch("ROLLBACK");
+            self.cache_invalid = true;
             self.head = head_before;
             return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
         }
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
         replies
+    }
+
+    /// Keeps the state of a live execution in memory; finished ones are dropped, and the cache is
+    /// bounded (a miss only costs one read).
+    fn remember(&mut self, id: ExecutionId, state: ExecutionState, session: Option<SessionId>) {
+        if state.is_terminal() {
+            self.states.remove(&id);
+            return;
+        }
+        if self.states.len() >= 65_536 {
+            self.states.clear();
+        }
+        self.states.insert(id, (state, session));
+    }
+
+    /// Runs a fixed statement through the statement cache (no SQL parsing per operation).
+    fn statement(&self, sql: &str) -> Result<(), StoreError> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
     }
 
     fn apply(&mut self, op: &Op) -> Result<Reply, StoreError> {
@@ -532,6 +561,7 @@ impl Writer {
         if inserted == 0 {
             return Err(StoreError::DuplicateExecution(new.id));
         }
+        self.remember(new.id, ExecutionState::Accepted, new.session_id);
         let mut detail = json!({
             "tool": new.tool,
             "channel": new.channel,
@@ -560,11 +590,18 @@ impl Writer {
         Ok(Admission::Accepted { id: new.id })
     }
 
-    fn execution_session(&self, id: ExecutionId) -> Result<Option<SessionId>, StoreError> {
+    fn execution_session(&mut self, id: ExecutionId) -> Result<Option<SessionId>, StoreError> {
         Ok(self.execution_state(id)?.1)
     }
 
-    fn execution_state(&self, id: ExecutionId) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
+    fn execution_state(&mut self, id: ExecutionId) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
+        if self.cache_invalid {
+            self.states.clear();
+            self.cache_invalid = false;
+        }
+        if let Some(cached) = self.states.get(&id) {
+            return Ok(*cached);
+        }
         let (state, session): (String, Option<String>) = self
             .conn
             .prepare_cached("SELECT state, session_id FROM executions WHERE id = ?1")?
@@ -605,6 +642,7 @@ impl Writer {
                  WHERE id = ?1",
             )?
             .execute(params![id.to_string(), next.as_str(), at.as_millis()])?;
+        self.remember(id, next, session_id);
         self.append(Draft {
             at,
             stream: Stream::Activity,

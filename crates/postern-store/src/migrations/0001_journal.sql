@@ -25,7 +25,6 @@ CREATE TABLE journal (
 ) STRICT;
 
 CREATE INDEX journal_by_execution ON journal (execution_id, seq) WHERE execution_id IS NOT NULL;
-CREATE INDEX journal_by_session ON journal (session_id, seq) WHERE session_id IS NOT NULL;
 
 CREATE TRIGGER journal_refuses_update BEFORE UPDATE ON journal
 BEGIN SELECT RAISE(ABORT, 'postern: the journal is append-only; UPDATE refused'); END;
@@ -56,7 +55,6 @@ CREATE TABLE executions (
 ) STRICT;
 
 CREATE INDEX executions_retry_lookup ON executions (fingerprint, actor, intent_scope, accepted_at DESC);
-CREATE INDEX executions_by_state ON executions (state);
 CREATE INDEX executions_by_session ON executions (session_id) WHERE session_id IS NOT NULL;
 
 -- Results of completed executions, returned to retries. Append-only; each result's SHA-256 is
