@@ -80,6 +80,23 @@ pub fn check_numbers(value: &Value, path: &mut String) -> Result<(), CanonicalEr
     }
 }
 
+/// A copy of `value` in which every integer beyond ±(2^53 − 1) is replaced by its exact decimal
+/// string. Only for *evidence* that must be recorded whatever the client sent (e.g. a JSON-RPC
+/// id); never for anything that is fingerprinted, where `123` and `"123"` must stay different.
+pub fn with_unsafe_integers_as_strings(value: &Value) -> Value {
+    match value {
+        Value::Number(n) if n.as_u64().is_some_and(|u| u > MAX_SAFE_INTEGER) => Value::String(n.to_string()),
+        Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() > MAX_SAFE_INTEGER) => {
+            Value::String(n.to_string())
+        }
+        Value::Array(items) => Value::Array(items.iter().map(with_unsafe_integers_as_strings).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), with_unsafe_integers_as_strings(v))).collect())
+        }
+        other => other.clone(),
+    }
+}
+
 /// RFC 8785 canonical bytes of `value`, after checking no number would lose precision.
 pub fn canonical_bytes(value: &Value) -> Result<Vec<u8>, CanonicalError> {
     check_numbers(value, &mut String::new())?;
@@ -191,6 +208,14 @@ mod tests {
         assert_eq!(neg, CanonicalError::IntegerOutOfRange { path: "/".into() });
         // 1e20 is a double, not an integer literal: exact in IEEE-754, so it is fine.
         assert_eq!(canon_text("1e20"), "100000000000000000000");
+    }
+
+    #[test]
+    fn evidence_keeps_huge_integers_exactly_as_strings() {
+        let v = json!({"jsonrpc_id": 9007199254740993u64, "n": [-9007199254740995i64, 5]});
+        let safe = with_unsafe_integers_as_strings(&v);
+        assert_eq!(safe, json!({"jsonrpc_id": "9007199254740993", "n": ["-9007199254740995", 5]}));
+        assert!(canonical_bytes(&safe).is_ok());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::{
 };
 use postern_core::{
     Actor, ExecutionId, ExecutionState, IncomingIntent, IntentScope, PriorExecution, ReplayContract, RetryDecision,
-    SessionId, Timestamp, decide_retry,
+    SessionId, Timestamp, canonical::with_unsafe_integers_as_strings, decide_retry,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
@@ -529,7 +529,7 @@ impl Writer {
                 result_sha256: None,
                 detail: json!({
                     "decision": decision,
-                    "correlation": new.correlation,
+                    "correlation": with_unsafe_integers_as_strings(&new.correlation),
                     "fingerprint": new.fingerprint,
                     "attempted_execution_id": new.id,
                 }),
@@ -570,7 +570,7 @@ impl Writer {
             "fingerprint": new.fingerprint,
             "record": new.record,
             "contract": new.contract,
-            "correlation": new.correlation,
+            "correlation": with_unsafe_integers_as_strings(&new.correlation),
         });
         if let Some(prior) = &prior {
             // A related execution exists but does not attach (outside its window, delivered, …):

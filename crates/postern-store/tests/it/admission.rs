@@ -212,3 +212,18 @@ fn sixty_four_concurrent_writers_produce_one_intact_chain() {
     let events: Vec<&str> = rows.iter().map(|r| r.row.event.as_str()).collect();
     assert_eq!(events, ["accepted", "authorized", "dispatched", "completed", "result_delivered"]);
 }
+
+#[test]
+fn a_huge_json_rpc_id_is_recorded_as_evidence_not_refused() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let mut new = payment(exec_id(1), 5, session(1), at(0));
+    new.correlation = json!({"jsonrpc_id": 18446744073709551615u64});
+    store.admit(new).expect("a legal JSON-RPC id must not make the call fail");
+    let mut retry = payment(exec_id(2), 5, session(1), at(1));
+    retry.correlation = json!({"jsonrpc_id": 9007199254740993u64});
+    store.admit(retry).expect("retry");
+    let rows = store.view().timeline(exec_id(1)).expect("timeline");
+    assert_eq!(rows[0].row.detail["correlation"]["jsonrpc_id"], "18446744073709551615");
+    assert_eq!(rows[1].row.detail["correlation"]["jsonrpc_id"], "9007199254740993");
+}
