@@ -103,6 +103,14 @@ pub fn canonical_bytes(value: &Value) -> Result<Vec<u8>, CanonicalError> {
     canonical_bytes_unchecked(value)
 }
 
+/// Canonical bytes of `value` without first copying it into a `serde_json::Value`; `free_form`
+/// is the part of it that can carry arbitrary numbers (checked in place), the rest being
+/// numbers Postern made itself (sequence numbers, millisecond times).
+pub fn canonical_bytes_checking<T: Serialize>(value: &T, free_form: &Value) -> Result<Vec<u8>, CanonicalError> {
+    check_numbers(free_form, &mut String::new())?;
+    canonical_bytes_unchecked(value)
+}
+
 /// Canonical bytes of any serialisable value whose numbers are known to be in range
 /// (journal rows built by Postern itself: sequence numbers and millisecond timestamps).
 pub fn canonical_bytes_of<T: Serialize>(value: &T) -> Result<Vec<u8>, CanonicalError> {

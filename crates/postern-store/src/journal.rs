@@ -1,6 +1,6 @@
 //! The shape of one journal row and the hash chain that links rows together (design §7).
 
-use postern_core::{ExecutionId, ExecutionState, SessionId, Timestamp, canonical::canonical_bytes_of};
+use postern_core::{ExecutionId, ExecutionState, SessionId, Timestamp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -71,19 +71,26 @@ pub struct RowHead {
     pub result_sha256: Option<String>,
 }
 
-/// The stored shape of a row.
-#[derive(Serialize, Deserialize)]
+/// The stored shape of a row, as read back.
+#[derive(Deserialize)]
 struct Stored {
     head: RowHead,
     payload: Value,
+}
+
+/// The stored shape of a row, as written (borrowing the payload).
+#[derive(Serialize)]
+struct StoredRef<'a> {
+    head: RowHead,
+    payload: &'a Value,
 }
 
 /// Every canonical body starts with this, because `head` is the first key in RFC 8785 order.
 pub const HEAD_PREFIX: &[u8] = b"{\"head\":";
 
 impl JournalRow {
-    fn stored(&self) -> Stored {
-        Stored {
+    fn stored(&self) -> StoredRef<'_> {
+        StoredRef {
             head: RowHead {
                 v: self.v,
                 seq: self.seq,
@@ -95,13 +102,13 @@ impl JournalRow {
                 state: self.state,
                 result_sha256: self.result_sha256.clone(),
             },
-            payload: self.detail.clone(),
+            payload: &self.detail,
         }
     }
 
     /// The RFC 8785 bytes that are stored and chained.
     pub fn canonical(&self) -> Result<Vec<u8>, postern_core::CanonicalError> {
-        canonical_bytes_of(&self.stored())
+        postern_core::canonical::canonical_bytes_checking(&self.stored(), &self.detail)
     }
 
     /// Parses a stored body.
