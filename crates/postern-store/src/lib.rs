@@ -263,29 +263,6 @@ impl Store {
         self.writer.transition(id, to, detail, at)
     }
 
-    /// Several transitions of one execution in one durable transaction (e.g. `authorized` and
-    /// `dispatched`, written together just before the first byte leaves).
-    pub fn transition_steps(
-        &self,
-        id: ExecutionId,
-        steps: Vec<(ExecutionState, Value)>,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        self.writer.steps(id, steps, at)
-    }
-
-    /// Journals a whole read-only execution (accepted, its steps, its completion) in one
-    /// transaction that is committed without waiting for the disk: a read-only call has no side
-    /// effect, so losing its record in a crash loses evidence of a read, never causes a write.
-    pub fn record_read_only(
-        &self,
-        new: NewExecution,
-        steps: Vec<(ExecutionState, Value)>,
-        completion: Option<Completion>,
-    ) -> Result<JournalEntry, StoreError> {
-        self.writer.read_only(new, steps, completion)
-    }
-
     /// Returns once every write queued before this call (including detached ones) is committed.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.writer.flush()
@@ -296,7 +273,8 @@ impl Store {
         self.writer.admit_async(new).await
     }
 
-    /// [`Store::transition_steps`] for async callers.
+    /// Several transitions of one execution in one durable transaction (e.g. `authorized` and
+    /// `dispatched`, written together just before the first byte leaves), for async callers.
     pub async fn transition_steps_async(
         &self,
         id: ExecutionId,
@@ -311,9 +289,11 @@ impl Store {
         self.writer.complete_async(id, completion).await
     }
 
-    /// [`Store::record_read_only`] without waiting at all: the record is queued behind earlier
-    /// writes and committed with the next batch; a failure is reported on stderr and counted in
-    /// [`WriterStats::detached_failures`].
+    /// Journals a whole read-only execution (accepted, its steps, its completion) in one
+    /// transaction, without waiting for it at all: the record is queued behind earlier writes and
+    /// committed, unsynced, with the next batch. A read-only call has no side effect, so losing its
+    /// record in a crash loses evidence of a read, never causes a write. A failure is reported on
+    /// stderr (nobody is waiting for it).
     pub fn record_read_only_detached(
         &self,
         new: NewExecution,

@@ -102,7 +102,7 @@ enum Responder {
     Sync(mpsc::SyncSender<Result<Reply, StoreError>>),
     /// A task awaiting the reply (no thread is blocked while the writer works).
     Async(tokio::sync::oneshot::Sender<Result<Reply, StoreError>>),
-    /// Nobody: a failure is reported on stderr and counted in [`WriterStats`].
+    /// Nobody: a failure is reported on stderr.
     Detached,
 }
 
@@ -117,7 +117,6 @@ struct Job {
 pub struct WriterStats {
     transactions: AtomicU64,
     operations: AtomicU64,
-    detached_failures: AtomicU64,
 }
 
 impl WriterStats {
@@ -127,11 +126,6 @@ impl WriterStats {
 
     pub fn operations(&self) -> u64 {
         self.operations.load(Ordering::Relaxed)
-    }
-
-    /// Writes nobody waited for (read-only executions) that failed.
-    pub fn detached_failures(&self) -> u64 {
-        self.detached_failures.load(Ordering::Relaxed)
     }
 }
 
@@ -232,24 +226,6 @@ impl WriterHandle {
         completion: Option<Completion>,
     ) -> Result<(), StoreError> {
         self.submit(Op::ReadOnly { new: Box::new(new), steps, completion }, Responder::Detached)
-    }
-
-    pub(crate) fn steps(
-        &self,
-        id: ExecutionId,
-        steps: Vec<(ExecutionState, Value)>,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::Steps { id, steps, at }), Entry)
-    }
-
-    pub(crate) fn read_only(
-        &self,
-        new: NewExecution,
-        steps: Vec<(ExecutionState, Value)>,
-        completion: Option<Completion>,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::ReadOnly { new: Box::new(new), steps, completion }), Entry)
     }
 
     pub(crate) fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
@@ -365,7 +341,6 @@ impl Writer {
                     }
                     Responder::Detached => {
                         if let Err(e) = reply {
-                            self.stats.detached_failures.fetch_add(1, Ordering::Relaxed);
                             eprintln!("postern: journaling a read-only execution failed: {e}");
                         }
                     }
