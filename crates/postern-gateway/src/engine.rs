@@ -362,6 +362,33 @@ impl Engine {
         if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {
             return self.read_only(&p, &call, new).await;
         }
+        if !self.approver.may_block()
+            && let Ok(out) = self.outgoing(&p, new.id)
+        {
+            // A non-interactive approver decides before admission; the verdict is applied in the
+            // admission's own durable transaction, and only if this is a new execution. A retry
+            // is decided from the journal as always.
+            let id = new.id;
+            let verdict = self.authorize(&p, &call, id).await?;
+            let auth = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
+            let steps = if verdict.allowed {
+                vec![
+                    (ExecutionState::Authorized, auth.clone()),
+                    (ExecutionState::Dispatched, dispatched_detail(&p, &out)),
+                ]
+            } else {
+                vec![(ExecutionState::Denied, auth.clone())]
+            };
+            return match self.store.admit_and_start_async(new, steps).await? {
+                Admission::Accepted { .. } if verdict.allowed => {
+                    self.send_and_observe(&p, id, out, "new_execution", false).await
+                }
+                Admission::Accepted { .. } => {
+                    Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth))
+                }
+                Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
+            };
+        }
         match self.store.admit_async(new).await? {
             Admission::Accepted { id } => self.authorize_and_run(&p, &call, id, "new_execution", false).await,
             Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
@@ -547,10 +574,20 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
-        let detail = json!({ "target": p.url.to_string(), "method": p.method,
-                             "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) });
-        before.push((ExecutionState::Dispatched, detail));
+        before.push((ExecutionState::Dispatched, dispatched_detail(p, &out)));
         self.store.transition_steps_async(id, before, self.now()).await?;
+        self.send_and_observe(p, id, out, decision, attached).await
+    }
+
+    /// Sends a request whose `dispatched` row is already durable, and journals what happened.
+    async fn send_and_observe(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        out: Outgoing,
+        decision: &str,
+        attached: bool,
+    ) -> Result<CallOutcome, EngineError> {
         match http::send(&self.http, out, self.body_cap).await {
             Sent::Response { result, elapsed } => {
                 let completion = self.completion(&result, elapsed)?;
@@ -675,6 +712,10 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+fn dispatched_detail(p: &Prepared<'_>, out: &Outgoing) -> Value {
+    json!({ "target": p.url.to_string(), "method": p.method, "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) })
 }
 
 fn credential_header(kind: &CredentialKind, secret: Sensitive<String>) -> (String, Sensitive<String>) {

@@ -273,6 +273,17 @@ impl Store {
         self.writer.admit_async(new).await
     }
 
+    /// Admission as in [`Store::admit`]; if it accepts a new execution, `steps` (e.g. `authorized`
+    /// and `dispatched`, decided before admission by a non-interactive approver) are applied in
+    /// the same durable transaction. A matched retry ignores `steps`.
+    pub async fn admit_and_start_async(
+        &self,
+        new: NewExecution,
+        steps: Vec<(ExecutionState, Value)>,
+    ) -> Result<Admission, StoreError> {
+        self.writer.admit_and_start_async(new, steps).await
+    }
+
     /// Several transitions of one execution in one durable transaction (e.g. `authorized` and
     /// `dispatched`, written together just before the first byte leaves), for async callers.
     pub async fn transition_steps_async(

@@ -71,6 +71,11 @@ enum Op {
     },
     /// Writes nothing; answered once everything queued before it is committed.
     Barrier,
+    /// Admission, and for a new execution the given first steps, in one durable transaction.
+    AdmitAndStart {
+        new: Box<NewExecution>,
+        steps: Vec<(ExecutionState, Value)>,
+    },
     ReadOnly {
         new: Box<NewExecution>,
         steps: Vec<(ExecutionState, Value)>,
@@ -209,6 +214,14 @@ impl WriterHandle {
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         expect_reply!(self.call_async(Op::Steps { id, steps, at }).await, Entry)
+    }
+
+    pub(crate) async fn admit_and_start_async(
+        &self,
+        new: NewExecution,
+        steps: Vec<(ExecutionState, Value)>,
+    ) -> Result<Admission, StoreError> {
+        expect_reply!(self.call_async(Op::AdmitAndStart { new: Box::new(new), steps }).await, Admission).map(|a| *a)
     }
 
     pub(crate) async fn complete_async(
@@ -428,6 +441,7 @@ impl Writer {
             Op::SetLocked { locked, detail, at } => self.set_locked(*locked, detail.clone(), *at).map(Reply::Entry),
             Op::Steps { id, steps, at } => self.steps(*id, steps, *at).map(Reply::Entry),
             Op::Barrier => Ok(Reply::Text(String::new())),
+            Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
             Op::ReadOnly { new, steps, completion } => {
                 self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)
             }
@@ -726,6 +740,20 @@ impl Writer {
             last = Some(self.transition(id, *state, detail.clone(), at)?);
         }
         last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))
+    }
+
+    fn admit_and_start(
+        &mut self,
+        new: &NewExecution,
+        steps: &[(ExecutionState, Value)],
+    ) -> Result<Admission, StoreError> {
+        let admission = self.admit(new)?;
+        if let Admission::Accepted { id } = admission
+            && !steps.is_empty()
+        {
+            self.steps(id, steps, new.at)?;
+        }
+        Ok(admission)
     }
 
     fn read_only(
