@@ -79,6 +79,7 @@ pub(crate) fn open_checked(path: &Path) -> Result<Connection, StoreError> {
     }
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    crate::stable_plans(&conn)?;
     schema::check_identity(&conn, path, false)?;
     Ok(conn)
 }
