@@ -184,6 +184,18 @@ async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_red
     assert_eq!(result.body, "you sent <redacted>");
     assert!(!format!("{outcome:?}").contains(SECRET));
     assert!(!format!("{:?}", rig.engine).contains(SECRET));
+    // Error paths that carry the credential: a refused connection, a call refused outright.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let url = format!("http://{closed}/v1/echo");
+    let failed = rig.engine.call(call("http_request", json!({"method": "POST", "url": url}), 1, 2)).await.unwrap();
+    assert_eq!(failed.state, ExecutionState::FailedBeforeDispatch);
+    assert!(!format!("{failed:?}").contains(SECRET), "{failed:?}");
+    let refused = rig
+        .engine
+        .call(call("http_request", json!({"method": "GET", "url": "http://localhost:9/x", "credential": "pay"}), 1, 3))
+        .await
+        .unwrap_err();
+    assert!(!refused.to_string().contains(SECRET) && !format!("{refused:?}").contains(SECRET));
     rig.store.flush().unwrap();
     for entry in std::fs::read_dir(rig.dir.path()).unwrap() {
         let path = entry.unwrap().path();
