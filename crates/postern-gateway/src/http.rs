@@ -9,7 +9,7 @@
 use postern_vault::Sensitive;
 use serde::{Deserialize, Serialize};
 use std::{
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     sync::Once,
     time::{Duration, Instant},
 };
@@ -62,15 +62,50 @@ pub enum UnsafeTarget {
     LinkLocal(String),
 }
 
+/// Link-local addresses (where cloud metadata services live) and the 100.100.100.200-style
+/// metadata range.
+pub fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.octets()[..2] == [100, 100],
+        IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xffc0) == 0xfe80 || v6.to_ipv4_mapped().is_some_and(|v4| is_link_local(IpAddr::V4(v4)))
+        }
+    }
+}
+
+/// Keeps only the addresses Postern may connect to; refuses a name that resolves to nothing else.
+pub fn allowed_addresses(host: &str, resolved: Vec<SocketAddr>) -> Result<Vec<SocketAddr>, String> {
+    let allowed: Vec<SocketAddr> = resolved.into_iter().filter(|a| !is_link_local(a.ip())).collect();
+    if allowed.is_empty() {
+        return Err(format!(
+            "{host} resolves only to link-local or cloud-metadata addresses; Postern never sends requests there"
+        ));
+    }
+    Ok(allowed)
+}
+
+/// The client's resolver: system DNS, minus link-local and metadata addresses, so a name that
+/// points there (DNS rebinding included) is refused at connect time, before any byte is sent.
+struct GuardedResolver;
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed = allowed_addresses(&host, resolved)?;
+            let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
 /// HTTPS is required except for loopback; link-local and metadata addresses are refused.
 pub fn check_target(url: &url::Url) -> Result<(), UnsafeTarget> {
     let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
     let ip: Option<IpAddr> = host.parse().ok();
     let link_local = match ip {
-        Some(IpAddr::V4(v4)) => v4.is_link_local() || v4.octets()[..2] == [100, 100],
-        Some(IpAddr::V6(v6)) => {
-            (v6.segments()[0] & 0xffc0) == 0xfe80 || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
-        }
+        Some(ip) => is_link_local(ip),
         None => host == "metadata.google.internal" || host == "metadata",
     };
     if link_local {
@@ -94,6 +129,7 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
+        .dns_resolver(std::sync::Arc::new(GuardedResolver))
         .build()
         .unwrap_or_else(|_| reqwest::Client::new())
 }
@@ -218,6 +254,18 @@ fn describe(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_resolving_only_to_link_local_addresses_are_refused() {
+        let addr = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        let mixed = vec![addr("169.254.169.254:0"), addr("203.0.113.7:0"), addr("[fe80::1]:0")];
+        assert_eq!(allowed_addresses("api.example", mixed), Ok(vec![addr("203.0.113.7:0")]));
+        let err = allowed_addresses("rebind.example", vec![addr("169.254.169.254:0"), addr("100.100.100.200:0")])
+            .unwrap_err();
+        assert!(err.contains("rebind.example resolves only to link-local"), "{err}");
+        assert!(is_link_local("::ffff:169.254.1.1".parse().expect("ip")));
+        assert!(!is_link_local("127.0.0.1".parse().expect("ip")));
+    }
 
     #[test]
     fn targets_need_https_except_loopback_and_never_link_local() {

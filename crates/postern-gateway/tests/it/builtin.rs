@@ -96,3 +96,16 @@ async fn the_agent_cannot_set_credentials_or_send_a_key_elsewhere() {
     assert_eq!(err.code(), "unsafe_target");
     assert_eq!(target.requests.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_names_go_through_the_guarded_resolver_and_still_connect() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    // `localhost` is resolved by Postern's resolver (IP literals are not), which drops only
+    // link-local and metadata addresses.
+    let url = format!("http://localhost:{}/v1/echo", addr.port());
+    let outcome = rig.engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
+    assert_eq!(outcome.state, ExecutionState::Completed, "{outcome:?}");
+    assert_eq!(outcome.result.unwrap().body, "you sent ", "no credential is bound to the name localhost");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+}
