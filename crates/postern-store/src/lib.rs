@@ -77,6 +77,13 @@ pub enum StoreError {
     MigrationMismatch { version: u32 },
     #[error("the journal writer has stopped; restart postern")]
     WriterStopped,
+    #[error(
+        "{} is in use by another postern process{}; only one process may write a journal (stop it, \
+         or run read-only commands such as `postern activity` or `postern audit verify`)",
+        path.display(),
+        holder.as_deref().map(|h| format!(" ({h})")).unwrap_or_default()
+    )]
+    InUse { path: PathBuf, holder: Option<String> },
 }
 
 impl ErrorCode for StoreError {
@@ -103,6 +110,7 @@ impl ErrorCode for StoreError {
             StoreError::Corrupt(_) => "corrupt_data",
             StoreError::MigrationMismatch { .. } => "migration_mismatch",
             StoreError::WriterStopped => "writer_stopped",
+            StoreError::InUse { .. } => "journal_in_use",
         }
     }
 }
@@ -198,6 +206,9 @@ pub struct Store {
     writer: writer::WriterHandle,
     view: JournalView,
     path: PathBuf,
+    /// Held for the life of the store: one writing process per journal. (Declared last, so it is
+    /// released only after the writer has finished.)
+    _lock: std::fs::File,
 }
 
 impl Store {
@@ -219,6 +230,8 @@ impl Store {
         let is_new = !path.exists();
         let mut conn = rusqlite::Connection::open(path)?;
         schema::check_identity(&conn, path, true)?;
+        // Only now that the file is known to be (or become) a Postern journal.
+        let lock = lock_journal(path)?;
         if is_new {
             // 8 KiB pages: `audit verify` walks the journal sequentially and SQLite's per-page work
             // is a large share of it, while every durable append writes a few whole pages to the
@@ -231,7 +244,7 @@ impl Store {
         schema::migrate(&mut conn, path, now.as_millis())?;
         let writer = writer::WriterHandle::spawn(conn, options)?;
         let view = JournalView::open_read_only(path)?;
-        let store = Store { writer, view, path: path.to_owned() };
+        let store = Store { writer, view, path: path.to_owned(), _lock: lock };
         let recovery = store.writer.recover(now)?;
         Ok((store, recovery))
     }
@@ -355,6 +368,39 @@ impl Store {
     /// Records the current journal head as a checkpoint and returns it for export.
     pub fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
         self.writer.checkpoint(at)
+    }
+}
+
+/// Takes the journal's exclusive lock (`<db>.lock`), or says who holds it. The operating system
+/// releases the lock when the holder exits, however it exits, so a crash never leaves it stale.
+fn lock_journal(path: &Path) -> Result<std::fs::File, StoreError> {
+    use std::io::{Read, Seek, Write};
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let io = |source| StoreError::Io { path: lock_path.clone(), source };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(&lock_path).map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {
+            file.set_len(0).map_err(io)?;
+            file.rewind().map_err(io)?;
+            write!(file, "pid {}", std::process::id()).map_err(io)?;
+            Ok(file)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = Some(holder.trim().to_owned()).filter(|h| !h.is_empty());
+            Err(StoreError::InUse { path: path.to_owned(), holder })
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
     }
 }
 

@@ -230,3 +230,16 @@ fn vault_changes_are_journaled_on_their_own_stream() {
     assert!(report.intact(), "{:?}", report.findings);
     assert_eq!(report.rows, 3, "credential_added, vault_locked, credential_removed");
 }
+
+#[test]
+fn only_one_process_writes_a_journal_and_a_crash_never_leaves_it_locked() {
+    let fx = Fixture::new();
+    let first = fx.open();
+    let err = Store::open(&fx.path, at(1)).unwrap_err();
+    assert_eq!(err.code(), "journal_in_use");
+    assert!(err.to_string().contains(&format!("pid {}", std::process::id())), "{err}");
+    // Readers are not affected.
+    assert!(JournalView::open_read_only(&fx.path).is_ok());
+    drop(first);
+    let _second = Store::open(&fx.path, at(2)).expect("released when the holder is gone");
+}

@@ -61,8 +61,10 @@ fn two_installations_never_share_keys_or_secrets() {
     va.add_credential(&credential("shared-name"), &Sensitive::new("secret-a".into()), Timestamp::from_millis(3))
         .expect("add");
     assert!(matches!(vb.secret("shared-name"), Err(VaultError::UnknownCredential(_))));
-    // The same installation reopened finds its keys again.
-    let again = vault(a.path(), keychain());
-    assert_eq!(again.journal_public_key().expect("pk"), va.journal_public_key().expect("pk"));
     va.remove_credential("shared-name", Timestamp::from_millis(4)).expect("cleanup");
+    // The same installation, reopened after it was closed, finds its keys again.
+    let key = va.journal_public_key().expect("pk");
+    drop(va);
+    let again = vault(a.path(), keychain());
+    assert_eq!(again.journal_public_key().expect("pk"), key);
 }
