@@ -3,6 +3,7 @@
 //! Exit codes are part of the interface: 0 success / intact, 1 tampering found, 2 unusable
 //! input (missing file, not a Postern database, newer schema, bad arguments).
 
+mod agents;
 mod audit;
 mod call;
 mod journal;
@@ -58,6 +59,11 @@ enum Command {
         #[command(subcommand)]
         command: ExecutionCommand,
     },
+    /// Bearer tokens for agents that use Streamable HTTP.
+    Agents {
+        #[command(subcommand)]
+        command: AgentsCommand,
+    },
     /// Run one tool through the engine (journal, retry matching, vault, HTTP) without an agent.
     Call(call::CallArgs),
     /// Tool manifests.
@@ -70,6 +76,19 @@ enum Command {
         #[command(subcommand)]
         command: VaultCommand,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum AgentsCommand {
+    /// Create an agent and print its token once (only a hash is kept).
+    Add { name: String },
+    /// List agents (never their tokens).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an agent's token.
+    Revoke { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -178,6 +197,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Call(args) => call::run(&data_dir, args),
+        Command::Agents { command } => match command {
+            AgentsCommand::Add { name } => agents::add(&data_dir, &name),
+            AgentsCommand::List { json } => agents::list(&data_dir, json),
+            AgentsCommand::Revoke { name } => agents::revoke(&data_dir, &name),
+        },
         Command::Tools { command: ToolsCommand::Check { file } } => tools_check(&file),
         Command::Vault { command } => match command {
             VaultCommand::Add(args) => vault::add(&data_dir, args),

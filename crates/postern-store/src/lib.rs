@@ -15,7 +15,7 @@ mod writer;
 pub use audit::{Checkpoint, Finding, VerifyReport};
 pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
 pub use schema::{APPLICATION_ID, supported_version};
-pub use view::{ActivityFilter, ExecutionSummary, JournalView, SessionSummary, StoredResult};
+pub use view::{ActivityFilter, AgentRecord, ExecutionSummary, JournalView, SessionSummary, StoredResult};
 pub use writer::WriterStats;
 
 use postern_core::{
@@ -66,6 +66,10 @@ pub enum StoreError {
     DuplicateCredential(String),
     #[error("no credential named {0:?}")]
     UnknownCredential(String),
+    #[error("an agent named {0:?} already exists (names are never reused, even after revocation)")]
+    DuplicateAgent(String),
+    #[error("no active agent named {0:?} (see `postern agents list`)")]
+    UnknownAgent(String),
     #[error("journal row could not be encoded: {0}")]
     Encode(#[from] postern_core::CanonicalError),
     #[error("stored data is corrupt: {0}")]
@@ -106,6 +110,8 @@ impl ErrorCode for StoreError {
             StoreError::SessionEnded(_) => "session_ended",
             StoreError::DuplicateCredential(_) => "duplicate_credential",
             StoreError::UnknownCredential(_) => "unknown_credential",
+            StoreError::DuplicateAgent(_) => "duplicate_agent",
+            StoreError::UnknownAgent(_) => "unknown_agent",
             StoreError::Encode(e) => e.code(),
             StoreError::Corrupt(_) => "corrupt_data",
             StoreError::MigrationMismatch { .. } => "migration_mismatch",
@@ -353,6 +359,16 @@ impl Store {
 
     pub fn remove_credential(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         self.writer.remove_credential(name.to_owned(), at)
+    }
+
+    /// Registers an agent by the SHA-256 (hex) of its token, and journals it.
+    pub fn add_agent(&self, name: &str, token_sha256: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.add_agent(name.to_owned(), token_sha256.to_owned(), at)
+    }
+
+    /// Revokes an active agent's token, and journals it.
+    pub fn revoke_agent(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.revoke_agent(name.to_owned(), at)
     }
 
     /// Locks or unlocks the vault and journals who/why in `detail`.

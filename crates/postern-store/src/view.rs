@@ -18,6 +18,15 @@ pub struct JournalView {
     conn: Mutex<Connection>,
 }
 
+/// An agent allowed to use Streamable HTTP (its token is never stored, only its SHA-256).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AgentRecord {
+    pub name: String,
+    pub token_sha256: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
 /// What `postern activity` shows.
 #[derive(Clone, Debug, Default)]
 pub struct ActivityFilter {
@@ -245,6 +254,43 @@ impl JournalView {
                 })
             })?;
             rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
+    }
+
+    /// Every agent, active or revoked, by name.
+    pub fn agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
+        self.with(|c| {
+            let mut stmt =
+                c.prepare_cached("SELECT name, token_sha256, created_at, revoked_at FROM agents ORDER BY name")?;
+            let rows = stmt.query_map([], |r| {
+                Ok(AgentRecord {
+                    name: r.get(0)?,
+                    token_sha256: r.get(1)?,
+                    created_at: r.get(2)?,
+                    revoked_at: r.get(3)?,
+                })
+            })?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
+    }
+
+    /// The active agent holding the token whose SHA-256 (hex) is given, if any.
+    pub fn active_agent_by_token(&self, token_sha256: &str) -> Result<Option<AgentRecord>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached(
+                "SELECT name, token_sha256, created_at, revoked_at FROM agents
+                 WHERE token_sha256 = ?1 AND revoked_at IS NULL",
+            )?
+            .query_row([token_sha256], |r| {
+                Ok(AgentRecord {
+                    name: r.get(0)?,
+                    token_sha256: r.get(1)?,
+                    created_at: r.get(2)?,
+                    revoked_at: r.get(3)?,
+                })
+            })
+            .optional()
+            .map_err(StoreError::from)
         })
     }
 

@@ -25,6 +25,15 @@ use std::sync::{
 
 enum Op {
     Admit(Box<NewExecution>),
+    AddAgent {
+        name: String,
+        token_sha256: String,
+        at: Timestamp,
+    },
+    RevokeAgent {
+        name: String,
+        at: Timestamp,
+    },
     Transition {
         id: ExecutionId,
         to: ExecutionState,
@@ -287,6 +296,19 @@ impl WriterHandle {
         expect_reply!(self.call(Op::RemoveCredential { name, at }), Entry)
     }
 
+    pub(crate) fn add_agent(
+        &self,
+        name: String,
+        token_sha256: String,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::AddAgent { name, token_sha256, at }), Entry)
+    }
+
+    pub(crate) fn revoke_agent(&self, name: String, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::RevokeAgent { name, at }), Entry)
+    }
+
     pub(crate) fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
         expect_reply!(self.call(Op::SetLocked { locked, detail, at }), Entry)
     }
@@ -441,6 +463,8 @@ impl Writer {
             Op::SetLocked { locked, detail, at } => self.set_locked(*locked, detail.clone(), *at).map(Reply::Entry),
             Op::Steps { id, steps, at } => self.steps(*id, steps, *at).map(Reply::Entry),
             Op::Barrier => Ok(Reply::Text(String::new())),
+            Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
+            Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
             Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
             Op::ReadOnly { new, steps, completion } => {
                 self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)
@@ -824,6 +848,30 @@ impl Writer {
             return Err(StoreError::UnknownCredential(name.to_owned()));
         }
         self.vault_row("credential_removed", json!({ "name": name }), at)
+    }
+
+    fn add_agent(&mut self, name: &str, token_sha256: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let inserted = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO agents (name, token_sha256, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![name, token_sha256, at.as_millis()])?;
+        if inserted == 0 {
+            return Err(StoreError::DuplicateAgent(name.to_owned()));
+        }
+        self.vault_row("agent_added", json!({ "name": name, "token_sha256": token_sha256 }), at)
+    }
+
+    fn revoke_agent(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let revoked = self
+            .conn
+            .prepare_cached("UPDATE agents SET revoked_at = ?2 WHERE name = ?1 AND revoked_at IS NULL")?
+            .execute(params![name, at.as_millis()])?;
+        if revoked == 0 {
+            return Err(StoreError::UnknownAgent(name.to_owned()));
+        }
+        self.vault_row("agent_revoked", json!({ "name": name }), at)
     }
 
     fn set_locked(&mut self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // tests assert by unwrapping the error they expect
 
+mod agents;
 mod audit;
 mod call;
 mod journal;

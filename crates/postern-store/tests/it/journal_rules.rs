@@ -243,3 +243,19 @@ fn only_one_process_writes_a_journal_and_a_crash_never_leaves_it_locked() {
     drop(first);
     let _second = Store::open(&fx.path, at(2)).expect("released when the holder is gone");
 }
+
+#[test]
+fn an_agent_token_authenticates_until_revoked_and_names_are_never_reused() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    store.add_agent("ci", "ab12", at(0)).expect("add");
+    assert_eq!(store.add_agent("ci", "cd34", at(1)).unwrap_err().code(), "duplicate_agent");
+    assert_eq!(store.view().active_agent_by_token("ab12").expect("q").expect("found").name, "ci");
+    assert!(store.view().active_agent_by_token("cd34").expect("q").is_none());
+    store.revoke_agent("ci", at(2)).expect("revoke");
+    assert!(store.view().active_agent_by_token("ab12").expect("q").is_none(), "a revoked token never authenticates");
+    assert_eq!(store.revoke_agent("ci", at(3)).unwrap_err().code(), "unknown_agent");
+    assert_eq!(store.add_agent("ci", "ef56", at(4)).unwrap_err().code(), "duplicate_agent");
+    let events: Vec<String> = store.view().agents().expect("agents").iter().map(|a| a.name.clone()).collect();
+    assert_eq!(events, ["ci"]);
+}
