@@ -111,13 +111,6 @@ pub fn canonical_bytes_checking<T: Serialize>(value: &T, free_form: &Value) -> R
     canonical_bytes_unchecked(value)
 }
 
-/// Canonical bytes of any serialisable value whose numbers are known to be in range
-/// (journal rows built by Postern itself: sequence numbers and millisecond timestamps).
-pub fn canonical_bytes_of<T: Serialize>(value: &T) -> Result<Vec<u8>, CanonicalError> {
-    let as_value = serde_json::to_value(value).map_err(|e| CanonicalError::Serialise(e.to_string()))?;
-    canonical_bytes(&as_value)
-}
-
 fn canonical_bytes_unchecked<T: Serialize>(value: &T) -> Result<Vec<u8>, CanonicalError> {
     serde_json_canonicalizer::to_vec(value).map_err(|e| CanonicalError::Serialise(e.to_string()))
 }

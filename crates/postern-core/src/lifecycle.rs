@@ -93,11 +93,6 @@ impl ExecutionState {
     pub fn is_terminal(self) -> bool {
         self.successors().is_empty()
     }
-
-    /// Bytes may be on their way to (or at) the target and no outcome has been observed.
-    pub fn is_in_flight(self) -> bool {
-        self == Dispatched
-    }
 }
 
 impl fmt::Display for ExecutionState {
