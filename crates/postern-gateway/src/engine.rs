@@ -530,7 +530,7 @@ impl Engine {
     fn outgoing(&self, p: &Prepared<'_>, id: ExecutionId) -> Result<Outgoing, EngineError> {
         let credential = match &p.credential {
             None => None,
-            Some(c) => Some(credential_header(&c.kind, self.vault.secret(&c.name)?)),
+            Some(c) => Some(credential_header(&c.kind, self.vault.secret_of(c)?)),
         };
         Ok(Outgoing {
             method: p.method.clone(),
@@ -618,7 +618,7 @@ impl Engine {
             .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
         http::check_target(&url)?;
         let credential = match &p.credential {
-            Some(c) if c.allows(&url) => Some(credential_header(&c.kind, self.vault.secret(&c.name)?)),
+            Some(c) if c.allows(&url) => Some(credential_header(&c.kind, self.vault.secret_of(c)?)),
             _ => None,
         };
         let out = Outgoing {

@@ -112,16 +112,22 @@ impl Vault {
 
     /// The secret of a credential, for the channel that injects it. Refused while locked.
     pub fn secret(&self, name: &str) -> Result<Sensitive<String>, VaultError> {
+        self.secret_of(&self.credential(name)?)
+    }
+
+    /// The secret of a credential the caller has just resolved (no second metadata read on the
+    /// dispatch path). Refused while locked.
+    pub fn secret_of(&self, credential: &Credential) -> Result<Sensitive<String>, VaultError> {
         if self.is_locked()? {
             return Err(VaultError::Locked);
         }
-        self.credential(name)?;
+        let name = &credential.name;
         let bytes = self
             .keychain
             .get(&self.item(&format!("credential/{name}")))?
-            .ok_or_else(|| VaultError::MissingSecret(name.into()))?;
+            .ok_or_else(|| VaultError::MissingSecret(name.clone()))?;
         let text = String::from_utf8(bytes.expose().clone())
-            .map_err(|_| VaultError::CorruptKey { item: name.into(), detail: "not UTF-8".into() })?;
+            .map_err(|_| VaultError::CorruptKey { item: name.clone(), detail: "not UTF-8".into() })?;
         Ok(Sensitive::new(text))
     }
 
