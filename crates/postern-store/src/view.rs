@@ -27,6 +27,10 @@ pub struct AgentRecord {
     pub revoked_at: Option<i64>,
 }
 
+fn agent_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentRecord> {
+    Ok(AgentRecord { name: r.get(0)?, token_sha256: r.get(1)?, created_at: r.get(2)?, revoked_at: r.get(3)? })
+}
+
 /// What `postern activity` shows.
 #[derive(Clone, Debug, Default)]
 pub struct ActivityFilter {
@@ -262,14 +266,7 @@ impl JournalView {
         self.with(|c| {
             let mut stmt =
                 c.prepare_cached("SELECT name, token_sha256, created_at, revoked_at FROM agents ORDER BY name")?;
-            let rows = stmt.query_map([], |r| {
-                Ok(AgentRecord {
-                    name: r.get(0)?,
-                    token_sha256: r.get(1)?,
-                    created_at: r.get(2)?,
-                    revoked_at: r.get(3)?,
-                })
-            })?;
+            let rows = stmt.query_map([], agent_from_row)?;
             rows.collect::<Result<_, _>>().map_err(StoreError::from)
         })
     }
@@ -281,14 +278,7 @@ impl JournalView {
                 "SELECT name, token_sha256, created_at, revoked_at FROM agents
                  WHERE token_sha256 = ?1 AND revoked_at IS NULL",
             )?
-            .query_row([token_sha256], |r| {
-                Ok(AgentRecord {
-                    name: r.get(0)?,
-                    token_sha256: r.get(1)?,
-                    created_at: r.get(2)?,
-                    revoked_at: r.get(3)?,
-                })
-            })
+            .query_row([token_sha256], agent_from_row)
             .optional()
             .map_err(StoreError::from)
         })
