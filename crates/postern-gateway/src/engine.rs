@@ -162,6 +162,14 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// The outcome of one send, before it is journaled.
+struct Observation {
+    state: ExecutionState,
+    result: Option<HttpResult>,
+    detail: Value,
+    completion: Option<Completion>,
+}
+
 /// A manifest tool, or a built-in one made for this call.
 enum ToolRef<'a> {
     Manifest(&'a Tool),
@@ -502,14 +510,8 @@ impl Engine {
         let out = self.outgoing(p, id)?;
         let dispatched = json!({ "target": p.url.to_string(), "method": p.method });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
-        let (state, result, detail, completion) = match http::send(&self.http, out, self.body_cap).await {
-            Sent::Response { result, elapsed } => {
-                let completion = self.completion(&result, elapsed)?;
-                (ExecutionState::Completed, Some(result), json!({}), Some(completion))
-            }
-            Sent::NotSent { reason } => (ExecutionState::FailedBeforeDispatch, None, json!({ "reason": reason }), None),
-            Sent::Unknown { reason } => (ExecutionState::OutcomeUnknown, None, json!({ "reason": reason }), None),
-        };
+        let Observation { state, result, detail, completion } =
+            self.observe(p, http::send(&self.http, out, self.body_cap).await)?;
         if completion.is_none() {
             steps.push((state, detail.clone()));
         }
@@ -588,23 +590,39 @@ impl Engine {
         decision: &str,
         attached: bool,
     ) -> Result<CallOutcome, EngineError> {
-        match http::send(&self.http, out, self.body_cap).await {
-            Sent::Response { result, elapsed } => {
-                let completion = self.completion(&result, elapsed)?;
+        let Observation { state, result, detail, completion } =
+            self.observe(p, http::send(&self.http, out, self.body_cap).await)?;
+        match completion {
+            Some(completion) => {
                 self.store.complete_async(id, completion).await?;
-                Ok(self.outcome(id, ExecutionState::Completed, attached, decision, Some(result), json!({})))
             }
-            Sent::NotSent { reason } => {
-                let detail = json!({ "reason": reason });
-                self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
-                Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, attached, decision, None, detail))
-            }
-            Sent::Unknown { reason } => {
-                let detail = json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() });
-                self.transition(id, ExecutionState::OutcomeUnknown, detail.clone()).await?;
-                Ok(self.outcome(id, ExecutionState::OutcomeUnknown, attached, decision, None, detail))
-            }
+            None => self.transition(id, state, detail.clone()).await?,
         }
+        Ok(self.outcome(id, state, attached, decision, result, detail))
+    }
+
+    /// What a send phase observed, as the state it leads to (one mapping for every path).
+    fn observe(&self, p: &Prepared<'_>, sent: Sent) -> Result<Observation, EngineError> {
+        Ok(match sent {
+            Sent::Response { result, elapsed } => Observation {
+                state: ExecutionState::Completed,
+                completion: Some(self.completion(&result, elapsed)?),
+                result: Some(result),
+                detail: json!({}),
+            },
+            Sent::NotSent { reason } => Observation {
+                state: ExecutionState::FailedBeforeDispatch,
+                result: None,
+                detail: json!({ "reason": reason }),
+                completion: None,
+            },
+            Sent::Unknown { reason } => Observation {
+                state: ExecutionState::OutcomeUnknown,
+                result: None,
+                detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                completion: None,
+            },
+        })
     }
 
     async fn query_status(
