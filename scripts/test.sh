@@ -20,6 +20,20 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+# The official MCP SDKs the gateway's end-to-end tests drive, pinned by
+# tests/clients/python/requirements.txt and tests/clients/ts/package-lock.json.
+py=tests/clients/python
+if [ ! -x "$py/.venv/bin/python" ] || ! cmp -s "$py/requirements.txt" "$py/.venv/installed.txt"; then
+  python3 -m venv "$py/.venv"
+  "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
+  cp "$py/requirements.txt" "$py/.venv/installed.txt"
+fi
+ts=tests/clients/ts
+if [ ! -d "$ts/node_modules" ] || ! cmp -s "$ts/package-lock.json" "$ts/node_modules/.installed-lock.json"; then
+  (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$ts/package-lock.json" "$ts/node_modules/.installed-lock.json"
+fi
+
 keyring_home=$(mktemp -d)
 trap 'rm -rf "$keyring_home"' EXIT
 export XDG_DATA_HOME="$keyring_home/data" XDG_RUNTIME_DIR="$keyring_home/run"

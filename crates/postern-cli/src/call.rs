@@ -65,6 +65,7 @@ pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
         intent_scope: scope,
         session: None,
         correlation: serde_json::json!({ "transport": "cli" }),
+        cancel: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     let outcome = runtime.block_on(engine.call(call)).map_err(|e| {

@@ -9,6 +9,7 @@ mod call;
 mod journal;
 mod location;
 mod render;
+mod serve;
 mod vault;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the gateway headless: the `postern mcp` socket and Streamable HTTP on 127.0.0.1.
+    /// Logs go to stderr; SIGINT/SIGTERM stop it after executions in flight are journaled.
+    Serve(serve::ServeArgs),
+    /// The stdio bridge an agent launches (`claude mcp add postern -- postern mcp`): relays MCP
+    /// between stdin/stdout and the running gateway.
+    Mcp,
     /// Open (creating if needed) the data directory and journal, recover executions a previous
     /// run left dispatched, and print a summary.
     Status {
@@ -186,6 +193,8 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let data_dir = location::data_dir(cli.data_dir)?;
     match cli.command {
+        Command::Serve(args) => serve::serve(&data_dir, args),
+        Command::Mcp => serve::bridge(&data_dir),
         Command::Status { json } => journal::status(&data_dir, json),
         Command::Audit { command: AuditCommand::Verify { db, checkpoint, pubkey, chain_only, json } } => {
             let db = db.unwrap_or_else(|| location::database(&data_dir));

@@ -133,6 +133,20 @@ pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
 }
 
 pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
+    if locked {
+        // A running gateway holds the journal: ask it. (Unlocking is not offered over that
+        // socket: any process of this user, an agent included, can reach it.)
+        if let Err(e) = Store::open(&location::database(data_dir), now())
+            && crate::serve::held_by_gateway(&e)
+        {
+            crate::serve::via_gateway(
+                data_dir,
+                postern_gateway::control::ControlRequest::LockVault { by: "cli".into() },
+            )?;
+            eprintln!("vault locked: every action is denied until `postern vault unlock`");
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     let vault = open(data_dir)?;
     if locked {
         vault.lock("cli", now())?;

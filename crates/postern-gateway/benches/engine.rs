@@ -140,6 +140,7 @@ fn main() {
                             intent_scope: IntentScope::agent_run(session),
                             session: None,
                             correlation: json!({}),
+                            cancel: Default::default(),
                         };
                         let outcome = e.call(call).await.expect("call");
                         assert!(outcome.result.is_some(), "{outcome:?}");

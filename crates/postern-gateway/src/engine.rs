@@ -82,6 +82,28 @@ pub struct Call {
     pub session: Option<SessionId>,
     /// Protocol correlation (JSON-RPC id, MCP session): evidence only.
     pub correlation: Value,
+    /// Raised by the client's `notifications/cancelled`.
+    pub cancel: CancelSignal,
+}
+
+/// A client's request to cancel a call. Honoured until the `dispatched` row is written; after
+/// that the side effect may be under way, so the engine journals the request and carries on
+/// (design: cancelling never pretends to undo).
+#[derive(Debug, Clone, Default)]
+pub struct CancelSignal(Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelSignal {
+    pub fn cancel(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn cancelled_detail() -> Value {
+    json!({ "reason": "cancelled", "message": "the client cancelled the call before it was sent" })
 }
 
 /// Where a call ended up.
@@ -91,6 +113,10 @@ pub struct CallOutcome {
     pub state: ExecutionState,
     /// The call was recognised as a retry of an earlier execution.
     pub attached: bool,
+    /// A read-only execution: journaled without waiting for the disk, never attached to, so its
+    /// delivery is not tracked (a retry sends it again anyway).
+    #[serde(skip)]
+    pub read_only: bool,
     /// The retry decision that was taken (`new_execution` for a fresh call).
     pub decision: String,
     pub result: Option<HttpResult>,
@@ -335,6 +361,11 @@ impl Engine {
     /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
     pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
         let (p, arguments) = self.prepare(&call)?;
+        // A contract may widen the scope beyond the agent run (design §5: e.g. a rotation).
+        let intent_scope = match p.tool.contract.scope {
+            postern_core::contract::ScopePolicy::Durable => IntentScope::durable(),
+            postern_core::contract::ScopePolicy::AgentRun => call.intent_scope.clone(),
+        };
         let action = CanonicalAction::build(
             &ActionRequest {
                 actor: call.actor.clone(),
@@ -346,7 +377,7 @@ impl Engine {
                 }),
                 credential_ref: p.credential.as_ref().map(|c| c.name.clone()),
                 arguments,
-                intent_scope: call.intent_scope.clone(),
+                intent_scope: intent_scope.clone(),
             },
             &p.tool.contract,
             &self.key,
@@ -358,7 +389,7 @@ impl Engine {
             id: ExecutionId::from_parts(at, u128::from_le_bytes(random)),
             fingerprint: action.fingerprint(&self.key),
             actor: call.actor.clone(),
-            intent_scope: call.intent_scope.clone(),
+            intent_scope,
             session_id: call.session,
             tool: p.tool.name.clone(),
             channel: Channel::Http,
@@ -379,7 +410,13 @@ impl Engine {
             let id = new.id;
             let verdict = self.authorize(&p, &call, id).await?;
             let auth = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
-            let steps = if verdict.allowed {
+            let cancelled = call.cancel.is_cancelled();
+            let steps = if verdict.allowed && cancelled {
+                vec![
+                    (ExecutionState::Authorized, auth.clone()),
+                    (ExecutionState::FailedBeforeDispatch, cancelled_detail()),
+                ]
+            } else if verdict.allowed {
                 vec![
                     (ExecutionState::Authorized, auth.clone()),
                     (ExecutionState::Dispatched, dispatched_detail(&p, &out)),
@@ -388,6 +425,14 @@ impl Engine {
                 vec![(ExecutionState::Denied, auth.clone())]
             };
             return match self.store.admit_and_start_async(new, steps).await? {
+                Admission::Accepted { .. } if verdict.allowed && cancelled => Ok(self.outcome(
+                    id,
+                    ExecutionState::FailedBeforeDispatch,
+                    false,
+                    "new_execution",
+                    None,
+                    cancelled_detail(),
+                )),
                 Admission::Accepted { .. } if verdict.allowed => {
                     self.send_and_observe(&p, id, out, "new_execution", false).await
                 }
@@ -456,7 +501,7 @@ impl Engine {
         result: Option<HttpResult>,
         detail: Value,
     ) -> CallOutcome {
-        CallOutcome { execution_id: id, state, attached, decision: decision.into(), result, detail }
+        CallOutcome { execution_id: id, state, attached, read_only: false, decision: decision.into(), result, detail }
     }
 
     async fn authorize(&self, p: &Prepared<'_>, call: &Call, id: ExecutionId) -> Result<Authorization, EngineError> {
@@ -493,6 +538,19 @@ impl Engine {
             self.transition(id, ExecutionState::Denied, detail.clone()).await?;
             return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
         }
+        if call.cancel.is_cancelled() {
+            let steps =
+                vec![(ExecutionState::Authorized, detail), (ExecutionState::FailedBeforeDispatch, cancelled_detail())];
+            self.store.transition_steps_async(id, steps, self.now()).await?;
+            return Ok(self.outcome(
+                id,
+                ExecutionState::FailedBeforeDispatch,
+                attached,
+                decision,
+                None,
+                cancelled_detail(),
+            ));
+        }
         // `authorized` and `dispatched` are journaled together, in one fsync.
         self.dispatch_after(p, id, decision, attached, vec![(ExecutionState::Authorized, detail)]).await
     }
@@ -516,7 +574,7 @@ impl Engine {
             steps.push((state, detail.clone()));
         }
         self.store.record_read_only_detached(new, steps, completion)?;
-        Ok(self.outcome(id, state, false, "new_execution", result, detail))
+        Ok(CallOutcome { read_only: true, ..self.outcome(id, state, false, "new_execution", result, detail) })
     }
 
     fn completion(&self, result: &HttpResult, elapsed: Duration) -> Result<Completion, EngineError> {
@@ -714,6 +772,23 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Journals a cancellation that arrived once the execution was past the point of no return
+    /// (dispatched or later): evidence only, the state stays what was observed.
+    pub async fn cancel_requested(&self, id: ExecutionId, reason: Option<String>) -> Result<(), EngineError> {
+        let store = Arc::clone(&self.store);
+        let at = self.now();
+        let detail = json!({ "reason": reason, "effect": "none: the request had already been sent" });
+        tokio::task::spawn_blocking(move || store.note(id, "cancel_requested", detail, at))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
+        Ok(())
+    }
+
+    /// The journal the engine writes to (read side), for status lookups.
+    pub fn view(&self) -> &postern_store::JournalView {
+        self.store.view()
     }
 
     /// Records whether the outcome reached the agent (where the transport can tell).

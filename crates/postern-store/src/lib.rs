@@ -338,6 +338,18 @@ impl Store {
         self.writer.complete(id, completion)
     }
 
+    /// Journals an event about execution `id` that leaves its state as it is (e.g. a client's
+    /// cancellation that arrived after dispatch).
+    pub fn note(
+        &self,
+        id: ExecutionId,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.note(id, event, detail, at)
+    }
+
     pub fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {
         self.writer.start_session(start)
     }

@@ -44,6 +44,12 @@ enum Op {
         id: ExecutionId,
         completion: Completion,
     },
+    Note {
+        id: ExecutionId,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    },
     StartSession(Box<SessionStart>),
     EndSession {
         id: SessionId,
@@ -268,6 +274,16 @@ impl WriterHandle {
         expect_reply!(self.call(Op::Complete { id, completion }), Entry)
     }
 
+    pub(crate) fn note(
+        &self,
+        id: ExecutionId,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::Note { id, event, detail, at }), Entry)
+    }
+
     pub(crate) fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {
         expect_reply!(self.call(Op::StartSession(Box::new(start))), Entry)
     }
@@ -452,6 +468,7 @@ impl Writer {
         match op {
             Op::Admit(new) => self.admit(new).map(|a| Reply::Admission(Box::new(a))),
             Op::Transition { id, to, detail, at } => self.transition(*id, *to, detail.clone(), *at).map(Reply::Entry),
+            Op::Note { id, event, detail, at } => self.note(*id, event, detail.clone(), *at).map(Reply::Entry),
             Op::Complete { id, completion } => self.complete(*id, completion).map(Reply::Entry),
             Op::StartSession(start) => self.start_session(start).map(Reply::Entry),
             Op::EndSession { id, reason, at } => self.end_session(*id, reason, *at).map(Reply::Entry),
@@ -636,6 +653,22 @@ impl Writer {
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         self.transition_with_result(id, to, detail, at, None)
+    }
+
+    /// An event about an execution that does not change its state (e.g. `cancel_requested`
+    /// after dispatch): evidence in the chain, the state column unchanged.
+    fn note(&mut self, id: ExecutionId, event: &str, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let (state, session_id) = self.execution_state(id)?;
+        self.append(Draft {
+            at,
+            stream: Stream::Activity,
+            event: event.into(),
+            execution_id: Some(id),
+            session_id,
+            state: Some(state),
+            result_sha256: None,
+            detail,
+        })
     }
 
     fn transition_with_result(

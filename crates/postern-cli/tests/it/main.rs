@@ -5,6 +5,8 @@
 mod agents;
 mod audit;
 mod call;
+mod gateway;
+mod gateway_support;
 mod journal;
 mod support;
 mod vault;

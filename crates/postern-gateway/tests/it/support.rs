@@ -297,5 +297,6 @@ pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Cal
         intent_scope: IntentScope::agent_run(session),
         session: Some(session),
         correlation: json!({ "jsonrpc_id": jsonrpc_id }),
+        cancel: Default::default(),
     }
 }

@@ -1,0 +1,193 @@
+//! `postern serve` (the gateway, headless) and `postern mcp` (the stdio bridge an agent
+//! launches: `claude mcp add postern -- postern mcp`).
+
+use crate::{Failure, audit::now, location};
+use anyhow::{Context, anyhow};
+use postern_core::ErrorCode as _;
+use postern_gateway::{
+    Engine, LockOnlyApprover, Manifest,
+    engine::system_clock,
+    mcp::Gateway,
+    runs::AgentRuns,
+    serve::{self, ServeOptions},
+    socket,
+};
+use postern_store::Store;
+use postern_vault::{OsKeychain, Vault};
+use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Streamable HTTP port on 127.0.0.1 (0 picks a free port).
+    #[arg(long, env = "POSTERN_PORT", default_value_t = postern_gateway::streamable::DEFAULT_PORT)]
+    port: u16,
+    /// Serve only the local socket (`postern mcp`), no HTTP endpoint.
+    #[arg(long)]
+    no_http: bool,
+    /// Tool manifest (default: tools.toml in the config directory, or POSTERN_TOOLS). Without
+    /// one, the built-in `http_request` and `execution_status` tools are served.
+    #[arg(long, env = "POSTERN_TOOLS", value_name = "FILE")]
+    tools: Option<std::path::PathBuf>,
+    /// Largest MCP message accepted, in bytes.
+    #[arg(long, default_value_t = socket::DEFAULT_MAX_MESSAGE_BYTES)]
+    max_message_bytes: usize,
+    /// How long a shutdown waits for executions in flight, in seconds.
+    #[arg(long, default_value_t = 35)]
+    drain_seconds: u64,
+}
+
+fn manifest(explicit: Option<std::path::PathBuf>) -> Result<Manifest, Failure> {
+    let path = explicit.clone().map_or_else(location::tools_file, Ok)?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        // The embedded default: no manifest tools, only the built-ins.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => String::new(),
+        Err(e) => return Err(anyhow!("cannot read the tool manifest {}: {e}", path.display()).into()),
+    };
+    Manifest::parse(&text, &path).map_err(|errors| {
+        for e in &errors {
+            eprintln!("{e}");
+        }
+        Failure { code: 2, error: anyhow!("the tool manifest {} has {} problem(s)", path.display(), errors.len()) }
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("POSTERN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
+        )
+        .init();
+    let manifest = manifest(args.tools)?;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    let (store, recovery) = Store::open(&location::database(data_dir), now()).map_err(|e| {
+        if e.code() == "journal_in_use" {
+            Failure {
+                code: 1,
+                error: anyhow!(
+                    "{e}\nA Postern gateway is already serving {}; agents connect to it with `postern mcp`.",
+                    data_dir.display()
+                ),
+            }
+        } else {
+            e.into()
+        }
+    })?;
+    let store = Arc::new(store);
+    let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(OsKeychain::connect()?), now())?);
+    let engine = Arc::new(Engine::new(
+        Arc::clone(&store),
+        vault,
+        Arc::new(manifest),
+        Arc::new(LockOnlyApprover),
+        system_clock(),
+    )?);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
+    runtime.block_on(async {
+        let runs = AgentRuns::new(Arc::clone(&store), system_clock());
+        let hashes = postern_gateway::identity::ExecutableHashes::default();
+        let (adopted, ended) = runs.adopt_open(&hashes)?;
+        let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&store), system_clock(), runs);
+        let options = ServeOptions {
+            data_dir: data_dir.to_owned(),
+            http_port: (!args.no_http).then_some(args.port),
+            max_message_bytes: args.max_message_bytes,
+            drain: Duration::from_secs(args.drain_seconds),
+        };
+        let bound = serve::bind(gateway, options).await?;
+        tracing::info!(
+            socket = %bound.endpoints.socket.display(),
+            http = %bound.endpoints.http.map(|a| format!("http://{a}/mcp")).unwrap_or_else(|| "off".into()),
+            tools = engine.manifest().tools().count(),
+            recovered = recovery.outcome_unknown.len(),
+            runs_adopted = adopted,
+            runs_ended = ended,
+            "postern gateway ready"
+        );
+        bound.run(shutdown_signal()).await;
+        Ok::<(), Failure>(())
+    })?;
+    store.flush()?;
+    tracing::info!("journal flushed; goodbye");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The stdio bridge: relays newline-delimited MCP messages between this process's stdin/stdout
+/// and the gateway socket. Nothing else is ever written to stdout.
+pub fn bridge(data_dir: &Path) -> Result<ExitCode, Failure> {
+    let path = socket::socket_path(data_dir);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    runtime.block_on(async {
+        let stream = tokio::net::UnixStream::connect(&path).await.map_err(|e| Failure {
+            code: 1,
+            error: anyhow!(
+                "no Postern gateway is running for {} ({}: {e}).\nStart one with `postern serve` (or open the Postern \
+                 app), then start this agent again.",
+                data_dir.display(),
+                path.display()
+            ),
+        })?;
+        let (mut from_gateway, mut to_gateway) = stream.into_split();
+        let upstream = async {
+            let mut stdin = tokio::io::stdin();
+            let copied = tokio::io::copy(&mut stdin, &mut to_gateway).await;
+            // The agent closed its side: let the gateway finish answering.
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_gateway).await;
+            copied
+        };
+        let downstream = async {
+            let mut stdout = tokio::io::stdout();
+            let copied = tokio::io::copy(&mut from_gateway, &mut stdout).await;
+            let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
+            copied
+        };
+        tokio::pin!(upstream, downstream);
+        // The session ends when the gateway closes the connection (it answers what it was asked
+        // first); an agent that stops reading ends it too.
+        tokio::select! {
+            _ = &mut downstream => {}
+            _ = async { let _ = (&mut upstream).await; std::future::pending::<()>().await } => {}
+        }
+        Ok::<(), Failure>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether an error means "a gateway holds this journal".
+pub fn held_by_gateway(e: &postern_store::StoreError) -> bool {
+    e.code() == "journal_in_use"
+}
+
+/// Sends a write command to the gateway that holds the journal (its control socket).
+pub fn via_gateway(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let reply = runtime
+        .block_on(postern_gateway::control::request(data_dir, &request))
+        .map_err(|e| anyhow!("the journal is held by a running gateway, and its control socket did not answer: {e}"))?;
+    if reply.ok {
+        Ok(())
+    } else {
+        let code = match reply.code.as_deref() {
+            Some("unknown_agent" | "duplicate_agent" | "invalid_request") => 2,
+            _ => 1,
+        };
+        Err(Failure { code, error: anyhow!("{}", reply.message.unwrap_or_else(|| "the gateway refused".into())) })
+    }
+}

@@ -1,0 +1,503 @@
+//! The MCP gateway end to end: `postern serve`, `postern mcp`, Streamable HTTP, driven by the
+//! official Python and TypeScript MCP SDKs against a loopback target that counts side effects.
+
+use super::gateway_support::{Agent, Gateway, Sdk, Target, eventually, kill, sha256_of};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn state_of(gw: &Gateway, id: &str) -> String {
+    gw.events_of(id).last().cloned().unwrap_or_default()
+}
+
+/// The decisive scenario over stdio: the bridge dies after the target executed and before the
+/// answer reached the agent; the same agent process starts a new bridge and repeats the call.
+fn stdio_bridge_killed_after_dispatch(sdk: Sdk, tool: &str) {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut agent = Agent::start(sdk);
+    let connected = agent.connect(gw.bridge_command());
+    assert_eq!(connected["event"], "connected", "{connected}");
+    let bridge = agent.bridge_pid();
+
+    target.hold();
+    agent.call("first", tool, json!({ "amount": 42 }));
+    eventually("the target to receive the payment", LONG, || (target.posts() == 1).then_some(()));
+    kill(bridge);
+    let first = agent.result("first");
+    assert_eq!(first["ok"], false, "the first call cannot have been answered: {first}");
+    target.release();
+
+    let executions = gw.executions_of(tool);
+    assert_eq!(executions.len(), 1, "{executions:?}");
+    let id = executions[0].clone();
+    eventually("the undelivered result to be journaled", LONG, || {
+        (state_of(&gw, &id) == "completed_result_not_delivered").then_some(())
+    });
+
+    let again = agent.connect(gw.bridge_command());
+    assert_eq!(again["event"], "connected", "{again}");
+    assert_ne!(agent.bridge_pid(), bridge, "a new bridge process");
+    let retry = agent.call_and_wait("retry", tool, json!({ "amount": 42 }));
+    assert_eq!(retry["ok"], true, "{retry}");
+    assert_eq!(retry["is_error"], false, "{retry}");
+    let s = &retry["structured"];
+    assert_eq!(s["execution_id"], id.as_str(), "the retry answers with the first execution: {s}");
+    assert_eq!(s["attached"], true);
+    assert_eq!(s["result"]["status"], 201);
+    assert_eq!(target.posts(), 1, "the target saw exactly one payment");
+    let text = retry["text"][0].as_str().unwrap();
+    assert!(text.contains(&id), "the text names the execution too: {text}");
+    eventually("delivery of the stored result", LONG, || (state_of(&gw, &id) == "result_delivered").then_some(()));
+    let events = gw.events_of(&id);
+    assert!(events.contains(&"retry_received".to_owned()), "{events:?}");
+}
+
+#[test]
+fn python_stdio_bridge_killed_after_dispatch_idempotency_key() {
+    stdio_bridge_killed_after_dispatch(Sdk::Python, "pay");
+}
+
+#[test]
+fn python_stdio_bridge_killed_after_dispatch_irreversible() {
+    stdio_bridge_killed_after_dispatch(Sdk::Python, "wire");
+}
+
+#[test]
+fn typescript_stdio_bridge_killed_after_dispatch_idempotency_key() {
+    stdio_bridge_killed_after_dispatch(Sdk::TypeScript, "pay");
+}
+
+#[test]
+fn typescript_stdio_bridge_killed_after_dispatch_irreversible() {
+    stdio_bridge_killed_after_dispatch(Sdk::TypeScript, "wire");
+}
+
+/// The decisive scenario over Streamable HTTP: the agent's connection is cut after the target
+/// executed; the same process opens a new MCP session and repeats the call.
+fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("ci-agent");
+    let mut agent = Agent::start(sdk);
+    let connected = agent.connect(gw.http_command(&token));
+    assert_eq!(connected["event"], "connected", "{connected}");
+
+    target.hold();
+    agent.call("first", tool, json!({ "amount": 7 }));
+    eventually("the target to receive the payment", LONG, || (target.posts() == 1).then_some(()));
+    agent.drop_connection();
+    let first = agent.result("first");
+    assert_eq!(first["ok"], false, "the first call cannot have been answered: {first}");
+    target.release();
+    let executions = gw.executions_of(tool);
+    assert_eq!(executions.len(), 1, "{executions:?}");
+    let id = executions[0].clone();
+    eventually("the execution to complete", LONG, || {
+        matches!(state_of(&gw, &id).as_str(), "completed_result_not_delivered" | "completed").then_some(())
+    });
+
+    let again = agent.connect(gw.http_command(&token));
+    assert_eq!(again["event"], "connected", "{again}");
+    let retry = agent.call_and_wait("retry", tool, json!({ "amount": 7 }));
+    assert_eq!(retry["ok"], true, "{retry}");
+    let s = &retry["structured"];
+    assert_eq!(s["execution_id"], id.as_str(), "the retry answers with the first execution: {s}");
+    assert_eq!(s["attached"], true);
+    assert_eq!(s["result"]["status"], 201);
+    assert_eq!(target.posts(), 1, "the target saw exactly one payment");
+    eventually("delivery of the stored result", LONG, || (state_of(&gw, &id) == "result_delivered").then_some(()));
+
+    // The run is the agent process: both MCP sessions landed in one Sessions row.
+    let sessions = gw.sessions();
+    assert_eq!(sessions.len(), 1, "{sessions:#?}");
+    assert_eq!(sessions[0]["actor"], "agent:ci-agent");
+    assert_eq!(sessions[0]["pid"], agent.pid);
+    assert_eq!(sessions[0]["transport"], "streamable_http");
+}
+
+#[test]
+fn python_http_connection_cut_after_dispatch_idempotency_key() {
+    http_connection_cut_after_dispatch(Sdk::Python, "pay");
+}
+
+#[test]
+fn python_http_connection_cut_after_dispatch_irreversible() {
+    http_connection_cut_after_dispatch(Sdk::Python, "wire");
+}
+
+#[test]
+fn typescript_http_connection_cut_after_dispatch_idempotency_key() {
+    http_connection_cut_after_dispatch(Sdk::TypeScript, "pay");
+}
+
+#[test]
+fn typescript_http_connection_cut_after_dispatch_irreversible() {
+    http_connection_cut_after_dispatch(Sdk::TypeScript, "wire");
+}
+
+/// An irreversible call whose outcome is unknown is never sent again: the retry is
+/// `needs_review`, and the result says so in words an agent can act on.
+#[test]
+fn irreversible_outcome_unknown_is_needs_review_never_a_second_request() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let first = agent.call_and_wait("first", "launch", json!({ "n": 1 }));
+    let s = &first["structured"];
+    assert_eq!(s["state"], "outcome_unknown", "{first}");
+    assert_eq!(first["is_error"], false, "an unknown outcome is not reported as a failure");
+    let text = first["text"][0].as_str().unwrap();
+    assert!(text.contains("OUTCOME UNKNOWN") && text.contains("execution_status"), "{text}");
+    let id = s["execution_id"].as_str().unwrap().to_owned();
+
+    let retry = agent.call_and_wait("retry", "launch", json!({ "n": 1 }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str());
+    assert_eq!(retry["structured"]["state"], "needs_review");
+    assert!(retry["text"][0].as_str().unwrap().contains("NEEDS REVIEW"));
+    assert_eq!(target.vanished(), 1, "the launch reached the target once");
+
+    // The agent can ask instead of retrying.
+    let status = agent.call_and_wait("status", "execution_status", json!({ "execution_id": id }));
+    assert_eq!(status["structured"]["state"], "needs_review", "{status}");
+    let timeline: Vec<&str> =
+        status["structured"]["timeline"].as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert!(timeline.starts_with(&["accepted", "authorized", "dispatched", "outcome_unknown"]), "{timeline:?}");
+}
+
+/// Another agent process sending the same call is a new intent: a new execution.
+#[test]
+fn a_different_agent_process_is_a_fresh_intent() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut one = Agent::start(Sdk::Python);
+    let mut two = Agent::start(Sdk::Python);
+    one.connect(gw.bridge_command());
+    two.connect(gw.bridge_command());
+    let a = one.call_and_wait("a", "pay", json!({ "amount": 5 }));
+    let b = two.call_and_wait("b", "pay", json!({ "amount": 5 }));
+    assert_ne!(a["structured"]["execution_id"], b["structured"]["execution_id"]);
+    assert_eq!(b["structured"]["attached"], false);
+    assert_eq!(target.posts(), 2);
+    // Within one agent, a repeat after the result was delivered is a new intent too: the agent
+    // saw the outcome and chose to act again (design §4).
+    let first = a["structured"]["execution_id"].as_str().unwrap().to_owned();
+    eventually("delivery", LONG, || (state_of(&gw, &first) == "result_delivered").then_some(()));
+    let a2 = one.call_and_wait("a2", "pay", json!({ "amount": 5 }));
+    assert_ne!(a2["structured"]["execution_id"], a["structured"]["execution_id"]);
+    assert_eq!(target.posts(), 3);
+}
+
+/// The actor is the agent's executable and its hash, as the kernel reports them; a run is one
+/// process and outlives its bridges; it ends when the process exits.
+#[test]
+fn identity_comes_from_the_kernel_and_a_run_is_one_process() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut one = Agent::start(Sdk::Python);
+    let mut two = Agent::start(Sdk::TypeScript);
+    one.connect(gw.bridge_command());
+    one.call_and_wait("x", "balance", json!({}));
+    one.drop_connection();
+    one.connect(gw.bridge_command());
+    one.call_and_wait("y", "balance", json!({}));
+    two.connect(gw.bridge_command());
+    two.call_and_wait("z", "balance", json!({}));
+
+    let sessions = gw.sessions();
+    assert_eq!(sessions.len(), 2, "two processes, two runs; one process, one run: {sessions:#?}");
+    for (agent, s) in [
+        (&one, sessions.iter().find(|s| s["pid"] == one.pid).unwrap()),
+        (&two, sessions.iter().find(|s| s["pid"] == two.pid).unwrap()),
+    ] {
+        let exe = std::fs::read_link(format!("/proc/{}/exe", agent.pid)).unwrap();
+        let expected = format!("process:{}@sha256:{}", exe.display(), sha256_of(&exe));
+        assert_eq!(s["actor"], expected.as_str());
+        assert_eq!(s["transport"], "stdio");
+        assert!(s["ended_at"].is_null());
+    }
+    assert_eq!(sessions.iter().find(|s| s["pid"] == one.pid).unwrap()["executions"], 2);
+    assert_eq!(target.gets(), 3, "each read was sent");
+
+    let pid = one.pid;
+    drop(one);
+    eventually("the run to end with its process", LONG, || {
+        gw.sessions()
+            .iter()
+            .find(|s| s["pid"] == pid)
+            .filter(|s| !s["ended_at"].is_null())
+            .map(|s| assert_eq!(s["end_reason"], "process_exited"))
+    });
+}
+
+fn raw_http(addr: &str, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, answer)
+}
+
+fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    raw_http(
+        addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, \
+             text/event-stream\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Origin and Host validation answer 403; a missing, unknown or revoked token answers 401.
+#[test]
+fn http_refuses_foreign_origins_hosts_and_tokens() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let token = gw.add_agent("ci");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+
+    let (ok, body) = post_initialize(&addr, &auth);
+    assert_eq!(ok, 200, "{body}");
+    let (forbidden, body) = post_initialize(&addr, &format!("{auth}Origin: http://evil.example\r\n"));
+    assert_eq!(forbidden, 403, "{body}");
+    assert!(body.contains("origin_forbidden"));
+    let (forbidden, _) = post_initialize(&addr, "Origin: http://evil.example\r\n");
+    assert_eq!(forbidden, 403, "a foreign Origin is refused before the token is looked at");
+    let (missing, body) = post_initialize(&addr, "");
+    assert_eq!(missing, 401, "{body}");
+    assert!(body.to_ascii_lowercase().contains("www-authenticate: bearer"));
+    let (unknown, _) = post_initialize(&addr, "Authorization: Bearer pst_00\r\n");
+    assert_eq!(unknown, 401);
+
+    // A rebinding attack: the right token, a foreign Host.
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let (host, _) = raw_http(
+        &addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: evil.example:80\r\n{auth}Content-Type: application/json\r\nAccept: \
+             application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert_eq!(host, 403);
+
+    // Revoked while the gateway runs (through its control socket): refused at once.
+    let run = gw.postern(&["agents", "revoke", "ci"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let (revoked, body) = post_initialize(&addr, &auth);
+    assert_eq!(revoked, 401, "{body}");
+    assert!(body.contains("token_invalid"));
+}
+
+fn socket_exchange(gw: &Gateway, lines: &[Vec<u8>], expect: usize) -> Vec<Value> {
+    use std::io::{BufRead, Write};
+    let path = postern_gateway::socket::socket_path(gw.path());
+    let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+    stream.set_read_timeout(Some(LONG)).unwrap();
+    for line in lines {
+        stream.write_all(line).unwrap();
+        stream.write_all(b"\n").unwrap();
+    }
+    let mut reader = std::io::BufReader::new(stream);
+    let mut answers: Vec<Value> = Vec::new();
+    while answers.len() < expect {
+        let mut line = String::new();
+        if let Err(e) = reader.read_line(&mut line) {
+            panic!("{e}: only {} answers: {answers:#?}", answers.len());
+        }
+        answers.push(serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line:?}")));
+    }
+    answers
+}
+
+/// Bad input on the socket gets a specific JSON-RPC error each, and the connection keeps
+/// working; the journal is untouched.
+#[test]
+fn bad_input_gets_specific_errors_and_the_gateway_keeps_serving() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let huge = {
+        let mut v = br#"{"jsonrpc":"2.0","id":9,"method":"ping","params":{"pad":""#.to_vec();
+        v.extend(std::iter::repeat_n(b'a', 5 * 1024 * 1024));
+        v.extend(br#""}}"#);
+        v
+    };
+    let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#.to_vec();
+    let lines = vec![
+        b"{not json".to_vec(),
+        huge,
+        br#"[{"jsonrpc":"2.0","id":2,"method":"ping"}]"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":3,"method":"initialize","params":[1,2]}"#.to_vec(),
+        init,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"no_such_tool","arguments":{}}}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"pay","arguments":{"amount":"ten"}}}"#
+            .to_vec(),
+        br#"{"jsonrpc":"2.0","id":6,"method":"no/such/method","params":{}}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"balance","arguments":{}}}"#.to_vec(),
+    ];
+    let answers = socket_exchange(&gw, &lines, 9);
+    let by_code = |code: &str| answers.iter().find(|a| a["error"]["data"]["code"] == code).cloned();
+    assert_eq!(by_code("invalid_json").unwrap()["error"]["code"], -32700);
+    let big = by_code("message_too_large").unwrap();
+    assert_eq!(big["error"]["code"], -32600);
+    assert!(big["error"]["message"].as_str().unwrap().contains("--max-message-bytes"));
+    assert_eq!(by_code("batch_not_supported").unwrap()["error"]["code"], -32600);
+    let params = by_code("params_not_object").unwrap();
+    assert_eq!((params["id"].clone(), params["error"]["code"].clone()), (json!(3), json!(-32602)));
+    let by_id = |id: i64| answers.iter().find(|a| a["id"] == id).cloned().unwrap();
+    assert_eq!(by_id(1)["result"]["serverInfo"]["name"], "postern");
+    assert_eq!(by_id(4)["error"]["code"], -32602, "unknown tool is a protocol error");
+    assert_eq!(by_id(4)["error"]["data"]["code"], "unknown_tool");
+    let invalid = by_id(5);
+    assert_eq!(invalid["result"]["isError"], true, "schema-invalid arguments are a tool error: {invalid}");
+    assert_eq!(invalid["result"]["structuredContent"]["error"]["code"], "invalid_arguments");
+    assert!(invalid["result"]["structuredContent"]["error"]["message"].as_str().unwrap().contains("/amount"));
+    assert_eq!(by_id(6)["error"]["code"], -32601);
+    assert_eq!(by_id(7)["result"]["structuredContent"]["state"], "completed");
+    assert_eq!(target.posts(), 0, "nothing invalid reached the target");
+
+    // Another client is served meanwhile, and the journal verifies.
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    assert_eq!(agent.call_and_wait("ok", "balance", json!({}))["structured"]["state"], "completed");
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
+}
+
+/// Tools carry annotations derived from their replay contract.
+#[test]
+fn tools_are_annotated_from_their_replay_contract() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut agent = Agent::start(Sdk::TypeScript);
+    agent.connect(gw.bridge_command());
+    let listed = agent.tools();
+    let tool = |name: &str| listed["tools"].as_array().unwrap().iter().find(|t| t["name"] == name).cloned().unwrap();
+    let balance = tool("balance");
+    assert_eq!(balance["annotations"]["readOnlyHint"], true);
+    assert!(balance["description"].as_str().unwrap().contains("read_only"));
+    let pay = tool("pay");
+    assert_eq!(pay["annotations"]["readOnlyHint"], false);
+    assert_eq!(pay["annotations"]["idempotentHint"], true);
+    assert_eq!(pay["annotations"]["destructiveHint"], false);
+    assert!(pay["description"].as_str().unwrap().contains("Idempotency-Key"));
+    let wire = tool("wire");
+    assert_eq!(wire["annotations"]["destructiveHint"], true);
+    assert_eq!(wire["annotations"]["idempotentHint"], false);
+    assert_eq!(tool("execution_status")["annotations"]["readOnlyHint"], true);
+    assert!(listed["tools"].as_array().unwrap().iter().any(|t| t["name"] == "http_request"));
+}
+
+/// `execution_status` shows an agent its own executions only.
+#[test]
+fn execution_status_is_scoped_to_the_calling_agent() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut one = Agent::start(Sdk::Python);
+    let mut two = Agent::start(Sdk::Python);
+    one.connect(gw.bridge_command());
+    two.connect(gw.bridge_command());
+    let paid = one.call_and_wait("p", "pay", json!({ "amount": 1 }));
+    let id = paid["structured"]["execution_id"].clone();
+    let mine = one.call_and_wait("s", "execution_status", json!({ "execution_id": id }));
+    assert_eq!(mine["structured"]["result"]["status"], 201, "{mine}");
+    // Another process of the same executable is the same actor; a token agent is not.
+    let token = gw.add_agent("other");
+    let mut http = Agent::start(Sdk::Python);
+    http.connect(gw.http_command(&token));
+    let theirs = http.call_and_wait("s", "execution_status", json!({ "execution_id": id }));
+    assert_eq!(theirs["is_error"], true);
+    assert_eq!(theirs["structured"]["error"]["code"], "unknown_execution");
+    drop(two);
+}
+
+/// Without a gateway, the bridge says how to start one and writes nothing to stdout.
+#[test]
+fn the_bridge_without_a_gateway_says_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = super::support::postern(&["mcp"], Some(dir.path()));
+    assert_eq!(run.code, 1);
+    assert_eq!(run.stdout, "", "nothing but MCP messages ever goes to stdout");
+    assert!(run.stderr.contains("postern serve"), "{}", run.stderr);
+}
+
+/// A second gateway on the same data directory refuses, naming the first.
+#[test]
+fn a_second_serve_refuses() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let run = gw.postern(&["serve", "--port", "0"]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("already serving"), "{}", run.stderr);
+    assert!(run.stderr.contains(&gw.child.id().to_string()), "names the holder's pid: {}", run.stderr);
+}
+
+/// SIGTERM: no new connections, executions in flight finish and are journaled, exit 0.
+#[test]
+fn sigterm_lets_executions_in_flight_finish() {
+    let target = Target::start();
+    let mut gw = Gateway::start(&target.manifest());
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    target.hold();
+    agent.call("p", "pay", json!({ "amount": 3 }));
+    eventually("the payment to arrive", LONG, || (target.posts() == 1).then_some(()));
+    gw.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(gw.child.try_wait().unwrap().is_none(), "serve waits for the execution in flight");
+    target.release();
+    let status = eventually("serve to exit", LONG, || gw.child.try_wait().unwrap());
+    assert!(status.success(), "{}", gw.stderr.lock().unwrap());
+    let id = gw.executions_of("pay").pop().unwrap();
+    let events = gw.events_of(&id);
+    assert!(events.contains(&"completed".to_owned()), "{events:?}");
+}
+
+/// `notifications/cancelled` after dispatch is journaled and does not pretend to undo.
+#[test]
+fn a_cancel_after_dispatch_is_journaled_not_undone() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    target.hold();
+    let path = postern_gateway::socket::socket_path(gw.path());
+    let writer = std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        let lines = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"pay","arguments":{"amount":9}}}"#,
+        ];
+        for l in lines {
+            writeln!(s, "{l}").unwrap();
+        }
+        let mut reader = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        s
+    });
+    eventually("the payment to arrive", LONG, || (target.posts() == 1).then_some(()));
+    let mut s = writer.join().unwrap();
+    {
+        use std::io::Write;
+        writeln!(s, r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":2,"reason":"user pressed stop"}}}}"#).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    target.release();
+    let id = gw.executions_of("pay").pop().unwrap();
+    eventually("the cancel to be journaled", LONG, || {
+        gw.events_of(&id).contains(&"cancel_requested".to_owned()).then_some(())
+    });
+    let events = gw.events_of(&id);
+    assert!(events.contains(&"completed".to_owned()), "the side effect is recorded as it happened: {events:?}");
+    assert_eq!(target.posts(), 1);
+    drop(s);
+}

@@ -1,0 +1,464 @@
+//! End-to-end rig for the MCP gateway: a real `postern serve` process, a loopback HTTP target
+//! that counts what reaches it (and can hold its answer), and agents built on the official MCP
+//! SDKs (Python `mcp`, TypeScript `@modelcontextprotocol/sdk`) driven line by line.
+
+use serde_json::{Value, json};
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Polls `f` until it returns `Some`, failing the test after `limit`.
+pub fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The target
+
+/// A loopback HTTP service that counts requests per route and can hold its answers.
+pub struct Target {
+    pub addr: std::net::SocketAddr,
+    state: Arc<TargetState>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+#[derive(Default)]
+struct TargetState {
+    posts: AtomicU64,
+    gets: AtomicU64,
+    vanished: AtomicU64,
+    hold: Mutex<bool>,
+    released: tokio::sync::Notify,
+}
+
+impl Target {
+    pub fn start() -> Target {
+        use axum::{
+            Router,
+            extract::State,
+            routing::{get, post},
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let state = Arc::new(TargetState::default());
+        let s = Arc::clone(&state);
+        let addr = runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            async fn pay(State(s): State<Arc<TargetState>>, body: String) -> (axum::http::StatusCode, String) {
+                let n = s.posts.fetch_add(1, Ordering::SeqCst) + 1;
+                loop {
+                    let wait = s.released.notified();
+                    if !*s.hold.lock().unwrap() {
+                        break;
+                    }
+                    wait.await;
+                }
+                (axum::http::StatusCode::CREATED, json!({ "payment": n, "received": body }).to_string())
+            }
+            async fn read(State(s): State<Arc<TargetState>>) -> String {
+                let n = s.gets.fetch_add(1, Ordering::SeqCst) + 1;
+                json!({ "balance": 100, "reads": n }).to_string()
+            }
+            let app = Router::new().route("/pay", post(pay)).route("/balance", get(read)).with_state(s);
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            addr
+        });
+        // A route that takes the request and closes the connection without answering.
+        let vanish = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let vanish_addr = vanish.local_addr().unwrap();
+        let v = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for stream in vanish.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut buf = [0u8; 4096];
+                let _ = std::io::Read::read(&mut stream, &mut buf);
+                v.vanished.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        VANISH.lock().unwrap().replace(vanish_addr);
+        Target { addr, state, _runtime: runtime }
+    }
+
+    pub fn posts(&self) -> u64 {
+        self.state.posts.load(Ordering::SeqCst)
+    }
+
+    pub fn gets(&self) -> u64 {
+        self.state.gets.load(Ordering::SeqCst)
+    }
+
+    pub fn vanished(&self) -> u64 {
+        self.state.vanished.load(Ordering::SeqCst)
+    }
+
+    /// Requests that arrive from now on wait for [`Target::release`] before being answered.
+    pub fn hold(&self) {
+        *self.state.hold.lock().unwrap() = true;
+    }
+
+    pub fn release(&self) {
+        *self.state.hold.lock().unwrap() = false;
+        self.state.released.notify_waiters();
+    }
+
+    /// The manifest the gateway serves: an idempotency-key payment, an irreversible one, a
+    /// read, and an irreversible call whose target never answers.
+    pub fn manifest(&self) -> String {
+        let base = format!("http://{}", self.addr);
+        let vanish = format!("http://{}", VANISH.lock().unwrap().unwrap());
+        format!(
+            r#"
+[[tool]]
+name = "pay"
+description = "Make a payment."
+method = "POST"
+url = "{base}/pay"
+input_schema = {{ type = "object", properties = {{ amount = {{ type = "integer" }} }}, required = ["amount"] }}
+contract = {{ class = "idempotency_key", idempotency_header = "Idempotency-Key" }}
+
+[[tool]]
+name = "wire"
+description = "Send a wire transfer (cannot be made idempotent)."
+method = "POST"
+url = "{base}/pay"
+input_schema = {{ type = "object", properties = {{ amount = {{ type = "integer" }} }}, required = ["amount"] }}
+contract = {{ class = "irreversible" }}
+
+[[tool]]
+name = "balance"
+description = "Read the balance."
+method = "GET"
+url = "{base}/balance"
+
+[[tool]]
+name = "launch"
+description = "Launch, irreversibly; the target never answers."
+method = "POST"
+url = "{vanish}/launch"
+timeout = "5s"
+input_schema = {{ type = "object", properties = {{ n = {{ type = "integer" }} }} }}
+contract = {{ class = "irreversible" }}
+"#
+        )
+    }
+}
+
+static VANISH: Mutex<Option<std::net::SocketAddr>> = Mutex::new(None);
+
+// ---------------------------------------------------------------------------------------------
+// The gateway
+
+/// A running `postern serve`.
+pub struct Gateway {
+    pub data_dir: tempfile::TempDir,
+    pub child: Child,
+    pub http: String,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+pub fn postern_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_postern")
+}
+
+impl Gateway {
+    pub fn start(manifest: &str) -> Gateway {
+        let data_dir = tempfile::tempdir().unwrap();
+        Self::start_in(data_dir, manifest)
+    }
+
+    pub fn start_in(data_dir: tempfile::TempDir, manifest: &str) -> Gateway {
+        let tools = data_dir.path().join("tools.toml");
+        std::fs::write(&tools, manifest).unwrap();
+        let mut child = Command::new(postern_bin())
+            .args(["serve", "--port", "0", "--drain-seconds", "20"])
+            .env("POSTERN_DATA_DIR", data_dir.path())
+            .env("POSTERN_TOOLS", &tools)
+            .env("POSTERN_LOG", "info,rmcp=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&stderr);
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.contains("postern gateway ready") {
+                    let _ = tx.send(line.clone());
+                }
+                let mut all = sink.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+            panic!("postern serve did not start:\n{}", stderr.lock().unwrap());
+        });
+        let http =
+            ready.split("http=").nth(1).and_then(|s| s.split_whitespace().next()).unwrap().trim_matches('"').to_owned();
+        Gateway { data_dir, child, http, stderr }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.data_dir.path()
+    }
+
+    /// `postern` with this gateway's data directory.
+    pub fn postern(&self, args: &[&str]) -> super::support::Run {
+        super::support::postern(args, Some(self.path()))
+    }
+
+    /// The command an agent runs to reach this gateway over stdio.
+    pub fn bridge_command(&self) -> Value {
+        json!({
+            "transport": "stdio",
+            "command": postern_bin(),
+            "args": ["mcp"],
+            "env": {
+                "POSTERN_DATA_DIR": self.path(),
+                "XDG_RUNTIME_DIR": std::env::var("XDG_RUNTIME_DIR").unwrap_or_default(),
+            },
+        })
+    }
+
+    pub fn add_agent(&self, name: &str) -> String {
+        let run = self.postern(&["agents", "add", name]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        run.stdout.trim().to_owned()
+    }
+
+    pub fn http_command(&self, token: &str) -> Value {
+        json!({ "transport": "http", "url": self.http, "token": token })
+    }
+
+    /// Every execution in the journal, oldest first (`postern activity --json` reads it while
+    /// the gateway runs).
+    pub fn executions_of(&self, tool: &str) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .activity()
+            .iter()
+            .filter(|row| row["event"] == "accepted" && row["detail"]["tool"] == tool)
+            .map(|row| row["execution_id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.dedup();
+        ids
+    }
+
+    pub fn activity(&self) -> Vec<Value> {
+        let run = self.postern(&["activity", "--json", "--limit", "10000"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        serde_json::from_str(&run.stdout).unwrap()
+    }
+
+    pub fn events_of(&self, execution: &str) -> Vec<String> {
+        self.activity()
+            .iter()
+            .filter(|r| r["execution_id"] == execution)
+            .map(|r| r["event"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    pub fn sessions(&self) -> Vec<Value> {
+        let run = self.postern(&["sessions", "--json"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        serde_json::from_str(&run.stdout).unwrap()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status().unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agents
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sdk {
+    Python,
+    TypeScript,
+}
+
+/// One agent process built on an official MCP SDK.
+pub struct Agent {
+    pub child: Child,
+    stdin: ChildStdin,
+    events: mpsc::Receiver<Value>,
+    backlog: Vec<Value>,
+    pub pid: u32,
+}
+
+fn python() -> PathBuf {
+    let venv = repo_root().join("tests/clients/python/.venv/bin/python");
+    assert!(venv.exists(), "the Python MCP SDK is not installed: run the tests through scripts/test.sh");
+    venv
+}
+
+fn node_script() -> PathBuf {
+    let modules = repo_root().join("tests/clients/ts/node_modules/@modelcontextprotocol/sdk");
+    assert!(modules.exists(), "the TypeScript MCP SDK is not installed: run the tests through scripts/test.sh");
+    repo_root().join("tests/clients/ts/agent.mjs")
+}
+
+impl Agent {
+    pub fn start(sdk: Sdk) -> Agent {
+        let mut cmd = match sdk {
+            Sdk::Python => {
+                let mut c = Command::new(python());
+                c.arg(repo_root().join("tests/clients/python/agent.py"));
+                c
+            }
+            Sdk::TypeScript => {
+                let mut c = Command::new("node");
+                c.arg(node_script());
+                c
+            }
+        };
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => panic!("the agent wrote a line that is not JSON: {line}"),
+                }
+            }
+        });
+        let pid = child.id();
+        let mut agent = Agent { child, stdin, events, backlog: Vec::new(), pid };
+        agent.expect("ready", |e| e["event"] == "ready");
+        agent
+    }
+
+    pub fn send(&mut self, command: Value) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits for the first event (past or future) matching `pred`, and consumes it.
+    pub fn expect(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(i) = self.backlog.iter().position(&pred) {
+            return self.backlog.remove(i);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let event = self
+                .events
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("the agent never reported {what}; saw {:?}", self.backlog));
+            if pred(&event) {
+                return event;
+            }
+            self.backlog.push(event);
+        }
+    }
+
+    pub fn connect(&mut self, command: Value) -> Value {
+        let mut command = command;
+        command["op"] = json!("connect");
+        self.send(command);
+        self.expect("connected", |e| {
+            e["event"] == "connected"
+                || e["event"] == "connect_failed"
+                || (e["event"] == "error" && e["op"] == "connect")
+        })
+    }
+
+    /// Starts a call; its answer is collected with [`Agent::result`].
+    pub fn call(&mut self, tag: &str, tool: &str, arguments: Value) {
+        self.send(json!({ "op": "call", "tag": tag, "tool": tool, "arguments": arguments }));
+    }
+
+    pub fn result(&mut self, tag: &str) -> Value {
+        self.expect(&format!("the result of {tag}"), |e| e["event"] == "result" && e["tag"] == tag)
+    }
+
+    pub fn call_and_wait(&mut self, tag: &str, tool: &str, arguments: Value) -> Value {
+        self.call(tag, tool, arguments);
+        self.result(tag)
+    }
+
+    pub fn drop_connection(&mut self) {
+        self.send(json!({ "op": "drop" }));
+        self.expect("dropped", |e| e["event"] == "dropped");
+    }
+
+    pub fn tools(&mut self) -> Value {
+        self.send(json!({ "op": "tools" }));
+        self.expect("tools", |e| e["event"] == "tools")
+    }
+
+    /// The `postern mcp` bridge this agent started (its child process).
+    pub fn bridge_pid(&self) -> u32 {
+        eventually("the bridge process", Duration::from_secs(10), || children_of(self.pid).into_iter().next())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Processes whose parent is `pid` and that run the `postern` binary.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let ppid: Option<u32> = after.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+        let exe = std::fs::read_link(format!("/proc/{child}/exe")).ok();
+        if ppid == Some(pid) && exe.is_some_and(|e| e.file_name().is_some_and(|n| n == "postern")) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+pub fn kill(pid: u32) {
+    let ok = Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(ok.success());
+}
+
+pub fn sha256_of(path: &Path) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}

@@ -1,0 +1,237 @@
+//! Who is calling, as the kernel tells it (design §6): a process is its executable's path and
+//! SHA-256 plus pid and start time. What a client claims in `initialize` is only a label.
+//!
+//! Linux only (`/proc`); elsewhere every lookup answers `None` and callers fall back to the
+//! token's agent name.
+
+use postern_core::Actor;
+use sha2::{Digest, Sha256};
+use std::{
+    collections::HashMap,
+    io::Read,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+/// One process, pinned by pid *and* start time (pids are reused; the pair is not).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProcessKey {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_ticks: u64,
+}
+
+/// An agent process as Postern records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentProcess {
+    pub key: ProcessKey,
+    pub executable: PathBuf,
+    pub sha256: String,
+}
+
+impl AgentProcess {
+    pub fn actor(&self) -> Actor {
+        Actor::process(&self.executable.to_string_lossy(), &self.sha256)
+    }
+}
+
+/// Launchers that sit between an agent and the bridge it starts (`sh -c "postern mcp"`,
+/// `env X=1 postern mcp`): the agent is the first ancestor that is not one of them.
+const LAUNCHERS: &[&str] = &["sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nohup", "setsid", "stdbuf"];
+
+/// Reads the stat line's fields after the command name (which may contain spaces and parens).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    Some(after.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The process's start time and parent pid, or `None` if it is gone.
+fn start_and_parent(pid: u32) -> Option<(u64, u32)> {
+    let fields = stat_fields(pid)?;
+    // After the command: state(3) ppid(4) … starttime(22) → indexes 0, 1, …, 19.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((start, ppid))
+}
+
+pub fn process_key(pid: u32) -> Option<ProcessKey> {
+    start_and_parent(pid).map(|(start_ticks, _)| ProcessKey { pid, start_ticks })
+}
+
+/// Whether the process `key` names is still the one running under its pid.
+pub fn is_alive(key: &ProcessKey) -> bool {
+    process_key(key.pid).is_some_and(|now| now.start_ticks == key.start_ticks)
+}
+
+fn executable(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+fn is_launcher(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| LAUNCHERS.contains(&n))
+}
+
+/// Hashes executables once per (path, size, mtime): an agent binary can be 100 MB.
+#[derive(Debug, Default)]
+pub struct ExecutableHashes {
+    cache: Mutex<HashMap<(PathBuf, u64, i64), String>>,
+}
+
+impl ExecutableHashes {
+    /// SHA-256 of the file the process runs, read through `/proc/<pid>/exe` (the inode the
+    /// process actually executes, even if the path was replaced since).
+    fn sha256(&self, pid: u32, path: &Path) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let proc_exe = format!("/proc/{pid}/exe");
+        let meta = std::fs::metadata(&proc_exe).ok()?;
+        let key = (path.to_path_buf(), meta.size(), meta.mtime());
+        if let Some(hash) = self.cache.lock().ok()?.get(&key) {
+            return Some(hash.clone());
+        }
+        let mut file = std::fs::File::open(&proc_exe).ok()?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = file.read(&mut buf).ok()?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        let hash = hex::encode(hasher.finalize());
+        self.cache.lock().ok()?.insert(key, hash.clone());
+        Some(hash)
+    }
+
+    /// The process `pid` as an agent.
+    pub fn describe(&self, pid: u32) -> Option<AgentProcess> {
+        let key = process_key(pid)?;
+        let executable = executable(pid)?;
+        let sha256 = self.sha256(pid, &executable)?;
+        // Re-check: the pid must still be the process whose executable we hashed.
+        if !is_alive(&key) {
+            return None;
+        }
+        Some(AgentProcess { key, executable, sha256 })
+    }
+
+    /// The agent above a bridge process: its parent, skipping shells and launchers.
+    pub fn agent_above(&self, bridge_pid: u32) -> Option<AgentProcess> {
+        let (_, mut pid) = start_and_parent(bridge_pid)?;
+        for _ in 0..8 {
+            if pid <= 1 {
+                return None;
+            }
+            let exe = executable(pid)?;
+            if !is_launcher(&exe) {
+                return self.describe(pid);
+            }
+            pid = start_and_parent(pid)?.1;
+        }
+        None
+    }
+}
+
+/// The pid owning the loopback TCP connection whose client end is `peer` and server end is
+/// `local` (Linux: the socket's inode from `/proc/net/tcp{,6}`, then the process holding it).
+pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    let inode = socket_inode(peer, local)?;
+    let needle = format!("socket:[{inode}]");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == needle.as_str()) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// `/proc/net/tcp` spells an IPv4 address as the little-endian hex of its u32, then `:PORT`.
+fn proc_net_address(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(a) => format!("{:08X}:{:04X}", u32::from_le_bytes(a.ip().octets()), a.port()),
+        SocketAddr::V6(a) => {
+            let words: String = a
+                .ip()
+                .octets()
+                .chunks(4)
+                .map(|c| format!("{:08X}", u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect();
+            format!("{words}:{:04X}", a.port())
+        }
+    }
+}
+
+/// The kernel's view of the server end of a loopback TCP connection: `Some(true)` while it is
+/// established, `Some(false)` once the client closed its end (or the socket is gone), `None` if
+/// `/proc/net/tcp` cannot be read.
+pub fn tcp_connection_open(local: SocketAddr, peer: SocketAddr) -> Option<bool> {
+    const ESTABLISHED: &str = "01";
+    let file = if local.is_ipv4() { "/proc/net/tcp" } else { "/proc/net/tcp6" };
+    let table = std::fs::read_to_string(file).ok()?;
+    let (local_s, peer_s) = (proc_net_address(local), proc_net_address(peer));
+    Some(table.lines().skip(1).any(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        cols.get(1) == Some(&local_s.as_str())
+            && cols.get(2) == Some(&peer_s.as_str())
+            && cols.get(3) == Some(&ESTABLISHED)
+    }))
+}
+
+fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
+    let (file, peer_s, local_s) = match (peer, local) {
+        (SocketAddr::V4(_), SocketAddr::V4(_)) => ("/proc/net/tcp", proc_net_address(peer), proc_net_address(local)),
+        _ => ("/proc/net/tcp6", proc_net_address(peer), proc_net_address(local)),
+    };
+    let table = std::fs::read_to_string(file).ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+        (cols.get(1) == Some(&peer_s.as_str()) && cols.get(2) == Some(&local_s.as_str()))
+            .then(|| cols.get(9)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_described_by_its_own_executable() {
+        let hashes = ExecutableHashes::default();
+        let me = hashes.describe(std::process::id()).unwrap();
+        assert_eq!(me.executable, std::env::current_exe().unwrap());
+        let bytes = std::fs::read(&me.executable).unwrap();
+        assert_eq!(me.sha256, hex::encode(Sha256::digest(&bytes)));
+        assert!(is_alive(&me.key));
+        let reused = ProcessKey { pid: me.key.pid, start_ticks: me.key.start_ticks + 1 };
+        assert!(!is_alive(&reused), "same pid, different start time is a different process");
+    }
+
+    #[test]
+    fn a_loopback_connection_is_traced_to_the_process_holding_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, peer) = listener.accept().unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        assert_eq!(tcp_peer_pid(peer, listener.local_addr().unwrap()), Some(std::process::id()));
+        assert_eq!(tcp_connection_open(listener.local_addr().unwrap(), peer), Some(true));
+        drop(client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(tcp_connection_open(listener.local_addr().unwrap(), peer), Some(false), "the client closed");
+        let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(tcp_peer_pid(unrelated, listener.local_addr().unwrap()), None);
+    }
+
+    #[test]
+    fn proc_net_spelling_matches_the_kernel() {
+        let a: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(proc_net_address(a), "0100007F:1F90");
+    }
+}

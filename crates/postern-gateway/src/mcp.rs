@@ -1,0 +1,519 @@
+//! The MCP face of the engine (rmcp `ServerHandler`): tools with annotations derived from their
+//! replay contracts, tool results that always carry the execution's identity and state, and
+//! `execution_status` so an agent can ask instead of retrying (design §1, §4).
+
+use crate::{
+    CallOutcome, Engine, EngineError,
+    delivery::DeliveryTicket,
+    identity::ExecutableHashes,
+    manifest::{HTTP_REQUEST, Tool as ManifestTool},
+    runs::{AgentRuns, Caller, RunLease},
+};
+use postern_core::{ErrorCode as _, ExecutionId, ExecutionState, ReplayClass, ReplayContract};
+use rmcp::{
+    ErrorData as McpError, RoleServer, ServerHandler,
+    model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam, ContentBlock as Content,
+        Implementation, ListToolsResult, NumberOrString, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+        ServerConfig, Tool, ToolAnnotations,
+    },
+    service::{NotificationContext, RequestContext},
+};
+use serde_json::{Value, json};
+use std::{
+    borrow::Cow,
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+/// The built-in tool that looks an execution up.
+pub const EXECUTION_STATUS: &str = "execution_status";
+
+/// The protocol revisions Postern implements.
+pub const PROTOCOL_VERSIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18];
+
+/// What every connection shares: the engine, the run registry, the executable hash cache, and
+/// the executions in flight (which a shutdown waits for).
+pub struct Gateway {
+    pub engine: Arc<Engine>,
+    pub store: Arc<postern_store::Store>,
+    pub clock: crate::engine::Clock,
+    pub runs: Arc<AgentRuns>,
+    pub hashes: Arc<ExecutableHashes>,
+    pub executions: tokio_util::task::TaskTracker,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("engine", &self.engine).finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    pub fn new(
+        engine: Arc<Engine>,
+        store: Arc<postern_store::Store>,
+        clock: crate::engine::Clock,
+        runs: Arc<AgentRuns>,
+    ) -> Arc<Self> {
+        Arc::new(Gateway {
+            engine,
+            store,
+            clock,
+            runs,
+            hashes: Arc::new(ExecutableHashes::default()),
+            executions: tokio_util::task::TaskTracker::new(),
+        })
+    }
+}
+
+/// What the Streamable HTTP layer attaches to each request (read back from `http::request::Parts`).
+#[derive(Debug, Clone)]
+pub struct HttpCaller {
+    pub caller: Caller,
+    pub ticket: DeliveryTicket,
+}
+
+/// Requests of one connection whose response has not been written yet (stdio bridge).
+#[derive(Debug, Default)]
+pub struct PendingResponses {
+    inner: Mutex<PendingState>,
+}
+
+#[derive(Debug, Default)]
+struct PendingState {
+    closed: bool,
+    tickets: HashMap<String, DeliveryTicket>,
+}
+
+pub(crate) fn request_key(id: &NumberOrString) -> String {
+    match id {
+        NumberOrString::Number(n) => format!("n:{n}"),
+        NumberOrString::String(s) => format!("s:{s}"),
+    }
+}
+
+impl PendingResponses {
+    /// A ticket for the response to request `id`; settled at once if the connection is gone.
+    fn open(&self, id: &NumberOrString, engine: &Arc<Engine>) -> DeliveryTicket {
+        let ticket = DeliveryTicket::new(Arc::clone(engine));
+        let closed = match self.inner.lock() {
+            Ok(mut state) if !state.closed => {
+                state.tickets.insert(request_key(id), ticket.clone());
+                false
+            }
+            _ => true,
+        };
+        if closed {
+            ticket.settle(false);
+        }
+        ticket
+    }
+
+    /// The transport is about to write the response to request `key`.
+    pub(crate) fn take(&self, key: &str) -> Option<DeliveryTicket> {
+        self.inner.lock().ok()?.tickets.remove(key)
+    }
+
+    /// The connection is gone: nothing pending can be delivered any more.
+    pub(crate) fn close(&self) {
+        let tickets: Vec<DeliveryTicket> = match self.inner.lock() {
+            Ok(mut state) => {
+                state.closed = true;
+                state.tickets.drain().map(|(_, t)| t).collect()
+            }
+            Err(_) => return,
+        };
+        for ticket in tickets {
+            ticket.settle(false);
+        }
+    }
+}
+
+/// One MCP connection (stdio bridge) or MCP session (Streamable HTTP).
+#[derive(Debug)]
+pub struct PosternMcp {
+    gateway: Arc<Gateway>,
+    /// Known at connect time for the stdio bridge; per request for HTTP.
+    caller: Option<Caller>,
+    pending: Option<Arc<PendingResponses>>,
+    lease: tokio::sync::Mutex<Option<RunLease>>,
+    in_flight: Mutex<HashMap<String, crate::CancelSignal>>,
+}
+
+impl PosternMcp {
+    /// A stdio-bridge connection whose caller the kernel identified.
+    pub fn for_connection(gateway: Arc<Gateway>, caller: Caller, pending: Arc<PendingResponses>) -> Self {
+        PosternMcp {
+            gateway,
+            caller: Some(caller),
+            pending: Some(pending),
+            lease: tokio::sync::Mutex::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A Streamable HTTP session: caller and delivery ticket come with each request.
+    pub fn for_http(gateway: Arc<Gateway>) -> Self {
+        PosternMcp {
+            gateway,
+            caller: None,
+            pending: None,
+            lease: tokio::sync::Mutex::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn http_context(context: &RequestContext<RoleServer>) -> Option<HttpCaller> {
+        context.extensions.get::<http::request::Parts>()?.extensions.get::<HttpCaller>().cloned()
+    }
+
+    fn caller_and_ticket(&self, context: &RequestContext<RoleServer>) -> Result<(Caller, DeliveryTicket), McpError> {
+        if let (Some(caller), Some(pending)) = (&self.caller, &self.pending) {
+            return Ok((caller.clone(), pending.open(&context.id, &self.gateway.engine)));
+        }
+        let http = Self::http_context(context)
+            .ok_or_else(|| McpError::internal_error("the request carries no caller identity", None))?;
+        Ok((http.caller, http.ticket))
+    }
+
+    async fn run_for(
+        &self,
+        caller: &Caller,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<std::sync::Arc<crate::runs::AgentRun>, McpError> {
+        let mut lease = self.lease.lock().await;
+        if let Some(l) = lease.as_ref() {
+            return Ok(Arc::clone(&l.run));
+        }
+        let client = context.peer.peer_info().map(|info| {
+            let i = &info.client_info;
+            format!("{} {}", i.name, i.version)
+        });
+        let joined = self.gateway.runs.join(caller, client).await.map_err(|e| {
+            McpError::internal_error(format!("could not journal the agent run: {e}"), Some(json!({ "code": e.code() })))
+        })?;
+        let run = Arc::clone(&joined.run);
+        *lease = Some(joined);
+        Ok(run)
+    }
+
+    async fn call(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let (caller, ticket) = self.caller_and_ticket(&context)?;
+        let name = params.name.to_string();
+        let arguments = Value::Object(params.arguments.unwrap_or_default());
+        if name == EXECUTION_STATUS {
+            return Ok(self.execution_status(&caller, &arguments));
+        }
+        if name != HTTP_REQUEST && self.gateway.engine.manifest().tool(&name).is_none() {
+            return Err(McpError::invalid_params(
+                format!("unknown tool {name:?}: see tools/list"),
+                Some(json!({ "code": "unknown_tool" })),
+            ));
+        }
+        let run = self.run_for(&caller, &context).await?;
+        let key = request_key(&context.id);
+        let cancel = crate::CancelSignal::default();
+        if let Ok(mut m) = self.in_flight.lock() {
+            m.insert(key.clone(), cancel.clone());
+        }
+        let call = crate::Call {
+            tool: name,
+            arguments,
+            actor: run.actor.clone(),
+            intent_scope: run.intent_scope(),
+            session: Some(run.session),
+            correlation: json!({
+                "transport": caller.transport.as_str(),
+                "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
+            }),
+            cancel: cancel.clone(),
+        };
+        // The engine runs in its own task: a dropped connection must not abandon an execution
+        // half-way; its outcome is journaled and waits for the retry.
+        let engine = Arc::clone(&self.gateway.engine);
+        let task = self.gateway.executions.spawn(async move { engine.call(call).await });
+        let joined = task.await;
+        if let Ok(mut m) = self.in_flight.lock() {
+            m.remove(&key);
+        }
+        let outcome = match joined {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(EngineError::UnknownTool(tool))) => {
+                return Err(McpError::invalid_params(
+                    format!("unknown tool {tool:?}: see tools/list"),
+                    Some(json!({ "code": "unknown_tool" })),
+                ));
+            }
+            Ok(Err(e)) => return Ok(error_result(e.code(), &e.to_string())),
+            Err(e) => return Err(McpError::internal_error(format!("the engine task failed: {e}"), None)),
+        };
+        if cancel.is_cancelled() && outcome.state != ExecutionState::FailedBeforeDispatch {
+            let _ = self.gateway.engine.cancel_requested(outcome.execution_id, None).await;
+        }
+        if has_result(outcome.state) && !outcome.read_only {
+            ticket.carries(outcome.execution_id);
+        }
+        Ok(outcome_result(&outcome))
+    }
+
+    fn execution_status(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
+        let Some(raw) = arguments.get("execution_id").and_then(Value::as_str) else {
+            return error_result("invalid_arguments", "execution_id (a string such as act_01…) is required");
+        };
+        let id: ExecutionId = match raw.parse() {
+            Ok(id) => id,
+            Err(e) => return error_result("invalid_arguments", &format!("/execution_id: {e}")),
+        };
+        match execution_report(&self.gateway.engine, id, &caller.actor()) {
+            Ok(Some(report)) => {
+                let text = format!(
+                    "Execution {id} is {}.\n{}",
+                    report["state"].as_str().unwrap_or("?"),
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+                let mut r = CallToolResult::success(vec![Content::text(text)]);
+                r.structured_content = Some(report);
+                r
+            }
+            // Another actor's execution is reported exactly like a missing one.
+            Ok(None) => error_result("unknown_execution", &format!("no execution {id} was made by this agent")),
+            Err(e) => error_result(e.code(), &e.to_string()),
+        }
+    }
+}
+
+fn has_result(state: ExecutionState) -> bool {
+    matches!(
+        state,
+        ExecutionState::Completed | ExecutionState::CompletedResultNotDelivered | ExecutionState::ResultDelivered
+    )
+}
+
+/// What `execution_status` reports: identity, state, timeline, outcome, result.
+pub fn execution_report(
+    engine: &Engine,
+    id: ExecutionId,
+    actor: &postern_core::Actor,
+) -> Result<Option<Value>, postern_store::StoreError> {
+    let view = engine.view();
+    let Some(summary) = view.execution(id)? else { return Ok(None) };
+    if summary.actor != actor.as_str() {
+        return Ok(None);
+    }
+    let timeline: Vec<Value> = view
+        .timeline(id)?
+        .into_iter()
+        .map(|e| json!({ "event": e.row.event, "state": e.row.state, "at": e.row.at, "detail": e.row.detail }))
+        .collect();
+    let result =
+        view.result(id)?.and_then(|r| serde_json::from_slice::<Value>(&r.body).ok()).map_or(Value::Null, |v| v);
+    Ok(Some(json!({
+        "execution_id": summary.id,
+        "state": summary.state,
+        "tool": summary.tool,
+        "accepted_at": summary.accepted_at,
+        "first_dispatched_at": summary.first_dispatched_at,
+        "updated_at": summary.updated_at,
+        "replay_contract": summary.contract.get("class"),
+        "timeline": timeline,
+        "result": result,
+    })))
+}
+
+fn error_result(code: &str, message: &str) -> CallToolResult {
+    let body = json!({ "error": { "code": code, "message": message } });
+    let mut r = CallToolResult::error(vec![Content::text(format!("{message} ({code})"))]);
+    r.structured_content = Some(body);
+    r
+}
+
+/// What the agent should understand about a state, in words.
+fn explain(o: &CallOutcome) -> (String, bool) {
+    let id = o.execution_id;
+    let attached = if o.attached {
+        format!(" This call matched execution {id} already on record ({}); nothing was sent again.", o.decision)
+    } else {
+        String::new()
+    };
+    let reason = o.detail.get("reason").and_then(Value::as_str).unwrap_or("");
+    match o.state {
+        ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered => {
+            let status = o.result.as_ref().map_or(String::new(), |r| format!(": HTTP {}", r.status));
+            (format!("Completed{status}.{attached}"), false)
+        }
+        ExecutionState::Denied => {
+            let rung = o.detail.get("rung").and_then(Value::as_str).unwrap_or("policy");
+            (format!("Denied ({rung}): {reason}. Nothing was sent.{attached}"), true)
+        }
+        ExecutionState::FailedBeforeDispatch => {
+            (format!("Not sent: {reason}. Nothing reached the target; calling again is safe.{attached}"), true)
+        }
+        ExecutionState::OutcomeUnknown => (
+            format!(
+                "OUTCOME UNKNOWN: the request was sent but no complete response came back ({reason}). The action \
+                 may have happened. Postern recorded it as execution {id} and will not send it again blindly: a \
+                 retry of this call is answered from that record under the tool's replay contract. Safe next step: \
+                 call execution_status with execution_id {id}.{attached}"
+            ),
+            false,
+        ),
+        ExecutionState::NeedsReview => (
+            format!(
+                "NEEDS REVIEW: execution {id} may have happened and a human must decide ({reason}). Postern did not \
+                 re-send it. Call execution_status with execution_id {id} to follow it.{attached}"
+            ),
+            false,
+        ),
+        ExecutionState::Dispatched => (
+            format!(
+                "STILL IN FLIGHT: execution {id} was sent and has not finished. Do not repeat it; call \
+                 execution_status with execution_id {id}.{attached}"
+            ),
+            false,
+        ),
+        other => (format!("Execution {id} is {other}.{attached}"), false),
+    }
+}
+
+/// A tool result: the execution's identity and state in `structuredContent` and in words.
+pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
+    let (message, is_error) = explain(o);
+    let structured = json!({
+        "execution_id": o.execution_id,
+        "state": o.state,
+        "attached": o.attached,
+        "decision": o.decision,
+        "message": message,
+        "result": o.result,
+        "detail": o.detail,
+    });
+    let mut text = message;
+    if let Some(r) = &o.result {
+        text.push_str(&format!("\n\n{}", r.body));
+    }
+    text.push_str(&format!("\n\nexecution_id: {}\nstate: {}", o.execution_id, o.state));
+    let mut r = if is_error {
+        CallToolResult::error(vec![Content::text(text)])
+    } else {
+        CallToolResult::success(vec![Content::text(text)])
+    };
+    r.structured_content = Some(structured);
+    r
+}
+
+/// The contract, summarised for a tool's description.
+fn contract_summary(c: &ReplayContract) -> String {
+    match c.class {
+        ReplayClass::ReadOnly => "Replay contract: read_only (no side effect; retried freely).".into(),
+        ReplayClass::IdempotencyKey => format!(
+            "Replay contract: idempotency_key (a retry re-sends with the same {} so the target applies it once).",
+            c.idempotency_header.as_deref().unwrap_or("idempotency key")
+        ),
+        ReplayClass::StatusQuery => {
+            "Replay contract: status_query (an uncertain attempt is checked at the target, never re-sent blindly)."
+                .into()
+        }
+        ReplayClass::SshMarker => {
+            "Replay contract: ssh_marker (an uncertain attempt is checked through its marker on the host).".into()
+        }
+        ReplayClass::Irreversible => "Replay contract: irreversible (an uncertain attempt is never re-sent; a \
+                                      person reviews it)."
+            .into(),
+    }
+}
+
+/// The MCP annotations an agent sees, derived from the contract (never from the manifest text).
+pub fn annotations(c: &ReplayContract) -> ToolAnnotations {
+    let read_only = c.class == ReplayClass::ReadOnly;
+    let idempotent = matches!(c.class, ReplayClass::ReadOnly | ReplayClass::IdempotencyKey);
+    ToolAnnotations::new()
+        .read_only(read_only)
+        .idempotent(idempotent)
+        .destructive(c.class == ReplayClass::Irreversible)
+        .open_world(true)
+}
+
+fn schema_object(schema: &Value) -> Arc<serde_json::Map<String, Value>> {
+    Arc::new(schema.as_object().cloned().unwrap_or_default())
+}
+
+fn manifest_tool(t: &ManifestTool) -> Tool {
+    let description = format!("{} {}", t.description.trim(), contract_summary(&t.contract)).trim().to_owned();
+    Tool::new(t.name.clone(), description, schema_object(&t.input_schema)).with_annotations(annotations(&t.contract))
+}
+
+/// Every tool an agent may call.
+pub fn tool_list(engine: &Engine) -> Vec<Tool> {
+    let mut tools: Vec<Tool> = engine.manifest().tools().map(manifest_tool).collect();
+    tools.push(
+        Tool::new(
+            HTTP_REQUEST,
+            "Send an HTTP request; the credential bound to the URL's host is added by Postern (the agent never \
+             sees it). GET and HEAD are read_only; other methods are idempotency_key when the credential declares \
+             an idempotency header, else irreversible (an uncertain attempt is never re-sent).",
+            schema_object(&crate::manifest::http_request_schema()),
+        )
+        .with_annotations(ToolAnnotations::new().read_only(false).destructive(true).open_world(true)),
+    );
+    tools.push(
+        Tool::new(
+            EXECUTION_STATUS,
+            "Look up one of your executions by ID (state, timestamps, outcome, result when available). Call this \
+             instead of repeating a call whose outcome is unknown.",
+            schema_object(&json!({
+                "type": "object",
+                "properties": { "execution_id": { "type": "string", "description": "e.g. act_01J…" } },
+                "required": ["execution_id"],
+                "additionalProperties": false,
+            })),
+        )
+        .with_annotations(ToolAnnotations::new().read_only(true).idempotent(true).open_world(false)),
+    );
+    tools
+}
+
+impl ServerHandler for PosternMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("postern", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::V_2026_07_28)
+            .with_instructions(
+                "Postern runs actions that need credentials. Every result carries an execution_id and state. A \
+                 retry of the same call in this agent run returns the first execution instead of acting twice; if \
+                 a state is outcome_unknown or needs_review, call execution_status rather than repeating.",
+            )
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(PROTOCOL_VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tool_list(&self.gateway.engine)))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        self.call(request, context).await.map(CallToolResponse::Complete)
+    }
+
+    async fn on_cancelled(&self, notification: CancelledNotificationParam, _context: NotificationContext<RoleServer>) {
+        let Some(id) = notification.request_id else { return };
+        if let Some(signal) = self.in_flight.lock().ok().and_then(|m| m.get(&request_key(&id)).cloned()) {
+            signal.cancel();
+        }
+    }
+}

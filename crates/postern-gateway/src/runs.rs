@@ -1,0 +1,268 @@
+//! Agent runs: the Sessions journal and the default intent scope (design §4, §6).
+//!
+//! A run is one agent *process* (pid + start time) under one actor; it outlives any one bridge
+//! process or MCP session, so a reconnecting agent's retry lands in the same intent scope. It
+//! ends when the process exits. An HTTP client whose process cannot be identified is a run per
+//! token, ended when the token's last MCP session ends.
+
+use crate::{
+    engine::Clock,
+    identity::{self, AgentProcess, ProcessKey},
+};
+use postern_core::{Actor, IntentScope, SessionId, Timestamp};
+use postern_store::{SessionStart, Store, StoreError};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+/// How the agent reached the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// `postern mcp` over the local socket.
+    Stdio,
+    StreamableHttp,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Stdio => "stdio",
+            Transport::StreamableHttp => "streamable_http",
+        }
+    }
+}
+
+/// Who is calling, as far as the gateway can prove it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub transport: Transport,
+    /// The token's agent name (Streamable HTTP).
+    pub agent: Option<String>,
+    /// The calling process, when the kernel could tell.
+    pub process: Option<AgentProcess>,
+}
+
+impl Caller {
+    pub fn actor(&self) -> Actor {
+        match (&self.agent, &self.process) {
+            (Some(name), _) => Actor::token_agent(name),
+            (None, Some(p)) => p.actor(),
+            (None, None) => Actor::from_recorded("unidentified"),
+        }
+    }
+
+    fn key(&self) -> RunKey {
+        RunKey { actor: self.actor(), process: self.process.as_ref().map(|p| p.key.clone()) }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RunKey {
+    actor: Actor,
+    process: Option<ProcessKey>,
+}
+
+/// One agent run.
+#[derive(Debug)]
+pub struct AgentRun {
+    pub session: SessionId,
+    pub actor: Actor,
+    pub transport: Transport,
+    /// MCP sessions / connections currently attached (runs without a process end at zero).
+    attached: Mutex<usize>,
+}
+
+impl AgentRun {
+    pub fn intent_scope(&self) -> IntentScope {
+        IntentScope::agent_run(self.session)
+    }
+}
+
+/// The registry of live runs.
+pub struct AgentRuns {
+    store: Arc<Store>,
+    clock: Clock,
+    live: Mutex<HashMap<RunKey, Arc<AgentRun>>>,
+    /// How often a run's process is checked for exit.
+    poll: Duration,
+}
+
+impl std::fmt::Debug for AgentRuns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRuns").finish_non_exhaustive()
+    }
+}
+
+/// Holds a run open while a connection or MCP session uses it.
+#[derive(Debug)]
+pub struct RunLease {
+    pub run: Arc<AgentRun>,
+    runs: Arc<AgentRuns>,
+    key: RunKey,
+}
+
+impl Drop for RunLease {
+    fn drop(&mut self) {
+        let last = self.run.attached.lock().map(|mut n| {
+            *n = n.saturating_sub(1);
+            *n == 0
+        });
+        // A run bound to a process ends with the process, not with its connections.
+        if last.unwrap_or(false) && self.key.process.is_none() {
+            self.runs.end(&self.key, &self.run, "last_mcp_session_ended");
+        }
+    }
+}
+
+fn random_u128() -> u128 {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // Uniqueness also comes from the timestamp half; a zero tail is still a valid id.
+        tracing::error!("no randomness from the OS for a session id");
+    }
+    u128::from_le_bytes(bytes)
+}
+
+impl AgentRuns {
+    pub fn new(store: Arc<Store>, clock: Clock) -> Arc<Self> {
+        Arc::new(AgentRuns { store, clock, live: Mutex::new(HashMap::new()), poll: Duration::from_millis(500) })
+    }
+
+    /// Re-adopts runs the journal shows open: a process still alive (same pid *and* start
+    /// time) keeps its run across a gateway restart; the others are ended.
+    pub fn adopt_open(self: &Arc<Self>, hashes: &identity::ExecutableHashes) -> Result<(usize, usize), StoreError> {
+        let (mut adopted, mut ended) = (0, 0);
+        for s in self.store.view().sessions()? {
+            if s.ended_at.is_some() {
+                continue;
+            }
+            let Ok(session) = s.id.parse::<SessionId>() else { continue };
+            let key = match (s.pid, s.process_start) {
+                (Some(pid), Some(start)) => Some(ProcessKey { pid: pid as u32, start_ticks: start as u64 }),
+                _ => None,
+            };
+            let alive = key.as_ref().is_some_and(identity::is_alive);
+            let transport = if s.transport == "stdio" { Transport::Stdio } else { Transport::StreamableHttp };
+            match key {
+                Some(key) if alive && hashes.describe(key.pid).is_some() => {
+                    let run = Arc::new(AgentRun {
+                        session,
+                        actor: Actor::from_recorded(s.actor.clone()),
+                        transport,
+                        attached: Mutex::new(0),
+                    });
+                    let rk = RunKey { actor: run.actor.clone(), process: Some(key.clone()) };
+                    if let Ok(mut live) = self.live.lock() {
+                        live.insert(rk.clone(), Arc::clone(&run));
+                    }
+                    self.watch(rk, run, key);
+                    adopted += 1;
+                }
+                _ => {
+                    let reason = if key.is_some() { "process_exited" } else { "gateway_restarted" };
+                    self.store.end_session(session, reason, (self.clock)())?;
+                    ended += 1;
+                }
+            }
+        }
+        Ok((adopted, ended))
+    }
+
+    /// The caller's run, started (and journaled) if it has none. `client` is what the client
+    /// said about itself in `initialize`: a label.
+    pub async fn join(self: &Arc<Self>, caller: &Caller, client: Option<String>) -> Result<RunLease, StoreError> {
+        let key = caller.key();
+        let existing = self.live.lock().ok().and_then(|live| live.get(&key).cloned());
+        let run = match existing {
+            Some(run) => run,
+            None => self.start(caller, key.clone(), client).await?,
+        };
+        if let Ok(mut n) = run.attached.lock() {
+            *n += 1;
+        }
+        Ok(RunLease { run, runs: Arc::clone(self), key })
+    }
+
+    async fn start(
+        self: &Arc<Self>,
+        caller: &Caller,
+        key: RunKey,
+        client: Option<String>,
+    ) -> Result<Arc<AgentRun>, StoreError> {
+        let at: Timestamp = (self.clock)();
+        let run = Arc::new(AgentRun {
+            session: SessionId::from_parts(at, random_u128()),
+            actor: caller.actor(),
+            transport: caller.transport,
+            attached: Mutex::new(0),
+        });
+        // Two connections of one process may race here: the first insert wins.
+        let winner = {
+            let Ok(mut live) = self.live.lock() else {
+                return Err(StoreError::Corrupt("the run registry's lock is poisoned".into()));
+            };
+            if let Some(existing) = live.get(&key) {
+                return Ok(Arc::clone(existing));
+            }
+            live.insert(key.clone(), Arc::clone(&run));
+            run
+        };
+        let start = SessionStart {
+            id: winner.session,
+            actor: winner.actor.clone(),
+            pid: caller.process.as_ref().map(|p| p.key.pid),
+            process_start: caller.process.as_ref().map(|p| p.key.start_ticks as i64),
+            transport: caller.transport.as_str().into(),
+            client,
+            at,
+        };
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.start_session(start))
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("session start task: {e}")))??;
+        if let Some(process) = &caller.process {
+            self.watch(key, Arc::clone(&winner), process.key.clone());
+        }
+        Ok(winner)
+    }
+
+    /// Ends the run when its process exits.
+    fn watch(self: &Arc<Self>, key: RunKey, run: Arc<AgentRun>, process: ProcessKey) {
+        let runs = Arc::clone(self);
+        tokio::spawn(async move {
+            while identity::is_alive(&process) {
+                tokio::time::sleep(runs.poll).await;
+            }
+            runs.end(&key, &run, "process_exited");
+        });
+    }
+
+    fn end(&self, key: &RunKey, run: &Arc<AgentRun>, reason: &'static str) {
+        let removed = self.live.lock().is_ok_and(|mut live| match live.get(key) {
+            Some(current) if Arc::ptr_eq(current, run) => live.remove(key).is_some(),
+            _ => false,
+        });
+        if !removed {
+            return;
+        }
+        let store = Arc::clone(&self.store);
+        let (session, at) = (run.session, (self.clock)());
+        let end = move || {
+            if let Err(e) = store.end_session(session, reason, at) {
+                tracing::error!(%session, error = %e, "could not journal the end of a run");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn_blocking(end);
+            }
+            Err(_) => end(),
+        }
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live.lock().map(|l| l.len()).unwrap_or(0)
+    }
+}

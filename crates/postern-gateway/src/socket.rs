@@ -1,0 +1,355 @@
+//! The local endpoint `postern mcp` bridges to: a Unix socket in a per-user runtime directory
+//! (directory 0700, socket 0600). The kernel names each connecting process (SO_PEERCRED), so
+//! the agent's identity never depends on what it claims.
+//!
+//! Messages are newline-delimited JSON-RPC (the MCP stdio framing). The framing is ours rather
+//! than rmcp's so bad input gets an answer instead of silence: an oversize line, invalid JSON,
+//! a batch or non-object params each get a specific JSON-RPC error, and the connection (and
+//! every other) keeps being served.
+
+use crate::{
+    mcp::{Gateway, PendingResponses, PosternMcp, request_key},
+    runs::{Caller, Transport as RunTransport},
+};
+use rmcp::{
+    RoleServer, ServiceExt,
+    model::{ErrorCode, ErrorData, NumberOrString},
+    service::{RxJsonRpcMessage, TxJsonRpcMessage},
+    transport::Transport,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::{
+        UnixListener, UnixStream,
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+    },
+};
+
+/// Default cap on one incoming message.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("the runtime directory {path} is unsafe: {problem}")]
+    UnsafeDirectory { path: PathBuf, problem: String },
+    #[error("cannot prepare the gateway socket {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl postern_core::ErrorCode for SocketError {
+    fn code(&self) -> &'static str {
+        match self {
+            SocketError::UnsafeDirectory { .. } => "unsafe_runtime_dir",
+            SocketError::Io { .. } => "socket_unavailable",
+        }
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SocketError + '_ {
+    move |source| SocketError::Io { path: path.to_owned(), source }
+}
+
+/// `$XDG_RUNTIME_DIR/postern/<data-dir digest>/`, or `/tmp/postern-<uid>/…` without one. One
+/// directory per data directory, so two installations never share a socket.
+pub fn runtime_dir(data_dir: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let base = match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("postern"),
+        _ => {
+            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX);
+            std::env::temp_dir().join(format!("postern-{uid}"))
+        }
+    };
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+    let digest = hex::encode(Sha256::digest(canonical.as_os_str().as_encoded_bytes()));
+    base.join(&digest[..16])
+}
+
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    runtime_dir(data_dir).join("mcp.sock")
+}
+
+/// Creates (or checks) `dir` and its parent as 0700 directories owned by this user.
+fn prepare_dir(dir: &Path) -> Result<(), SocketError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(io(dir))?;
+    for d in [dir.parent().unwrap_or(dir), dir] {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d).map_err(io(d))?;
+        let meta = std::fs::symlink_metadata(d).map_err(io(d))?;
+        if !meta.is_dir() || meta.uid() != me {
+            return Err(SocketError::UnsafeDirectory {
+                path: d.to_owned(),
+                problem: "not a directory owned by this user".into(),
+            });
+        }
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(io(d))?;
+        }
+    }
+    Ok(())
+}
+
+/// Binds the gateway socket. The caller holds the journal's exclusive lock, so a socket file
+/// already there is a leftover of a gateway that died, and is replaced.
+pub fn bind(data_dir: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
+    bind_at(&socket_path(data_dir))
+}
+
+/// Binds a 0600 socket at `path` inside a 0700 directory owned by this user.
+pub fn bind_at(path: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
+    use std::os::unix::fs::PermissionsExt;
+    prepare_dir(path.parent().unwrap_or(path))?;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(path)(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io(path))?;
+    Ok((listener, path.to_owned()))
+}
+
+/// Who is behind a socket connection: the agent above the bridge process (skipping shells),
+/// or the connecting process itself when nothing sits above it.
+pub async fn identify(gateway: &Gateway, stream: &UnixStream) -> Caller {
+    let pid = stream.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok());
+    let hashes = Arc::clone(&gateway.hashes);
+    let process = match pid {
+        Some(pid) => tokio::task::spawn_blocking(move || hashes.agent_above(pid).or_else(|| hashes.describe(pid)))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    Caller { transport: RunTransport::Stdio, agent: None, process }
+}
+
+/// Serves connections until `shutdown` resolves.
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    listener: UnixListener,
+    max_message_bytes: usize,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let gateway = Arc::clone(&gateway);
+                    tokio::spawn(async move { connection(gateway, stream, max_message_bytes).await });
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "accept on the gateway socket failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes: usize) {
+    let caller = identify(&gateway, &stream).await;
+    tracing::info!(
+        pid = caller.process.as_ref().map(|p| p.key.pid),
+        actor = caller.actor().as_str(),
+        "bridge connected"
+    );
+    let pending = Arc::new(PendingResponses::default());
+    let (read, write) = stream.into_split();
+    let transport = LineTransport {
+        read: BufReader::new(read),
+        write: Arc::new(tokio::sync::Mutex::new(Some(write))),
+        pending: Arc::clone(&pending),
+        max: max_message_bytes,
+        line: Vec::new(),
+    };
+    let handler = PosternMcp::for_connection(gateway, caller, Arc::clone(&pending));
+    match handler.serve(transport).await {
+        Ok(running) => {
+            let _ = running.waiting().await;
+        }
+        Err(e) => tracing::info!(error = %e, "bridge connection ended before initialization"),
+    }
+    pending.close();
+}
+
+/// Newline-delimited JSON-RPC over one socket connection, with delivery tracking: a response
+/// settles its [`crate::delivery::DeliveryTicket`] with whether the write succeeded.
+struct LineTransport {
+    read: BufReader<OwnedReadHalf>,
+    write: Arc<tokio::sync::Mutex<Option<OwnedWriteHalf>>>,
+    pending: Arc<PendingResponses>,
+    max: usize,
+    line: Vec<u8>,
+}
+
+impl Drop for LineTransport {
+    fn drop(&mut self) {
+        self.pending.close();
+    }
+}
+
+enum Line {
+    Complete,
+    Oversize(usize),
+    Eof,
+}
+
+fn response_key(message: &TxJsonRpcMessage<RoleServer>) -> Option<String> {
+    match message {
+        rmcp::model::JsonRpcMessage::Response(r) => Some(request_key(&r.id)),
+        rmcp::model::JsonRpcMessage::Error(e) => e.id.as_ref().map(request_key),
+        _ => None,
+    }
+}
+
+async fn write_line(
+    write: &tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    message: &TxJsonRpcMessage<RoleServer>,
+) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    let mut guard = write.lock().await;
+    let w = guard.as_mut().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotConnected, "closed"))?;
+    w.write_all(&bytes).await?;
+    w.flush().await
+}
+
+impl LineTransport {
+    /// Reads one line into `self.line`, refusing (and skipping) one longer than `self.max`.
+    async fn read_line(&mut self) -> std::io::Result<Line> {
+        self.line.clear();
+        let mut seen = 0usize;
+        loop {
+            let buf = self.read.fill_buf().await?;
+            if buf.is_empty() {
+                return Ok(if seen == 0 {
+                    Line::Eof
+                } else if seen > self.max {
+                    Line::Oversize(seen)
+                } else {
+                    Line::Complete
+                });
+            }
+            let (chunk, done) = match memchr::memchr(b'\n', buf) {
+                Some(i) => (&buf[..i], Some(i + 1)),
+                None => (buf, None),
+            };
+            seen += chunk.len();
+            if seen <= self.max {
+                self.line.extend_from_slice(chunk);
+            } else {
+                self.line.clear();
+            }
+            let used = done.unwrap_or(buf.len());
+            self.read.consume(used);
+            if done.is_some() {
+                return Ok(if seen > self.max { Line::Oversize(seen) } else { Line::Complete });
+            }
+        }
+    }
+
+    async fn reject(&self, code: ErrorCode, message: String, id: Option<NumberOrString>, data: Value) {
+        let error = TxJsonRpcMessage::<RoleServer>::error(ErrorData::new(code, message, Some(data)), id);
+        if let Err(e) = write_line(&self.write, &error).await {
+            tracing::debug!(error = %e, "could not send an error response");
+        }
+    }
+
+    /// Parses a line into a message, answering the sender itself when it cannot.
+    async fn parse(&self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        let text = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
+        if text.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        let value: Value = match serde_json::from_slice(text) {
+            Ok(v) => v,
+            Err(e) => {
+                let data = serde_json::json!({ "code": "invalid_json", "line": e.line(), "column": e.column() });
+                self.reject(ErrorCode::PARSE_ERROR, format!("the message is not valid JSON: {e}"), None, data).await;
+                return None;
+            }
+        };
+        let id = value.get("id").and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok());
+        if value.is_array() {
+            let data = serde_json::json!({ "code": "batch_not_supported" });
+            self.reject(ErrorCode::INVALID_REQUEST, "JSON-RPC batches are not supported by MCP".into(), None, data)
+                .await;
+            return None;
+        }
+        if let Some(params) = value.get("params")
+            && !params.is_object()
+        {
+            let data = serde_json::json!({ "code": "params_not_object" });
+            self.reject(ErrorCode::INVALID_PARAMS, "params must be a JSON object".into(), id, data).await;
+            return None;
+        }
+        match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value) {
+            Ok(message) => Some(message),
+            Err(e) => {
+                let data = serde_json::json!({ "code": "invalid_request" });
+                self.reject(ErrorCode::INVALID_REQUEST, format!("not a valid JSON-RPC 2.0 message: {e}"), id, data)
+                    .await;
+                None
+            }
+        }
+    }
+}
+
+impl Transport<RoleServer> for LineTransport {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let write = Arc::clone(&self.write);
+        let ticket = response_key(&item).and_then(|key| self.pending.take(&key));
+        async move {
+            let written = write_line(&write, &item).await;
+            if let Some(ticket) = ticket {
+                ticket.settle(written.is_ok());
+            }
+            written
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            match self.read_line().await {
+                Ok(Line::Eof) | Err(_) => return None,
+                Ok(Line::Oversize(size)) => {
+                    let data = serde_json::json!({ "code": "message_too_large", "bytes": size, "limit": self.max });
+                    let message = format!(
+                        "message of {size} bytes exceeds the gateway's limit of {} bytes (postern serve \
+                         --max-message-bytes)",
+                        self.max
+                    );
+                    self.reject(ErrorCode::INVALID_REQUEST, message, None, data).await;
+                }
+                Ok(Line::Complete) => {
+                    if let Some(message) = self.parse().await {
+                        return Some(message);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.pending.close();
+        if let Some(mut w) = self.write.lock().await.take() {
+            let _ = w.shutdown().await;
+        }
+        Ok(())
+    }
+}

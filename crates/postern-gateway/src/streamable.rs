@@ -1,0 +1,254 @@
+//! Streamable HTTP on 127.0.0.1 (rmcp's `StreamableHttpService` behind an axum guard): Origin
+//! and Host validation (403), per-agent bearer tokens (401), the calling process traced from
+//! the loopback socket, and delivery tracking on the response body.
+
+use crate::{
+    delivery::DeliveryTicket,
+    identity::{self, AgentProcess},
+    mcp::{Gateway, HttpCaller, PosternMcp},
+    runs::{Caller, Transport as RunTransport},
+};
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::{ConnectInfo, Request, State, connect_info::Connected},
+    http::{HeaderValue, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    serve::IncomingStream,
+};
+use http_body::Frame;
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+};
+use sha2::{Digest, Sha256};
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+use tokio::net::TcpListener;
+
+/// Default port of the Streamable HTTP endpoint.
+pub const DEFAULT_PORT: u16 = 7387;
+
+/// One TCP connection: its two ends, and (looked up once, on first use) the process holding
+/// the client end.
+#[derive(Clone, Debug)]
+pub struct PeerConnection {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    process: Arc<tokio::sync::OnceCell<Option<AgentProcess>>>,
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for PeerConnection {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        let peer = *stream.remote_addr();
+        let local = stream.io().local_addr().unwrap_or(peer);
+        PeerConnection { peer, local, process: Arc::new(tokio::sync::OnceCell::new()) }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Guard {
+    gateway: Arc<Gateway>,
+    allowed_origins: Arc<Vec<String>>,
+}
+
+fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"postern\""));
+    }
+    response
+}
+
+/// The origins a browser page may call from: none but the endpoint's own.
+fn own_origins(port: u16) -> Vec<String> {
+    vec![format!("http://127.0.0.1:{port}"), format!("http://localhost:{port}")]
+}
+
+async fn guard(
+    State(guard): State<Guard>,
+    ConnectInfo(conn): ConnectInfo<PeerConnection>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if let Some(origin) = request.headers().get(header::ORIGIN) {
+        let allowed = origin.to_str().is_ok_and(|o| guard.allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "origin_forbidden",
+                "requests from web pages are refused (Origin is not this endpoint)",
+            );
+        }
+    }
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = token else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "token_required",
+            "send Authorization: Bearer <token>; create one with `postern agents add NAME`",
+        );
+    };
+    let digest = hex::encode(Sha256::digest(token.as_bytes()));
+    let agent = match guard.gateway.engine.view().active_agent_by_token(&digest) {
+        Ok(Some(agent)) => agent,
+        Ok(None) => {
+            return refuse(StatusCode::UNAUTHORIZED, "token_invalid", "this token is unknown or has been revoked");
+        }
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, "journal_unavailable", &e.to_string()),
+    };
+    let hashes = Arc::clone(&guard.gateway.hashes);
+    let (peer, local) = (conn.peer, conn.local);
+    let process = conn
+        .process
+        .get_or_init(|| async move {
+            tokio::task::spawn_blocking(move || {
+                identity::tcp_peer_pid(peer, local).and_then(|pid| hashes.describe(pid))
+            })
+            .await
+            .ok()
+            .flatten()
+        })
+        .await
+        .clone();
+    let ticket = DeliveryTicket::new(Arc::clone(&guard.gateway.engine));
+    let caller = Caller { transport: RunTransport::StreamableHttp, agent: Some(agent.name), process };
+    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone() });
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: None, conn: (local, peer) }),
+    )
+}
+
+/// A response body that settles its ticket once the frame carrying the execution's result was
+/// handed to the connection (the connection polled for the next frame), and as lost if the
+/// connection drops the body first or the client had already closed its end.
+struct DeliveryBody {
+    inner: Body,
+    ticket: DeliveryTicket,
+    settled: bool,
+    /// A frame carrying the result was handed out; `true` if the client's end was open then.
+    handed_out: Option<bool>,
+    conn: (SocketAddr, SocketAddr),
+}
+
+impl DeliveryBody {
+    fn settle(&mut self, written: bool) {
+        if !self.settled {
+            self.settled = true;
+            self.ticket.settle(written);
+        }
+    }
+
+    /// Does `frame` carry the result of an execution registered on this ticket?
+    fn carries_result(&self, frame: &Frame<Bytes>) -> bool {
+        let Some(data) = frame.data_ref() else { return false };
+        self.ticket.carried().iter().any(|id| memchr::memmem::find(data, id.to_string().as_bytes()).is_some())
+    }
+}
+
+impl Drop for DeliveryBody {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
+}
+
+impl http_body::Body for DeliveryBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        // Polled again: the previous frame was taken by the connection.
+        if let Some(open) = self.handed_out.take() {
+            self.settle(open);
+        }
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => {
+                // A write into a connection the client already closed succeeds too: ask the
+                // kernel whether the client's end is still there.
+                let (local, peer) = self.conn;
+                self.handed_out = Some(identity::tcp_connection_open(local, peer).unwrap_or(true));
+            }
+            // Ended without carrying a result: any execution registered later (its MCP session
+            // was closed under this stream) was not delivered by it.
+            Poll::Ready(None) => self.settle(false),
+            _ => {}
+        }
+        polled
+    }
+
+    // Never claim the end early: the connection must poll past the last frame, which is how
+    // this body learns the last frame was taken.
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The router: `/mcp` behind the guard.
+pub fn router(gateway: Arc<Gateway>, port: u16, max_message_bytes: usize, config_token: CancelToken) -> Router {
+    let allowed = own_origins(port);
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts([
+            "127.0.0.1".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "localhost".to_owned(),
+            format!("localhost:{port}"),
+        ])
+        .with_allowed_origins(allowed.clone())
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(max_message_bytes)
+        .with_cancellation_token(config_token.0);
+    let factory_gateway = Arc::clone(&gateway);
+    let service = StreamableHttpService::new(
+        move || Ok(PosternMcp::for_http(Arc::clone(&factory_gateway))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let state = Guard { gateway, allowed_origins: Arc::new(allowed) };
+    Router::new().nest_service("/mcp", service).layer(middleware::from_fn_with_state(state, guard))
+}
+
+/// Stops the HTTP endpoint's MCP sessions on shutdown.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(pub tokio_util::sync::CancellationToken);
+
+/// Binds `127.0.0.1:port` (0 = any free port).
+pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
+    TcpListener::bind(("127.0.0.1", port)).await
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    max_message_bytes: usize,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let port = listener.local_addr()?.port();
+    let token = CancelToken::default();
+    let app = router(gateway, port, max_message_bytes, token.clone());
+    let stop = async move {
+        shutdown.await;
+        token.0.cancel();
+    };
+    axum::serve(listener, app.into_make_service_with_connect_info::<PeerConnection>())
+        .with_graceful_shutdown(stop)
+        .await
+}

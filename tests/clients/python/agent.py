@@ -1,0 +1,149 @@
+"""A scriptable MCP agent built on the official Python SDK (`mcp` on PyPI).
+
+Postern's end-to-end tests drive it through stdin, one JSON command per line, and read one JSON
+event per line from stdout. The agent process stays alive across connections, which is the
+point: its connection can break (bridge killed, HTTP connection cut) and the same process
+reconnects and retries.
+
+Commands:
+  {"op": "connect", "transport": "stdio", "command": "...", "args": [...], "env": {...}}
+  {"op": "connect", "transport": "http", "url": "...", "token": "..."}
+  {"op": "call", "tag": "t1", "tool": "...", "arguments": {...}}   (answered later, by tag)
+  {"op": "drop"}          close the connection (cancels calls in flight)
+  {"op": "tools"}         list tools
+  {"op": "exit"}
+Events: {"event": "...", ...}; a call answers {"event": "result", "tag": ..., "ok": bool, ...}.
+"""
+
+import json
+import os
+import sys
+from contextlib import AsyncExitStack
+
+import anyio
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+
+def emit(**event):
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+class Agent:
+    """Each connection lives in its own task, which enters and leaves the SDK's context managers
+    (anyio requires both in one task); `drop` asks that task to close and waits for it."""
+
+    def __init__(self, tg):
+        self.tg = tg
+        self.session = None
+        self.close = None
+        self.closed = None
+
+    async def _hold(self, cmd, ready):
+        self.close, self.closed = anyio.Event(), anyio.Event()
+        close, closed = self.close, self.closed
+        try:
+            async with AsyncExitStack() as stack:
+                if cmd["transport"] == "stdio":
+                    params = StdioServerParameters(command=cmd["command"], args=cmd.get("args", []), env=cmd.get("env"))
+                    read, write = await stack.enter_async_context(stdio_client(params))
+                else:
+                    headers = {"Authorization": f"Bearer {cmd['token']}"}
+                    client = await stack.enter_async_context(
+                        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60))
+                    )
+                    read, write = await stack.enter_async_context(streamable_http_client(cmd["url"], http_client=client))
+                session = await stack.enter_async_context(ClientSession(read, write))
+                info = await session.initialize()
+                self.session = session
+                emit(event="connected", protocol=str(info.protocol_version), server=info.server_info.name, pid=os.getpid())
+                ready.set()
+                await close.wait()  # then the stack unwinds, in this task
+        except BaseException as e:
+            emit(event="connection_closed" if ready.is_set() else "connect_failed", error=f"{type(e).__name__}: {e!r}")
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            self.session = None
+            ready.set()
+            closed.set()
+
+    async def connect(self, cmd):
+        await self.drop()
+        ready = anyio.Event()
+        self.tg.start_soon(self._hold, cmd, ready)
+        await ready.wait()
+
+    async def drop(self):
+        if self.close is not None:
+            self.close.set()
+            await self.closed.wait()
+            self.close = self.closed = None
+
+    async def call(self, cmd):
+        session = self.session
+        try:
+            if session is None:
+                raise RuntimeError("not connected")
+            result = await session.call_tool(cmd["tool"], cmd.get("arguments", {}), read_timeout_seconds=60)
+            emit(
+                event="result",
+                tag=cmd.get("tag"),
+                ok=True,
+                is_error=bool(result.is_error),
+                structured=result.structured_content,
+                text=[c.text for c in result.content if getattr(c, "type", "") == "text"],
+            )
+        except BaseException as e:
+            emit(event="result", tag=cmd.get("tag"), ok=False, error=f"{type(e).__name__}: {e}")
+            if not isinstance(e, Exception):
+                raise
+
+    async def tools(self):
+        listed = await self.session.list_tools()
+        emit(
+            event="tools",
+            tools=[
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True) if t.annotations else None,
+                }
+                for t in listed.tools
+            ],
+        )
+
+
+async def main():
+    async with anyio.create_task_group() as tg:
+        agent = Agent(tg)
+        stdin = anyio.wrap_file(sys.stdin)
+        emit(event="ready", pid=os.getpid())
+        async for line in stdin:
+            if not line.strip():
+                continue
+            cmd = json.loads(line)
+            op = cmd["op"]
+            try:
+                if op == "connect":
+                    await agent.connect(cmd)
+                elif op == "call":
+                    tg.start_soon(agent.call, cmd)
+                elif op == "drop":
+                    await agent.drop()
+                    emit(event="dropped")
+                elif op == "tools":
+                    await agent.tools()
+                elif op == "exit":
+                    break
+            except Exception as e:
+                emit(event="error", op=op, error=f"{type(e).__name__}: {e}")
+        await agent.drop()
+        tg.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    anyio.run(main)
