@@ -8,9 +8,13 @@ cd "$(dirname "$0")/.."
 need=()
 command -v dbus-run-session >/dev/null || need+=(dbus)
 command -v gnome-keyring-daemon >/dev/null || need+=(gnome-keyring)
+command -v python3 >/dev/null || need+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if ((${#need[@]})); then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "scripts/test.sh needs: ${need[*]} (sudo apt-get install dbus gnome-keyring)" >&2
+    echo "scripts/test.sh needs: ${need[*]} (sudo apt-get install ${need[*]})" >&2
     exit 1
   fi
   apt-get update -qq

@@ -42,8 +42,39 @@ pub struct PeerConnection {
     process: Arc<tokio::sync::OnceCell<Option<AgentProcess>>>,
 }
 
-impl Connected<IncomingStream<'_, TcpListener>> for PeerConnection {
-    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+/// The listener: loopback TCP with Nagle off (answers are small SSE frames written in pieces;
+/// with Nagle and delayed ACKs each would wait ~40 ms).
+#[derive(Debug)]
+pub struct NoDelayListener(TcpListener);
+
+impl axum::serve::Listener for NoDelayListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((stream, addr)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+                    }
+                    return (stream, addr);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "accept on the HTTP endpoint failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, NoDelayListener>> for PeerConnection {
+    fn connect_info(stream: IncomingStream<'_, NoDelayListener>) -> Self {
         let peer = *stream.remote_addr();
         let local = stream.io().local_addr().unwrap_or(peer);
         PeerConnection { peer, local, process: Arc::new(tokio::sync::OnceCell::new()) }
@@ -53,7 +84,6 @@ impl Connected<IncomingStream<'_, TcpListener>> for PeerConnection {
 #[derive(Clone, Debug)]
 struct Guard {
     gateway: Arc<Gateway>,
-    allowed_origins: Arc<Vec<String>>,
 }
 
 fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
@@ -65,9 +95,15 @@ fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
     response
 }
 
-/// The origins a browser page may call from: none but the endpoint's own.
-fn own_origins(port: u16) -> Vec<String> {
-    vec![format!("http://127.0.0.1:{port}"), format!("http://localhost:{port}")]
+/// A browser page may only call from a loopback origin (any port): a DNS-rebinding page has a
+/// foreign origin and is refused. A loopback page still needs an agent's token, and no CORS
+/// headers are ever sent, so a browser cannot read an answer anyway.
+pub fn loopback_origin(origin: &str) -> bool {
+    url::Url::parse(origin).is_ok_and(|u| {
+        matches!(u.scheme(), "http" | "https")
+            && matches!(u.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"))
+            && u.path() == "/"
+    })
 }
 
 async fn guard(
@@ -77,12 +113,12 @@ async fn guard(
     next: Next,
 ) -> Response {
     if let Some(origin) = request.headers().get(header::ORIGIN) {
-        let allowed = origin.to_str().is_ok_and(|o| guard.allowed_origins.iter().any(|a| a == o));
+        let allowed = origin.to_str().is_ok_and(loopback_origin);
         if !allowed {
             return refuse(
                 StatusCode::FORBIDDEN,
                 "origin_forbidden",
-                "requests from web pages are refused (Origin is not this endpoint)",
+                "requests from web pages on other hosts are refused (Origin is not a loopback address)",
             );
         }
     }
@@ -202,16 +238,10 @@ impl http_body::Body for DeliveryBody {
 }
 
 /// The router: `/mcp` behind the guard.
-pub fn router(gateway: Arc<Gateway>, port: u16, max_message_bytes: usize, config_token: CancelToken) -> Router {
-    let allowed = own_origins(port);
+pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: CancelToken) -> Router {
     let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts([
-            "127.0.0.1".to_owned(),
-            format!("127.0.0.1:{port}"),
-            "localhost".to_owned(),
-            format!("localhost:{port}"),
-        ])
-        .with_allowed_origins(allowed.clone())
+        .with_allowed_hosts(["127.0.0.1", "localhost", "::1", "[::1]"])
+        .with_allowed_origins(["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
         .enforce_origin_validation()
         .with_max_request_body_bytes(max_message_bytes)
         .with_cancellation_token(config_token.0);
@@ -221,7 +251,7 @@ pub fn router(gateway: Arc<Gateway>, port: u16, max_message_bytes: usize, config
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let state = Guard { gateway, allowed_origins: Arc::new(allowed) };
+    let state = Guard { gateway };
     Router::new().nest_service("/mcp", service).layer(middleware::from_fn_with_state(state, guard))
 }
 
@@ -241,14 +271,29 @@ pub async fn serve(
     max_message_bytes: usize,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let port = listener.local_addr()?.port();
     let token = CancelToken::default();
-    let app = router(gateway, port, max_message_bytes, token.clone());
+    let app = router(gateway, max_message_bytes, token.clone());
     let stop = async move {
         shutdown.await;
         token.0.cancel();
     };
-    axum::serve(listener, app.into_make_service_with_connect_info::<PeerConnection>())
+    axum::serve(NoDelayListener(listener), app.into_make_service_with_connect_info::<PeerConnection>())
         .with_graceful_shutdown(stop)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback_origin;
+
+    #[test]
+    fn only_loopback_origins_pass() {
+        for ok in ["http://127.0.0.1:7387", "http://localhost:3000", "http://[::1]:1", "https://localhost"] {
+            assert!(loopback_origin(ok), "{ok}");
+        }
+        for bad in ["http://evil.example", "http://127.0.0.1.evil.example", "null", "file://", "http://localhost.evil"]
+        {
+            assert!(!loopback_origin(bad), "{bad}");
+        }
+    }
 }

