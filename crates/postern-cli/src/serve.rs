@@ -130,43 +130,54 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
 }
 
 /// The stdio bridge: relays newline-delimited MCP messages between this process's stdin/stdout
-/// and the gateway socket. Nothing else is ever written to stdout.
+/// and the gateway socket, byte for byte, flushing every chunk. Nothing else is ever written to
+/// stdout. Plain threads and blocking I/O: there is nothing to schedule, and a relay must never
+/// hold a message back.
 pub fn bridge(data_dir: &Path) -> Result<ExitCode, Failure> {
+    use std::io::{Read, Write};
     let path = socket::socket_path(data_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
-    runtime.block_on(async {
-        let stream = tokio::net::UnixStream::connect(&path).await.map_err(|e| Failure {
-            code: 1,
-            error: anyhow!(
-                "no Postern gateway is running for {} ({}: {e}).\nStart one with `postern serve` (or open the Postern \
-                 app), then start this agent again.",
-                data_dir.display(),
-                path.display()
-            ),
-        })?;
-        let (mut from_gateway, mut to_gateway) = stream.into_split();
-        let upstream = async {
-            let mut stdin = tokio::io::stdin();
-            let copied = tokio::io::copy(&mut stdin, &mut to_gateway).await;
-            // The agent closed its side: let the gateway finish answering.
-            let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_gateway).await;
-            copied
-        };
-        let downstream = async {
-            let mut stdout = tokio::io::stdout();
-            let copied = tokio::io::copy(&mut from_gateway, &mut stdout).await;
-            let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
-            copied
-        };
-        tokio::pin!(upstream, downstream);
-        // The session ends when the gateway closes the connection (it answers what it was asked
-        // first); an agent that stops reading ends it too.
-        tokio::select! {
-            _ = &mut downstream => {}
-            _ = async { let _ = (&mut upstream).await; std::future::pending::<()>().await } => {}
-        }
-        Ok::<(), Failure>(())
+    let socket = std::os::unix::net::UnixStream::connect(&path).map_err(|e| Failure {
+        code: 1,
+        error: anyhow!(
+            "no Postern gateway is running for {} ({}: {e}).\nStart one with `postern serve` (or open the Postern \
+             app), then start this agent again.",
+            data_dir.display(),
+            path.display()
+        ),
     })?;
+    let mut to_gateway = socket.try_clone().context("clone the socket")?;
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to_gateway.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // The agent closed its side: let the gateway finish answering, then it closes.
+        let _ = to_gateway.shutdown(std::net::Shutdown::Write);
+    });
+    let mut from_gateway = socket;
+    let mut stdout = std::io::stdout().lock();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from_gateway.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                // An agent that stopped reading ends the session.
+                if stdout.write_all(&buf[..n]).and_then(|()| stdout.flush()).is_err() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

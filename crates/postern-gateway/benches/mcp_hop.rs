@@ -177,6 +177,9 @@ fn main() {
         println!("mcp_hop bench: run with `cargo bench -p postern-gateway --bench mcp_hop`");
         return;
     }
+    if let Ok(filter) = std::env::var("POSTERN_LOG") {
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).init();
+    }
     let calls: usize = std::env::var("POSTERN_BENCH_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4_096);
     let bridge_bin = std::env::var("POSTERN_BIN").ok();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");

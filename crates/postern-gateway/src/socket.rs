@@ -171,6 +171,7 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
         pending: Arc::clone(&pending),
         max: max_message_bytes,
         line: Vec::new(),
+        seen: 0,
     };
     let handler = PosternMcp::for_connection(gateway, caller, Arc::clone(&pending));
     match handler.serve(transport).await {
@@ -189,7 +190,9 @@ struct LineTransport {
     write: Arc<tokio::sync::Mutex<Option<OwnedWriteHalf>>>,
     pending: Arc<PendingResponses>,
     max: usize,
+    /// The line being read (kept across cancelled reads) and its length so far.
     line: Vec<u8>,
+    seen: usize,
 }
 
 impl Drop for LineTransport {
@@ -224,17 +227,29 @@ async fn write_line(
     w.flush().await
 }
 
+/// A JSON-RPC error to send back without a request to answer (bad input).
+struct Rejection {
+    code: ErrorCode,
+    message: String,
+    id: Option<NumberOrString>,
+    data: Value,
+}
+
 impl LineTransport {
     /// Reads one line into `self.line`, refusing (and skipping) one longer than `self.max`.
+    ///
+    /// Cancel-safe: rmcp polls `receive` inside a `select!` and drops it whenever a response is
+    /// ready to go out, so every byte taken from the reader is kept in `self.line` /
+    /// `self.seen` (never in locals) until a whole line has been returned.
     async fn read_line(&mut self) -> std::io::Result<Line> {
-        self.line.clear();
-        let mut seen = 0usize;
         loop {
             let buf = self.read.fill_buf().await?;
             if buf.is_empty() {
+                let seen = std::mem::take(&mut self.seen);
                 return Ok(if seen == 0 {
                     Line::Eof
                 } else if seen > self.max {
+                    self.line.clear();
                     Line::Oversize(seen)
                 } else {
                     Line::Complete
@@ -244,8 +259,8 @@ impl LineTransport {
                 Some(i) => (&buf[..i], Some(i + 1)),
                 None => (buf, None),
             };
-            seen += chunk.len();
-            if seen <= self.max {
+            self.seen += chunk.len();
+            if self.seen <= self.max {
                 self.line.extend_from_slice(chunk);
             } else {
                 self.line.clear();
@@ -253,55 +268,62 @@ impl LineTransport {
             let used = done.unwrap_or(buf.len());
             self.read.consume(used);
             if done.is_some() {
+                let seen = std::mem::take(&mut self.seen);
                 return Ok(if seen > self.max { Line::Oversize(seen) } else { Line::Complete });
             }
         }
     }
 
-    async fn reject(&self, code: ErrorCode, message: String, id: Option<NumberOrString>, data: Value) {
-        let error = TxJsonRpcMessage::<RoleServer>::error(ErrorData::new(code, message, Some(data)), id);
-        if let Err(e) = write_line(&self.write, &error).await {
-            tracing::debug!(error = %e, "could not send an error response");
-        }
+    /// Answers bad input in a task of its own: the write must not be cut off half-way when
+    /// `receive` is cancelled, or the stream would carry a torn line.
+    fn reject(&self, r: Rejection) {
+        let write = Arc::clone(&self.write);
+        tokio::spawn(async move {
+            let error = TxJsonRpcMessage::<RoleServer>::error(ErrorData::new(r.code, r.message, Some(r.data)), r.id);
+            if let Err(e) = write_line(&write, &error).await {
+                tracing::debug!(error = %e, "could not send an error response");
+            }
+        });
     }
 
-    /// Parses a line into a message, answering the sender itself when it cannot.
-    async fn parse(&self) -> Option<RxJsonRpcMessage<RoleServer>> {
+    /// Parses the line read into a message, or says what to answer instead (`Ok(None)`: a
+    /// blank line).
+    fn parse(&self) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Rejection> {
         let text = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
         if text.iter().all(u8::is_ascii_whitespace) {
-            return None;
+            return Ok(None);
         }
-        let value: Value = match serde_json::from_slice(text) {
-            Ok(v) => v,
-            Err(e) => {
-                let data = serde_json::json!({ "code": "invalid_json", "line": e.line(), "column": e.column() });
-                self.reject(ErrorCode::PARSE_ERROR, format!("the message is not valid JSON: {e}"), None, data).await;
-                return None;
-            }
-        };
+        let value: Value = serde_json::from_slice(text).map_err(|e| Rejection {
+            code: ErrorCode::PARSE_ERROR,
+            message: format!("the message is not valid JSON: {e}"),
+            id: None,
+            data: serde_json::json!({ "code": "invalid_json", "line": e.line(), "column": e.column() }),
+        })?;
         let id = value.get("id").and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok());
         if value.is_array() {
-            let data = serde_json::json!({ "code": "batch_not_supported" });
-            self.reject(ErrorCode::INVALID_REQUEST, "JSON-RPC batches are not supported by MCP".into(), None, data)
-                .await;
-            return None;
+            return Err(Rejection {
+                code: ErrorCode::INVALID_REQUEST,
+                message: "JSON-RPC batches are not supported by MCP".into(),
+                id: None,
+                data: serde_json::json!({ "code": "batch_not_supported" }),
+            });
         }
         if let Some(params) = value.get("params")
             && !params.is_object()
         {
-            let data = serde_json::json!({ "code": "params_not_object" });
-            self.reject(ErrorCode::INVALID_PARAMS, "params must be a JSON object".into(), id, data).await;
-            return None;
+            return Err(Rejection {
+                code: ErrorCode::INVALID_PARAMS,
+                message: "params must be a JSON object".into(),
+                id,
+                data: serde_json::json!({ "code": "params_not_object" }),
+            });
         }
-        match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value) {
-            Ok(message) => Some(message),
-            Err(e) => {
-                let data = serde_json::json!({ "code": "invalid_request" });
-                self.reject(ErrorCode::INVALID_REQUEST, format!("not a valid JSON-RPC 2.0 message: {e}"), id, data)
-                    .await;
-                None
-            }
-        }
+        serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value).map(Some).map_err(|e| Rejection {
+            code: ErrorCode::INVALID_REQUEST,
+            message: format!("not a valid JSON-RPC 2.0 message: {e}"),
+            id,
+            data: serde_json::json!({ "code": "invalid_request" }),
+        })
     }
 }
 
@@ -327,18 +349,23 @@ impl Transport<RoleServer> for LineTransport {
         loop {
             match self.read_line().await {
                 Ok(Line::Eof) | Err(_) => return None,
-                Ok(Line::Oversize(size)) => {
-                    let data = serde_json::json!({ "code": "message_too_large", "bytes": size, "limit": self.max });
-                    let message = format!(
+                Ok(Line::Oversize(size)) => self.reject(Rejection {
+                    code: ErrorCode::INVALID_REQUEST,
+                    message: format!(
                         "message of {size} bytes exceeds the gateway's limit of {} bytes (postern serve \
                          --max-message-bytes)",
                         self.max
-                    );
-                    self.reject(ErrorCode::INVALID_REQUEST, message, None, data).await;
-                }
+                    ),
+                    id: None,
+                    data: serde_json::json!({ "code": "message_too_large", "bytes": size, "limit": self.max }),
+                }),
                 Ok(Line::Complete) => {
-                    if let Some(message) = self.parse().await {
-                        return Some(message);
+                    let parsed = self.parse();
+                    self.line.clear();
+                    match parsed {
+                        Ok(Some(message)) => return Some(message),
+                        Ok(None) => {}
+                        Err(rejection) => self.reject(rejection),
                     }
                 }
             }

@@ -568,3 +568,43 @@ fn a_run_survives_a_gateway_restart_while_its_process_lives() {
     let ready = gw.stderr.lock().unwrap().clone();
     assert!(ready.contains("runs_adopted=1"), "{ready}");
 }
+
+/// Thousands of sequential `tools/call` round trips through a real `postern mcp`, each answered.
+/// (The gateway's socket reader once lost the bytes of a half-read line whenever rmcp cancelled
+/// a read to send a response — it polls `receive` inside a `select!` — tearing a request within
+/// a few hundred calls; this test caught it.)
+#[test]
+fn the_bridge_relays_thousands_of_round_trips_without_stalling() {
+    use std::io::{BufRead, Write};
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut bridge = std::process::Command::new(super::gateway_support::postern_bin())
+        .arg("mcp")
+        .env("POSTERN_DATA_DIR", gw.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = bridge.stdin.take().unwrap();
+    let mut from = std::io::BufReader::new(bridge.stdout.take().unwrap());
+    let mut line = String::new();
+    writeln!(to, r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#).unwrap();
+    from.read_line(&mut line).unwrap();
+    assert!(line.contains("\"postern\""), "{line}");
+    writeln!(to, r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#).unwrap();
+    for id in 1..=2000 {
+        writeln!(
+            to,
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"balance","arguments":{{}}}}}}"#
+        )
+        .unwrap();
+        to.flush().unwrap();
+        line.clear();
+        from.read_line(&mut line).unwrap();
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(answer["id"], id, "{line}");
+    }
+    drop(to);
+    let status = eventually("the bridge to exit after stdin closed", LONG, || bridge.try_wait().unwrap());
+    assert!(status.success());
+}
