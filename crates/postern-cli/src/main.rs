@@ -58,6 +58,8 @@ enum Command {
     },
     /// Show the Sessions journal (agent runs).
     Sessions {
+        #[command(subcommand)]
+        command: Option<SessionsCommand>,
         #[arg(long)]
         json: bool,
     },
@@ -83,6 +85,12 @@ enum Command {
         #[command(subcommand)]
         command: VaultCommand,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum SessionsCommand {
+    /// Revoke an agent run: its calls are denied from now on, and it is never authorized again.
+    Revoke { id: SessionId },
 }
 
 #[derive(Subcommand, Debug)]
@@ -222,7 +230,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Activity { execution, session, limit, json } => {
             journal::activity(&data_dir, execution, session, limit, json)
         }
-        Command::Sessions { json } => journal::sessions(&data_dir, json),
+        Command::Sessions { command: None, json } => journal::sessions(&data_dir, json),
+        Command::Sessions { command: Some(SessionsCommand::Revoke { id }), .. } => journal::revoke(&data_dir, id),
         Command::Execution { command: ExecutionCommand::Show { id, json } } => journal::show(&data_dir, id, json),
     }
 }

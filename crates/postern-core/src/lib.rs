@@ -8,6 +8,7 @@ pub mod canonical;
 pub mod contract;
 pub mod fingerprint;
 pub mod id;
+pub mod ladder;
 pub mod lifecycle;
 pub mod record;
 pub mod retry;
@@ -19,6 +20,7 @@ pub use contract::{
 };
 pub use fingerprint::{Fingerprint, FingerprintKey, FingerprintParseError};
 pub use id::{ExecutionId, IdError, SessionId};
+pub use ladder::{LadderDecision, LadderInput, Rung, SessionStanding, decide_ladder};
 pub use lifecycle::{ExecutionState, IllegalTransition};
 pub use record::{
     ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, HttpAction, IntentScope, RecordError, SshAction,

@@ -2,8 +2,9 @@
 //! sense against a live gateway go through it instead of opening the journal themselves.
 //!
 //! Deliberately small: it can add an agent (the CLI sends only the token's hash), revoke one,
-//! and lock the vault. Nothing here can grant, unlock or approve: the socket is reachable by
-//! any process of this user, agents included (see the README's security notes).
+//! revoke an agent run, and lock the vault. Nothing here can grant, unlock or approve: the
+//! socket is reachable by any process of this user, agents included (see the README's security
+//! notes).
 
 use crate::socket::SocketError;
 use postern_store::Store;
@@ -28,6 +29,8 @@ pub enum ControlRequest {
     RevokeAgent { name: String },
     #[serde(rename = "vault.lock")]
     LockVault { by: String },
+    #[serde(rename = "sessions.revoke")]
+    RevokeSession { id: String },
 }
 
 /// The answer: `ok`, or a machine-readable code and a message.
@@ -55,6 +58,12 @@ fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestamp) -
         ControlRequest::AddAgent { name, token_sha256 } => store.add_agent(&name, &token_sha256, now).map(|_| ()),
         ControlRequest::RevokeAgent { name } => store.revoke_agent(&name, now).map(|_| ()),
         ControlRequest::LockVault { by } => store.set_locked(true, json!({ "by": by }), now).map(|_| ()),
+        ControlRequest::RevokeSession { id } => match id.parse::<postern_core::SessionId>() {
+            Ok(id) => store.set_session_standing(id, false, "cli", json!({}), now).map(|_| ()),
+            Err(e) => {
+                return ControlReply { ok: false, code: Some("invalid_request".into()), message: Some(e.to_string()) };
+            }
+        },
     };
     match done {
         Ok(()) => ControlReply { ok: true, code: None, message: None },

@@ -7,8 +7,8 @@ use crate::{
 };
 use postern_core::{
     ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState,
-    FingerprintKey, HttpAction, IntentScope, RecordError, RetryDecision, ReviewReason, SessionId, Timestamp,
-    Verification,
+    FingerprintKey, HttpAction, IntentScope, LadderDecision, LadderInput, RecordError, RetryDecision, ReviewReason,
+    Rung, SessionId, SessionStanding, Timestamp, Verification, decide_ladder,
 };
 use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
 use postern_vault::{CredentialKind, Sensitive, Vault, VaultError};
@@ -16,31 +16,54 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::{sync::Arc, time::Duration};
 
-/// What the approval ladder needs to know about a call (design §6).
+/// What a reviewer is asked (design §6). The ladder decides whether anyone is asked at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ask {
+    /// This exact call (bound to its fingerprint): never turns into a session grant.
+    PerUse,
+    /// The agent run, once.
+    SessionAuthorization,
+}
+
+/// What the reviewer is shown (design §6): never a secret.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuthorizationRequest {
+    pub ask: Ask,
     pub execution_id: ExecutionId,
+    pub session: Option<SessionId>,
     pub tool: String,
     pub actor: String,
     pub method: String,
     pub target: String,
     pub credential: Option<String>,
-    pub approve_every_use: bool,
-    pub vault_locked: bool,
 }
 
-/// The approver's answer, journaled with the `authorized` or `denied` row.
+/// A session-authorization answer beyond "this time".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// Allow this agent run.
+    Session,
+    /// Allow this run, and every later run of the same actor (executable hash) without asking.
+    Always,
+}
+
+/// The verdict, journaled with the `authorized` or `denied` row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Authorization {
     pub allowed: bool,
-    /// Which rung decided: `vault_locked`, `approve_every_use`, `session`, `run`.
+    /// Which rung decided: `vault_locked`, `approve_every_use`, `session_authorization`,
+    /// `allowlist`, `run`.
     pub rung: String,
     pub by: String,
     pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
 }
 
-/// Decides whether a call may run. The desktop app and the terminal approver implement the
-/// interactive rungs; this crate ships the ladder's fixed first rung.
+/// Answers what the ladder asks (per-use approval, session authorization). The desktop app and
+/// the terminal approver ask a person; this crate ships [`LockOnlyApprover`].
 pub trait Approver: Send + Sync + std::fmt::Debug {
     fn authorize(&self, request: &AuthorizationRequest) -> Authorization;
 
@@ -50,8 +73,10 @@ pub trait Approver: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Rung 1 only: a locked vault denies. A call that would need a person (a credential marked
-/// "approve every use") is denied too, because this approver has no one to ask.
+/// The headless policy when no reviewer runs (`postern serve` without an approver): a per-use
+/// approval is denied, because there is no one to ask; an agent run is authorized by policy,
+/// journaled as `session_authorized` by `policy:no-reviewer`. (A locked vault and a revoked run
+/// are denied by the ladder before any approver is consulted.)
 #[derive(Debug, Default)]
 pub struct LockOnlyApprover;
 
@@ -61,14 +86,22 @@ impl Approver for LockOnlyApprover {
     }
 
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
-        let (allowed, rung, reason) = if r.vault_locked {
-            (false, "vault_locked", "the vault is locked")
-        } else if r.approve_every_use {
-            (false, "approve_every_use", "this credential needs a reviewer's approval and no approver is running")
-        } else {
-            (true, "run", "allowed")
-        };
-        Authorization { allowed, rung: rung.into(), by: "postern".into(), reason: reason.into() }
+        match r.ask {
+            Ask::PerUse => Authorization {
+                allowed: false,
+                rung: "approve_every_use".into(),
+                by: "postern".into(),
+                reason: "this credential needs a reviewer's approval and no approver is running".into(),
+                grant: None,
+            },
+            Ask::SessionAuthorization => Authorization {
+                allowed: true,
+                rung: "session_authorization".into(),
+                by: "policy:no-reviewer".into(),
+                reason: "no reviewer is running; agent runs are authorized by policy".into(),
+                grant: Some(Grant::Session),
+            },
+        }
     }
 }
 
@@ -177,6 +210,8 @@ pub struct Engine {
     key: FingerprintKey,
     manifest: Arc<Manifest>,
     approver: Arc<dyn Approver>,
+    /// One session-authorization question at a time per agent run.
+    session_gates: tokio::sync::Mutex<std::collections::HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
     http: reqwest::Client,
     clock: Clock,
     body_cap: usize,
@@ -237,6 +272,7 @@ impl Engine {
             key,
             manifest,
             approver,
+            session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
             http: http::client(),
             clock,
             body_cap: http::DEFAULT_BODY_CAP,
@@ -504,24 +540,122 @@ impl Engine {
         CallOutcome { execution_id: id, state, attached, read_only: false, decision: decision.into(), result, detail }
     }
 
+    /// The approval ladder (design §6): the pure decision in `postern_core::decide_ladder`,
+    /// the approver asked only where it says so, one session-authorization question per run.
     async fn authorize(&self, p: &Prepared<'_>, call: &Call, id: ExecutionId) -> Result<Authorization, EngineError> {
+        let decided = |allowed: bool, rung: Rung, reason: &str| Authorization {
+            allowed,
+            rung: rung.as_str().into(),
+            by: "postern".into(),
+            reason: reason.into(),
+            grant: None,
+        };
+        let mut decision = decide_ladder(self.ladder_input(p, call)?);
+        // One question per run: calls of a new run wait for the first one's answer, then see it.
+        let gate = match (decision, call.session) {
+            (LadderDecision::AskSessionAuthorization, Some(session)) => {
+                let mut gates = self.session_gates.lock().await;
+                Some(Arc::clone(gates.entry(session).or_default()))
+            }
+            _ => None,
+        };
+        let _held = match &gate {
+            Some(g) => {
+                let held = g.lock().await;
+                decision = decide_ladder(self.ladder_input(p, call)?);
+                Some(held)
+            }
+            None => None,
+        };
+        let ask = match decision {
+            LadderDecision::Deny { rung: rung @ Rung::VaultLocked } => {
+                return Ok(decided(false, rung, "the vault is locked"));
+            }
+            LadderDecision::Deny { rung } => {
+                return Ok(decided(
+                    false,
+                    rung,
+                    "this agent run was revoked or has ended; a new run must be authorized",
+                ));
+            }
+            LadderDecision::Run { rung: rung @ Rung::Allowlist } => {
+                // Recorded on the run, so the journal shows why nobody was asked.
+                if let Some(session) = call.session {
+                    self.grant_session(session, "allowlist", json!({ "actor": call.actor.as_str() })).await?;
+                }
+                return Ok(decided(true, rung, "this agent is on the allowlist"));
+            }
+            LadderDecision::Run { rung } => return Ok(decided(true, rung, "allowed")),
+            LadderDecision::AskPerUse => Ask::PerUse,
+            LadderDecision::AskSessionAuthorization => Ask::SessionAuthorization,
+        };
         let request = AuthorizationRequest {
+            ask,
             execution_id: id,
+            session: call.session,
             tool: p.tool.name.clone(),
             actor: call.actor.as_str().to_owned(),
             method: p.method.clone(),
             target: p.url.to_string(),
             credential: p.credential.as_ref().map(|c| c.name.clone()),
-            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use),
-            vault_locked: self.vault.is_locked()?,
         };
-        if !self.approver.may_block() {
-            return Ok(self.approver.authorize(&request));
+        let verdict = if self.approver.may_block() {
+            let approver = Arc::clone(&self.approver);
+            tokio::task::spawn_blocking(move || approver.authorize(&request))
+                .await
+                .map_err(|e| EngineError::Internal(e.to_string()))?
+        } else {
+            self.approver.authorize(&request)
+        };
+        // A refused run stays refused: its later calls are denied without asking again.
+        if let (Ask::SessionAuthorization, false, Some(session)) = (ask, verdict.allowed, call.session) {
+            let store = Arc::clone(&self.store);
+            let (by, at, detail) = (verdict.by.clone(), self.now(), json!({ "reason": verdict.reason }));
+            tokio::task::spawn_blocking(move || store.set_session_standing(session, false, &by, detail, at))
+                .await
+                .map_err(|e| EngineError::Internal(e.to_string()))??;
         }
-        let approver = Arc::clone(&self.approver);
-        tokio::task::spawn_blocking(move || approver.authorize(&request))
+        if let (Ask::SessionAuthorization, true, Some(session)) = (ask, verdict.allowed, call.session) {
+            self.grant_session(session, &verdict.by, json!({ "grant": verdict.grant, "reason": verdict.reason }))
+                .await?;
+            if verdict.grant == Some(Grant::Always) {
+                let store = Arc::clone(&self.store);
+                let (actor, by, at) = (call.actor.as_str().to_owned(), verdict.by.clone(), self.now());
+                tokio::task::spawn_blocking(move || store.set_allowlisted(&actor, true, &by, at))
+                    .await
+                    .map_err(|e| EngineError::Internal(e.to_string()))??;
+            }
+        }
+        Ok(verdict)
+    }
+
+    fn ladder_input(&self, p: &Prepared<'_>, call: &Call) -> Result<LadderInput, EngineError> {
+        let view = self.store.view();
+        let session = match call.session {
+            // A call without an agent run (`postern call`) comes from the person at the terminal.
+            None => SessionStanding::Authorized,
+            Some(s) => match view.session_standing(s)? {
+                Some(true) => SessionStanding::Authorized,
+                Some(false) => SessionStanding::Revoked,
+                None => SessionStanding::New,
+            },
+        };
+        let allowlisted = session == SessionStanding::New && view.allowlisted(call.actor.as_str())?;
+        Ok(LadderInput {
+            vault_locked: self.vault.is_locked()?,
+            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use),
+            session,
+            actor_allowlisted: allowlisted,
+        })
+    }
+
+    async fn grant_session(&self, session: SessionId, by: &str, detail: Value) -> Result<(), EngineError> {
+        let store = Arc::clone(&self.store);
+        let (by, at) = (by.to_owned(), self.now());
+        tokio::task::spawn_blocking(move || store.set_session_standing(session, true, &by, detail, at))
             .await
-            .map_err(|e| EngineError::Internal(e.to_string()))
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
+        Ok(())
     }
 
     async fn authorize_and_run(

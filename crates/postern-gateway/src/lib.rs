@@ -14,7 +14,7 @@ pub mod socket;
 pub mod streamable;
 
 pub use engine::{
-    Approver, Authorization, AuthorizationRequest, Call, CallOutcome, CancelSignal, Engine, EngineError,
+    Approver, Ask, Authorization, AuthorizationRequest, Call, CallOutcome, CancelSignal, Engine, EngineError, Grant,
     LockOnlyApprover,
 };
 pub use manifest::{Manifest, ManifestError, Tool};

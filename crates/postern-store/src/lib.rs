@@ -58,6 +58,10 @@ pub enum StoreError {
     DuplicateExecution(ExecutionId),
     #[error("no session {0}")]
     UnknownSession(SessionId),
+    #[error("agent run {0} was revoked; it is never authorized again (the agent must start a new run)")]
+    SessionRevoked(SessionId),
+    #[error("{0} is not on the allowlist")]
+    NotAllowlisted(String),
     #[error("session {0} already exists")]
     DuplicateSession(SessionId),
     #[error("session {0} has already ended")]
@@ -106,6 +110,8 @@ impl ErrorCode for StoreError {
             StoreError::UnknownExecution(_) => "unknown_execution",
             StoreError::DuplicateExecution(_) => "duplicate_execution",
             StoreError::UnknownSession(_) => "unknown_session",
+            StoreError::SessionRevoked(_) => "session_revoked",
+            StoreError::NotAllowlisted(_) => "not_allowlisted",
             StoreError::DuplicateSession(_) => "duplicate_session",
             StoreError::SessionEnded(_) => "session_ended",
             StoreError::DuplicateCredential(_) => "duplicate_credential",
@@ -348,6 +354,30 @@ impl Store {
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         self.writer.note(id, event, detail, at)
+    }
+
+    /// A reviewer authorized (`true`) or revoked (`false`) agent run `id`; journaled on the
+    /// session stream. A revoked run cannot be authorized again.
+    pub fn set_session_standing(
+        &self,
+        id: SessionId,
+        authorized: bool,
+        by: &str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.session_standing(id, authorized, by.to_owned(), detail, at)
+    }
+
+    /// Adds an actor to (or removes it from) the reviewer's "always allow" list.
+    pub fn set_allowlisted(
+        &self,
+        actor: &str,
+        allowed: bool,
+        by: &str,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.allowlist(actor.to_owned(), allowed, by.to_owned(), at)
     }
 
     pub fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {

@@ -18,6 +18,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, sql: include_str!("migrations/0001_journal.sql") },
     Migration { version: 2, sql: include_str!("migrations/0002_vault.sql") },
     Migration { version: 3, sql: include_str!("migrations/0003_agents.sql") },
+    Migration { version: 4, sql: include_str!("migrations/0004_approvals.sql") },
 ];
 
 /// Highest schema version this build understands.

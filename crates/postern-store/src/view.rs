@@ -285,6 +285,35 @@ impl JournalView {
     }
 
     /// Whether the vault is locked (never locked yet means unlocked).
+    /// A reviewer's standing decision on agent run `id`: `Some(true)` authorized,
+    /// `Some(false)` revoked, `None` not decided yet. An ended run counts as revoked.
+    pub fn session_standing(&self, id: SessionId) -> Result<Option<bool>, StoreError> {
+        self.with(|c| {
+            let row: Option<(Option<String>, Option<i64>)> = c
+                .prepare_cached(
+                    "SELECT g.standing, s.ended_at FROM agent_sessions s
+                     LEFT JOIN session_grants g ON g.session_id = s.id WHERE s.id = ?1",
+                )?
+                .query_row([id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            Ok(match row {
+                None => None,
+                Some((_, Some(_))) => Some(false),
+                Some((standing, None)) => standing.map(|s| s == "authorized"),
+            })
+        })
+    }
+
+    /// Whether `actor` is on the reviewer's "always allow" list.
+    pub fn allowlisted(&self, actor: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            Ok(c.prepare_cached("SELECT 1 FROM allowlist WHERE actor = ?1 AND removed_at IS NULL")?
+                .query_row([actor], |_| Ok(()))
+                .optional()?
+                .is_some())
+        })
+    }
+
     pub fn locked(&self) -> Result<bool, StoreError> {
         self.with(|c| {
             Ok(c.query_row("SELECT locked FROM vault_state", [], |r| r.get::<_, bool>(0)).optional()?.unwrap_or(false))

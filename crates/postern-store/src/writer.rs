@@ -44,6 +44,19 @@ enum Op {
         id: ExecutionId,
         completion: Completion,
     },
+    SessionStanding {
+        id: SessionId,
+        authorized: bool,
+        by: String,
+        detail: Value,
+        at: Timestamp,
+    },
+    Allowlist {
+        actor: String,
+        add: bool,
+        by: String,
+        at: Timestamp,
+    },
     Note {
         id: ExecutionId,
         event: &'static str,
@@ -274,6 +287,27 @@ impl WriterHandle {
         expect_reply!(self.call(Op::Complete { id, completion }), Entry)
     }
 
+    pub(crate) fn session_standing(
+        &self,
+        id: SessionId,
+        authorized: bool,
+        by: String,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::SessionStanding { id, authorized, by, detail, at }), Entry)
+    }
+
+    pub(crate) fn allowlist(
+        &self,
+        actor: String,
+        add: bool,
+        by: String,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::Allowlist { actor, add, by, at }), Entry)
+    }
+
     pub(crate) fn note(
         &self,
         id: ExecutionId,
@@ -468,6 +502,10 @@ impl Writer {
         match op {
             Op::Admit(new) => self.admit(new).map(|a| Reply::Admission(Box::new(a))),
             Op::Transition { id, to, detail, at } => self.transition(*id, *to, detail.clone(), *at).map(Reply::Entry),
+            Op::SessionStanding { id, authorized, by, detail, at } => {
+                self.session_standing(*id, *authorized, by, detail.clone(), *at).map(Reply::Entry)
+            }
+            Op::Allowlist { actor, add, by, at } => self.allowlist(actor, *add, by, *at).map(Reply::Entry),
             Op::Note { id, event, detail, at } => self.note(*id, event, detail.clone(), *at).map(Reply::Entry),
             Op::Complete { id, completion } => self.complete(*id, completion).map(Reply::Entry),
             Op::StartSession(start) => self.start_session(start).map(Reply::Entry),
@@ -894,6 +932,80 @@ impl Writer {
             return Err(StoreError::DuplicateAgent(name.to_owned()));
         }
         self.vault_row("agent_added", json!({ "name": name, "token_sha256": token_sha256 }), at)
+    }
+
+    /// A reviewer authorized or revoked an agent run. A revoked run stays revoked.
+    fn session_standing(
+        &mut self,
+        id: SessionId,
+        authorized: bool,
+        by: &str,
+        mut detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let current: Option<Option<String>> = self
+            .conn
+            .prepare_cached(
+                "SELECT g.standing FROM agent_sessions s LEFT JOIN session_grants g ON g.session_id = s.id
+                 WHERE s.id = ?1",
+            )?
+            .query_row([id.to_string()], |r| r.get(0))
+            .optional()?;
+        match current {
+            None => return Err(StoreError::UnknownSession(id)),
+            Some(Some(s)) if s == "revoked" => return Err(StoreError::SessionRevoked(id)),
+            _ => {}
+        }
+        let standing = if authorized { "authorized" } else { "revoked" };
+        self.conn
+            .prepare_cached(
+                "INSERT INTO session_grants (session_id, standing, decided_by, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (session_id) DO UPDATE SET standing = excluded.standing,
+                     decided_by = excluded.decided_by, updated_at = excluded.updated_at",
+            )?
+            .execute(params![id.to_string(), standing, by, at.as_millis()])?;
+        if let Value::Object(map) = &mut detail {
+            map.insert("by".into(), json!(by));
+        }
+        self.append(Draft {
+            at,
+            stream: Stream::Session,
+            event: if authorized { "session_authorized" } else { "session_revoked" }.into(),
+            execution_id: None,
+            session_id: Some(id),
+            state: None,
+            result_sha256: None,
+            detail,
+        })
+    }
+
+    fn allowlist(&mut self, actor: &str, add: bool, by: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let changed = if add {
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO allowlist (actor, added_by, added_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (actor) DO UPDATE SET added_by = excluded.added_by, added_at = excluded.added_at,
+                         removed_at = NULL",
+                )?
+                .execute(params![actor, by, at.as_millis()])?
+        } else {
+            self.conn
+                .prepare_cached("UPDATE allowlist SET removed_at = ?2 WHERE actor = ?1 AND removed_at IS NULL")?
+                .execute(params![actor, at.as_millis()])?
+        };
+        if changed == 0 {
+            return Err(StoreError::NotAllowlisted(actor.to_owned()));
+        }
+        self.append(Draft {
+            at,
+            stream: Stream::Session,
+            event: if add { "allowlist_added" } else { "allowlist_removed" }.into(),
+            execution_id: None,
+            session_id: None,
+            state: None,
+            result_sha256: None,
+            detail: json!({ "actor": actor, "by": by }),
+        })
     }
 
     fn revoke_agent(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {

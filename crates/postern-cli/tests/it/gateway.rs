@@ -608,3 +608,44 @@ fn the_bridge_relays_thousands_of_round_trips_without_stalling() {
     let status = eventually("the bridge to exit after stdin closed", LONG, || bridge.try_wait().unwrap());
     assert!(status.success());
 }
+
+/// The ladder end to end (headless, no reviewer): a new run is authorized by policy and that is
+/// journaled; once a run is revoked (while the gateway runs), its calls are denied at the ladder
+/// and nothing reaches the target; a new process is a new run.
+#[test]
+fn a_revoked_run_is_denied_and_never_reused() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let first = agent.call_and_wait("a", "pay", json!({ "amount": 1 }));
+    assert_eq!(first["structured"]["state"], "completed");
+    let session = gw.sessions()[0]["id"].as_str().unwrap().to_owned();
+
+    let run = gw.postern(&["sessions", "revoke", &session]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let denied = agent.call_and_wait("b", "pay", json!({ "amount": 2 }));
+    assert_eq!(denied["structured"]["state"], "denied", "{denied}");
+    assert_eq!(denied["is_error"], true);
+    assert_eq!(denied["structured"]["detail"]["rung"], "session_authorization");
+    assert_eq!(target.posts(), 1, "nothing of a revoked run reaches the target");
+    let again = gw.postern(&["sessions", "revoke", &session]);
+    assert_ne!(again.code, 0, "revoking twice is refused: {}", again.stderr);
+
+    let mut fresh = Agent::start(Sdk::Python);
+    fresh.connect(gw.bridge_command());
+    let ok = fresh.call_and_wait("c", "pay", json!({ "amount": 2 }));
+    assert_eq!(ok["structured"]["state"], "completed", "a new process is a new run: {ok}");
+    assert_eq!(target.posts(), 2);
+
+    let db = rusqlite::Connection::open(gw.path().join("postern.db")).unwrap();
+    let rows: Vec<(String, String)> = db
+        .prepare("SELECT event, json_extract(body, '$.payload.by') FROM journal WHERE stream = 'session' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(rows.contains(&("session_authorized".into(), "policy:no-reviewer".into())), "{rows:?}");
+    assert!(rows.contains(&("session_revoked".into(), "cli".into())), "{rows:?}");
+}

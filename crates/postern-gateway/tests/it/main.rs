@@ -5,4 +5,5 @@
 
 mod builtin;
 mod faults;
+mod ladder;
 mod support;

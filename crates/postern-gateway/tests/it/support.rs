@@ -295,7 +295,8 @@ pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Cal
         arguments,
         actor: Actor::process("/usr/bin/test-agent", "abcd"),
         intent_scope: IntentScope::agent_run(session),
-        session: Some(session),
+        // No agent run: the ladder treats the call as the operator's (agent runs are the gateway tests' business).
+        session: None,
         correlation: json!({ "jsonrpc_id": jsonrpc_id }),
         cancel: Default::default(),
     }

@@ -259,3 +259,59 @@ fn an_agent_token_authenticates_until_revoked_and_names_are_never_reused() {
     let events: Vec<String> = store.view().agents().expect("agents").iter().map(|a| a.name.clone()).collect();
     assert_eq!(events, ["ci"]);
 }
+
+#[test]
+fn session_standing_and_the_allowlist_are_journaled_and_a_revoked_run_stays_revoked() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let start = |n: u128, t: i64| SessionStart {
+        id: session(n),
+        actor: Actor::process("/usr/bin/agent", "abc123"),
+        pid: Some(4242),
+        process_start: Some(987_654),
+        transport: "stdio".into(),
+        client: None,
+        at: at(t),
+    };
+    let view = store.view();
+    store.start_session(start(1, 0)).expect("start");
+    assert_eq!(view.session_standing(session(1)).unwrap(), None, "a new run is undecided");
+    store.set_session_standing(session(1), true, "reviewer", json!({ "choice": "allow_session" }), at(1)).unwrap();
+    assert_eq!(view.session_standing(session(1)).unwrap(), Some(true));
+    store.set_session_standing(session(1), false, "cli", json!({}), at(2)).unwrap();
+    assert_eq!(view.session_standing(session(1)).unwrap(), Some(false));
+    let again = store.set_session_standing(session(1), true, "reviewer", json!({}), at(3)).unwrap_err();
+    assert_eq!(again.code(), "session_revoked", "a revoked run is never authorized again");
+    assert_eq!(
+        store.set_session_standing(session(9), true, "reviewer", json!({}), at(3)).unwrap_err().code(),
+        "unknown_session"
+    );
+    // An ended run counts as revoked, whatever was granted.
+    store.start_session(start(2, 4)).expect("start");
+    store.set_session_standing(session(2), true, "reviewer", json!({}), at(5)).unwrap();
+    store.end_session(session(2), "process_exited", at(6)).unwrap();
+    assert_eq!(view.session_standing(session(2)).unwrap(), Some(false));
+
+    let actor = "process:/usr/bin/agent@sha256:abc123";
+    assert!(!view.allowlisted(actor).unwrap());
+    store.set_allowlisted(actor, true, "reviewer", at(7)).unwrap();
+    assert!(view.allowlisted(actor).unwrap());
+    assert!(!view.allowlisted("process:/usr/bin/agent@sha256:changed").unwrap(), "a changed binary is not");
+    store.set_allowlisted(actor, false, "cli", at(8)).unwrap();
+    assert!(!view.allowlisted(actor).unwrap());
+    assert_eq!(store.set_allowlisted(actor, false, "cli", at(9)).unwrap_err().code(), "not_allowlisted");
+
+    let events: Vec<String> = rusqlite::Connection::open(&fx.path)
+        .unwrap()
+        .prepare("SELECT event FROM journal WHERE stream = 'session' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for expected in ["session_authorized", "session_revoked", "allowlist_added", "allowlist_removed"] {
+        assert!(events.iter().any(|e| e == expected), "{expected} in {events:?}");
+    }
+    drop(store);
+    assert!(postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify").intact());
+}
