@@ -609,21 +609,15 @@ impl Engine {
         };
         // A refused run stays refused: its later calls are denied without asking again.
         if let (Ask::SessionAuthorization, false, Some(session)) = (ask, verdict.allowed, call.session) {
-            let store = Arc::clone(&self.store);
             let (by, at, detail) = (verdict.by.clone(), self.now(), json!({ "reason": verdict.reason }));
-            tokio::task::spawn_blocking(move || store.set_session_standing(session, false, &by, detail, at))
-                .await
-                .map_err(|e| EngineError::Internal(e.to_string()))??;
+            self.on_store(move |store| store.set_session_standing(session, false, &by, detail, at)).await?;
         }
         if let (Ask::SessionAuthorization, true, Some(session)) = (ask, verdict.allowed, call.session) {
             self.grant_session(session, &verdict.by, json!({ "grant": verdict.grant, "reason": verdict.reason }))
                 .await?;
             if verdict.grant == Some(Grant::Always) {
-                let store = Arc::clone(&self.store);
                 let (actor, by, at) = (call.actor.as_str().to_owned(), verdict.by.clone(), self.now());
-                tokio::task::spawn_blocking(move || store.set_allowlisted(&actor, true, &by, at))
-                    .await
-                    .map_err(|e| EngineError::Internal(e.to_string()))??;
+                self.on_store(move |store| store.set_allowlisted(&actor, true, &by, at)).await?;
             }
         }
         Ok(verdict)
@@ -650,12 +644,20 @@ impl Engine {
     }
 
     async fn grant_session(&self, session: SessionId, by: &str, detail: Value) -> Result<(), EngineError> {
-        let store = Arc::clone(&self.store);
         let (by, at) = (by.to_owned(), self.now());
-        tokio::task::spawn_blocking(move || store.set_session_standing(session, true, &by, detail, at))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))??;
+        self.on_store(move |store| store.set_session_standing(session, true, &by, detail, at)).await?;
         Ok(())
+    }
+
+    /// Runs a synchronous store write (it waits for the writer thread) off the async workers.
+    async fn on_store<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let store = Arc::clone(&self.store);
+        Ok(tokio::task::spawn_blocking(move || write(&store))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??)
     }
 
     async fn authorize_and_run(
@@ -911,12 +913,9 @@ impl Engine {
     /// Journals a cancellation that arrived once the execution was past the point of no return
     /// (dispatched or later): evidence only, the state stays what was observed.
     pub async fn cancel_requested(&self, id: ExecutionId, reason: Option<String>) -> Result<(), EngineError> {
-        let store = Arc::clone(&self.store);
         let at = self.now();
         let detail = json!({ "reason": reason, "effect": "none: the request had already been sent" });
-        tokio::task::spawn_blocking(move || store.note(id, "cancel_requested", detail, at))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))??;
+        self.on_store(move |store| store.note(id, "cancel_requested", detail, at)).await?;
         Ok(())
     }
 
