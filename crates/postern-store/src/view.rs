@@ -304,6 +304,27 @@ impl JournalView {
         })
     }
 
+    /// The most recent execution with this fingerprint, actor and intent scope — the prior a
+    /// retry would be matched against (the admission's own indexed lookup, read-only), e.g. to
+    /// show a reviewer the original record.
+    pub fn prior_execution(
+        &self,
+        fingerprint: &str,
+        actor: &str,
+        intent_scope: &str,
+    ) -> Result<Option<ExecutionId>, StoreError> {
+        self.with(|c| {
+            let id: Option<String> = c
+                .prepare_cached(
+                    "SELECT id FROM executions WHERE fingerprint = ?1 AND actor = ?2 AND intent_scope = ?3
+                     ORDER BY accepted_at DESC, id DESC LIMIT 1",
+                )?
+                .query_row(params![fingerprint, actor, intent_scope], |r| r.get(0))
+                .optional()?;
+            id.map(|id| id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))).transpose()
+        })
+    }
+
     /// Whether `actor` is on the reviewer's "always allow" list.
     pub fn allowlisted(&self, actor: &str) -> Result<bool, StoreError> {
         self.with(|c| {

@@ -315,3 +315,17 @@ fn session_standing_and_the_allowlist_are_journaled_and_a_revoked_run_stays_revo
     drop(store);
     assert!(postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify").intact());
 }
+
+#[test]
+fn the_prior_a_retry_would_match_can_be_looked_up_read_only() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let new = payment(exec_id(1), 5, session(1), at(0));
+    let (fp, actor, scope) = (new.fingerprint.to_string(), new.actor.clone(), new.intent_scope.clone());
+    let view = store.view();
+    assert_eq!(view.prior_execution(&fp, actor.as_str(), scope.as_str()).unwrap(), None);
+    dispatch_new(&store, new);
+    assert_eq!(view.prior_execution(&fp, actor.as_str(), scope.as_str()).unwrap(), Some(exec_id(1)));
+    assert_eq!(view.prior_execution(&fp, "process:/other@sha256:00", scope.as_str()).unwrap(), None, "another actor");
+    assert_eq!(view.prior_execution(&fp, actor.as_str(), "run:other").unwrap(), None, "another scope");
+}
