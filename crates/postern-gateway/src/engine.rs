@@ -37,7 +37,12 @@ pub struct AuthorizationRequest {
     pub method: String,
     pub target: String,
     pub credential: Option<String>,
+    /// How long the reviewer has (then the call is denied, `approval_timed_out`).
+    pub timeout_ms: u64,
 }
+
+/// Default time a reviewer has to answer.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A session-authorization answer beyond "this time".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,6 +65,18 @@ pub struct Authorization {
     pub reason: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grant: Option<Grant>,
+    /// Nobody answered in time.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+/// The `authorized` / `denied` row's detail for a verdict.
+fn verdict_detail(v: &Authorization) -> Value {
+    let mut detail = json!({ "rung": v.rung, "by": v.by, "reason": v.reason });
+    if v.timed_out {
+        detail["code"] = json!("approval_timed_out");
+    }
+    detail
 }
 
 /// Answers what the ladder asks (per-use approval, session authorization). The desktop app and
@@ -93,6 +110,7 @@ impl Approver for LockOnlyApprover {
                 by: "postern".into(),
                 reason: "this credential needs a reviewer's approval and no approver is running".into(),
                 grant: None,
+                timed_out: false,
             },
             Ask::SessionAuthorization => Authorization {
                 allowed: true,
@@ -100,6 +118,7 @@ impl Approver for LockOnlyApprover {
                 by: "policy:no-reviewer".into(),
                 reason: "no reviewer is running; agent runs are authorized by policy".into(),
                 grant: Some(Grant::Session),
+                timed_out: false,
             },
         }
     }
@@ -210,6 +229,7 @@ pub struct Engine {
     key: FingerprintKey,
     manifest: Arc<Manifest>,
     approver: Arc<dyn Approver>,
+    approval_timeout: Duration,
     /// One session-authorization question at a time per agent run.
     session_gates: tokio::sync::Mutex<std::collections::HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
     http: reqwest::Client,
@@ -272,11 +292,19 @@ impl Engine {
             key,
             manifest,
             approver,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
             http: http::client(),
             clock,
             body_cap: http::DEFAULT_BODY_CAP,
         })
+    }
+
+    /// How long a reviewer has to answer (default 120 s); then the call is denied with
+    /// `approval_timed_out`.
+    pub fn with_approval_timeout(mut self, timeout: Duration) -> Self {
+        self.approval_timeout = timeout;
+        self
     }
 
     /// Caps stored response bodies at `bytes` (default 8 MiB); longer bodies are truncated and
@@ -444,8 +472,8 @@ impl Engine {
             // admission's own durable transaction, and only if this is a new execution. A retry
             // is decided from the journal as always.
             let id = new.id;
-            let verdict = self.authorize(&p, &call, id).await?;
-            let auth = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
+            let verdict = self.authorize(&p, &call, id, false).await?;
+            let auth = verdict_detail(&verdict);
             let cancelled = call.cancel.is_cancelled();
             let steps = if verdict.allowed && cancelled {
                 vec![
@@ -542,13 +570,20 @@ impl Engine {
 
     /// The approval ladder (design §6): the pure decision in `postern_core::decide_ladder`,
     /// the approver asked only where it says so, one session-authorization question per run.
-    async fn authorize(&self, p: &Prepared<'_>, call: &Call, id: ExecutionId) -> Result<Authorization, EngineError> {
+    async fn authorize(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        admitted: bool,
+    ) -> Result<Authorization, EngineError> {
         let decided = |allowed: bool, rung: Rung, reason: &str| Authorization {
             allowed,
             rung: rung.as_str().into(),
             by: "postern".into(),
             reason: reason.into(),
             grant: None,
+            timed_out: false,
         };
         let mut decision = decide_ladder(self.ladder_input(p, call)?);
         // One question per run: calls of a new run wait for the first one's answer, then see it.
@@ -598,17 +633,56 @@ impl Engine {
             method: p.method.clone(),
             target: p.url.to_string(),
             credential: p.credential.as_ref().map(|c| c.name.clone()),
+            timeout_ms: self.approval_timeout.as_millis() as u64,
         };
         let verdict = if self.approver.may_block() {
+            // A person is asked: the question and the answer are records of their own (when the
+            // execution is already journaled; otherwise the `authorized`/`denied` row carries it).
+            if admitted {
+                let detail = json!({ "ask": ask, "shown": &request });
+                let at = self.now();
+                self.on_store(move |store| store.note(id, "approval_requested", detail, at)).await?;
+            }
             let approver = Arc::clone(&self.approver);
-            tokio::task::spawn_blocking(move || approver.authorize(&request))
-                .await
-                .map_err(|e| EngineError::Internal(e.to_string()))?
+            let asked = request.clone();
+            let answer = tokio::time::timeout(
+                self.approval_timeout,
+                tokio::task::spawn_blocking(move || approver.authorize(&asked)),
+            )
+            .await;
+            let verdict = match answer {
+                Ok(joined) => joined.map_err(|e| EngineError::Internal(e.to_string()))?,
+                Err(_) => Authorization {
+                    allowed: false,
+                    rung: match ask {
+                        Ask::PerUse => Rung::ApproveEveryUse.as_str().into(),
+                        Ask::SessionAuthorization => Rung::SessionAuthorization.as_str().into(),
+                    },
+                    by: "timeout".into(),
+                    reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
+                    grant: None,
+                    timed_out: true,
+                },
+            };
+            if admitted {
+                let event = match (verdict.timed_out, verdict.allowed) {
+                    (true, _) => "approval_timed_out",
+                    (false, true) => "approval_granted",
+                    (false, false) => "approval_denied",
+                };
+                let detail = json!({ "ask": ask, "decision": &verdict });
+                let at = self.now();
+                self.on_store(move |store| store.note(id, event, detail, at)).await?;
+            }
+            verdict
         } else {
             self.approver.authorize(&request)
         };
-        // A refused run stays refused: its later calls are denied without asking again.
-        if let (Ask::SessionAuthorization, false, Some(session)) = (ask, verdict.allowed, call.session) {
+        // A refused run stays refused: its later calls are denied without asking again. (A
+        // question nobody answered is not a refusal.)
+        if let (Ask::SessionAuthorization, false, false, Some(session)) =
+            (ask, verdict.allowed, verdict.timed_out, call.session)
+        {
             let (by, at, detail) = (verdict.by.clone(), self.now(), json!({ "reason": verdict.reason }));
             self.on_store(move |store| store.set_session_standing(session, false, &by, detail, at)).await?;
         }
@@ -668,8 +742,8 @@ impl Engine {
         decision: &str,
         attached: bool,
     ) -> Result<CallOutcome, EngineError> {
-        let verdict = self.authorize(p, call, id).await?;
-        let detail = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
+        let verdict = self.authorize(p, call, id, true).await?;
+        let detail = verdict_detail(&verdict);
         if !verdict.allowed {
             self.transition(id, ExecutionState::Denied, detail.clone()).await?;
             return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
@@ -695,8 +769,8 @@ impl Engine {
     /// transaction that does not wait for the disk (design: a retry of a read is harmless).
     async fn read_only(&self, p: &Prepared<'_>, call: &Call, new: NewExecution) -> Result<CallOutcome, EngineError> {
         let id = new.id;
-        let verdict = self.authorize(p, call, id).await?;
-        let auth = json!({ "rung": verdict.rung, "by": verdict.by, "reason": verdict.reason });
+        let verdict = self.authorize(p, call, id, false).await?;
+        let auth = verdict_detail(&verdict);
         if !verdict.allowed {
             self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;
             return Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth));

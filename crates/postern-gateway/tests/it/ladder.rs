@@ -38,6 +38,7 @@ impl Approver for Reviewer {
             by: "reviewer:test".into(),
             reason: if self.allow { "approved" } else { "refused" }.into(),
             grant: self.grant,
+            timed_out: false,
         }
     }
 }
@@ -50,6 +51,10 @@ struct Ladder {
 }
 
 async fn ladder(reviewer: Arc<Reviewer>) -> Ladder {
+    ladder_with_timeout(reviewer, postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT).await
+}
+
+async fn ladder_with_timeout(reviewer: Arc<Reviewer>, timeout: std::time::Duration) -> Ladder {
     let (target, addr) = start_target().await;
     let base = format!("http://{addr}");
     let rig = rig(manifest(&base, &base));
@@ -60,7 +65,8 @@ async fn ladder(reviewer: Arc<Reviewer>) -> Ladder {
         reviewer,
         system_clock(),
     )
-    .unwrap();
+    .unwrap()
+    .with_approval_timeout(timeout);
     Ladder { rig, engine: Arc::new(engine), target, addr }
 }
 
@@ -122,6 +128,28 @@ async fn a_refused_run_sends_nothing() {
     assert_eq!(again.state, ExecutionState::Denied);
     assert_eq!(reviewer.asked().len(), 1);
     assert_eq!(l.rig.store.view().session_standing(run).unwrap(), Some(false));
+    // The question and the answer are records on the execution, with what the reviewer saw.
+    let timeline = l.rig.store.view().timeline(out.execution_id).unwrap();
+    let events: Vec<&str> = timeline.iter().map(|e| e.row.event.as_str()).collect();
+    assert_eq!(events, ["accepted", "approval_requested", "approval_denied", "denied"]);
+    assert_eq!(timeline[1].row.detail["shown"]["tool"], "create_payment");
+    assert_eq!(timeline[1].row.detail["ask"], "session_authorization");
+    assert_eq!(timeline[2].row.detail["decision"]["by"], "reviewer:test");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_nobody_answers_in_time_is_denied_and_journaled() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session));
+    let l = ladder_with_timeout(Arc::clone(&reviewer), std::time::Duration::from_millis(40)).await;
+    let run = start_run(&l, 1);
+    let out = l.engine.call(in_run("create_payment", 1, run)).await.unwrap();
+    assert_eq!(out.state, ExecutionState::Denied);
+    assert_eq!(out.detail["code"], "approval_timed_out");
+    assert_eq!(l.target.payments.load(Ordering::SeqCst), 0);
+    let events: Vec<String> =
+        l.rig.store.view().timeline(out.execution_id).unwrap().into_iter().map(|e| e.row.event).collect();
+    assert_eq!(events, ["accepted", "approval_requested", "approval_timed_out", "denied"]);
+    assert_eq!(l.rig.store.view().session_standing(run).unwrap(), None, "an unanswered question revokes nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
