@@ -11,6 +11,25 @@ fn state_of(gw: &Gateway, id: &str) -> String {
     gw.events_of(id).last().cloned().unwrap_or_default()
 }
 
+/// The one execution `tool` has in the journal.
+fn only_execution_of(gw: &Gateway, tool: &str) -> String {
+    let executions = gw.executions_of(tool);
+    assert_eq!(executions.len(), 1, "{executions:?}");
+    executions[0].clone()
+}
+
+/// A retry was answered from the first execution `id`: same id, attached, its stored result;
+/// the target saw one payment; the stored result is then journaled as delivered.
+fn assert_answered_from_first(gw: &Gateway, target: &Target, retry: &Value, id: &str) {
+    assert_eq!(retry["ok"], true, "{retry}");
+    let s = &retry["structured"];
+    assert_eq!(s["execution_id"], id, "the retry answers with the first execution: {s}");
+    assert_eq!(s["attached"], true);
+    assert_eq!(s["result"]["status"], 201);
+    assert_eq!(target.posts(), 1, "the target saw exactly one payment");
+    eventually("delivery of the stored result", LONG, || (state_of(gw, id) == "result_delivered").then_some(()));
+}
+
 /// The decisive scenario over stdio: the bridge dies after the target executed and before the
 /// answer reached the agent; the same agent process starts a new bridge and repeats the call.
 fn stdio_bridge_killed_after_dispatch(sdk: Sdk, tool: &str) {
@@ -29,9 +48,7 @@ fn stdio_bridge_killed_after_dispatch(sdk: Sdk, tool: &str) {
     assert_eq!(first["ok"], false, "the first call cannot have been answered: {first}");
     target.release();
 
-    let executions = gw.executions_of(tool);
-    assert_eq!(executions.len(), 1, "{executions:?}");
-    let id = executions[0].clone();
+    let id = only_execution_of(&gw, tool);
     eventually("the undelivered result to be journaled", LONG, || {
         (state_of(&gw, &id) == "completed_result_not_delivered").then_some(())
     });
@@ -40,16 +57,10 @@ fn stdio_bridge_killed_after_dispatch(sdk: Sdk, tool: &str) {
     assert_eq!(again["event"], "connected", "{again}");
     assert_ne!(agent.bridge_pid(), bridge, "a new bridge process");
     let retry = agent.call_and_wait("retry", tool, json!({ "amount": 42 }));
-    assert_eq!(retry["ok"], true, "{retry}");
     assert_eq!(retry["is_error"], false, "{retry}");
-    let s = &retry["structured"];
-    assert_eq!(s["execution_id"], id.as_str(), "the retry answers with the first execution: {s}");
-    assert_eq!(s["attached"], true);
-    assert_eq!(s["result"]["status"], 201);
-    assert_eq!(target.posts(), 1, "the target saw exactly one payment");
     let text = retry["text"][0].as_str().unwrap();
     assert!(text.contains(&id), "the text names the execution too: {text}");
-    eventually("delivery of the stored result", LONG, || (state_of(&gw, &id) == "result_delivered").then_some(()));
+    assert_answered_from_first(&gw, &target, &retry, &id);
     let events = gw.events_of(&id);
     assert!(events.contains(&"retry_received".to_owned()), "{events:?}");
 }
@@ -91,9 +102,7 @@ fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
     let first = agent.result("first");
     assert_eq!(first["ok"], false, "the first call cannot have been answered: {first}");
     target.release();
-    let executions = gw.executions_of(tool);
-    assert_eq!(executions.len(), 1, "{executions:?}");
-    let id = executions[0].clone();
+    let id = only_execution_of(&gw, tool);
     eventually("the execution to complete", LONG, || {
         matches!(state_of(&gw, &id).as_str(), "completed_result_not_delivered" | "completed").then_some(())
     });
@@ -101,13 +110,7 @@ fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
     let again = agent.connect(gw.http_command(&token));
     assert_eq!(again["event"], "connected", "{again}");
     let retry = agent.call_and_wait("retry", tool, json!({ "amount": 7 }));
-    assert_eq!(retry["ok"], true, "{retry}");
-    let s = &retry["structured"];
-    assert_eq!(s["execution_id"], id.as_str(), "the retry answers with the first execution: {s}");
-    assert_eq!(s["attached"], true);
-    assert_eq!(s["result"]["status"], 201);
-    assert_eq!(target.posts(), 1, "the target saw exactly one payment");
-    eventually("delivery of the stored result", LONG, || (state_of(&gw, &id) == "result_delivered").then_some(()));
+    assert_answered_from_first(&gw, &target, &retry, &id);
 
     // The run is the agent process: both MCP sessions landed in one Sessions row.
     let sessions = gw.sessions();
