@@ -694,6 +694,11 @@ impl Engine {
                 self.on_store(move |store| store.set_allowlisted(&actor, true, &by, at)).await?;
             }
         }
+        // The run's standing is on record now: later calls read it, and the gate is not kept
+        // for the life of the gateway (waiters still hold their handle and re-read the standing).
+        if let (Some(_), Some(session)) = (&gate, call.session) {
+            self.session_gates.lock().await.remove(&session);
+        }
         Ok(verdict)
     }
 
