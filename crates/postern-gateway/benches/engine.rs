@@ -9,26 +9,12 @@ use axum::{
     routing::{get, post},
 };
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest, engine::system_clock};
-use postern_store::Store;
-use postern_vault::{MemoryKeychain, Vault};
+use postern_gateway::Call;
 use serde_json::json;
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Instant};
 
-struct Figures {
-    p50: Duration,
-    p99: Duration,
-    per_sec: f64,
-}
-
-fn figures(mut latencies: Vec<Duration>, wall: Duration) -> Figures {
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
-    Figures { p50: at(0.50), p99: at(0.99), per_sec: latencies.len() as f64 / wall.as_secs_f64() }
-}
+mod common;
+use common::{Figures, figures, ms};
 
 async fn run<F, Fut>(concurrency: usize, calls: usize, f: F) -> Figures
 where
@@ -59,7 +45,6 @@ where
 }
 
 fn show(name: &str, direct: &Figures, engine: &Figures) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
         "{name:<34} direct p50 {:>6.3} ms p99 {:>6.3} ms {:>8.0}/s | engine p50 {:>6.3} ms p99 {:>6.3} ms {:>8.0}/s | overhead p50 {:+.3} ms, throughput {:.2}x",
         ms(direct.p50),
@@ -88,27 +73,13 @@ fn main() {
             .route("/w", post(|| async { (axum::http::StatusCode::CREATED, axum::Json(json!({"id": 1}))) }));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         let base = format!("http://{addr}");
-        let manifest = Manifest::parse(
-            &format!(
-                "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
+        let (_dir, _store, engine) = common::engine(&format!(
+            "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n\n\
                  [[tool]]\nname = \"write\"\nmethod = \"POST\"\nurl = \"{base}/w\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n\
                  contract = {{ class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\" }}\n"
-            ),
-            std::path::Path::new("bench.toml"),
-        )
-        .expect("manifest");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).expect("store");
-        let store = Arc::new(store);
-        let vault = Arc::new(
-            Vault::open(Arc::clone(&store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(2))
-                .expect("vault"),
-        );
-        let engine = Arc::new(
-            Engine::new(store, vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock()).expect("engine"),
-        );
+        ));
         let client = reqwest::Client::builder().build().expect("client");
         let session = SessionId::from_parts(Timestamp::from_millis(3), 1);
         // POSTERN_BENCH_ONLY=read:1 runs one combination (for profiling).

@@ -10,14 +10,12 @@
 use axum::{Router, routing::get};
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
 use postern_gateway::{
-    Call, Engine, LockOnlyApprover, Manifest,
+    Call,
     engine::system_clock,
     mcp::Gateway,
     runs::AgentRuns,
     serve::{self, ServeOptions},
 };
-use postern_store::Store;
-use postern_vault::{MemoryKeychain, Vault};
 use serde_json::{Value, json};
 use sha2::Digest;
 use std::{
@@ -26,11 +24,8 @@ use std::{
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-struct Figures {
-    p50: Duration,
-    p99: Duration,
-    per_sec: f64,
-}
+mod common;
+use common::{Figures, figures, ms};
 
 /// Runs `calls` calls on `concurrency` workers; each worker owns its connection (`setup`).
 async fn run<C, S, SF, F, Fut>(concurrency: usize, calls: usize, setup: S, f: F) -> Figures
@@ -67,14 +62,7 @@ where
     for t in tasks {
         all.extend(t.await.expect("task"));
     }
-    let wall = started.elapsed();
-    all.sort();
-    let at = |q: f64| all[((all.len() as f64 - 1.0) * q) as usize];
-    Figures { p50: at(0.50), p99: at(0.99), per_sec: all.len() as f64 / wall.as_secs_f64() }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    figures(all, started.elapsed())
 }
 
 fn line(name: &str, f: &Figures, direct: &Figures, engine: &Figures) {
@@ -189,25 +177,10 @@ fn main() {
         let app = Router::new().route("/r", get(|| async { axum::Json(json!({"ok": true})) }));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         let base = format!("http://{addr}");
-        let manifest = Manifest::parse(
-            &format!(
-                "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
+        let (dir, store, engine) = common::engine(&format!(
+            "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n"
-            ),
-            std::path::Path::new("bench.toml"),
-        )
-        .expect("manifest");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).expect("store");
-        let store = Arc::new(store);
-        let vault = Arc::new(
-            Vault::open(Arc::clone(&store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(2))
-                .expect("vault"),
-        );
-        let engine = Arc::new(
-            Engine::new(Arc::clone(&store), vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock())
-                .expect("engine"),
-        );
+        ));
         let token = "pst_bench".to_owned();
         store
             .add_agent("bench", &hex::encode(sha2::Sha256::digest(token.as_bytes())), Timestamp::from_millis(3))
