@@ -30,8 +30,7 @@ pub struct CallArgs {
 fn actor() -> Actor {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::MetadataExt;
-        let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX);
+        let uid = postern_gateway::identity::current_uid().unwrap_or(u32::MAX);
         Actor::from_recorded(format!("cli:uid={uid}"))
     }
     #[cfg(not(unix))]

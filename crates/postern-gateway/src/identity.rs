@@ -36,6 +36,12 @@ impl AgentProcess {
     }
 }
 
+/// This process's user id (the owner of `/proc/self`).
+pub fn current_uid() -> std::io::Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid())
+}
+
 /// Launchers that sit between an agent and the bridge it starts (`sh -c "postern mcp"`,
 /// `env X=1 postern mcp`): the agent is the first ancestor that is not one of them.
 const LAUNCHERS: &[&str] = &["sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nohup", "setsid", "stdbuf"];

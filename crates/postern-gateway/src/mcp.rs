@@ -3,7 +3,7 @@
 //! `execution_status` so an agent can ask instead of retrying (design §1, §4).
 
 use crate::{
-    CallOutcome, Engine, EngineError,
+    CallOutcome, Engine,
     delivery::DeliveryTicket,
     identity::ExecutableHashes,
     manifest::{HTTP_REQUEST, Tool as ManifestTool},
@@ -244,12 +244,6 @@ impl PosternMcp {
         }
         let outcome = match joined {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(EngineError::UnknownTool(tool))) => {
-                return Err(McpError::invalid_params(
-                    format!("unknown tool {tool:?}: see tools/list"),
-                    Some(json!({ "code": "unknown_tool" })),
-                ));
-            }
             Ok(Err(e)) => return Ok(error_result(e.code(), &e.to_string())),
             Err(e) => return Err(McpError::internal_error(format!("the engine task failed: {e}"), None)),
         };

@@ -59,11 +59,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SocketError + '_ {
 /// `$XDG_RUNTIME_DIR/postern/<data-dir digest>/`, or `/tmp/postern-<uid>/…` without one. One
 /// directory per data directory, so two installations never share a socket.
 pub fn runtime_dir(data_dir: &Path) -> PathBuf {
-    use std::os::unix::fs::MetadataExt;
     let base = match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("postern"),
         _ => {
-            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX);
+            let uid = crate::identity::current_uid().unwrap_or(u32::MAX);
             std::env::temp_dir().join(format!("postern-{uid}"))
         }
     };
@@ -79,7 +78,7 @@ pub fn socket_path(data_dir: &Path) -> PathBuf {
 /// Creates (or checks) `dir` and its parent as 0700 directories owned by this user.
 fn prepare_dir(dir: &Path) -> Result<(), SocketError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(io(dir))?;
+    let me = crate::identity::current_uid().map_err(io(dir))?;
     for d in [dir.parent().unwrap_or(dir), dir] {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d).map_err(io(d))?;
         let meta = std::fs::symlink_metadata(d).map_err(io(d))?;
