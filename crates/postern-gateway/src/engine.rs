@@ -1,6 +1,10 @@
 //! The engine: one call travels accept → authorize → dispatch → observe → deliver, and every
 //! retry is decided from the journal (design §3–§4), never from the transport.
 
+pub use crate::approval::{
+    AgentRun, Approver, Ask, Authorization, AuthorizationRequest, DEFAULT_APPROVAL_TIMEOUT, Grant, LockOnlyApprover,
+    RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict, TimelineStep, Withdrawal,
+};
 use crate::{
     http::{self, HttpResult, Outgoing, Sent},
     manifest::{ArgumentError, Manifest, Tool},
@@ -16,60 +20,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::{sync::Arc, time::Duration};
 
-/// What a reviewer is asked (design §6). The ladder decides whether anyone is asked at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Ask {
-    /// This exact call (bound to its fingerprint): never turns into a session grant.
-    PerUse,
-    /// The agent run, once.
-    SessionAuthorization,
-}
-
-/// What the reviewer is shown (design §6): never a secret.
-#[derive(Debug, Clone, Serialize)]
-pub struct AuthorizationRequest {
-    pub ask: Ask,
-    pub execution_id: ExecutionId,
-    pub session: Option<SessionId>,
-    pub tool: String,
-    pub actor: String,
-    pub method: String,
-    pub target: String,
-    pub credential: Option<String>,
-    /// How long the reviewer has (then the call is denied, `approval_timed_out`).
-    pub timeout_ms: u64,
-}
-
-/// Default time a reviewer has to answer.
-pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A session-authorization answer beyond "this time".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Grant {
-    /// Allow this agent run.
-    Session,
-    /// Allow this run, and every later run of the same actor (executable hash) without asking.
-    Always,
-}
-
-/// The verdict, journaled with the `authorized` or `denied` row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Authorization {
-    pub allowed: bool,
-    /// Which rung decided: `vault_locked`, `approve_every_use`, `session_authorization`,
-    /// `allowlist`, `run`.
-    pub rung: String,
-    pub by: String,
-    pub reason: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grant: Option<Grant>,
-    /// Nobody answered in time.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub timed_out: bool,
-}
-
 /// The `authorized` / `denied` row's detail for a verdict.
 fn verdict_detail(v: &Authorization) -> Value {
     let mut detail = json!({ "rung": v.rung, "by": v.by, "reason": v.reason });
@@ -79,48 +29,107 @@ fn verdict_detail(v: &Authorization) -> Value {
     detail
 }
 
-/// Answers what the ladder asks (per-use approval, session authorization). The desktop app and
-/// the terminal approver ask a person; this crate ships [`LockOnlyApprover`].
-pub trait Approver: Send + Sync + std::fmt::Debug {
-    fn authorize(&self, request: &AuthorizationRequest) -> Authorization;
+/// How often an open question checks whether the vault was locked (then it is withdrawn).
+const LOCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-    /// Whether `authorize` may wait (for a person, a dialog): then it runs on a blocking thread.
-    fn may_block(&self) -> bool {
-        true
+/// How much of a request body a reviewer is shown.
+const BODY_PREVIEW_BYTES: usize = 2048;
+
+/// The values of a call's secret arguments, to mask them in what a reviewer is shown.
+fn secret_values(contract: &postern_core::ReplayContract, arguments: &Value) -> Vec<(String, String)> {
+    contract
+        .secret_fields
+        .iter()
+        .filter_map(|name| {
+            let value = arguments.get(name)?;
+            let text = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+            Some((name.clone(), text))
+        })
+        .collect()
+}
+
+/// The prior states a person reviews when a retry matches them (design §6); `accepted` joins
+/// the pending approval instead, `denied` returns the same denial.
+fn reviewed_by_a_person(state: ExecutionState) -> bool {
+    matches!(
+        state,
+        ExecutionState::Dispatched
+            | ExecutionState::OutcomeUnknown
+            | ExecutionState::NeedsReview
+            | ExecutionState::Completed
+            | ExecutionState::CompletedResultNotDelivered
+    )
+}
+
+/// How a question put to a person ended.
+enum Asked<T> {
+    Answered(T),
+    /// Nobody answered within the approval timeout.
+    TimedOut,
+    /// The vault was locked while the question was open.
+    Locked,
+}
+
+/// What a call that joined another call's pending request receives: the same outcome.
+type Shared = Option<Result<CallOutcome, (&'static str, String)>>;
+
+/// Calls waiting for a person (an approval, a retry review), by execution: a retry of the same
+/// execution joins the open request instead of raising a second one.
+#[derive(Default)]
+struct OpenRequests {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<ExecutionId, (u64, tokio::sync::watch::Receiver<Shared>)>>,
+}
+
+/// Either lead the handling of an execution (others join you) or join whoever leads it.
+enum Turn<'a> {
+    Lead(Lead<'a>),
+    Join(tokio::sync::watch::Receiver<Shared>),
+}
+
+/// The leader's handle: [`Lead::close`] once the person has answered (later retries are decided
+/// afresh from the journal), [`Lead::finish`] hands the outcome to everyone who joined.
+struct Lead<'a> {
+    requests: &'a OpenRequests,
+    id: ExecutionId,
+    token: u64,
+    tx: tokio::sync::watch::Sender<Shared>,
+}
+
+impl OpenRequests {
+    fn turn(&self, id: ExecutionId) -> Turn<'_> {
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, rx)) = open.get(&id) {
+            return Turn::Join(rx.clone());
+        }
+        let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        open.insert(id, (token, rx));
+        Turn::Lead(Lead { requests: self, id, token, tx })
     }
 }
 
-/// The headless policy when no reviewer runs (`postern serve` without an approver): a per-use
-/// approval is denied, because there is no one to ask; an agent run is authorized by policy,
-/// journaled as `session_authorized` by `policy:no-reviewer`. (A locked vault and a revoked run
-/// are denied by the ladder before any approver is consulted.)
-#[derive(Debug, Default)]
-pub struct LockOnlyApprover;
-
-impl Approver for LockOnlyApprover {
-    fn may_block(&self) -> bool {
-        false
+impl Lead<'_> {
+    fn close(&self) {
+        let mut open = self.requests.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if open.get(&self.id).is_some_and(|(token, _)| *token == self.token) {
+            open.remove(&self.id);
+        }
     }
 
-    fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
-        match r.ask {
-            Ask::PerUse => Authorization {
-                allowed: false,
-                rung: "approve_every_use".into(),
-                by: "postern".into(),
-                reason: "this credential needs a reviewer's approval and no approver is running".into(),
-                grant: None,
-                timed_out: false,
-            },
-            Ask::SessionAuthorization => Authorization {
-                allowed: true,
-                rung: "session_authorization".into(),
-                by: "policy:no-reviewer".into(),
-                reason: "no reviewer is running; agent runs are authorized by policy".into(),
-                grant: Some(Grant::Session),
-                timed_out: false,
-            },
-        }
+    fn finish(self, result: &Result<CallOutcome, EngineError>) {
+        self.close();
+        let shared = match result {
+            Ok(outcome) => Ok(outcome.clone()),
+            Err(e) => Err((e.code(), e.to_string())),
+        };
+        let _ = self.tx.send(Some(shared));
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -194,6 +203,8 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error("the engine's worker failed: {0}")]
     Internal(String),
+    #[error("the request this call joined failed: {message}")]
+    Joined { code: &'static str, message: String },
 }
 
 impl ErrorCode for EngineError {
@@ -207,6 +218,7 @@ impl ErrorCode for EngineError {
             EngineError::Vault(e) => e.code(),
             EngineError::Store(e) => e.code(),
             EngineError::Internal(_) => "internal_error",
+            EngineError::Joined { code, .. } => code,
         }
     }
 }
@@ -232,6 +244,10 @@ pub struct Engine {
     approval_timeout: Duration,
     /// One session-authorization question at a time per agent run.
     session_gates: tokio::sync::Mutex<std::collections::HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Calls waiting for a person, joinable by their retries.
+    open_requests: OpenRequests,
+    /// When the last call arrived or the last question was answered (ms), for the idle lock.
+    last_activity: std::sync::atomic::AtomicI64,
     http: reqwest::Client,
     clock: Clock,
     body_cap: usize,
@@ -294,6 +310,8 @@ impl Engine {
             approver,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+            open_requests: OpenRequests::default(),
+            last_activity: std::sync::atomic::AtomicI64::new(clock().as_millis()),
             http: http::client(),
             clock,
             body_cap: http::DEFAULT_BODY_CAP,
@@ -424,44 +442,9 @@ impl Engine {
     /// execution (unknown tool, invalid arguments, unsafe target, …); every execution's fate —
     /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
     pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
+        self.touch();
         let (p, arguments) = self.prepare(&call)?;
-        // A contract may widen the scope beyond the agent run (design §5: e.g. a rotation).
-        let intent_scope = match p.tool.contract.scope {
-            postern_core::contract::ScopePolicy::Durable => IntentScope::durable(),
-            postern_core::contract::ScopePolicy::AgentRun => call.intent_scope.clone(),
-        };
-        let action = CanonicalAction::build(
-            &ActionRequest {
-                actor: call.actor.clone(),
-                tool: p.tool.name.clone(),
-                target: ActionTarget::Http(HttpAction {
-                    method: p.method.clone(),
-                    url: p.url.to_string(),
-                    headers: p.headers.clone(),
-                }),
-                credential_ref: p.credential.as_ref().map(|c| c.name.clone()),
-                arguments,
-                intent_scope: intent_scope.clone(),
-            },
-            &p.tool.contract,
-            &self.key,
-        )?;
-        let at = self.now();
-        let mut random = [0u8; 16];
-        getrandom_fill(&mut random)?;
-        let new = NewExecution {
-            id: ExecutionId::from_parts(at, u128::from_le_bytes(random)),
-            fingerprint: action.fingerprint(&self.key),
-            actor: call.actor.clone(),
-            intent_scope,
-            session_id: call.session,
-            tool: p.tool.name.clone(),
-            channel: Channel::Http,
-            contract: p.tool.contract.clone(),
-            record: action.record().clone(),
-            correlation: call.correlation.clone(),
-            at,
-        };
+        let new = self.admission(&p, &call, arguments)?;
         if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {
             return self.read_only(&p, &call, new).await;
         }
@@ -472,7 +455,7 @@ impl Engine {
             // admission's own durable transaction, and only if this is a new execution. A retry
             // is decided from the journal as always.
             let id = new.id;
-            let verdict = self.authorize(&p, &call, id, false).await?;
+            let verdict = self.authorize(&p, &call, id, false, None).await?;
             let auth = verdict_detail(&verdict);
             let cancelled = call.cancel.is_cancelled();
             let steps = if verdict.allowed && cancelled {
@@ -503,13 +486,112 @@ impl Engine {
                 Admission::Accepted { .. } => {
                     Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth))
                 }
-                Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
+                Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
             };
         }
         match self.store.admit_async(new).await? {
-            Admission::Accepted { id } => self.authorize_and_run(&p, &call, id, "new_execution", false).await,
-            Admission::Matched { prior, decision } => self.act_on(&p, &call, prior.id, prior.state, decision).await,
+            Admission::Accepted { id } => match self.open_requests.turn(id) {
+                Turn::Lead(lead) => {
+                    let result = self.authorize_and_run(&p, &call, id, "new_execution", false, Some(&lead)).await;
+                    lead.finish(&result);
+                    result
+                }
+                // A fresh ID cannot have an open request; answer from the journal regardless.
+                Turn::Join(rx) => Self::join(rx).await,
+            },
+            Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
         }
+    }
+
+    /// The execution a new call would become (its canonical record and fingerprint).
+    fn admission(&self, p: &Prepared<'_>, call: &Call, arguments: Value) -> Result<NewExecution, EngineError> {
+        // A contract may widen the scope beyond the agent run (design §5: e.g. a rotation).
+        let intent_scope = match p.tool.contract.scope {
+            postern_core::contract::ScopePolicy::Durable => IntentScope::durable(),
+            postern_core::contract::ScopePolicy::AgentRun => call.intent_scope.clone(),
+        };
+        let action = CanonicalAction::build(
+            &ActionRequest {
+                actor: call.actor.clone(),
+                tool: p.tool.name.clone(),
+                target: ActionTarget::Http(HttpAction {
+                    method: p.method.clone(),
+                    url: p.url.to_string(),
+                    headers: p.headers.clone(),
+                }),
+                credential_ref: p.credential.as_ref().map(|c| c.name.clone()),
+                arguments,
+                intent_scope: intent_scope.clone(),
+            },
+            &p.tool.contract,
+            &self.key,
+        )?;
+        let at = self.now();
+        let mut random = [0u8; 16];
+        getrandom_fill(&mut random)?;
+        Ok(NewExecution {
+            id: ExecutionId::from_parts(at, u128::from_le_bytes(random)),
+            fingerprint: action.fingerprint(&self.key),
+            actor: call.actor.clone(),
+            intent_scope,
+            session_id: call.session,
+            tool: p.tool.name.clone(),
+            channel: Channel::Http,
+            contract: p.tool.contract.clone(),
+            record: action.record().clone(),
+            correlation: call.correlation.clone(),
+            at,
+        })
+    }
+
+    /// A retry matched `prior`. If a call for it is already waiting for a person, this one joins
+    /// it (one prompt, one decision for both). Otherwise, with a person reviewing retries, an
+    /// uncertain or undelivered prior goes to them with its record; else the replay contract
+    /// decides.
+    async fn on_match(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        prior: postern_core::PriorExecution,
+        decision: RetryDecision,
+    ) -> Result<CallOutcome, EngineError> {
+        let lead = match self.open_requests.turn(prior.id) {
+            Turn::Join(rx) => return Self::join(rx).await,
+            Turn::Lead(lead) => lead,
+        };
+        let result = if self.approver.reviews_retries() && reviewed_by_a_person(prior.state) {
+            self.retry_review(p, call, &prior, decision, &lead).await
+        } else {
+            self.act_on(p, call, prior.id, prior.state, decision).await
+        };
+        lead.finish(&result);
+        result
+    }
+
+    /// Waits for the call this one joined, and answers with its outcome.
+    async fn join(mut rx: tokio::sync::watch::Receiver<Shared>) -> Result<CallOutcome, EngineError> {
+        let shared = match rx.wait_for(Option::is_some).await {
+            Ok(value) => value.clone(),
+            Err(_) => None,
+        };
+        match shared {
+            Some(Ok(outcome)) => Ok(CallOutcome { attached: true, ..outcome }),
+            Some(Err((code, message))) => Err(EngineError::Joined { code, message }),
+            None => Err(EngineError::Joined {
+                code: "internal_error",
+                message: "the call this retry joined ended without an outcome".into(),
+            }),
+        }
+    }
+
+    /// Marks the gateway as in use (for the idle lock).
+    fn touch(&self) {
+        self.last_activity.store(self.now().as_millis(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When a call last arrived or a question was last answered.
+    pub fn last_activity(&self) -> Timestamp {
+        Timestamp::from_millis(self.last_activity.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     async fn act_on(
@@ -524,7 +606,7 @@ impl Engine {
         match decision {
             RetryDecision::NewExecution => Err(EngineError::Internal("a match cannot decide new_execution".into())),
             RetryDecision::ContinuePrior { .. } => match state {
-                ExecutionState::Accepted => self.authorize_and_run(p, call, id, name, true).await,
+                ExecutionState::Accepted => self.authorize_and_run(p, call, id, name, true, None).await,
                 // Authorized, or verified not executed: nothing was sent, carry on with this one.
                 _ => self.dispatch(p, id, name, true).await,
             },
@@ -556,6 +638,223 @@ impl Engine {
         }
     }
 
+    /// Retry review (design §6): the person behind the approver is shown the original record
+    /// and chooses. Nothing is sent unless they choose "dispatch anew" with a reason, or "check
+    /// status" where the contract has a safe route.
+    async fn retry_review(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        prior: &postern_core::PriorExecution,
+        decision: RetryDecision,
+        lead: &Lead<'_>,
+    ) -> Result<CallOutcome, EngineError> {
+        let id = prior.id;
+        let request = self.review_request(p, prior, &decision)?;
+        self.note(id, "retry_review_requested", json!({ "shown": &request })).await?;
+        let approver = Arc::clone(&self.approver);
+        let asked = request.clone();
+        let answer = self.ask_person(request.withdrawn.clone(), move || approver.review_retry(&asked)).await?;
+        lead.close();
+        let denied = |code: &str, by: &str, reason: String| json!({ "rung": "retry_review", "code": code, "by": by, "reason": reason });
+        let verdict = match answer {
+            Asked::Answered(Some(v)) if request.choices.contains(&v.answer.choice()) => v,
+            Asked::Answered(Some(v)) => ReviewVerdict {
+                answer: ReviewAnswer::Deny {
+                    reason: format!("{:?} was not one of the offered choices", v.answer.choice()),
+                },
+                by: v.by,
+            },
+            Asked::Answered(None) | Asked::TimedOut => {
+                let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
+                let detail = denied("approval_timed_out", "timeout", reason);
+                self.note(id, "retry_review_timed_out", detail.clone()).await?;
+                return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+            }
+            Asked::Locked => {
+                let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
+                let detail = denied("vault_locked", "postern", reason);
+                self.note(id, "retry_review_withdrawn", detail.clone()).await?;
+                return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+            }
+        };
+        if let ReviewAnswer::DispatchAnew { reason } = &verdict.answer
+            && reason.trim().is_empty()
+        {
+            let detail = denied("reason_required", &verdict.by, "dispatch anew needs a typed reason".into());
+            self.note(id, "retry_review_decided", json!({ "decision": &verdict, "effect": detail })).await?;
+            return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+        }
+        self.note(id, "retry_review_decided", json!({ "decision": &verdict })).await?;
+        match verdict.answer {
+            ReviewAnswer::ReturnRecordedResult => {
+                let state = self.current_state(id)?;
+                match state {
+                    ExecutionState::Dispatched => {
+                        self.wait_for(id, p.tool.timeout + Duration::from_secs(5), "return_recorded_result").await
+                    }
+                    ExecutionState::Completed
+                    | ExecutionState::CompletedResultNotDelivered
+                    | ExecutionState::ResultDelivered => self.stored(id, state, "return_recorded_result").await,
+                    other => {
+                        let detail = json!({ "reason": request.known_outcome, "returned": "recorded_state" });
+                        Ok(self.outcome(id, other, true, "return_recorded_result", None, detail))
+                    }
+                }
+            }
+            ReviewAnswer::CheckStatus => match (&decision, &prior.contract.status_query) {
+                (RetryDecision::VerifyPrior { .. }, _) => self.act_on(p, call, id, prior.state, decision).await,
+                (_, Some(query)) => self.query_status(p, id, query, "check_status").await,
+                _ => Err(EngineError::Internal("check status was offered without a route".into())),
+            },
+            ReviewAnswer::DispatchAnew { reason } => self.dispatch_anew(p, call, id, &verdict.by, reason.trim()).await,
+            ReviewAnswer::Deny { reason } => Ok(self.outcome(
+                id,
+                prior.state,
+                true,
+                "retry_denied",
+                None,
+                denied("retry_denied", &verdict.by, reason),
+            )),
+        }
+    }
+
+    /// What the reviewer of a retry is shown: the original record, never the retry's guesses.
+    fn review_request(
+        &self,
+        p: &Prepared<'_>,
+        prior: &postern_core::PriorExecution,
+        decision: &RetryDecision,
+    ) -> Result<RetryReviewRequest, EngineError> {
+        let view = self.store.view();
+        let id = prior.id;
+        let summary = view.execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        let entries = view.timeline(id)?;
+        let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+        let authorized_by =
+            entries.iter().rev().find(|e| e.row.event == "authorized").and_then(|e| text(&e.row.detail, "by"));
+        let timeline = entries
+            .iter()
+            .map(|e| {
+                let d = &e.row.detail;
+                let summary = match e.row.event.as_str() {
+                    "authorized" | "denied" => {
+                        format!("by {} ({})", text(d, "by").unwrap_or_default(), text(d, "rung").unwrap_or_default())
+                    }
+                    "dispatched" => {
+                        format!("{} {}", text(d, "method").unwrap_or_default(), text(d, "target").unwrap_or_default())
+                    }
+                    "completed" => d.get("http_status").map_or_else(String::new, |s| format!("HTTP {s}")),
+                    _ => text(d, "reason").unwrap_or_default(),
+                };
+                TimelineStep { at: e.row.at.as_millis(), event: e.row.event.clone(), summary }
+            })
+            .collect();
+        let status =
+            view.result(id)?.and_then(|r| serde_json::from_slice::<HttpResult>(&r.body).ok()).map(|r| r.status);
+        let last_reason = entries.iter().rev().find_map(|e| text(&e.row.detail, "reason"));
+        let class = prior.contract.class;
+        let verifiable = matches!(decision, RetryDecision::VerifyPrior { .. })
+            || (prior.state == ExecutionState::NeedsReview && prior.contract.status_query.is_some());
+        let (known_outcome, why_not_resent) = match prior.state {
+            ExecutionState::Dispatched => (
+                format!("sent; no response yet (the original may still be running at {})", p.url),
+                "the original is still in flight: sending again could perform the action twice".to_owned(),
+            ),
+            ExecutionState::Completed
+            | ExecutionState::CompletedResultNotDelivered
+            | ExecutionState::ResultDelivered => (
+                format!(
+                    "completed{}; the result is on record but did not reach the agent",
+                    status.map_or_else(String::new, |s| format!(" with HTTP {s}"))
+                ),
+                "the original completed: its result is on record, and sending again would repeat the action".to_owned(),
+            ),
+            state => (
+                format!("unknown ({state}): {}", last_reason.unwrap_or_else(|| "no response was observed".into())),
+                if verifiable {
+                    format!(
+                        "the outcome is unknown; the replay contract ({}) can verify it without repeating the action — choose check status",
+                        class.as_str()
+                    )
+                } else {
+                    format!(
+                        "the outcome is unknown and the replay contract ({}) offers no safe way to verify it: a second send could repeat the action",
+                        class.as_str()
+                    )
+                },
+            ),
+        };
+        let mut choices = vec![ReviewChoice::ReturnRecordedResult];
+        if verifiable && matches!(prior.state, ExecutionState::OutcomeUnknown | ExecutionState::NeedsReview) {
+            choices.push(ReviewChoice::CheckStatus);
+        }
+        choices.extend([ReviewChoice::DispatchAnew, ReviewChoice::Deny]);
+        Ok(RetryReviewRequest {
+            execution_id: id,
+            session: summary.session_id.as_deref().and_then(|s| s.parse().ok()),
+            tool: summary.tool,
+            actor: summary.actor,
+            method: p.method.clone(),
+            target: p.url.to_string(),
+            credential: p.credential.as_ref().map(|c| c.name.clone()),
+            replay_contract: class.as_str().to_owned(),
+            state: prior.state,
+            accepted_at: summary.accepted_at,
+            authorized_by,
+            first_dispatched_at: summary.first_dispatched_at,
+            known_outcome,
+            why_not_resent,
+            timeline,
+            choices,
+            timeout_ms: self.approval_timeout.as_millis() as u64,
+            withdrawn: Withdrawal::default(),
+        })
+    }
+
+    /// "Dispatch anew": a new execution, linked to the original and carrying the reviewer's
+    /// reason. The ladder's hard rungs still hold (a locked vault, a revoked run).
+    async fn dispatch_anew(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        prior: ExecutionId,
+        by: &str,
+        reason: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let input = self.ladder_input(p, call)?;
+        let refused = if input.vault_locked {
+            Some((Rung::VaultLocked, "the vault is locked"))
+        } else if input.session == SessionStanding::Revoked {
+            Some((Rung::SessionAuthorization, "this agent run was revoked or has ended"))
+        } else {
+            None
+        };
+        if let Some((rung, why)) = refused {
+            let detail = json!({ "rung": rung.as_str(), "by": "postern", "reason": why });
+            return Ok(self.outcome(prior, self.current_state(prior)?, true, "retry_denied", None, detail));
+        }
+        let (_, arguments) = self.prepare(call)?;
+        let new = self.admission(p, call, arguments)?;
+        let id = new.id;
+        let out = self.outgoing(p, id)?;
+        let anew = json!({ "prior": prior, "by": by, "reason": reason });
+        let steps = vec![
+            (
+                ExecutionState::Authorized,
+                json!({ "rung": "retry_review", "by": by, "reason": reason, "dispatched_anew_of": prior }),
+            ),
+            (ExecutionState::Dispatched, dispatched_detail(p, &out)),
+        ];
+        self.store.admit_anew_async(new, anew, steps).await?;
+        self.send_and_observe(p, id, out, "dispatched_anew", false).await
+    }
+
+    fn current_state(&self, id: ExecutionId) -> Result<ExecutionState, EngineError> {
+        let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        current.state.parse().map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))
+    }
+
     fn outcome(
         &self,
         id: ExecutionId,
@@ -576,6 +875,7 @@ impl Engine {
         call: &Call,
         id: ExecutionId,
         admitted: bool,
+        lead: Option<&Lead<'_>>,
     ) -> Result<Authorization, EngineError> {
         let decided = |allowed: bool, rung: Rung, reason: &str| Authorization {
             allowed,
@@ -630,59 +930,75 @@ impl Engine {
             session: call.session,
             tool: p.tool.name.clone(),
             actor: call.actor.as_str().to_owned(),
+            agent: self.agent_run(call)?,
             method: p.method.clone(),
             target: p.url.to_string(),
             credential: p.credential.as_ref().map(|c| c.name.clone()),
+            body_preview: p.body.as_deref().map(|b| {
+                crate::approval::body_preview(b, &secret_values(&p.tool.contract, &call.arguments), BODY_PREVIEW_BYTES)
+            }),
             timeout_ms: self.approval_timeout.as_millis() as u64,
+            withdrawn: Withdrawal::default(),
+        };
+        let rung_asked = match ask {
+            Ask::PerUse => Rung::ApproveEveryUse,
+            Ask::SessionAuthorization => Rung::SessionAuthorization,
         };
         let verdict = if self.approver.may_block() {
             // A person is asked: the question and the answer are records of their own (when the
             // execution is already journaled; otherwise the `authorized`/`denied` row carries it).
             if admitted {
-                let detail = json!({ "ask": ask, "shown": &request });
-                let at = self.now();
-                self.on_store(move |store| store.note(id, "approval_requested", detail, at)).await?;
+                self.note(
+                    id,
+                    "approval_requested",
+                    json!({ "ask": ask, "rung": rung_asked.as_str(), "shown": &request }),
+                )
+                .await?;
             }
             let approver = Arc::clone(&self.approver);
             let asked = request.clone();
-            let answer = tokio::time::timeout(
-                self.approval_timeout,
-                tokio::task::spawn_blocking(move || approver.authorize(&asked)),
-            )
-            .await;
-            let verdict = match answer {
-                Ok(joined) => joined.map_err(|e| EngineError::Internal(e.to_string()))?,
-                Err(_) => Authorization {
-                    allowed: false,
-                    rung: match ask {
-                        Ask::PerUse => Rung::ApproveEveryUse.as_str().into(),
-                        Ask::SessionAuthorization => Rung::SessionAuthorization.as_str().into(),
-                    },
-                    by: "timeout".into(),
-                    reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
-                    grant: None,
-                    timed_out: true,
-                },
-            };
-            if admitted {
-                let event = match (verdict.timed_out, verdict.allowed) {
-                    (true, _) => "approval_timed_out",
-                    (false, true) => "approval_granted",
-                    (false, false) => "approval_denied",
+            let (verdict, event) =
+                match self.ask_person(request.withdrawn.clone(), move || approver.authorize(&asked)).await? {
+                    Asked::Answered(v) if v.allowed => (v, "approval_granted"),
+                    Asked::Answered(v) => (v, "approval_denied"),
+                    Asked::TimedOut => (
+                        Authorization {
+                            allowed: false,
+                            rung: rung_asked.as_str().into(),
+                            by: "timeout".into(),
+                            reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
+                            grant: None,
+                            timed_out: true,
+                        },
+                        "approval_timed_out",
+                    ),
+                    Asked::Locked => (
+                        Authorization {
+                            allowed: false,
+                            rung: Rung::VaultLocked.as_str().into(),
+                            by: "postern".into(),
+                            reason: "the vault was locked while this request waited for a reviewer".into(),
+                            grant: None,
+                            timed_out: false,
+                        },
+                        "approval_withdrawn",
+                    ),
                 };
-                let detail = json!({ "ask": ask, "decision": &verdict });
-                let at = self.now();
-                self.on_store(move |store| store.note(id, event, detail, at)).await?;
+            if admitted {
+                self.note(id, event, json!({ "ask": ask, "rung": rung_asked.as_str(), "decision": &verdict })).await?;
             }
             verdict
         } else {
             self.approver.authorize(&request)
         };
+        if let Some(lead) = lead {
+            // Answered: a later retry is decided from the journal, not joined to this question.
+            lead.close();
+        }
         // A refused run stays refused: its later calls are denied without asking again. (A
-        // question nobody answered is not a refusal.)
-        if let (Ask::SessionAuthorization, false, false, Some(session)) =
-            (ask, verdict.allowed, verdict.timed_out, call.session)
-        {
+        // question nobody answered, or one withdrawn by the lock, is not a refusal.)
+        let refused = !verdict.allowed && !verdict.timed_out && verdict.rung != Rung::VaultLocked.as_str();
+        if let (Ask::SessionAuthorization, true, Some(session)) = (ask, refused, call.session) {
             let (by, at, detail) = (verdict.by.clone(), self.now(), json!({ "reason": verdict.reason }));
             self.on_store(move |store| store.set_session_standing(session, false, &by, detail, at)).await?;
         }
@@ -728,6 +1044,59 @@ impl Engine {
         Ok(())
     }
 
+    /// Journals an event about execution `id` that does not change its state.
+    async fn note(&self, id: ExecutionId, event: &'static str, detail: Value) -> Result<(), EngineError> {
+        let at = self.now();
+        self.on_store(move |store| store.note(id, event, detail, at)).await?;
+        Ok(())
+    }
+
+    /// Puts a question to the person behind the approver: on a blocking thread, under the
+    /// approval timeout, withdrawn at once if the vault is locked meanwhile.
+    async fn ask_person<T: Send + 'static>(
+        &self,
+        withdrawn: Withdrawal,
+        ask: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Asked<T>, EngineError> {
+        let mut answer = tokio::task::spawn_blocking(ask);
+        let deadline = tokio::time::sleep(self.approval_timeout);
+        tokio::pin!(deadline);
+        let mut lock_check = tokio::time::interval(LOCK_CHECK_INTERVAL);
+        let asked = loop {
+            tokio::select! {
+                joined = &mut answer => break Asked::Answered(joined.map_err(|e| EngineError::Internal(e.to_string()))?),
+                () = &mut deadline => break Asked::TimedOut,
+                _ = lock_check.tick() => if self.vault.is_locked()? { break Asked::Locked },
+            }
+        };
+        if !matches!(asked, Asked::Answered(_)) {
+            withdrawn.withdraw();
+        }
+        self.touch();
+        Ok(asked)
+    }
+
+    /// The agent run behind a call, as a reviewer is shown it.
+    fn agent_run(&self, call: &Call) -> Result<Option<AgentRun>, EngineError> {
+        let Some(session) = call.session else { return Ok(None) };
+        let Some(run) = self.store.view().session(session)? else { return Ok(None) };
+        let (executable, sha256) = match run.actor.strip_prefix("process:").and_then(|a| a.rsplit_once("@sha256:")) {
+            Some((exe, hash)) => (exe.to_owned(), hash.to_owned()),
+            None => (run.actor.clone(), String::new()),
+        };
+        Ok(Some(AgentRun {
+            executable,
+            sha256,
+            pid: run.pid,
+            process_started_at: run
+                .process_start
+                .and_then(|t| u64::try_from(t).ok())
+                .and_then(crate::identity::process_started_at_ms),
+            transport: run.transport,
+            client: run.client,
+        }))
+    }
+
     /// Runs a synchronous store write (it waits for the writer thread) off the async workers.
     async fn on_store<T: Send + 'static>(
         &self,
@@ -746,8 +1115,9 @@ impl Engine {
         id: ExecutionId,
         decision: &str,
         attached: bool,
+        lead: Option<&Lead<'_>>,
     ) -> Result<CallOutcome, EngineError> {
-        let verdict = self.authorize(p, call, id, true).await?;
+        let verdict = self.authorize(p, call, id, true, lead).await?;
         let detail = verdict_detail(&verdict);
         if !verdict.allowed {
             self.transition(id, ExecutionState::Denied, detail.clone()).await?;
@@ -774,7 +1144,7 @@ impl Engine {
     /// transaction that does not wait for the disk (design: a retry of a read is harmless).
     async fn read_only(&self, p: &Prepared<'_>, call: &Call, new: NewExecution) -> Result<CallOutcome, EngineError> {
         let id = new.id;
-        let verdict = self.authorize(p, call, id, false).await?;
+        let verdict = self.authorize(p, call, id, false, None).await?;
         let auth = verdict_detail(&verdict);
         if !verdict.allowed {
             self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;

@@ -71,6 +71,16 @@ pub fn is_alive(key: &ProcessKey) -> bool {
     process_key(key.pid).is_some_and(|now| now.start_ticks == key.start_ticks)
 }
 
+/// When a process started, in ms since the Unix epoch, from its start time in clock ticks after
+/// boot (as in `/proc/<pid>/stat`) and the boot time in `/proc/stat`.
+pub fn process_started_at_ms(start_ticks: u64) -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot_s: i64 = stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    let per_s = rustix::param::clock_ticks_per_second().max(1);
+    let after_boot_ms = i64::try_from(start_ticks.checked_mul(1000)? / per_s).ok()?;
+    boot_s.checked_mul(1000)?.checked_add(after_boot_ms)
+}
+
 fn executable(pid: u32) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
@@ -233,6 +243,16 @@ mod tests {
         assert_eq!(tcp_connection_open(listener.local_addr().unwrap(), peer), Some(false), "the client closed");
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_pid(unrelated, listener.local_addr().unwrap()), None);
+    }
+
+    #[test]
+    fn a_process_start_time_is_wall_clock_time() {
+        let me = process_key(std::process::id()).unwrap();
+        let started = process_started_at_ms(me.start_ticks).unwrap();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        // This test process started before now, and not before the day this was written.
+        assert!(started <= now + 1000, "{started} vs {now}");
+        assert!(started > 1_764_000_000_000, "{started}");
     }
 
     #[test]

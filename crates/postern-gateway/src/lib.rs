@@ -1,6 +1,7 @@
 //! Postern's engine: what tools exist (manifests with replay contracts) and, in later modules,
 //! how one call travels accept → authorize → dispatch → observe → deliver.
 
+pub mod approval;
 pub mod control;
 pub mod delivery;
 pub mod engine;
@@ -13,8 +14,9 @@ pub mod serve;
 pub mod socket;
 pub mod streamable;
 
-pub use engine::{
-    Approver, Ask, Authorization, AuthorizationRequest, Call, CallOutcome, CancelSignal, Engine, EngineError, Grant,
-    LockOnlyApprover,
+pub use approval::{
+    AgentRun, Approver, Ask, Authorization, AuthorizationRequest, Grant, LockOnlyApprover, RetryReviewRequest,
+    ReviewAnswer, ReviewChoice, ReviewVerdict,
 };
+pub use engine::{Call, CallOutcome, CancelSignal, Engine, EngineError};
 pub use manifest::{Manifest, ManifestError, Tool};

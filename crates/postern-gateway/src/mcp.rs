@@ -336,6 +336,17 @@ fn explain(o: &CallOutcome) -> (String, bool) {
         String::new()
     };
     let reason = o.detail.get("reason").and_then(Value::as_str).unwrap_or("");
+    if o.decision == "retry_denied" {
+        return (
+            format!(
+                "RETRY REFUSED: this call repeats execution {id} ({}), which is on record; a reviewer was asked and \
+                 the retry was refused ({reason}). Nothing was sent. Call execution_status with execution_id {id} \
+                 to see what the original did.",
+                o.state
+            ),
+            true,
+        );
+    }
     match o.state {
         ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered => {
             let status = o.result.as_ref().map_or(String::new(), |r| format!(": HTTP {}", r.status));

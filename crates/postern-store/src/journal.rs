@@ -27,7 +27,8 @@ pub enum Stream {
     Activity,
     /// Agent runs starting and ending.
     Session,
-    /// Credentials added or removed, the vault locked or unlocked.
+    /// Credentials and agents added or removed, the vault locked or unlocked, and refused
+    /// attempts to approve or unlock from an agent's reach.
     Vault,
 }
 

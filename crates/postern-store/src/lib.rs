@@ -309,6 +309,25 @@ impl Store {
         self.writer.admit_and_start_async(new, steps).await
     }
 
+    /// Journals a refused attempt to approve, unlock or authorize through an interface an agent
+    /// can reach (the control socket, an MCP method, an HTTP path): `approval_attempt_refused` on
+    /// the vault stream, with what was attempted and by whom.
+    pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.refusal(detail, at)
+    }
+
+    /// A new execution for a retry a reviewer chose to "dispatch anew": no retry matching (the
+    /// reviewer has seen the prior), `anew` (prior, reason, reviewer) recorded on its `accepted`
+    /// row, then `steps`, all in one durable transaction.
+    pub async fn admit_anew_async(
+        &self,
+        new: NewExecution,
+        anew: Value,
+        steps: Vec<(ExecutionState, Value)>,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.admit_anew_async(new, anew, steps).await
+    }
+
     /// Several transitions of one execution in one durable transaction (e.g. `authorized` and
     /// `dispatched`, written together just before the first byte leaves), for async callers.
     pub async fn transition_steps_async(

@@ -80,6 +80,25 @@ pub struct StoredResult {
     pub body: Vec<u8>,
 }
 
+const SESSION_COLUMNS: &str = "SELECT s.id, s.actor, s.pid, s.process_start, s.transport, s.client, s.started_at,
+        s.ended_at, s.end_reason, (SELECT count(*) FROM executions e WHERE e.session_id = s.id)
+ FROM agent_sessions s";
+
+fn session_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
+    Ok(SessionSummary {
+        id: r.get(0)?,
+        actor: r.get(1)?,
+        pid: r.get(2)?,
+        process_start: r.get(3)?,
+        transport: r.get(4)?,
+        client: r.get(5)?,
+        started_at: r.get(6)?,
+        ended_at: r.get(7)?,
+        end_reason: r.get(8)?,
+        executions: r.get(9)?,
+    })
+}
+
 pub(crate) fn unusable(path: &Path, problem: Unusable) -> StoreError {
     StoreError::Unusable { path: path.to_owned(), problem }
 }
@@ -212,26 +231,19 @@ impl JournalView {
     /// Agent runs, most recent first, with how many executions each made.
     pub fn sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
         self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT s.id, s.actor, s.pid, s.process_start, s.transport, s.client, s.started_at, s.ended_at,
-                        s.end_reason, (SELECT count(*) FROM executions e WHERE e.session_id = s.id)
-                 FROM agent_sessions s ORDER BY s.started_at DESC, s.id DESC",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                Ok(SessionSummary {
-                    id: r.get(0)?,
-                    actor: r.get(1)?,
-                    pid: r.get(2)?,
-                    process_start: r.get(3)?,
-                    transport: r.get(4)?,
-                    client: r.get(5)?,
-                    started_at: r.get(6)?,
-                    ended_at: r.get(7)?,
-                    end_reason: r.get(8)?,
-                    executions: r.get(9)?,
-                })
-            })?;
+            let mut stmt = c.prepare_cached(&format!("{SESSION_COLUMNS} ORDER BY s.started_at DESC, s.id DESC"))?;
+            let rows = stmt.query_map([], session_summary)?;
             rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
+    }
+
+    /// One agent run (by primary key).
+    pub fn session(&self, id: SessionId) -> Result<Option<SessionSummary>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached(&format!("{SESSION_COLUMNS} WHERE s.id = ?1"))?
+                .query_row([id.to_string()], session_summary)
+                .optional()
+                .map_err(StoreError::from)
         })
     }
 

@@ -104,6 +104,18 @@ enum Op {
         new: Box<NewExecution>,
         steps: Vec<(ExecutionState, Value)>,
     },
+    /// A refused attempt to approve, unlock or authorize from outside the approver's channel.
+    Refusal {
+        detail: Value,
+        at: Timestamp,
+    },
+    /// A reviewer chose "dispatch anew" for a retry: a new execution without retry matching,
+    /// with its first steps, in one durable transaction.
+    AdmitAnew {
+        new: Box<NewExecution>,
+        anew: Value,
+        steps: Vec<(ExecutionState, Value)>,
+    },
     ReadOnly {
         new: Box<NewExecution>,
         steps: Vec<(ExecutionState, Value)>,
@@ -250,6 +262,19 @@ impl WriterHandle {
         steps: Vec<(ExecutionState, Value)>,
     ) -> Result<Admission, StoreError> {
         expect_reply!(self.call_async(Op::AdmitAndStart { new: Box::new(new), steps }).await, Admission).map(|a| *a)
+    }
+
+    pub(crate) fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::Refusal { detail, at }), Entry)
+    }
+
+    pub(crate) async fn admit_anew_async(
+        &self,
+        new: NewExecution,
+        anew: Value,
+        steps: Vec<(ExecutionState, Value)>,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call_async(Op::AdmitAnew { new: Box::new(new), anew, steps }).await, Entry)
     }
 
     pub(crate) async fn complete_async(
@@ -521,6 +546,10 @@ impl Writer {
             Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
             Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
             Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
+            Op::Refusal { detail, at } => {
+                self.vault_row("approval_attempt_refused", detail.clone(), *at).map(Reply::Entry)
+            }
+            Op::AdmitAnew { new, anew, steps } => self.admit_anew(new, anew, steps).map(Reply::Entry),
             Op::ReadOnly { new, steps, completion } => {
                 self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)
             }
@@ -581,7 +610,13 @@ impl Writer {
     }
 
     fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
-        let prior = self.find_prior(new)?;
+        self.admit_with(new, None)
+    }
+
+    /// Admission; with `anew` (a reviewer's "dispatch anew" for a retry), retry matching is
+    /// skipped and `anew` is recorded on the `accepted` row.
+    fn admit_with(&mut self, new: &NewExecution, anew: Option<&Value>) -> Result<Admission, StoreError> {
+        let prior = if anew.is_some() { None } else { self.find_prior(new)? };
         let incoming =
             IncomingIntent { fingerprint: &new.fingerprint, actor: &new.actor, intent_scope: &new.intent_scope };
         let decision = decide_retry(prior.as_ref(), &incoming, new.at);
@@ -644,6 +679,9 @@ impl Writer {
             // A related execution exists but does not attach (outside its window, delivered, …):
             // say so, so a reviewer can see why this was treated as a new intent.
             detail["related_prior"] = json!({"execution_id": prior.id, "state": prior.state});
+        }
+        if let Some(anew) = anew {
+            detail["dispatched_anew"] = anew.clone();
         }
         self.append(Draft {
             at: new.at,
@@ -849,6 +887,18 @@ impl Writer {
             self.steps(id, steps, new.at)?;
         }
         Ok(admission)
+    }
+
+    fn admit_anew(
+        &mut self,
+        new: &NewExecution,
+        anew: &Value,
+        steps: &[(ExecutionState, Value)],
+    ) -> Result<JournalEntry, StoreError> {
+        let Admission::Accepted { id } = self.admit_with(new, Some(anew))? else {
+            return Err(StoreError::Corrupt("an admission without matching matched a prior".into()));
+        };
+        self.steps(id, steps, new.at)
     }
 
     fn read_only(

@@ -2,44 +2,116 @@
 
 use crate::support::{call, manifest, rig, start_target};
 use postern_core::{Actor, ExecutionState, SessionId, Timestamp};
-use postern_gateway::{Approver, Ask, Authorization, AuthorizationRequest, Engine, Grant, engine::system_clock};
+use postern_gateway::{
+    Approver, Ask, Authorization, AuthorizationRequest, Engine, Grant, RetryReviewRequest, ReviewAnswer, ReviewChoice,
+    ReviewVerdict, engine::system_clock,
+};
 use postern_store::SessionStart;
 use serde_json::json;
-use std::sync::{Arc, Mutex, atomic::Ordering};
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
 
-/// Answers every question the same way, slowly, and remembers what it was asked.
+/// Answers every question the same way (after a pause, or once released), and remembers what it
+/// was asked. Like a real dialog, it gives up when the engine withdraws the question.
 #[derive(Debug)]
 struct Reviewer {
     allow: bool,
     grant: Option<Grant>,
+    /// Refuse per-use requests whose body preview contains this.
+    refuse_body: Mutex<Option<String>>,
+    /// Hold every answer until [`Reviewer::release`].
+    held: AtomicBool,
+    review: Mutex<Option<ReviewAnswer>>,
     asked: Mutex<Vec<AuthorizationRequest>>,
+    reviews: Mutex<Vec<RetryReviewRequest>>,
+    saw_withdrawal: AtomicBool,
 }
 
 impl Reviewer {
     fn new(allow: bool, grant: Option<Grant>) -> Arc<Self> {
-        Arc::new(Reviewer { allow, grant, asked: Mutex::new(Vec::new()) })
+        Arc::new(Reviewer {
+            allow,
+            grant,
+            refuse_body: Mutex::new(None),
+            held: AtomicBool::new(false),
+            review: Mutex::new(None),
+            asked: Mutex::new(Vec::new()),
+            reviews: Mutex::new(Vec::new()),
+            saw_withdrawal: AtomicBool::new(false),
+        })
+    }
+
+    fn holding(self: Arc<Self>) -> Arc<Self> {
+        self.held.store(true, Ordering::SeqCst);
+        self
+    }
+
+    fn release(&self) {
+        self.held.store(false, Ordering::SeqCst);
+    }
+
+    fn reviewing(self: Arc<Self>, answer: ReviewAnswer) -> Arc<Self> {
+        *self.review.lock().unwrap() = Some(answer);
+        self
     }
 
     fn asked(&self) -> Vec<Ask> {
         self.asked.lock().unwrap().iter().map(|r| r.ask).collect()
+    }
+
+    fn reviews(&self) -> Vec<RetryReviewRequest> {
+        self.reviews.lock().unwrap().clone()
+    }
+
+    /// Pauses like a person would; `false` if the question was withdrawn meanwhile.
+    fn deliberate(&self, withdrawn: &postern_gateway::approval::Withdrawal) -> bool {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        while self.held.load(Ordering::SeqCst) {
+            if withdrawn.is_withdrawn() {
+                self.saw_withdrawal.store(true, Ordering::SeqCst);
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        true
     }
 }
 
 impl Approver for Reviewer {
     fn authorize(&self, request: &AuthorizationRequest) -> Authorization {
         self.asked.lock().unwrap().push(request.clone());
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        let answered = self.deliberate(&request.withdrawn);
+        let refused_body = match (&*self.refuse_body.lock().unwrap(), &request.body_preview) {
+            (Some(needle), Some(body)) => body.contains(needle.as_str()),
+            _ => false,
+        };
+        let allow = self.allow && answered && !refused_body;
         Authorization {
-            allowed: self.allow,
+            allowed: allow,
             rung: match request.ask {
                 Ask::PerUse => "approve_every_use".into(),
                 Ask::SessionAuthorization => "session_authorization".into(),
             },
             by: "reviewer:test".into(),
-            reason: if self.allow { "approved" } else { "refused" }.into(),
+            reason: if allow { "approved" } else { "refused" }.into(),
             grant: self.grant,
             timed_out: false,
         }
+    }
+
+    fn reviews_retries(&self) -> bool {
+        self.review.lock().unwrap().is_some()
+    }
+
+    fn review_retry(&self, request: &RetryReviewRequest) -> Option<ReviewVerdict> {
+        self.reviews.lock().unwrap().push(request.clone());
+        if !self.deliberate(&request.withdrawn) {
+            return None;
+        }
+        let answer = self.review.lock().unwrap().clone()?;
+        Some(ReviewVerdict { answer, by: "reviewer:test".into() })
     }
 }
 
@@ -56,12 +128,25 @@ async fn ladder(reviewer: Arc<Reviewer>) -> Ladder {
 
 async fn ladder_with_timeout(reviewer: Arc<Reviewer>, timeout: std::time::Duration) -> Ladder {
     let (target, addr) = start_target().await;
-    let base = format!("http://{addr}");
-    let rig = rig(manifest(&base, &base));
+    ladder_at(reviewer, timeout, target, addr, addr)
+}
+
+/// A ladder whose tools reach the target at `via` (e.g. a fault proxy) and whose status queries
+/// go to `direct`.
+fn ladder_at(
+    reviewer: Arc<Reviewer>,
+    timeout: std::time::Duration,
+    target: Arc<crate::support::Target>,
+    via: std::net::SocketAddr,
+    direct: std::net::SocketAddr,
+) -> Ladder {
+    let (base, status_base) = (format!("http://{via}"), format!("http://{direct}"));
+    let addr = direct;
+    let rig = rig(manifest(&base, &status_base));
     let engine = Engine::new(
         Arc::clone(&rig.store),
         Arc::clone(&rig.vault),
-        Arc::new(manifest(&base, &base)),
+        Arc::new(manifest(&base, &status_base)),
         reviewer,
         system_clock(),
     )
@@ -197,4 +282,230 @@ async fn per_use_wins_over_an_authorized_run_and_a_locked_vault_wins_over_everyt
     assert_eq!(locked.state, ExecutionState::Denied);
     assert_eq!(locked.detail["rung"], "vault_locked");
     assert_eq!(reviewer.asked().len(), 2, "a locked vault asks no one");
+}
+
+/// Polls `condition` for up to 10 s (the tests wait for a person-shaped event, not a time).
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Marks the "pay" credential "approve every use".
+fn every_use(l: &Ladder) {
+    let mut pay = l.rig.vault.credential("pay").unwrap();
+    l.rig.vault.remove_credential("pay", Timestamp::from_millis(7)).unwrap();
+    pay.approve_every_use = true;
+    l.rig
+        .vault
+        .add_credential(&pay, &postern_vault::Sensitive::new(crate::support::SECRET.into()), Timestamp::from_millis(8))
+        .unwrap();
+}
+
+fn events(l: &Ladder, id: postern_core::ExecutionId) -> Vec<String> {
+    l.rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_use_approval_binds_to_one_call_and_its_retry_joins_the_open_question() {
+    let reviewer = Reviewer::new(true, None).holding();
+    *reviewer.refuse_body.lock().unwrap() = Some("\"amount\":2".into());
+    let l = ladder(Arc::clone(&reviewer)).await;
+    every_use(&l);
+    let run = start_run(&l, 1);
+    l.rig.store.set_session_standing(run, true, "test", json!({}), Timestamp::from_millis(9)).unwrap();
+    let spawn = |amount: u64| {
+        let engine = Arc::clone(&l.engine);
+        tokio::spawn(async move { engine.call(in_run("create_payment", amount, run)).await.unwrap() })
+    };
+    let x = spawn(1);
+    eventually("the question about call X", || reviewer.asked().len() == 1).await;
+    let x_retry = spawn(1);
+    let y = spawn(2);
+    eventually("the question about call Y", || reviewer.asked().len() == 2).await;
+    reviewer.release();
+    let (x, x_retry, y) = (x.await.unwrap(), x_retry.await.unwrap(), y.await.unwrap());
+
+    // X's retry joined X's question: no third question, one execution, one payment.
+    assert_eq!(reviewer.asked(), vec![Ask::PerUse, Ask::PerUse]);
+    assert_eq!(x.state, ExecutionState::Completed);
+    assert_eq!(x_retry.execution_id, x.execution_id);
+    assert!(x_retry.attached);
+    assert_eq!(x_retry.result.as_ref().unwrap().body, x.result.as_ref().unwrap().body);
+    // Approving X did not approve Y (different arguments): Y was its own question, refused.
+    assert_eq!(y.state, ExecutionState::Denied);
+    assert_ne!(y.execution_id, x.execution_id);
+    assert_eq!(l.target.payments.load(Ordering::SeqCst), 1);
+    // Nor did it turn into anything for the run: a later call with X's arguments is a new intent
+    // after delivery, and is asked about again.
+    l.engine.delivered(x.execution_id, true).await.unwrap();
+    reviewer.release();
+    let again = l.engine.call(in_run("create_payment", 1, run)).await.unwrap();
+    assert_ne!(again.execution_id, x.execution_id);
+    assert_eq!(reviewer.asked().len(), 3);
+    // What the reviewer saw of X: target, method, credential name, body — never the secret.
+    let shown = reviewer.asked.lock().unwrap()[0].clone();
+    assert_eq!((shown.method.as_str(), shown.credential.as_deref()), ("POST", Some("pay")));
+    assert_eq!(shown.target, format!("http://{}/v1/payments", l.addr));
+    assert_eq!(shown.body_preview.as_deref(), Some(r#"{"amount":1}"#));
+    // The retry is on X's record, between the question and its answer.
+    assert_eq!(
+        events(&l, x.execution_id)[..5],
+        ["accepted", "approval_requested", "retry_received", "approval_granted", "authorized"]
+    );
+    let journal = serde_json::to_string(&l.rig.store.view().timeline(x.execution_id).unwrap()).unwrap();
+    assert!(!journal.contains(crate::support::SECRET));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locking_the_vault_withdraws_an_open_question_and_leaves_dispatched_work_truthful() {
+    let reviewer = Reviewer::new(true, None).holding();
+    let l = ladder(Arc::clone(&reviewer)).await;
+    let run = start_run(&l, 1);
+    // A question that nobody will answer: the lock must end it, not the 120 s timeout.
+    let engine = Arc::clone(&l.engine);
+    let pending = tokio::spawn(async move { engine.call(in_run("create_payment", 1, run)).await.unwrap() });
+    eventually("the session question", || reviewer.asked().len() == 1).await;
+    l.rig.vault.lock("test", Timestamp::from_millis(10)).unwrap();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), pending).await.unwrap().unwrap();
+    assert_eq!(out.state, ExecutionState::Denied);
+    assert_eq!(out.detail["rung"], "vault_locked");
+    eventually("the approver to take the question down", || reviewer.saw_withdrawal.load(Ordering::SeqCst)).await;
+    assert_eq!(events(&l, out.execution_id), ["accepted", "approval_requested", "approval_withdrawn", "denied"]);
+    assert_eq!(l.rig.store.view().session_standing(run).unwrap(), None, "a withdrawn question revokes nothing");
+    assert_eq!(l.target.payments.load(Ordering::SeqCst), 0);
+
+    // Work already dispatched when the lock comes is journaled as what happened.
+    l.rig.vault.unlock("test", Timestamp::from_millis(11)).unwrap();
+    l.rig.store.set_session_standing(run, true, "test", json!({}), Timestamp::from_millis(12)).unwrap();
+    l.target.delay_ms.store(600, Ordering::SeqCst);
+    let engine = Arc::clone(&l.engine);
+    let running = tokio::spawn(async move { engine.call(in_run("create_payment", 2, run)).await.unwrap() });
+    eventually("the payment to reach the target", || l.target.payments.load(Ordering::SeqCst) == 1).await;
+    l.rig.vault.lock("test", Timestamp::from_millis(13)).unwrap();
+    let done = running.await.unwrap();
+    assert_eq!(done.state, ExecutionState::Completed, "not 'denied': it was sent and answered");
+    assert_eq!(events(&l, done.execution_id).last().unwrap(), "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_undelivered_result_shows_the_reviewer_the_original_and_returns_it() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::ReturnRecordedResult);
+    let l = ladder(Arc::clone(&reviewer)).await;
+    let run = start_run(&l, 1);
+    let first = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::Completed);
+    l.engine.delivered(first.execution_id, false).await.unwrap();
+
+    // Two retries at once: one review, one decision for both.
+    let retries: Vec<_> = (0..2)
+        .map(|_| {
+            let engine = Arc::clone(&l.engine);
+            tokio::spawn(async move { engine.call(in_run("open_ticket", 1, run)).await.unwrap() })
+        })
+        .collect();
+    for r in retries {
+        let r = r.await.unwrap();
+        assert_eq!((r.execution_id, r.attached), (first.execution_id, true));
+        assert_eq!(r.result.as_ref().unwrap().status, 201);
+        assert_eq!(r.result.as_ref().unwrap().body, first.result.as_ref().unwrap().body);
+    }
+    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1, "nothing was sent again");
+    let reviews = reviewer.reviews();
+    assert_eq!(reviews.len(), 1, "one prompt for both retries");
+    let shown = &reviews[0];
+    assert_eq!(shown.execution_id, first.execution_id);
+    assert_eq!(shown.state, ExecutionState::CompletedResultNotDelivered);
+    assert_eq!(shown.target, format!("http://{}/v1/tickets", l.addr));
+    assert_eq!(shown.authorized_by.as_deref(), Some("reviewer:test"));
+    assert!(shown.first_dispatched_at.is_some());
+    assert!(shown.known_outcome.contains("HTTP 201"), "{}", shown.known_outcome);
+    assert!(shown.why_not_resent.contains("repeat the action"), "{}", shown.why_not_resent);
+    assert_eq!(shown.choices, [ReviewChoice::ReturnRecordedResult, ReviewChoice::DispatchAnew, ReviewChoice::Deny]);
+    let steps: Vec<&str> = shown.timeline.iter().map(|t| t.event.as_str()).collect();
+    assert!(steps.starts_with(&["accepted", "approval_requested", "approval_granted", "authorized", "dispatched"]));
+    // On the original's record: both retries arrived, one review was asked and answered.
+    let journal = events(&l, first.execution_id);
+    let count = |event: &str| journal.iter().filter(|e| *e == event).count();
+    assert_eq!(
+        (count("retry_received"), count("retry_review_requested"), count("retry_review_decided")),
+        (2, 1, 1),
+        "{journal:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_anew_needs_a_reason_and_links_the_new_execution_to_the_original() {
+    let reviewer =
+        Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::DispatchAnew { reason: "  ".into() });
+    let l = ladder(Arc::clone(&reviewer)).await;
+    let run = start_run(&l, 1);
+    let first = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    l.engine.delivered(first.execution_id, false).await.unwrap();
+
+    let blank = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!((blank.decision.as_str(), blank.detail["code"].as_str()), ("retry_denied", Some("reason_required")));
+    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1);
+
+    *reviewer.review.lock().unwrap() =
+        Some(ReviewAnswer::DispatchAnew { reason: "the customer asked for a second ticket".into() });
+    let anew = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!(anew.state, ExecutionState::Completed);
+    assert_ne!(anew.execution_id, first.execution_id);
+    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 2, "sent again, as the reviewer chose");
+    let timeline = l.rig.store.view().timeline(anew.execution_id).unwrap();
+    assert_eq!(timeline[0].row.detail["dispatched_anew"]["prior"], first.execution_id.to_string());
+    assert_eq!(timeline[0].row.detail["dispatched_anew"]["reason"], "the customer asked for a second ticket");
+    assert_eq!(timeline[1].row.event, "authorized");
+    assert_eq!(
+        (timeline[1].row.detail["rung"].as_str(), timeline[1].row.detail["by"].as_str()),
+        (Some("retry_review"), Some("reviewer:test"))
+    );
+    let decided = l.rig.store.view().timeline(first.execution_id).unwrap();
+    let decided = decided.iter().rev().find(|e| e.row.event == "retry_review_decided").unwrap();
+    assert_eq!(decided.row.detail["decision"]["choice"], "dispatch_anew");
+
+    *reviewer.review.lock().unwrap() = Some(ReviewAnswer::Deny { reason: "enough tickets".into() });
+    let denied = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!((denied.decision.as_str(), denied.execution_id), ("retry_denied", anew.execution_id));
+    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_retry_review_sends_nothing() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::ReturnRecordedResult);
+    let l = ladder_with_timeout(Arc::clone(&reviewer), std::time::Duration::from_millis(400)).await;
+    let run = start_run(&l, 1);
+    let first = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    l.engine.delivered(first.execution_id, false).await.unwrap();
+    reviewer.held.store(true, Ordering::SeqCst);
+    let out = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!((out.decision.as_str(), out.detail["code"].as_str()), ("retry_denied", Some("approval_timed_out")));
+    eventually("the approver to take the review down", || reviewer.saw_withdrawal.load(Ordering::SeqCst)).await;
+    assert_eq!(events(&l, first.execution_id).last().unwrap(), "retry_review_timed_out");
+    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_status_verifies_an_unknown_outcome_through_the_contract() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::CheckStatus);
+    let (target, addr) = start_target().await;
+    let proxy = crate::support::FaultProxy::start(addr).await;
+    let l =
+        ladder_at(Arc::clone(&reviewer), postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT, target, proxy.addr, addr);
+    let run = start_run(&l, 1);
+    proxy.next(crate::support::Fault::CutAfterForward);
+    let first = l.engine.call(in_run("create_payment_checked", 7, run)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = l.engine.call(in_run("create_payment_checked", 7, run)).await.unwrap();
+    let shown = &reviewer.reviews()[0];
+    assert_eq!(shown.state, ExecutionState::OutcomeUnknown);
+    assert!(shown.choices.contains(&ReviewChoice::CheckStatus));
+    assert!(shown.why_not_resent.contains("status_query"), "{}", shown.why_not_resent);
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(l.target.payments.load(Ordering::SeqCst), 1, "verified, not re-sent");
 }

@@ -1,0 +1,295 @@
+//! What a reviewer is asked and what they may answer (design §6): the approval questions the
+//! ladder raises, the retry review, and the [`Approver`] trait behind which the terminal prompt
+//! and the desktop dialogs live. Nothing here decides; the engine does, from the journal.
+
+use postern_core::{ExecutionId, ExecutionState, SessionId};
+use serde::{Deserialize, Serialize};
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+/// What a reviewer is asked (design §6). The ladder decides whether anyone is asked at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ask {
+    /// This exact call (bound to its fingerprint): never turns into a session grant.
+    PerUse,
+    /// The agent run, once.
+    SessionAuthorization,
+}
+
+/// Raised by the engine when a question is no longer open (the vault was locked, or the time
+/// ran out): an approver that is still showing it takes it down.
+#[derive(Debug, Clone, Default)]
+pub struct Withdrawal(Arc<AtomicBool>);
+
+impl Withdrawal {
+    pub fn withdraw(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_withdrawn(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The agent run a session authorization is about, as the kernel described it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentRun {
+    pub executable: String,
+    /// SHA-256 of the executable, as hashed when the run started.
+    pub sha256: String,
+    pub pid: Option<i64>,
+    /// When the process started, in ms since the Unix epoch (from /proc).
+    pub process_started_at: Option<i64>,
+    pub transport: String,
+    /// The MCP client's own name and version (`clientInfo`): claimed by the client, not proven.
+    pub client: Option<String>,
+}
+
+/// A question the ladder raised (design §6): never a secret.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuthorizationRequest {
+    pub ask: Ask,
+    pub execution_id: ExecutionId,
+    pub session: Option<SessionId>,
+    pub tool: String,
+    pub actor: String,
+    /// Who is asking, for a session authorization (and shown with a per-use approval too).
+    pub agent: Option<AgentRun>,
+    pub method: String,
+    pub target: String,
+    /// The credential's name (never its value).
+    pub credential: Option<String>,
+    /// The start of the request body, secret arguments masked.
+    pub body_preview: Option<String>,
+    /// How long the reviewer has (then the call is denied, `approval_timed_out`).
+    pub timeout_ms: u64,
+    #[serde(skip)]
+    pub withdrawn: Withdrawal,
+}
+
+/// Default time a reviewer has to answer.
+pub const DEFAULT_APPROVAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A session-authorization answer beyond "this time".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// Allow this agent run.
+    Session,
+    /// Allow this run, and every later run of the same actor (executable hash) without asking.
+    Always,
+}
+
+/// The verdict, journaled with the `authorized` or `denied` row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Authorization {
+    pub allowed: bool,
+    /// Which rung decided: `vault_locked`, `approve_every_use`, `session_authorization`,
+    /// `allowlist`, `run`.
+    pub rung: String,
+    pub by: String,
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+    /// Nobody answered in time.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+/// What a reviewer may do with a retry of an execution that is uncertain or undelivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewChoice {
+    /// Answer the retry from the record: the stored result, or the state as it stands (waiting
+    /// for a dispatched original to finish first).
+    ReturnRecordedResult,
+    /// Verify through the replay contract (status query, idempotent re-send): offered only where
+    /// the contract has a route.
+    CheckStatus,
+    /// Send it again as a new execution: needs a typed reason, journaled.
+    DispatchAnew,
+    /// Refuse the retry; the original stays as recorded.
+    Deny,
+}
+
+impl ReviewChoice {
+    pub fn label(self) -> &'static str {
+        match self {
+            ReviewChoice::ReturnRecordedResult => "return the recorded result",
+            ReviewChoice::CheckStatus => "check status through the replay contract",
+            ReviewChoice::DispatchAnew => "dispatch anew (give a reason)",
+            ReviewChoice::Deny => "deny this retry",
+        }
+    }
+}
+
+/// One line of the original's timeline, as shown to the reviewer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelineStep {
+    pub at: i64,
+    pub event: String,
+    /// Who decided, why, what was observed (no secrets are ever journaled).
+    pub summary: String,
+}
+
+/// The retry review (design §6): the *original* record and the choices. The retry itself sent
+/// nothing and will send nothing unless the reviewer chooses "dispatch anew".
+#[derive(Debug, Clone, Serialize)]
+pub struct RetryReviewRequest {
+    /// The original execution the retry matched.
+    pub execution_id: ExecutionId,
+    pub session: Option<SessionId>,
+    pub tool: String,
+    pub actor: String,
+    pub method: String,
+    pub target: String,
+    pub credential: Option<String>,
+    pub replay_contract: String,
+    /// The original's state now.
+    pub state: ExecutionState,
+    pub accepted_at: i64,
+    pub authorized_by: Option<String>,
+    pub first_dispatched_at: Option<i64>,
+    /// What is known about the outcome, in words.
+    pub known_outcome: String,
+    /// Why Postern did not send the retry again on its own.
+    pub why_not_resent: String,
+    pub timeline: Vec<TimelineStep>,
+    pub choices: Vec<ReviewChoice>,
+    pub timeout_ms: u64,
+    #[serde(skip)]
+    pub withdrawn: Withdrawal,
+}
+
+/// The reviewer's answer to a retry review.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "choice")]
+pub enum ReviewAnswer {
+    ReturnRecordedResult,
+    CheckStatus,
+    DispatchAnew { reason: String },
+    Deny { reason: String },
+}
+
+impl ReviewAnswer {
+    pub fn choice(&self) -> ReviewChoice {
+        match self {
+            ReviewAnswer::ReturnRecordedResult => ReviewChoice::ReturnRecordedResult,
+            ReviewAnswer::CheckStatus => ReviewChoice::CheckStatus,
+            ReviewAnswer::DispatchAnew { .. } => ReviewChoice::DispatchAnew,
+            ReviewAnswer::Deny { .. } => ReviewChoice::Deny,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReviewVerdict {
+    #[serde(flatten)]
+    pub answer: ReviewAnswer,
+    pub by: String,
+}
+
+/// Answers what the ladder asks (per-use approval, session authorization) and, where a person
+/// is present, reviews retries of uncertain executions. The desktop app's dialogs and the
+/// terminal prompt ([`crate::terminal::TerminalApprover`]) ask a person; [`LockOnlyApprover`]
+/// is the headless policy.
+pub trait Approver: Send + Sync + std::fmt::Debug {
+    fn authorize(&self, request: &AuthorizationRequest) -> Authorization;
+
+    /// Whether `authorize` may wait (for a person, a dialog): then it runs on a blocking thread,
+    /// under the approval timeout, and its question and answer are journaled.
+    fn may_block(&self) -> bool {
+        true
+    }
+
+    /// Whether a person reviews retries (see [`Approver::review_retry`]). Without one, retries
+    /// are decided by the replay contract alone.
+    fn reviews_retries(&self) -> bool {
+        false
+    }
+
+    /// A retry matched an execution that is dispatched, uncertain or undelivered: show the
+    /// original record, return the choice. `None` means "no answer" (treated as a timeout).
+    fn review_retry(&self, _request: &RetryReviewRequest) -> Option<ReviewVerdict> {
+        None
+    }
+}
+
+/// The headless policy when no reviewer runs (`postern serve` without an approver): a per-use
+/// approval is denied, because there is no one to ask; an agent run is authorized by policy,
+/// journaled as `session_authorized` by `policy:no-reviewer`. (A locked vault and a revoked run
+/// are denied by the ladder before any approver is consulted.) Retries are decided by the
+/// replay contract.
+#[derive(Debug, Default)]
+pub struct LockOnlyApprover;
+
+impl Approver for LockOnlyApprover {
+    fn may_block(&self) -> bool {
+        false
+    }
+
+    fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
+        match r.ask {
+            Ask::PerUse => Authorization {
+                allowed: false,
+                rung: "approve_every_use".into(),
+                by: "postern".into(),
+                reason: "this credential needs a reviewer's approval and no approver is running".into(),
+                grant: None,
+                timed_out: false,
+            },
+            Ask::SessionAuthorization => Authorization {
+                allowed: true,
+                rung: "session_authorization".into(),
+                by: "policy:no-reviewer".into(),
+                reason: "no reviewer is running; agent runs are authorized by policy".into(),
+                grant: Some(Grant::Session),
+                timed_out: false,
+            },
+        }
+    }
+}
+
+/// The start of a request body for a reviewer: at most `limit` bytes of text, every secret
+/// argument's value masked by name, binary bodies described rather than shown.
+pub fn body_preview(body: &[u8], secrets: &[(String, String)], limit: usize) -> String {
+    let mut text = match std::str::from_utf8(body) {
+        Ok(text) => text.to_owned(),
+        Err(_) => return format!("({} bytes of binary data)", body.len()),
+    };
+    for (name, value) in secrets {
+        if !value.is_empty() {
+            text = text.replace(value.as_str(), &format!("«secret argument {name}»"));
+        }
+    }
+    if text.len() > limit {
+        let mut cut = limit;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let total = text.len();
+        text.truncate(cut);
+        text.push_str(&format!("… ({total} bytes in all)"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_preview_masks_secret_arguments_and_is_cut_on_a_character_boundary() {
+        let secrets = vec![("approval_code".to_string(), "CANARY-7731".to_string())];
+        let shown = body_preview(br#"{"amount":5,"approval_code":"CANARY-7731"}"#, &secrets, 200);
+        assert_eq!(shown, r#"{"amount":5,"approval_code":"«secret argument approval_code»"}"#);
+        let long = "é".repeat(100);
+        let cut = body_preview(long.as_bytes(), &[], 11);
+        assert!(cut.starts_with("ééééé…"), "{cut}");
+        assert!(cut.ends_with("(200 bytes in all)"));
+        assert_eq!(body_preview(&[0xff, 0xfe, 0], &[], 10), "(3 bytes of binary data)");
+    }
+}
