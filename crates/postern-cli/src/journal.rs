@@ -141,8 +141,17 @@ pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
         println!("no agent sessions yet");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut t =
-        render::table(&["session", "actor", "pid", "transport", "client", "started (UTC)", "ended (UTC)", "calls"]);
+    let mut t = render::table(&[
+        "session",
+        "actor",
+        "pid",
+        "transport",
+        "client",
+        "started (UTC)",
+        "ended (UTC)",
+        "calls",
+        "authorization",
+    ]);
     for s in &sessions {
         t.add_row(vec![
             s.id.clone(),
@@ -153,6 +162,11 @@ pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
             render::time(s.started_at),
             s.ended_at.map(render::time).unwrap_or_else(|| "active".into()),
             s.executions.to_string(),
+            match (&s.authorization, &s.authorized_by) {
+                (Some(standing), Some(by)) => format!("{standing} by {by}"),
+                (Some(standing), None) => standing.clone(),
+                _ => "not yet asked".into(),
+            },
         ]);
     }
     println!("{}", t.trim_fmt());

@@ -11,6 +11,7 @@ use postern_gateway::{
     runs::AgentRuns,
     serve::{self, ServeOptions},
     socket,
+    terminal::TerminalApprover,
 };
 use postern_store::Store;
 use postern_vault::{OsKeychain, Vault};
@@ -34,6 +35,24 @@ pub struct ServeArgs {
     /// How long a shutdown waits for executions in flight, in seconds.
     #[arg(long, default_value_t = 35)]
     drain_seconds: u64,
+    /// Who answers approval questions: `none` (headless: per-use approvals are denied, agent runs
+    /// are authorized by policy, retries follow their replay contract) or `terminal` (this
+    /// terminal asks you, and reviews uncertain retries).
+    #[arg(long, value_enum, default_value_t = ApproverKind::None, env = "POSTERN_APPROVER")]
+    approver: ApproverKind,
+    /// Seconds a reviewer has to answer before the call is denied (`approval_timed_out`).
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    approval_timeout: u64,
+    /// Lock the vault after this many seconds without a call or an answer (0: never). Default:
+    /// 900 with `--approver terminal` (which can unlock it again), never without an approver.
+    #[arg(long, value_name = "SECONDS", env = "POSTERN_IDLE_LOCK")]
+    idle_lock: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApproverKind {
+    None,
+    Terminal,
 }
 
 fn manifest(explicit: Option<std::path::PathBuf>) -> Result<Manifest, Failure> {
@@ -92,13 +111,19 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
     })?;
     let store = Arc::new(store);
     let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(OsKeychain::connect()?), now())?);
-    let engine = Arc::new(Engine::new(
-        Arc::clone(&store),
-        vault,
-        Arc::new(manifest),
-        Arc::new(LockOnlyApprover),
-        system_clock(),
-    )?);
+    let approver: Arc<dyn postern_gateway::Approver> = match args.approver {
+        ApproverKind::None => Arc::new(LockOnlyApprover),
+        ApproverKind::Terminal => {
+            let terminal = TerminalApprover::open(Arc::clone(&vault), system_clock())?;
+            terminal.spawn_console();
+            terminal
+        }
+    };
+    let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });
+    let engine = Arc::new(
+        Engine::new(Arc::clone(&store), Arc::clone(&vault), Arc::new(manifest), approver, system_clock())?
+            .with_approval_timeout(Duration::from_secs(args.approval_timeout)),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     runtime.block_on(async {
         let runs = AgentRuns::new(Arc::clone(&store), system_clock());
@@ -112,6 +137,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
             drain: Duration::from_secs(args.drain_seconds),
         };
         let bound = serve::bind(gateway, options).await?;
+        let idle = (idle_lock > 0).then(|| {
+            let engine = Arc::clone(&engine);
+            tokio::spawn(async move { engine.idle_lock(Duration::from_secs(idle_lock)).await })
+        });
         tracing::info!(
             socket = %bound.endpoints.socket.display(),
             http = %bound.endpoints.http.map(|a| format!("http://{a}/mcp")).unwrap_or_else(|| "off".into()),
@@ -119,9 +148,14 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
             recovered = recovery.outcome_unknown.len(),
             runs_adopted = adopted,
             runs_ended = ended,
+            approver = ?args.approver,
+            idle_lock_s = idle_lock,
             "postern gateway ready"
         );
         bound.run(shutdown_signal()).await;
+        if let Some(idle) = idle {
+            idle.abort();
+        }
         Ok::<(), Failure>(())
     })?;
     store.flush()?;

@@ -589,6 +589,32 @@ impl Engine {
         self.last_activity.store(self.now().as_millis(), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Locks the vault once `idle` has passed without a call or an answer; an unlock starts the
+    /// count again. Runs until the task is dropped.
+    pub async fn idle_lock(&self, idle: Duration) {
+        let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+        let mut baseline = self.last_activity().as_millis();
+        let mut was_locked = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(250).min(idle));
+        loop {
+            tick.tick().await;
+            let Ok(locked) = self.vault.is_locked() else { continue };
+            let now = self.now().as_millis();
+            if was_locked && !locked {
+                baseline = now;
+            }
+            was_locked = locked;
+            baseline = baseline.max(self.last_activity().as_millis());
+            if !locked && now.saturating_sub(baseline) >= idle_ms {
+                let by = format!("idle-lock: {} s without activity", idle.as_secs());
+                match self.vault.lock(&by, self.now()) {
+                    Ok(()) => tracing::info!(idle_s = idle.as_secs(), "vault locked after idle period"),
+                    Err(e) => tracing::warn!(error = %e, "the idle lock could not lock the vault"),
+                }
+            }
+        }
+    }
+
     /// When a call last arrived or a question was last answered.
     pub fn last_activity(&self) -> Timestamp {
         Timestamp::from_millis(self.last_activity.load(std::sync::atomic::Ordering::Relaxed))
@@ -744,7 +770,11 @@ impl Engine {
                     "dispatched" => {
                         format!("{} {}", text(d, "method").unwrap_or_default(), text(d, "target").unwrap_or_default())
                     }
-                    "completed" => d.get("http_status").map_or_else(String::new, |s| format!("HTTP {s}")),
+                    "completed" => d["outcome"].get("http_status").map_or_else(String::new, |s| format!("HTTP {s}")),
+                    "approval_requested" => format!("asked: {}", text(d, "ask").unwrap_or_default()),
+                    "approval_granted" | "approval_denied" | "approval_timed_out" | "approval_withdrawn" => {
+                        format!("by {}", d["decision"]["by"].as_str().unwrap_or_default())
+                    }
                     _ => text(d, "reason").unwrap_or_default(),
                 };
                 TimelineStep { at: e.row.at.as_millis(), event: e.row.event.clone(), summary }
@@ -960,6 +990,8 @@ impl Engine {
             let (verdict, event) =
                 match self.ask_person(request.withdrawn.clone(), move || approver.authorize(&asked)).await? {
                     Asked::Answered(v) if v.allowed => (v, "approval_granted"),
+                    // The approver's own clock ran out first.
+                    Asked::Answered(v) if v.timed_out => (v, "approval_timed_out"),
                     Asked::Answered(v) => (v, "approval_denied"),
                     Asked::TimedOut => (
                         Authorization {

@@ -13,6 +13,7 @@ pub mod runs;
 pub mod serve;
 pub mod socket;
 pub mod streamable;
+pub mod terminal;
 
 pub use approval::{
     AgentRun, Approver, Ask, Authorization, AuthorizationRequest, Grant, LockOnlyApprover, RetryReviewRequest,

@@ -69,6 +69,10 @@ pub struct SessionSummary {
     pub ended_at: Option<i64>,
     pub end_reason: Option<String>,
     pub executions: i64,
+    /// `authorized` or `revoked` once a reviewer (or policy) decided; `None` while undecided.
+    pub authorization: Option<String>,
+    /// Who decided it (`terminal`, `allowlist`, `policy:no-reviewer`, `cli`, …).
+    pub authorized_by: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -81,8 +85,9 @@ pub struct StoredResult {
 }
 
 const SESSION_COLUMNS: &str = "SELECT s.id, s.actor, s.pid, s.process_start, s.transport, s.client, s.started_at,
-        s.ended_at, s.end_reason, (SELECT count(*) FROM executions e WHERE e.session_id = s.id)
- FROM agent_sessions s";
+        s.ended_at, s.end_reason, (SELECT count(*) FROM executions e WHERE e.session_id = s.id),
+        g.standing, g.decided_by
+ FROM agent_sessions s LEFT JOIN session_grants g ON g.session_id = s.id";
 
 fn session_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
     Ok(SessionSummary {
@@ -96,6 +101,8 @@ fn session_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
         ended_at: r.get(7)?,
         end_reason: r.get(8)?,
         executions: r.get(9)?,
+        authorization: r.get(10)?,
+        authorized_by: r.get(11)?,
     })
 }
 

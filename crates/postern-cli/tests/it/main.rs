@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // tests assert by unwrapping the error they expect
 
 mod agents;
+mod approvals;
 mod audit;
 mod call;
 mod gateway;

@@ -1,0 +1,328 @@
+//! The approval ladder end to end: `postern serve --approver terminal` on a real pseudo-terminal
+//! (the test types the reviewer's answers), driven by a real MCP client (the Python SDK).
+
+use super::gateway_support::{Agent, Gateway, Sdk, Target, eventually, kill, postern_bin};
+use serde_json::{Value, json};
+use std::{
+    fs::File,
+    io::{Read, Write},
+    os::unix::fs::OpenOptionsExt,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// A pseudo-terminal the gateway runs on: what it shows, and a keyboard.
+struct Terminal {
+    master: File,
+    screen: Arc<Mutex<String>>,
+    /// How much of the screen earlier waits consumed.
+    read_to: usize,
+}
+
+impl Terminal {
+    /// Everything shown since the last [`Terminal::wait_for`], once `text` is among it.
+    fn wait_for(&mut self, text: &str) -> String {
+        let from = self.read_to;
+        let shown = eventually(&format!("{text:?} on the terminal"), LONG, || {
+            let screen = self.screen.lock().unwrap();
+            screen[from..]
+                .find(text)
+                .map(|at| (screen[from..from + at + text.len()].to_owned(), from + at + text.len()))
+        });
+        self.read_to = shown.1;
+        shown.0
+    }
+
+    fn type_line(&mut self, line: &str) {
+        self.master.write_all(format!("{line}\n").as_bytes()).unwrap();
+        self.master.flush().unwrap();
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+}
+
+/// Starts `postern serve --approver terminal` as the session leader of a new pseudo-terminal
+/// (`setsid -c` makes it the controlling terminal, as a login shell's would be).
+fn serve_on_terminal(manifest: &str, extra: &[&str]) -> (Gateway, Terminal) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let slave = File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOCTTY.bits() as i32)
+        .open(name.to_str().unwrap())
+        .unwrap();
+    let data_dir = tempfile::tempdir().unwrap();
+    let tools = data_dir.path().join("tools.toml");
+    std::fs::write(&tools, manifest).unwrap();
+    let child = Command::new("setsid")
+        .arg("-c")
+        .arg(postern_bin())
+        .args(["serve", "--approver", "terminal", "--no-http", "--drain-seconds", "5"])
+        .args(extra)
+        .env("POSTERN_DATA_DIR", data_dir.path())
+        .env("POSTERN_TOOLS", &tools)
+        .env("POSTERN_LOG", "info,rmcp=error")
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let master = File::from(master);
+    let screen = Arc::new(Mutex::new(String::new()));
+    let (mut reader, sink) = (master.try_clone().unwrap(), Arc::clone(&screen));
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        // Ends with EIO once the gateway and its terminal are gone.
+        while let Ok(n @ 1..) = reader.read(&mut buf) {
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let mut terminal = Terminal { master, screen: Arc::clone(&screen), read_to: 0 };
+    terminal.wait_for("postern gateway ready");
+    let gateway = Gateway { data_dir, child, http: String::new(), stderr: screen };
+    (gateway, terminal)
+}
+
+fn vault_locked(gw: &Gateway) -> bool {
+    postern_store::JournalView::open_read_only(&gw.path().join("postern.db")).unwrap().locked().unwrap()
+}
+
+fn timeline(gw: &Gateway, id: &str) -> Vec<Value> {
+    gw.activity().into_iter().filter(|r| r["execution_id"] == id).collect()
+}
+
+fn execution_of(result: &Value) -> String {
+    result["structured"]["execution_id"].as_str().unwrap_or_else(|| panic!("no execution id in {result}")).to_owned()
+}
+
+/// The agent's interpreter, as the kernel names it (the actor Postern derives).
+fn agent_executable(agent: &Agent) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/{}/exe", agent.pid)).unwrap()
+}
+
+#[test]
+fn terminal_session_authorization_shows_the_agent_and_allows_its_run() {
+    let target = Target::start();
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &[]);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    agent.call("first", "pay", json!({ "amount": 5 }));
+
+    let shown = term.wait_for("choice (s/a/d)> ");
+    let exe = agent_executable(&agent);
+    assert!(shown.contains("authorize an agent run"), "{shown}");
+    assert!(shown.contains(&format!("agent        {}", exe.display())), "{shown}");
+    assert!(shown.contains(&super::gateway_support::sha256_of(&exe)), "the executable's hash: {shown}");
+    assert!(shown.contains(&format!("pid          {}, started 20", agent.pid)), "{shown}");
+    assert!(shown.contains("transport    stdio"), "{shown}");
+    assert!(shown.contains("client       "), "the MCP client's own name: {shown}");
+    assert!(shown.contains("[s] allow this session") && shown.contains("[a] always allow this agent"), "{shown}");
+    assert_eq!(target.posts(), 0, "nothing is sent while the reviewer decides");
+    term.type_line("s");
+
+    let first = agent.result("first");
+    assert_eq!(first["structured"]["state"], "completed", "{first}");
+    assert_eq!(target.posts(), 1);
+    // The run is authorized: the next call is not asked about.
+    let second = agent.call_and_wait("second", "pay", json!({ "amount": 6 }));
+    assert_eq!(second["structured"]["state"], "completed", "{second}");
+    assert_eq!(term.screen().matches("authorize an agent run").count(), 1);
+    let events: Vec<Value> = timeline(&gw, &execution_of(&first));
+    let names: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(names[..4], ["accepted", "approval_requested", "approval_granted", "authorized"]);
+    assert_eq!(events[1]["detail"]["shown"]["agent"]["pid"], agent.pid);
+    assert_eq!(events[2]["detail"]["decision"]["by"], "terminal");
+    assert_eq!(events[3]["detail"]["rung"], "session_authorization");
+}
+
+#[test]
+fn terminal_deny_refuses_the_run_and_sends_nothing() {
+    let target = Target::start();
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &[]);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    agent.call("first", "pay", json!({ "amount": 5 }));
+    term.wait_for("choice (s/a/d)> ");
+    // A typo is asked again, not taken as an answer.
+    term.type_line("yes");
+    term.wait_for("answer s, a, d> ");
+    term.type_line("d");
+    let first = agent.result("first");
+    assert_eq!(first["is_error"], true, "{first}");
+    assert_eq!(first["structured"]["state"], "denied", "{first}");
+    let later = agent.call_and_wait("later", "pay", json!({ "amount": 6 }));
+    assert_eq!(later["structured"]["state"], "denied", "the refusal stands for the run: {later}");
+    assert_eq!(target.posts(), 0);
+    assert_eq!(term.screen().matches("authorize an agent run").count(), 1, "asked once");
+    let sessions = gw.sessions();
+    assert_eq!(
+        (sessions[0]["authorization"].as_str(), sessions[0]["authorized_by"].as_str()),
+        (Some("revoked"), Some("terminal")),
+        "{sessions:#?}"
+    );
+}
+
+#[test]
+fn terminal_question_nobody_answers_is_denied_when_its_time_runs_out() {
+    let target = Target::start();
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &["--approval-timeout", "2"]);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let out = agent.call_and_wait("first", "pay", json!({ "amount": 5 }));
+    assert_eq!(out["structured"]["state"], "denied", "{out}");
+    assert_eq!(out["structured"]["detail"]["code"], "approval_timed_out", "{out}");
+    term.wait_for("nothing was approved");
+    assert_eq!(target.posts(), 0);
+    let id = execution_of(&out);
+    assert_eq!(gw.events_of(&id), ["accepted", "approval_requested", "approval_timed_out", "denied"]);
+    // Typing the answer late approves nothing.
+    term.type_line("s");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(gw.events_of(&id).last().unwrap(), "denied");
+}
+
+/// An approved irreversible `wire` whose answer never reached the agent: the reviewer allows the
+/// run, the target executes (held), the agent's bridge is killed, the target answers; returns
+/// the execution once it is `completed_result_not_delivered`, with the agent reconnected.
+fn undelivered_wire(target: &Target, gw: &Gateway, term: &mut Terminal, agent: &mut Agent, amount: u64) -> String {
+    agent.connect(gw.bridge_command());
+    let bridge = agent.bridge_pid();
+    target.hold();
+    agent.call("first", "wire", json!({ "amount": amount }));
+    term.wait_for("choice (s/a/d)> ");
+    term.type_line("s");
+    eventually("the wire to reach the target", LONG, || (target.posts() == 1).then_some(()));
+    kill(bridge);
+    assert_eq!(agent.result("first")["ok"], false);
+    target.release();
+    let id = gw.executions_of("wire").pop().unwrap();
+    eventually("the undelivered result on record", LONG, || {
+        (gw.events_of(&id).last().map(String::as_str) == Some("completed_result_not_delivered")).then_some(())
+    });
+    agent.connect(gw.bridge_command());
+    id
+}
+
+/// The issue's decisive scenario: an irreversible call is approved and dispatched, the
+/// connection is cut after dispatch, the agent retries; the reviewer is shown the original
+/// record and returns the recorded result. The target counts one.
+#[test]
+fn terminal_retry_review_shows_the_original_record_and_returns_its_result() {
+    let target = Target::start();
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &[]);
+    let mut agent = Agent::start(Sdk::Python);
+    let id = undelivered_wire(&target, &gw, &mut term, &mut agent, 900);
+    agent.call("retry", "wire", json!({ "amount": 900 }));
+    let shown = term.wait_for("choice (r/n/d)> ");
+    assert!(shown.contains("review a retry"), "{shown}");
+    assert!(shown.contains(&format!("original     {id} (tool wire, replay contract irreversible)")), "{shown}");
+    assert!(shown.contains(&format!("request      POST http://{}/pay", target.addr)), "{shown}");
+    assert!(shown.contains("state        completed_result_not_delivered"), "{shown}");
+    assert!(shown.contains("authorized   by terminal"), "{shown}");
+    assert!(shown.contains("dispatched   20"), "the first dispatch time: {shown}");
+    assert!(shown.contains("outcome      completed with HTTP 201"), "{shown}");
+    let completed = shown.lines().find(|l| l.trim_start().starts_with("20") && l.contains(" completed "));
+    assert!(completed.is_some_and(|l| l.trim_end().ends_with("HTTP 201")), "the timeline: {shown}");
+    assert!(shown.contains("not re-sent  the original completed"), "{shown}");
+    assert!(shown.contains("[r] return the recorded result") && shown.contains("[n] dispatch anew"), "{shown}");
+    assert!(!shown.contains("[c]"), "no status route for an irreversible tool: {shown}");
+    term.type_line("r");
+
+    let retry = agent.result("retry");
+    assert_eq!(retry["is_error"], false, "{retry}");
+    assert_eq!(execution_of(&retry), id);
+    assert_eq!(retry["structured"]["attached"], true);
+    assert_eq!(target.posts(), 1, "the wire was sent once");
+    let events = timeline(&gw, &id);
+    let requested = events.iter().find(|e| e["event"] == "retry_review_requested").unwrap();
+    assert_eq!(requested["detail"]["shown"]["execution_id"], id.as_str());
+    assert_eq!(requested["detail"]["shown"]["state"], "completed_result_not_delivered");
+    let decided = events.iter().find(|e| e["event"] == "retry_review_decided").unwrap();
+    assert_eq!(decided["detail"]["decision"], json!({ "choice": "return_recorded_result", "by": "terminal" }));
+}
+
+#[test]
+fn terminal_dispatch_anew_requires_a_typed_reason_and_journals_it() {
+    let target = Target::start();
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &[]);
+    let mut agent = Agent::start(Sdk::Python);
+    let id = undelivered_wire(&target, &gw, &mut term, &mut agent, 30);
+    agent.call("retry", "wire", json!({ "amount": 30 }));
+    term.wait_for("choice (r/n/d)> ");
+    term.type_line("n");
+    term.wait_for("reason for sending it again (journaled)> ");
+    term.type_line("   ");
+    term.wait_for("a reason is required");
+    term.type_line("the bank confirmed the first transfer bounced");
+    let retry = agent.result("retry");
+    assert_eq!(retry["structured"]["state"], "completed", "{retry}");
+    let anew = execution_of(&retry);
+    assert_ne!(anew, id, "a new execution");
+    assert_eq!(target.posts(), 2, "sent again, because the reviewer said so");
+    let accepted = timeline(&gw, &anew).into_iter().find(|e| e["event"] == "accepted").unwrap();
+    assert_eq!(
+        accepted["detail"]["dispatched_anew"],
+        json!({ "prior": id, "by": "terminal", "reason": "the bank confirmed the first transfer bounced" })
+    );
+}
+
+#[test]
+fn locking_the_vault_denies_an_open_question_at_once_and_the_terminal_can_unlock() {
+    let target = Target::start();
+    // The agent's interpreter starts first: the idle lock counts from the gateway's start.
+    let mut agent = Agent::start(Sdk::Python);
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &["--idle-lock", "3"]);
+    agent.connect(gw.bridge_command());
+    agent.call("first", "pay", json!({ "amount": 5 }));
+    term.wait_for("choice (s/a/d)> ");
+    // `postern vault lock` from another terminal (through the gateway's control socket).
+    let lock = gw.postern(&["vault", "lock"]);
+    assert_eq!(lock.code, 0, "{}", lock.stderr);
+    let first = agent.result("first");
+    assert_eq!(first["structured"]["state"], "denied", "{first}");
+    assert_eq!(first["structured"]["detail"]["rung"], "vault_locked", "{first}");
+    term.wait_for("withdrawn");
+    assert_eq!(gw.events_of(&execution_of(&first))[2], "approval_withdrawn");
+
+    // Only the approver's own channel unlocks.
+    term.type_line("unlock");
+    term.wait_for("postern: vault unlocked");
+    assert!(!vault_locked(&gw));
+    // Idle for the configured period: locked again, by itself.
+    eventually("the idle lock", LONG, || vault_locked(&gw).then_some(()));
+    let denied = agent.call_and_wait("second", "pay", json!({ "amount": 6 }));
+    assert_eq!(denied["structured"]["detail"]["rung"], "vault_locked", "{denied}");
+    assert_eq!(target.posts(), 0);
+    // The journal says who locked and unlocked, in order.
+    let db = rusqlite::Connection::open(gw.path().join("postern.db")).unwrap();
+    let bodies: Vec<String> = db
+        .prepare("SELECT body FROM journal ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let by: Vec<(String, String)> = bodies
+        .iter()
+        .map(|b| serde_json::from_str::<Value>(b).unwrap())
+        .filter(|v| v["head"]["event"].as_str().is_some_and(|e| e.starts_with("vault_")))
+        .map(|v| (v["head"]["event"].as_str().unwrap().to_owned(), v["payload"]["by"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(
+        by,
+        [
+            ("vault_locked".to_owned(), "cli".to_owned()),
+            ("vault_unlocked".to_owned(), "terminal".to_owned()),
+            ("vault_locked".to_owned(), "idle-lock: 3 s without activity".to_owned()),
+        ]
+    );
+}

@@ -1,0 +1,360 @@
+//! The terminal approver (`postern serve --approver terminal`): asks the person at the terminal
+//! where `serve` runs — its controlling TTY, which an agent started elsewhere cannot type into —
+//! the same questions, with the same information and choices, as the desktop dialogs.
+//!
+//! Input typed before a question appears is discarded (`tcflush`), so nothing typed ahead — by
+//! a person or by anything that can write to the terminal's input — answers a question nobody
+//! has read. Between questions the terminal takes three commands: `lock`, `unlock`, `status`.
+
+use crate::approval::{
+    Approver, Ask, Authorization, AuthorizationRequest, Grant, RetryReviewRequest, ReviewAnswer, ReviewChoice,
+    ReviewVerdict, Withdrawal,
+};
+use crate::engine::Clock;
+use postern_vault::Vault;
+use std::{
+    fs::File,
+    io::{Read, Write},
+    os::fd::AsFd,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant, SystemTime},
+};
+
+/// Why the terminal approver cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum TerminalError {
+    #[error(
+        "--approver terminal needs a terminal to ask on, and this process has none ({0}); run `postern serve` in a \
+         terminal, or use the desktop app"
+    )]
+    NoTerminal(std::io::Error),
+}
+
+impl postern_core::ErrorCode for TerminalError {
+    fn code(&self) -> &'static str {
+        "no_terminal"
+    }
+}
+
+/// Who answered, as journaled.
+const BY: &str = "terminal";
+
+/// How long one wait for input lasts before the question's deadline and withdrawal are checked.
+const POLL: Duration = Duration::from_millis(100);
+
+pub struct TerminalApprover {
+    tty: Mutex<File>,
+    vault: Arc<Vault>,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for TerminalApprover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TerminalApprover").finish_non_exhaustive()
+    }
+}
+
+/// How a wait for a line ended.
+enum Input {
+    Line(String),
+    /// The engine withdrew the question (the vault was locked, or its time ran out).
+    Withdrawn,
+    TimedOut,
+}
+
+impl TerminalApprover {
+    /// Opens the controlling terminal (`/dev/tty`).
+    pub fn open(vault: Arc<Vault>, clock: Clock) -> Result<Arc<Self>, TerminalError> {
+        let tty = File::options().read(true).write(true).open("/dev/tty").map_err(TerminalError::NoTerminal)?;
+        let approver = Arc::new(TerminalApprover { tty: Mutex::new(tty), vault, clock });
+        approver.say(
+            "Postern asks for approvals on this terminal. Between questions you can type: lock, unlock, status.\n",
+        );
+        Ok(approver)
+    }
+
+    /// Serves the between-questions commands until the process ends.
+    pub fn spawn_console(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("postern-terminal".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let mut tty = me.terminal();
+                    if let Ok(Some(line)) = read_line(&mut tty, Instant::now() + POLL) {
+                        me.command(&mut tty, line.trim());
+                    }
+                }
+            })
+            .ok();
+    }
+
+    fn terminal(&self) -> MutexGuard<'_, File> {
+        self.tty.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn say(&self, text: &str) {
+        let _ = self.terminal().write_all(text.as_bytes());
+    }
+
+    fn command(&self, tty: &mut File, command: &str) {
+        let now = (self.clock)();
+        let reply = match command {
+            "" => return,
+            "lock" => match self.vault.lock(BY, now) {
+                Ok(()) => "vault locked: every action is denied until you type unlock here".to_owned(),
+                Err(e) => format!("could not lock: {e}"),
+            },
+            "unlock" => match self.vault.unlock(BY, now) {
+                Ok(()) => "vault unlocked".to_owned(),
+                Err(e) => format!("could not unlock: {e}"),
+            },
+            "status" => match self.vault.is_locked() {
+                Ok(true) => "vault LOCKED".to_owned(),
+                Ok(false) => "vault unlocked".to_owned(),
+                Err(e) => format!("cannot read the vault: {e}"),
+            },
+            other => format!("unknown command {other:?}; type lock, unlock or status"),
+        };
+        let _ = writeln!(tty, "postern: {reply}");
+    }
+
+    /// Shows `text`, then waits for one of `keys` (a line holding just that letter).
+    fn choose(&self, text: &str, keys: &[(char, &str)], timeout_ms: u64, withdrawn: &Withdrawal) -> Option<char> {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let mut tty = self.terminal();
+        // Nothing typed before the question was shown may answer it.
+        let _ = rustix::termios::tcflush(tty.as_fd(), rustix::termios::QueueSelector::IFlush);
+        let menu: Vec<String> = keys.iter().map(|(k, label)| format!("[{k}] {label}")).collect();
+        let letters: Vec<String> = keys.iter().map(|(k, _)| k.to_string()).collect();
+        let _ = write!(tty, "\n{text}  {}\nchoice ({})> ", menu.join("   "), letters.join("/"));
+        let _ = tty.flush();
+        loop {
+            match wait_line(&mut tty, deadline, withdrawn) {
+                Input::Line(line) => {
+                    let answer = line.trim().to_ascii_lowercase();
+                    if let Some((k, label)) = keys.iter().find(|(k, _)| answer.len() == 1 && answer.starts_with(*k)) {
+                        let _ = writeln!(tty, "→ {label}");
+                        return Some(*k);
+                    }
+                    let _ = write!(tty, "answer {}> ", letters.join(", "));
+                    let _ = tty.flush();
+                }
+                Input::Withdrawn => {
+                    let _ =
+                        writeln!(tty, "\n(withdrawn: the vault was locked or the time ran out; nothing was approved)");
+                    return None;
+                }
+                Input::TimedOut => {
+                    let _ = writeln!(tty, "\n(no answer in time: denied; nothing was approved)");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Asks for a non-empty line (the reason for "dispatch anew").
+    fn reason(&self, prompt: &str, timeout_ms: u64, withdrawn: &Withdrawal) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let mut tty = self.terminal();
+        let _ = write!(tty, "{prompt}> ");
+        let _ = tty.flush();
+        loop {
+            match wait_line(&mut tty, deadline, withdrawn) {
+                Input::Line(line) if !line.trim().is_empty() => return Some(line.trim().to_owned()),
+                Input::Line(_) => {
+                    let _ = write!(tty, "a reason is required (it is journaled)> ");
+                    let _ = tty.flush();
+                }
+                Input::Withdrawn | Input::TimedOut => {
+                    let _ = writeln!(tty, "\n(no reason given in time: denied; nothing was sent)");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Approver for TerminalApprover {
+    fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
+        let (text, keys, rung): (String, &[(char, &str)], &str) = match r.ask {
+            Ask::SessionAuthorization => (
+                session_text(r),
+                &[('s', "allow this session"), ('a', "always allow this agent (this executable hash)"), ('d', "deny")],
+                "session_authorization",
+            ),
+            Ask::PerUse => (per_use_text(r), &[('y', "approve this call only"), ('d', "deny")], "approve_every_use"),
+        };
+        let picked = self.choose(&text, keys, r.timeout_ms, &r.withdrawn);
+        let (allowed, grant, reason) = match (r.ask, picked) {
+            (Ask::SessionAuthorization, Some('s')) => (true, Some(Grant::Session), "allowed this session"),
+            (Ask::SessionAuthorization, Some('a')) => (true, Some(Grant::Always), "always allow this agent"),
+            (Ask::PerUse, Some('y')) => (true, None, "approved this call"),
+            (_, Some(_)) => (false, None, "denied at the terminal"),
+            (_, None) => (false, None, "not answered"),
+        };
+        Authorization {
+            allowed,
+            rung: rung.into(),
+            by: BY.into(),
+            reason: reason.into(),
+            grant,
+            timed_out: picked.is_none() && !r.withdrawn.is_withdrawn(),
+        }
+    }
+
+    fn reviews_retries(&self) -> bool {
+        true
+    }
+
+    fn review_retry(&self, r: &RetryReviewRequest) -> Option<ReviewVerdict> {
+        let keys: Vec<(char, &str)> = r
+            .choices
+            .iter()
+            .map(|c| match c {
+                ReviewChoice::ReturnRecordedResult => ('r', c.label()),
+                ReviewChoice::CheckStatus => ('c', c.label()),
+                ReviewChoice::DispatchAnew => ('n', c.label()),
+                ReviewChoice::Deny => ('d', c.label()),
+            })
+            .collect();
+        let started = Instant::now();
+        let answer = match self.choose(&review_text(r), &keys, r.timeout_ms, &r.withdrawn)? {
+            'r' => ReviewAnswer::ReturnRecordedResult,
+            'c' => ReviewAnswer::CheckStatus,
+            'n' => {
+                let left = r.timeout_ms.saturating_sub(started.elapsed().as_millis() as u64);
+                let reason = self.reason("reason for sending it again (journaled)", left, &r.withdrawn)?;
+                ReviewAnswer::DispatchAnew { reason }
+            }
+            _ => ReviewAnswer::Deny { reason: "denied at the terminal".into() },
+        };
+        Some(ReviewVerdict { answer, by: BY.into() })
+    }
+}
+
+/// Waits for a line until `deadline`, checking `withdrawn` between polls.
+fn wait_line(tty: &mut File, deadline: Instant, withdrawn: &Withdrawal) -> Input {
+    loop {
+        if withdrawn.is_withdrawn() {
+            return Input::Withdrawn;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Input::TimedOut;
+        }
+        match read_line(tty, (now + POLL).min(deadline)) {
+            Ok(Some(line)) => return Input::Line(line),
+            Ok(None) => {}
+            // The terminal is gone: nobody can answer.
+            Err(_) => return Input::TimedOut,
+        }
+    }
+}
+
+/// One line, if one is typed before `until` (the terminal is in canonical mode: a read returns
+/// a whole line).
+fn read_line(tty: &mut File, until: Instant) -> std::io::Result<Option<String>> {
+    let wait = until.saturating_duration_since(Instant::now());
+    let timeout = rustix::event::Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: i64::from(wait.subsec_nanos()) };
+    let mut fds = [rustix::event::PollFd::new(&*tty, rustix::event::PollFlags::IN)];
+    if rustix::event::poll(&mut fds, Some(&timeout))? == 0 {
+        return Ok(None);
+    }
+    if fds[0].revents().intersects(rustix::event::PollFlags::HUP | rustix::event::PollFlags::ERR) {
+        return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the terminal hung up"));
+    }
+    let mut buf = [0u8; 1024];
+    let n = tty.read(&mut buf)?;
+    if n == 0 {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the terminal closed"));
+    }
+    Ok(Some(String::from_utf8_lossy(&buf[..n]).into_owned()))
+}
+
+fn when(ms: i64) -> String {
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn header(title: &str, timeout_ms: u64) -> String {
+    format!("== Postern: {title} ==  (answer within {} s)\n", timeout_ms / 1000)
+}
+
+fn row(out: &mut String, label: &str, value: &str) {
+    out.push_str(&format!("  {label:<12} {value}\n"));
+}
+
+fn agent_rows(out: &mut String, r: &AuthorizationRequest) {
+    match &r.agent {
+        Some(a) => {
+            row(out, "agent", &a.executable);
+            if !a.sha256.is_empty() {
+                row(out, "sha256", &a.sha256);
+            }
+            let pid = a.pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+            let started = a.process_started_at.map_or_else(String::new, |t| format!(", started {}", when(t)));
+            row(out, "pid", &format!("{pid}{started}"));
+            row(out, "transport", &a.transport);
+            if let Some(client) = &a.client {
+                row(out, "client", &format!("{client} (as the client names itself)"));
+            }
+        }
+        None => row(out, "agent", &r.actor),
+    }
+}
+
+fn session_text(r: &AuthorizationRequest) -> String {
+    let mut out = header("authorize an agent run", r.timeout_ms);
+    out.push_str("  A new agent run wants to act through Postern.\n");
+    agent_rows(&mut out, r);
+    row(&mut out, "first call", &format!("{}: {} {}", r.tool, r.method, r.target));
+    if let Some(c) = &r.credential {
+        row(&mut out, "credential", c);
+    }
+    row(&mut out, "execution", &r.execution_id.to_string());
+    out
+}
+
+fn per_use_text(r: &AuthorizationRequest) -> String {
+    let mut out = header("approve this call", r.timeout_ms);
+    row(&mut out, "tool", &r.tool);
+    row(&mut out, "request", &format!("{} {}", r.method, r.target));
+    row(&mut out, "credential", r.credential.as_deref().unwrap_or("(none)"));
+    if let Some(body) = &r.body_preview {
+        row(&mut out, "body", body);
+    }
+    agent_rows(&mut out, r);
+    row(&mut out, "execution", &r.execution_id.to_string());
+    out
+}
+
+fn review_text(r: &RetryReviewRequest) -> String {
+    let mut out = header("review a retry", r.timeout_ms);
+    out.push_str(&format!(
+        "  The agent repeated a call that matches execution {} on record. Nothing has been sent for the retry.\n",
+        r.execution_id
+    ));
+    row(&mut out, "original", &format!("{} (tool {}, replay contract {})", r.execution_id, r.tool, r.replay_contract));
+    row(&mut out, "request", &format!("{} {}", r.method, r.target));
+    if let Some(c) = &r.credential {
+        row(&mut out, "credential", c);
+    }
+    row(&mut out, "agent", &r.actor);
+    row(&mut out, "state", r.state.as_str());
+    row(&mut out, "accepted", &when(r.accepted_at));
+    if let Some(by) = &r.authorized_by {
+        row(&mut out, "authorized", &format!("by {by}"));
+    }
+    if let Some(at) = r.first_dispatched_at {
+        row(&mut out, "dispatched", &when(at));
+    }
+    row(&mut out, "outcome", &r.known_outcome);
+    row(&mut out, "not re-sent", &r.why_not_resent);
+    out.push_str("  timeline\n");
+    for step in &r.timeline {
+        out.push_str(&format!("    {}  {:<24} {}\n", when(step.at), step.event, step.summary));
+    }
+    out
+}
