@@ -88,7 +88,7 @@ async fn shutdown_signal() {
 pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("POSTERN_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
@@ -218,6 +218,17 @@ pub fn bridge(data_dir: &Path) -> Result<ExitCode, Failure> {
 /// Whether an error means "a gateway holds this journal".
 pub fn held_by_gateway(e: &postern_store::StoreError) -> bool {
     e.code() == "journal_in_use"
+}
+
+/// Asks the running gateway for `op`, which its control socket does not offer: the gateway
+/// journals the attempt and answers where to do it instead, which becomes this command's error.
+pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let line = serde_json::to_vec(&serde_json::json!({ "op": op, "by": "cli" })).context("encode")?;
+    let reply = runtime
+        .block_on(postern_gateway::control::request_line(data_dir, line))
+        .map_err(|e| anyhow!("the journal is held by a running gateway, and its control socket did not answer: {e}"))?;
+    Err(Failure { code: 1, error: anyhow!("{}", reply.message.unwrap_or_else(|| "the gateway refused".into())) })
 }
 
 /// Sends a write command to the gateway that holds the journal (its control socket).

@@ -133,19 +133,21 @@ pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
 }
 
 pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
-    if locked {
-        // A running gateway holds the journal: ask it. (Unlocking is not offered over that
-        // socket: any process of this user, an agent included, can reach it.)
-        if let Err(e) = Store::open(&location::database(data_dir), now())
-            && crate::serve::held_by_gateway(&e)
-        {
+    // A running gateway holds the journal: ask it to lock. Unlocking is not offered over its
+    // socket (any process of this user, an agent included, can reach it): the gateway refuses,
+    // journals the attempt, and says where to unlock instead.
+    if let Err(e) = Store::open(&location::database(data_dir), now())
+        && crate::serve::held_by_gateway(&e)
+    {
+        if locked {
             crate::serve::via_gateway(
                 data_dir,
                 postern_gateway::control::ControlRequest::LockVault { by: "cli".into() },
             )?;
-            eprintln!("vault locked: every action is denied until `postern vault unlock`");
+            eprintln!("vault locked: every action is denied until it is unlocked in the approver");
             return Ok(ExitCode::SUCCESS);
         }
+        crate::serve::refused_by_gateway(data_dir, "vault.unlock")?;
     }
     let vault = open(data_dir)?;
     if locked {

@@ -6,7 +6,10 @@
 //! socket is reachable by any process of this user, agents included (see the README's security
 //! notes).
 
-use crate::socket::SocketError;
+use crate::{
+    refusal::{Refusals, Refused, local_peer},
+    socket::SocketError,
+};
 use postern_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -71,10 +74,12 @@ fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestamp) -
     }
 }
 
-/// Serves control requests until `shutdown` resolves.
+/// Serves control requests until `shutdown` resolves. Anything else asked of it — an unlock, an
+/// approval, a session grant — is refused and journaled (see [`crate::refusal`]).
 pub async fn serve(
     store: Arc<Store>,
     clock: crate::engine::Clock,
+    refusals: Arc<Refusals>,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -87,7 +92,8 @@ pub async fn serve(
                 Err(_) => continue,
             },
         };
-        let (store, clock) = (Arc::clone(&store), Arc::clone(&clock));
+        let (store, clock, refusals) = (Arc::clone(&store), Arc::clone(&clock), Arc::clone(&refusals));
+        let peer = local_peer(stream.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok()));
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut lines = BufReader::new(read).take(64 * 1024).lines();
@@ -104,11 +110,32 @@ pub async fn serve(
                             }
                         })
                     }
-                    Err(e) => ControlReply {
-                        ok: false,
-                        code: Some("invalid_request".into()),
-                        message: Some(format!("not a control request: {e}")),
-                    },
+                    Err(e) => {
+                        let op = serde_json::from_str::<serde_json::Value>(&line)
+                            .ok()
+                            .and_then(|v| v.get("op").and_then(|op| op.as_str()).map(str::to_owned));
+                        let attempted = op.clone().unwrap_or_else(|| "(not a control request)".into());
+                        let refused = Refused { interface: "control_socket", attempted, peer: peer.clone() };
+                        refusals.record_async(refused).await;
+                        match op {
+                            Some(op) if !KNOWN_OPS.contains(&op.as_str()) => ControlReply {
+                                ok: false,
+                                code: Some("not_offered".into()),
+                                message: Some(format!(
+                                    "{op:?} is not offered over the control socket: any process of this user can \
+                                     reach it, so it can only add or revoke agents, revoke agent runs and lock the \
+                                     vault. Approvals, unlocking and session grants are answered in the approver \
+                                     (the desktop app, or `postern serve --approver terminal`). This attempt was \
+                                     journaled."
+                                )),
+                            },
+                            _ => ControlReply {
+                                ok: false,
+                                code: Some("invalid_request".into()),
+                                message: Some(format!("not a control request: {e}")),
+                            },
+                        }
+                    }
                 };
                 let mut bytes = serde_json::to_vec(&reply).unwrap_or_default();
                 bytes.push(b'\n');
@@ -120,11 +147,19 @@ pub async fn serve(
     }
 }
 
+/// The operations the control socket offers (the `op` tags of [`ControlRequest`]).
+const KNOWN_OPS: [&str; 4] = ["agents.add", "agents.revoke", "vault.lock", "sessions.revoke"];
+
 /// The client side: sends one request to the gateway serving `data_dir`.
 pub async fn request(data_dir: &Path, request: &ControlRequest) -> std::io::Result<ControlReply> {
+    request_line(data_dir, serde_json::to_vec(request).map_err(std::io::Error::other)?).await
+}
+
+/// Sends one raw line (e.g. an operation the socket does not offer, so the gateway journals the
+/// attempt and says where to do it instead).
+pub async fn request_line(data_dir: &Path, mut line: Vec<u8>) -> std::io::Result<ControlReply> {
     let stream = UnixStream::connect(control_path(data_dir)).await?;
     let (read, mut write) = stream.into_split();
-    let mut line = serde_json::to_vec(request).map_err(std::io::Error::other)?;
     line.push(b'\n');
     write.write_all(&line).await?;
     let mut answer = String::new();

@@ -9,6 +9,7 @@ pub mod http;
 pub mod identity;
 pub mod manifest;
 pub mod mcp;
+pub mod refusal;
 pub mod runs;
 pub mod serve;
 pub mod socket;

@@ -42,6 +42,8 @@ pub struct Gateway {
     pub runs: Arc<AgentRuns>,
     pub hashes: Arc<ExecutableHashes>,
     pub executions: tokio_util::task::TaskTracker,
+    /// Journals requests for what is not offered (possible self-approval attempts).
+    pub refusals: Arc<crate::refusal::Refusals>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -57,6 +59,7 @@ impl Gateway {
         clock: crate::engine::Clock,
         runs: Arc<AgentRuns>,
     ) -> Arc<Self> {
+        let refusals = crate::refusal::Refusals::new(Arc::clone(&store), Arc::clone(&clock));
         Arc::new(Gateway {
             engine,
             store,
@@ -64,6 +67,7 @@ impl Gateway {
             runs,
             hashes: Arc::new(ExecutableHashes::default()),
             executions: tokio_util::task::TaskTracker::new(),
+            refusals,
         })
     }
 }
@@ -178,6 +182,19 @@ impl PosternMcp {
         Ok((http.caller, http.ticket))
     }
 
+    /// Journals a request for something this gateway does not offer.
+    async fn refused(&self, caller: &Caller, attempted: String) {
+        let peer = json!({
+            "actor": caller.actor().as_str(),
+            "pid": caller.process.as_ref().map(|p| p.key.pid),
+        });
+        let interface = match caller.transport {
+            crate::runs::Transport::Stdio => "mcp:stdio",
+            crate::runs::Transport::StreamableHttp => "mcp:streamable_http",
+        };
+        self.gateway.refusals.record_async(crate::refusal::Refused { interface, attempted, peer }).await;
+    }
+
     async fn run_for(
         &self,
         caller: &Caller,
@@ -211,6 +228,7 @@ impl PosternMcp {
             return Ok(self.execution_status(&caller, &arguments));
         }
         if name != HTTP_REQUEST && self.gateway.engine.manifest().tool(&name).is_none() {
+            self.refused(&caller, format!("tools/call {name}")).await;
             return Err(McpError::invalid_params(
                 format!("unknown tool {name:?}: see tools/list"),
                 Some(json!({ "code": "unknown_tool" })),
@@ -505,6 +523,27 @@ impl ServerHandler for PosternMcp {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         Ok(ListToolsResult::with_all_items(tool_list(&self.gateway.engine)))
+    }
+
+    /// There are no Postern-specific MCP methods: in particular nothing here approves,
+    /// authorizes or unlocks (an agent's own client would be answering). Refused and journaled.
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, McpError> {
+        if let Ok((caller, _)) = self.caller_and_ticket(&context) {
+            self.refused(&caller, request.method.clone()).await;
+        }
+        Err(McpError::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "{:?} is not an MCP method Postern offers; approvals are given only by the person at the approver, \
+                 never over MCP",
+                request.method
+            ),
+            Some(json!({ "code": "not_offered" })),
+        ))
     }
 
     async fn call_tool(

@@ -87,6 +87,7 @@ impl BoundGateway {
         let control_task = tokio::spawn(crate::control::serve(
             Arc::clone(&self.gateway.store),
             Arc::clone(&self.gateway.clock),
+            Arc::clone(&self.gateway.refusals),
             self.control,
             wait(stop_rx.clone()),
         ));

@@ -252,7 +252,29 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         config,
     );
     let state = Guard { gateway };
-    Router::new().nest_service("/mcp", service).layer(middleware::from_fn_with_state(state, guard))
+    let refusals = Arc::clone(&state.gateway.refusals);
+    Router::new()
+        .nest_service("/mcp", service)
+        .fallback(move |request: Request| not_offered(Arc::clone(&refusals), request))
+        .layer(middleware::from_fn_with_state(state, guard))
+}
+
+/// Any path but `/mcp`, from an agent with a valid token (the guard ran first): there is no
+/// approval endpoint, nor any other. Refused (404) and journaled.
+async fn not_offered(refusals: Arc<crate::refusal::Refusals>, request: Request) -> Response {
+    let peer = request.extensions().get::<HttpCaller>().map_or(serde_json::Value::Null, |h| {
+        serde_json::json!({
+            "actor": h.caller.actor().as_str(),
+            "pid": h.caller.process.as_ref().map(|p| p.key.pid),
+        })
+    });
+    let attempted = format!("{} {}", request.method(), request.uri().path());
+    refusals.record_async(crate::refusal::Refused { interface: "http", attempted, peer }).await;
+    refuse(
+        StatusCode::NOT_FOUND,
+        "not_offered",
+        "Postern's only HTTP endpoint is /mcp; approvals are given only in the approver, never over HTTP",
+    )
 }
 
 /// Stops the HTTP endpoint's MCP sessions on shutdown.

@@ -70,6 +70,13 @@ impl TerminalApprover {
         approver.say(
             "Postern asks for approvals on this terminal. Between questions you can type: lock, unlock, status.\n",
         );
+        // With TIOCSTI allowed, a process sharing this terminal could type an answer into it.
+        if std::fs::read_to_string("/proc/sys/dev/tty/legacy_tiocsti").is_ok_and(|v| v.trim() == "1") {
+            approver.say(
+                "WARNING: this kernel lets processes on this terminal inject input (dev.tty.legacy_tiocsti=1). Run \
+                 `postern serve` in a terminal no agent runs in, or set the sysctl to 0.\n",
+            );
+        }
         Ok(approver)
     }
 

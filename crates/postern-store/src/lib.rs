@@ -309,9 +309,9 @@ impl Store {
         self.writer.admit_and_start_async(new, steps).await
     }
 
-    /// Journals a refused attempt to approve, unlock or authorize through an interface an agent
-    /// can reach (the control socket, an MCP method, an HTTP path): `approval_attempt_refused` on
-    /// the vault stream, with what was attempted and by whom.
+    /// Journals a refused request for something not offered where an agent can reach it (an
+    /// approval or unlock over the control socket, an MCP method, an HTTP path): `request_refused`
+    /// on the vault stream, with what was attempted and by whom.
     pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
         self.writer.refusal(detail, at)
     }

@@ -546,9 +546,7 @@ impl Writer {
             Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
             Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
             Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
-            Op::Refusal { detail, at } => {
-                self.vault_row("approval_attempt_refused", detail.clone(), *at).map(Reply::Entry)
-            }
+            Op::Refusal { detail, at } => self.vault_row("request_refused", detail.clone(), *at).map(Reply::Entry),
             Op::AdmitAnew { new, anew, steps } => self.admit_anew(new, anew, steps).map(Reply::Entry),
             Op::ReadOnly { new, steps, completion } => {
                 self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)

@@ -66,11 +66,12 @@ fn serve_on_terminal(manifest: &str, extra: &[&str]) -> (Gateway, Terminal) {
     let child = Command::new("setsid")
         .arg("-c")
         .arg(postern_bin())
-        .args(["serve", "--approver", "terminal", "--no-http", "--drain-seconds", "5"])
+        .args(["serve", "--approver", "terminal", "--port", "0", "--drain-seconds", "5"])
         .args(extra)
         .env("POSTERN_DATA_DIR", data_dir.path())
         .env("POSTERN_TOOLS", &tools)
         .env("POSTERN_LOG", "info,rmcp=error")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave))
@@ -88,7 +89,14 @@ fn serve_on_terminal(manifest: &str, extra: &[&str]) -> (Gateway, Terminal) {
     });
     let mut terminal = Terminal { master, screen: Arc::clone(&screen), read_to: 0 };
     terminal.wait_for("postern gateway ready");
-    let gateway = Gateway { data_dir, child, http: String::new(), stderr: screen };
+    let line = terminal.wait_for("\n");
+    let http = line
+        .split("http=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .map(|s| s.trim_matches('"').to_owned())
+        .unwrap_or_else(|| panic!("no http= in {line:?}"));
+    let gateway = Gateway { data_dir, child, http, stderr: screen };
     (gateway, terminal)
 }
 
@@ -303,18 +311,8 @@ fn locking_the_vault_denies_an_open_question_at_once_and_the_terminal_can_unlock
     assert_eq!(denied["structured"]["detail"]["rung"], "vault_locked", "{denied}");
     assert_eq!(target.posts(), 0);
     // The journal says who locked and unlocked, in order.
-    let db = rusqlite::Connection::open(gw.path().join("postern.db")).unwrap();
-    let bodies: Vec<String> = db
-        .prepare("SELECT body FROM journal ORDER BY seq")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let by: Vec<(String, String)> = bodies
+    let by: Vec<(String, String)> = journal_rows(&gw, "vault_")
         .iter()
-        .map(|b| serde_json::from_str::<Value>(b).unwrap())
-        .filter(|v| v["head"]["event"].as_str().is_some_and(|e| e.starts_with("vault_")))
         .map(|v| (v["head"]["event"].as_str().unwrap().to_owned(), v["payload"]["by"].as_str().unwrap().to_owned()))
         .collect();
     assert_eq!(
@@ -325,4 +323,139 @@ fn locking_the_vault_denies_an_open_question_at_once_and_the_terminal_can_unlock
             ("vault_locked".to_owned(), "idle-lock: 3 s without activity".to_owned()),
         ]
     );
+}
+
+/// Every journal row (all streams) whose event starts with `prefix`, oldest first, as stored.
+fn journal_rows(gw: &Gateway, prefix: &str) -> Vec<Value> {
+    let db = rusqlite::Connection::open(gw.path().join("postern.db")).unwrap();
+    let bodies: Vec<String> = db
+        .prepare("SELECT body FROM journal ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    bodies
+        .iter()
+        .map(|b| serde_json::from_str::<Value>(b).unwrap())
+        .filter(|v| v["head"]["event"].as_str().is_some_and(|e| e.starts_with(prefix)))
+        .collect()
+}
+
+/// Speaks raw MCP (newline-delimited JSON-RPC) on the gateway's socket, as any local process
+/// of this user could, and returns the answer to `request` after the handshake.
+fn raw_mcp(gw: &Gateway, request: Value) -> Value {
+    use std::io::BufRead;
+    let socket = std::os::unix::net::UnixStream::connect(postern_gateway::socket::socket_path(gw.path())).unwrap();
+    let mut reader = std::io::BufReader::new(socket.try_clone().unwrap());
+    let mut writer = socket;
+    let mut send = |v: Value| writeln!(writer, "{v}").unwrap();
+    send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": { "name": "raw", "version": "0" } } }));
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    send(request);
+    line.clear();
+    reader.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+/// A raw HTTP request to the gateway's port with the agent's token.
+fn raw_http(gw: &Gateway, token: &str, method: &str, path: &str) -> String {
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: \
+         application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// An agent cannot approve its own request: not over the control socket, not with an MCP method
+/// or tool, not over HTTP, not with the CLI. Each attempt fails, the question stays open for the
+/// person at the terminal, and every attempt is journaled.
+#[test]
+fn self_approval_through_every_interface_an_agent_reaches_fails_and_is_journaled() {
+    let target = Target::start();
+    let (gw, mut term) = serve_on_terminal(&target.manifest(), &[]);
+    let token = gw.add_agent("intruder");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    agent.call("pending", "pay", json!({ "amount": 77 }));
+    term.wait_for("choice (s/a/d)> ");
+    let pending = gw.executions_of("pay").pop().unwrap();
+    let run = gw.sessions()[0]["id"].as_str().unwrap().to_owned();
+
+    // The control socket (what `postern` talks to while the gateway runs).
+    let control = |line: Value| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(postern_gateway::control::request_line(gw.path(), serde_json::to_vec(&line).unwrap())).unwrap()
+    };
+    for attempt in [
+        json!({ "op": "approvals.grant", "execution_id": pending }),
+        json!({ "op": "sessions.authorize", "id": run }),
+        json!({ "op": "allowlist.add", "actor": "process:/usr/bin/python3" }),
+    ] {
+        let reply = control(attempt.clone());
+        assert!(!reply.ok, "{attempt}");
+        assert_eq!(reply.code.as_deref(), Some("not_offered"), "{attempt}");
+    }
+    // The CLI, run by the agent: unlocking is refused the same way.
+    let unlock = gw.postern(&["vault", "unlock"]);
+    assert_eq!(unlock.code, 1);
+    assert!(unlock.stderr.contains("not offered over the control socket"), "{}", unlock.stderr);
+    // MCP: no method and no tool approves.
+    let method = raw_mcp(
+        &gw,
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "postern/approve",
+                                      "params": { "execution_id": pending } }),
+    );
+    assert_eq!(method["error"]["code"], -32601, "{method}");
+    assert_eq!(method["error"]["data"]["code"], "not_offered", "{method}");
+    let tool = raw_mcp(
+        &gw,
+        json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                                    "params": { "name": "approve_execution", "arguments": { "execution_id": pending } } }),
+    );
+    assert_eq!(tool["error"]["data"]["code"], "unknown_tool", "{tool}");
+    // HTTP, with a valid agent token: there is no endpoint but /mcp.
+    let http = raw_http(&gw, &token, "POST", &format!("/approvals/{pending}"));
+    assert!(http.starts_with("HTTP/1.1 404"), "{http}");
+    assert!(http.contains("not_offered"), "{http}");
+
+    // Nothing was approved: the question is still open, the target untouched.
+    assert_eq!(gw.events_of(&pending), ["accepted", "approval_requested"]);
+    assert_eq!(target.posts(), 0);
+    term.type_line("d");
+    assert_eq!(agent.result("pending")["structured"]["state"], "denied");
+
+    let refused: Vec<(String, String)> = journal_rows(&gw, "request_refused")
+        .iter()
+        .map(|v| {
+            assert_eq!(v["payload"]["approval_shaped"], true, "{v}");
+            (
+                v["payload"]["interface"].as_str().unwrap().to_owned(),
+                v["payload"]["attempted"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("control_socket", "approvals.grant".to_owned()),
+        ("control_socket", "sessions.authorize".to_owned()),
+        ("control_socket", "allowlist.add".to_owned()),
+        ("control_socket", "vault.unlock".to_owned()),
+        ("mcp:stdio", "postern/approve".to_owned()),
+        ("mcp:stdio", "tools/call approve_execution".to_owned()),
+        ("http", format!("POST /approvals/{pending}")),
+    ];
+    let expected: Vec<(String, String)> = expected.into_iter().map(|(i, a)| (i.to_owned(), a)).collect();
+    assert_eq!(refused, expected);
+    // Who tried is on record: the CLI's process, as the kernel names it.
+    let cli = &journal_rows(&gw, "request_refused")[3];
+    assert!(cli["payload"]["peer"]["executable"].as_str().unwrap().ends_with("/postern"), "{cli}");
 }
