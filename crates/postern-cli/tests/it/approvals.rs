@@ -49,6 +49,10 @@ impl Terminal {
 /// Starts `postern serve --approver terminal` as the session leader of a new pseudo-terminal
 /// (`setsid -c` makes it the controlling terminal, as a login shell's would be).
 fn serve_on_terminal(manifest: &str, extra: &[&str]) -> (Gateway, Terminal) {
+    serve_on_terminal_in(tempfile::tempdir().unwrap(), manifest, extra)
+}
+
+fn serve_on_terminal_in(data_dir: tempfile::TempDir, manifest: &str, extra: &[&str]) -> (Gateway, Terminal) {
     use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
     let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).unwrap();
     grantpt(&master).unwrap();
@@ -60,7 +64,6 @@ fn serve_on_terminal(manifest: &str, extra: &[&str]) -> (Gateway, Terminal) {
         .custom_flags(rustix::fs::OFlags::NOCTTY.bits() as i32)
         .open(name.to_str().unwrap())
         .unwrap();
-    let data_dir = tempfile::tempdir().unwrap();
     let tools = data_dir.path().join("tools.toml");
     std::fs::write(&tools, manifest).unwrap();
     let child = Command::new("setsid")
@@ -458,4 +461,61 @@ fn self_approval_through_every_interface_an_agent_reaches_fails_and_is_journaled
     // Who tried is on record: the CLI's process, as the kernel names it.
     let cli = &journal_rows(&gw, "request_refused")[3];
     assert!(cli["payload"]["peer"]["executable"].as_str().unwrap().ends_with("/postern"), "{cli}");
+}
+
+const BANK_SECRET: &str = "CANARY-bank-7c41e0-secret";
+
+/// Per-use approval on the terminal: it shows the exact call (never the secret), approves that
+/// execution only, and a retry of it while the question is open joins the question.
+#[test]
+fn per_use_approval_covers_one_call_and_its_retry_joins_the_open_question() {
+    let target = Target::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let add = ["vault", "add", "bank", "--kind", "bearer", "--host", "127.0.0.1", "--approve-every-use"];
+    let added = super::support::postern_with(&add, Some(data_dir.path()), Some(&format!("{BANK_SECRET}\n")), &[]);
+    assert_eq!(added.code, 0, "{}", added.stderr);
+    let manifest = format!(
+        "{}\n[[tool]]\nname = \"pay_each\"\nmethod = \"POST\"\nurl = \"http://{}/pay\"\ncredential = \"bank\"\n\
+         input_schema = {{ type = \"object\", properties = {{ amount = {{ type = \"integer\" }} }} }}\n\
+         contract = {{ class = \"irreversible\" }}\n",
+        target.manifest(),
+        target.addr
+    );
+    let (gw, mut term) = serve_on_terminal_in(data_dir, &manifest, &[]);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    agent.call("x", "pay_each", json!({ "amount": 5 }));
+    // Per-use comes before the run's authorization in the ladder: this call is asked about as itself.
+    let shown = term.wait_for("choice (y/d)> ");
+    assert!(!shown.contains("authorize an agent run"), "{shown}");
+    assert!(shown.contains("approve this call"), "{shown}");
+    assert!(shown.contains(&format!("request      POST http://{}/pay", target.addr)), "{shown}");
+    assert!(shown.contains("credential   bank"), "{shown}");
+    assert!(shown.contains(r#"body         {"amount":5}"#), "{shown}");
+    // While X waits: its retry (same arguments, same run) and a different call Y.
+    agent.call("x-again", "pay_each", json!({ "amount": 5 }));
+    agent.call("y", "pay_each", json!({ "amount": 6 }));
+    let x_id = gw.executions_of("pay_each")[0].clone();
+    eventually("X's retry and Y to arrive", LONG, || {
+        (gw.events_of(&x_id).contains(&"retry_received".to_owned()) && gw.executions_of("pay_each").len() == 2)
+            .then_some(())
+    });
+    term.type_line("y");
+    let x = agent.result("x");
+    let again = agent.result("x-again");
+    assert_eq!(x["structured"]["state"], "completed", "{x}");
+    assert_eq!(execution_of(&again), execution_of(&x), "the retry joined X: {again}");
+    // Y is its own question: approving X did not approve it.
+    let y_shown = term.wait_for("choice (y/d)> ");
+    assert!(y_shown.contains(r#"body         {"amount":6}"#), "{y_shown}");
+    term.type_line("d");
+    let y = agent.result("y");
+    assert_eq!(y["structured"]["state"], "denied", "{y}");
+    assert_eq!(target.posts(), 1, "only X was sent");
+    assert_eq!(term.screen().matches("== Postern: approve this call ==").count(), 2, "X (with its retry) and Y");
+    let events = gw.events_of(&execution_of(&x));
+    assert_eq!(events.iter().filter(|e| *e == "approval_requested").count(), 1, "{events:?}");
+    // The secret was sent to the target, and shown or journaled nowhere.
+    assert!(!term.screen().contains(BANK_SECRET));
+    assert!(super::support::any_file_contains(gw.path(), BANK_SECRET).is_none());
 }
