@@ -13,6 +13,7 @@ pub mod refusal;
 pub mod runs;
 pub mod serve;
 pub mod socket;
+pub mod ssh;
 pub mod streamable;
 pub mod terminal;
 

@@ -309,6 +309,19 @@ impl Store {
         self.writer.admit_and_start_async(new, steps).await
     }
 
+    /// Replaces a credential's spec (e.g. pins an SSH host key), journaled as `event` on the
+    /// vault stream.
+    pub fn update_credential_spec(
+        &self,
+        name: &str,
+        spec: Value,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.update_spec(name.to_owned(), spec, event, detail, at)
+    }
+
     /// Journals a refused request for something not offered where an agent can reach it (an
     /// approval or unlock over the control socket, an MCP method, an HTTP path): `request_refused`
     /// on the vault stream, with what was attempted and by whom.

@@ -104,6 +104,14 @@ enum Op {
         new: Box<NewExecution>,
         steps: Vec<(ExecutionState, Value)>,
     },
+    /// A credential's spec changed (e.g. an SSH host key pinned).
+    UpdateSpec {
+        name: String,
+        spec: Value,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    },
     /// A refused attempt to approve, unlock or authorize from outside the approver's channel.
     Refusal {
         detail: Value,
@@ -262,6 +270,17 @@ impl WriterHandle {
         steps: Vec<(ExecutionState, Value)>,
     ) -> Result<Admission, StoreError> {
         expect_reply!(self.call_async(Op::AdmitAndStart { new: Box::new(new), steps }).await, Admission).map(|a| *a)
+    }
+
+    pub(crate) fn update_spec(
+        &self,
+        name: String,
+        spec: Value,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::UpdateSpec { name, spec, event, detail, at }), Entry)
     }
 
     pub(crate) fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
@@ -546,6 +565,9 @@ impl Writer {
             Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
             Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
             Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
+            Op::UpdateSpec { name, spec, event, detail, at } => {
+                self.update_spec(name, spec, event, detail.clone(), *at).map(Reply::Entry)
+            }
             Op::Refusal { detail, at } => self.vault_row("request_refused", detail.clone(), *at).map(Reply::Entry),
             Op::AdmitAnew { new, anew, steps } => self.admit_anew(new, anew, steps).map(Reply::Entry),
             Op::ReadOnly { new, steps, completion } => {
@@ -959,6 +981,25 @@ impl Writer {
             "approve_every_use": c.approve_every_use,
         });
         self.vault_row("credential_added", detail, at)
+    }
+
+    fn update_spec(
+        &mut self,
+        name: &str,
+        spec: &Value,
+        event: &str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let spec = serde_json::to_string(spec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let changed = self
+            .conn
+            .prepare_cached("UPDATE credentials SET spec = ?2 WHERE name = ?1")?
+            .execute(params![name, spec])?;
+        if changed == 0 {
+            return Err(StoreError::UnknownCredential(name.to_owned()));
+        }
+        self.vault_row(event, detail, at)
     }
 
     fn remove_credential(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {

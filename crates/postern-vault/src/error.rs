@@ -18,6 +18,8 @@ pub enum VaultError {
     Locked,
     #[error("no credential named {0:?} (see `postern vault list`)")]
     UnknownCredential(String),
+    #[error("no SSH host named {0:?} (see `postern vault list`; add one with `postern vault add-ssh`)")]
+    UnknownSshHost(String),
     #[error("the keychain has no secret for credential {0:?}; remove it and add it again")]
     MissingSecret(String),
     #[error("a credential named {0:?} already exists; remove it first")]
@@ -41,6 +43,7 @@ impl ErrorCode for VaultError {
             VaultError::Keychain { .. } => "keychain_error",
             VaultError::Locked => "vault_locked",
             VaultError::UnknownCredential(_) => "unknown_credential",
+            VaultError::UnknownSshHost(_) => "unknown_ssh_host",
             VaultError::MissingSecret(_) => "missing_secret",
             VaultError::DuplicateCredential(_) => "duplicate_credential",
             VaultError::InvalidCredential(_) => "invalid_credential",

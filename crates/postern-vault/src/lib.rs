@@ -8,11 +8,13 @@ mod credential;
 mod error;
 mod keychain;
 mod sensitive;
+mod ssh_host;
 
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
 pub use sensitive::Sensitive;
+pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, SshHost};
 
 use ed25519_dalek::{Signer, SigningKey, Verifier, VerifyingKey};
 use postern_core::{FingerprintKey, Timestamp};
@@ -100,7 +102,101 @@ impl Vault {
     }
 
     pub fn credentials(&self) -> Result<Vec<Credential>, VaultError> {
-        self.store.view().credentials()?.iter().map(Credential::from_record).collect()
+        self.store
+            .view()
+            .credentials()?
+            .iter()
+            .filter(|r| r.kind != ssh_host::KIND)
+            .map(Credential::from_record)
+            .collect()
+    }
+
+    /// Stores the private key (and its passphrase) in the keychain, then the host's metadata in
+    /// the journal. The key is kept exactly as given — an encrypted key stays encrypted, its
+    /// passphrase a keychain item of its own; neither is ever written to disk in clear.
+    pub fn add_ssh_host(
+        &self,
+        host: &SshHost,
+        private_key: &Sensitive<String>,
+        passphrase: Option<&Sensitive<String>>,
+        now: Timestamp,
+    ) -> Result<(), VaultError> {
+        host.validate()?;
+        if private_key.expose().trim().is_empty() {
+            return Err(VaultError::EmptySecret);
+        }
+        if self.store.view().credentials()?.iter().any(|c| c.name == host.name) {
+            return Err(VaultError::DuplicateCredential(host.name.clone()));
+        }
+        let (key_item, pass_item) = self.ssh_items(&host.name);
+        self.keychain.set(&key_item, private_key.expose().as_bytes())?;
+        if let Some(p) = passphrase {
+            self.keychain.set(&pass_item, p.expose().as_bytes())?;
+        }
+        if let Err(e) = self.store.put_credential(host.to_record(now.as_millis()), now) {
+            let _ = self.keychain.delete(&key_item);
+            let _ = self.keychain.delete(&pass_item);
+            return Err(match e {
+                postern_store::StoreError::DuplicateCredential(n) => VaultError::DuplicateCredential(n),
+                other => other.into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn ssh_items(&self, name: &str) -> (String, String) {
+        (self.item(&format!("ssh/{name}/key")), self.item(&format!("ssh/{name}/passphrase")))
+    }
+
+    pub fn ssh_hosts(&self) -> Result<Vec<SshHost>, VaultError> {
+        self.store.view().credentials()?.iter().filter(|r| r.kind == ssh_host::KIND).map(SshHost::from_record).collect()
+    }
+
+    pub fn ssh_host(&self, name: &str) -> Result<SshHost, VaultError> {
+        self.ssh_hosts()?.into_iter().find(|h| h.name == name).ok_or_else(|| VaultError::UnknownSshHost(name.into()))
+    }
+
+    /// The host's private key and passphrase, for the SSH channel. Refused while locked.
+    pub fn ssh_key_of(&self, host: &SshHost) -> Result<(Sensitive<String>, Option<Sensitive<String>>), VaultError> {
+        if self.is_locked()? {
+            return Err(VaultError::Locked);
+        }
+        let (key_item, pass_item) = self.ssh_items(&host.name);
+        let text = |item: &str, bytes: Sensitive<Vec<u8>>| {
+            String::from_utf8(bytes.expose().clone())
+                .map(Sensitive::new)
+                .map_err(|_| VaultError::CorruptKey { item: item.to_owned(), detail: "not UTF-8".into() })
+        };
+        let key = self.keychain.get(&key_item)?.ok_or_else(|| VaultError::MissingSecret(host.name.clone()))?;
+        let key = text(&key_item, key)?;
+        let passphrase = self.keychain.get(&pass_item)?.map(|p| text(&pass_item, p)).transpose()?;
+        Ok((key, passphrase))
+    }
+
+    /// Pins the key an `accept-new` host presented, once authentication with it succeeded.
+    pub fn pin_host_key(
+        &self,
+        name: &str,
+        key: &str,
+        fingerprint: &str,
+        now: Timestamp,
+    ) -> Result<SshHost, VaultError> {
+        let mut host = self.ssh_host(name)?;
+        host.host_key = Some(key.to_owned());
+        host.host_key_fingerprint = Some(fingerprint.to_owned());
+        let detail = json!({ "name": name, "host_key_fingerprint": fingerprint, "policy": host.policy });
+        self.store.update_credential_spec(name, host.spec(), "ssh_host_key_pinned", detail, now)?;
+        Ok(host)
+    }
+
+    /// Removes an SSH host's metadata (journaled) and its keychain items.
+    pub fn remove_ssh_host(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
+        self.ssh_host(name)?;
+        self.store.remove_credential(name, now)?;
+        let (key_item, pass_item) = self.ssh_items(name);
+        self.keychain.delete(&key_item)?;
+        self.keychain.delete(&pass_item)?;
+        Ok(())
     }
 
     pub fn credential(&self, name: &str) -> Result<Credential, VaultError> {
