@@ -181,6 +181,9 @@ pub struct CallOutcome {
     /// The retry decision that was taken (`new_execution` for a fresh call).
     pub decision: String,
     pub result: Option<HttpResult>,
+    /// An SSH execution's result (exit status, output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<crate::ssh::SshResult>,
     /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
     pub detail: Value,
 }
@@ -201,6 +204,8 @@ pub enum EngineError {
     Vault(#[from] VaultError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Ssh(#[from] crate::ssh::SshError),
     #[error("the engine's worker failed: {0}")]
     Internal(String),
     #[error("the request this call joined failed: {message}")]
@@ -217,6 +222,7 @@ impl ErrorCode for EngineError {
             EngineError::UnsafeTarget(_) => "unsafe_target",
             EngineError::Vault(e) => e.code(),
             EngineError::Store(e) => e.code(),
+            EngineError::Ssh(e) => e.code(),
             EngineError::Internal(_) => "internal_error",
             EngineError::Joined { code, .. } => code,
         }
@@ -263,6 +269,7 @@ impl std::fmt::Debug for Engine {
 struct Observation {
     state: ExecutionState,
     result: Option<HttpResult>,
+    ssh: Option<crate::ssh::SshResult>,
     detail: Value,
     completion: Option<Completion>,
 }
@@ -286,11 +293,38 @@ impl std::ops::Deref for ToolRef<'_> {
 /// Everything a call needs after validation.
 struct Prepared<'a> {
     tool: ToolRef<'a>,
+    /// For SSH: `ssh://account@address:port`, for display and the `dispatched` row.
     url: url::Url,
     method: String,
     headers: Vec<(String, String)>,
     body: Option<Vec<u8>>,
     credential: Option<postern_vault::Credential>,
+    ssh: Option<SshPlan>,
+}
+
+/// An SSH call after validation: where, as whom, what.
+struct SshPlan {
+    host: postern_vault::SshHost,
+    command: String,
+    working_dir: Option<String>,
+}
+
+/// What goes out for one execution.
+enum Wire {
+    Http(Outgoing),
+    Ssh(SshOutgoing),
+}
+
+struct SshOutgoing {
+    host: postern_vault::SshHost,
+    key: Sensitive<String>,
+    passphrase: Option<Sensitive<String>>,
+    /// The remote command, wrapped (marker protocol, or `cd` + command).
+    command: String,
+    /// Ends the command on timeout, by the pid its wrapper recorded.
+    kill: String,
+    timeout: Duration,
+    marker: bool,
 }
 
 impl Engine {
@@ -349,8 +383,23 @@ impl Engine {
         let tool = match self.manifest.tool(&call.tool) {
             Some(tool) => tool,
             None if call.tool == crate::manifest::HTTP_REQUEST => return self.prepare_http_request(&call.arguments),
+            None if call.tool == crate::manifest::SSH_EXEC => {
+                let timeout = call.arguments.get("timeout_s").and_then(Value::as_u64).unwrap_or(60);
+                let contract = postern_core::ReplayContract {
+                    class: postern_core::ReplayClass::SshMarker,
+                    attach_window: postern_core::AttachWindow::Millis(
+                        crate::manifest::DEFAULT_ATTACH_WINDOW.as_millis() as u64,
+                    ),
+                    ..postern_core::ReplayContract::read_only()
+                };
+                let tool = Tool::ssh_exec(contract, Duration::from_secs(timeout.clamp(1, 3600)));
+                return self.prepare_ssh(ToolRef::Builtin(Box::new(tool)), &call.arguments);
+            }
             None => return Err(EngineError::UnknownTool(call.tool.clone())),
         };
+        if tool.ssh.is_some() {
+            return self.prepare_ssh(ToolRef::Manifest(tool), &call.arguments);
+        }
         let arguments = tool.validate_arguments(&call.arguments)?;
         let rendered = tool.render(&arguments)?;
         let url = url::Url::parse(&rendered.url)
@@ -373,8 +422,54 @@ impl Engine {
             headers: rendered.headers,
             body: rendered.body,
             credential,
+            ssh: None,
         };
         Ok((prepared, arguments))
+    }
+
+    /// An SSH tool's call: the host from the vault (the manifest's, or the agent's pick for
+    /// `ssh_exec`), the command with its arguments quoted.
+    fn prepare_ssh<'a>(&'a self, tool: ToolRef<'a>, raw: &Value) -> Result<(Prepared<'a>, Value), EngineError> {
+        let arguments = tool.validate_arguments(raw)?;
+        let spec = tool.ssh.clone().ok_or_else(|| EngineError::Internal("not an SSH tool".into()))?;
+        let host_name = match &spec.host {
+            Some(h) => h.clone(),
+            None => arguments["host"].as_str().unwrap_or_default().to_owned(),
+        };
+        let host = self.vault.ssh_host(&host_name)?;
+        let command = tool.render_ssh(&arguments)?;
+        let working_dir = match &spec.host {
+            Some(_) => spec.working_dir.clone(),
+            None => arguments.get("working_dir").and_then(Value::as_str).map(str::to_owned),
+        };
+        let url = url::Url::parse(&format!("ssh://{}@{}:{}/", host.account, host.address, host.port))
+            .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
+        let prepared = Prepared {
+            tool,
+            url,
+            method: "EXEC".into(),
+            headers: vec![],
+            body: None,
+            credential: None,
+            ssh: Some(SshPlan { host, command, working_dir }),
+        };
+        Ok((prepared, arguments))
+    }
+
+    /// An `accept-new` host without a pinned key: connect and authenticate once, and pin the key
+    /// it presented only after authentication succeeded. Happens before the call becomes an
+    /// execution (its record names the pinned key).
+    async fn pin_first_key(&self, plan: &mut SshPlan) -> Result<(), EngineError> {
+        let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+        let connection = crate::ssh::connect(&plan.host, &key, passphrase.as_ref()).await?;
+        let line = connection.presented.to_openssh().map_err(|e| EngineError::Internal(e.to_string()))?;
+        let (_, fingerprint) = crate::ssh::host_key(&line)?;
+        connection.close().await;
+        let (vault, name, at) = (Arc::clone(&self.vault), plan.host.name.clone(), self.now());
+        plan.host = tokio::task::spawn_blocking(move || vault.pin_host_key(&name, &line, &fingerprint, at))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
+        Ok(())
     }
 
     /// The built-in `http_request`: GET/HEAD are read-only; other methods are `irreversible`
@@ -434,7 +529,8 @@ impl Engine {
             headers.push(("content-type".into(), "application/json".into()));
         }
         let tool = Tool::http_request(&method, url.as_str(), contract, crate::manifest::DEFAULT_TIMEOUT);
-        let prepared = Prepared { tool: ToolRef::Builtin(Box::new(tool)), url, method, headers, body, credential };
+        let prepared =
+            Prepared { tool: ToolRef::Builtin(Box::new(tool)), url, method, headers, body, credential, ssh: None };
         Ok((prepared, args))
     }
 
@@ -443,7 +539,12 @@ impl Engine {
     /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
     pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
         self.touch();
-        let (p, arguments) = self.prepare(&call)?;
+        let (mut p, arguments) = self.prepare(&call)?;
+        if let Some(plan) = &mut p.ssh
+            && plan.host.host_key_fingerprint.is_none()
+        {
+            self.pin_first_key(plan).await?;
+        }
         let new = self.admission(&p, &call, arguments)?;
         if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {
             return self.read_only(&p, &call, new).await;
@@ -510,15 +611,24 @@ impl Engine {
             postern_core::contract::ScopePolicy::Durable => IntentScope::durable(),
             postern_core::contract::ScopePolicy::AgentRun => call.intent_scope.clone(),
         };
+        let target = match &p.ssh {
+            Some(plan) => ActionTarget::Ssh(postern_core::SshAction {
+                host_key_fingerprint: plan.host.host_key_fingerprint.clone().unwrap_or_default(),
+                account: plan.host.account.clone(),
+                working_dir: plan.working_dir.clone(),
+                command: plan.command.clone(),
+            }),
+            None => ActionTarget::Http(HttpAction {
+                method: p.method.clone(),
+                url: p.url.to_string(),
+                headers: p.headers.clone(),
+            }),
+        };
         let action = CanonicalAction::build(
             &ActionRequest {
                 actor: call.actor.clone(),
                 tool: p.tool.name.clone(),
-                target: ActionTarget::Http(HttpAction {
-                    method: p.method.clone(),
-                    url: p.url.to_string(),
-                    headers: p.headers.clone(),
-                }),
+                target,
                 credential_ref: p.credential.as_ref().map(|c| c.name.clone()),
                 arguments,
                 intent_scope: intent_scope.clone(),
@@ -536,7 +646,7 @@ impl Engine {
             intent_scope,
             session_id: call.session,
             tool: p.tool.name.clone(),
-            channel: Channel::Http,
+            channel: if p.ssh.is_some() { Channel::Ssh } else { Channel::Http },
             contract: p.tool.contract.clone(),
             record: action.record().clone(),
             correlation: call.correlation.clone(),
@@ -646,7 +756,7 @@ impl Engine {
                 self.query_status(p, id, &query, name).await
             }
             RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
-                self.review(id, state, "ssh_marker verification needs the SSH channel", name).await
+                self.read_marker(p, id, state, name).await
             }
             RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name).await,
             RetryDecision::ReturnPriorDenial { .. } => {
@@ -894,7 +1004,16 @@ impl Engine {
         result: Option<HttpResult>,
         detail: Value,
     ) -> CallOutcome {
-        CallOutcome { execution_id: id, state, attached, read_only: false, decision: decision.into(), result, detail }
+        CallOutcome {
+            execution_id: id,
+            state,
+            attached,
+            read_only: false,
+            decision: decision.into(),
+            result,
+            ssh: None,
+            detail,
+        }
     }
 
     /// The approval ladder (design §6): the pure decision in `postern_core::decide_ladder`,
@@ -1185,13 +1304,12 @@ impl Engine {
         let out = self.outgoing(p, id)?;
         let dispatched = json!({ "target": p.url.to_string(), "method": p.method });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
-        let Observation { state, result, detail, completion } =
-            self.observe(p, http::send(&self.http, out, self.body_cap).await)?;
+        let Observation { state, result, ssh, detail, completion } = self.send(p, out).await?;
         if completion.is_none() {
             steps.push((state, detail.clone()));
         }
         self.store.record_read_only_detached(new, steps, completion)?;
-        Ok(CallOutcome { read_only: true, ..self.outcome(id, state, false, "new_execution", result, detail) })
+        Ok(CallOutcome { read_only: true, ssh, ..self.outcome(id, state, false, "new_execution", result, detail) })
     }
 
     fn completion(&self, result: &HttpResult, elapsed: Duration) -> Result<Completion, EngineError> {
@@ -1203,13 +1321,34 @@ impl Engine {
         })
     }
 
-    /// The request for execution `id`, with its credential and idempotency key.
-    fn outgoing(&self, p: &Prepared<'_>, id: ExecutionId) -> Result<Outgoing, EngineError> {
+    /// What goes out for execution `id`: the HTTP request with its credential and idempotency
+    /// key, or the SSH command (wrapped in the marker protocol for `ssh_marker` tools) with the
+    /// host's key.
+    fn outgoing(&self, p: &Prepared<'_>, id: ExecutionId) -> Result<Wire, EngineError> {
+        if let Some(plan) = &p.ssh {
+            let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+            let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
+            let command = if marker {
+                crate::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
+            } else {
+                crate::ssh::plain_command(id, plan.working_dir.as_deref(), &plan.command)
+            };
+            let kill = crate::ssh::kill_command(marker.then_some(plan.host.marker_root.as_str()), id);
+            return Ok(Wire::Ssh(SshOutgoing {
+                host: plan.host.clone(),
+                key,
+                passphrase,
+                command,
+                kill,
+                timeout: p.tool.timeout,
+                marker,
+            }));
+        }
         let credential = match &p.credential {
             None => None,
             Some(c) => Some(credential_header(&c.kind, self.vault.secret_of(c)?)),
         };
-        Ok(Outgoing {
+        Ok(Wire::Http(Outgoing {
             method: p.method.clone(),
             url: p.url.clone(),
             headers: p.headers.clone(),
@@ -1217,6 +1356,59 @@ impl Engine {
             credential,
             idempotency: p.tool.contract.idempotency_header.clone().map(|h| (h, id.to_string())),
             timeout: p.tool.timeout,
+        }))
+    }
+
+    /// Sends what `outgoing` built and maps what happened to a state (one mapping per channel).
+    async fn send(&self, p: &Prepared<'_>, wire: Wire) -> Result<Observation, EngineError> {
+        match wire {
+            Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await),
+            Wire::Ssh(out) => self.observe_ssh(p, ssh_send(out).await),
+        }
+    }
+
+    fn observe_ssh(&self, p: &Prepared<'_>, sent: crate::ssh::SshSent) -> Result<Observation, EngineError> {
+        use crate::ssh::SshSent;
+        Ok(match sent {
+            SshSent::Finished { result, .. }
+                if result.exit_status == Some(125) && result.stderr.contains("postern-marker: exists") =>
+            {
+                // Someone already created this execution's marker: it ran (or runs) elsewhere.
+                Observation {
+                    state: ExecutionState::OutcomeUnknown,
+                    result: None,
+                    ssh: None,
+                    detail: json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
+                    completion: None,
+                }
+            }
+            SshSent::Finished { result, elapsed } => Observation {
+                state: ExecutionState::Completed,
+                completion: Some(Completion {
+                    outcome: json!({ "exit_status": result.exit_status, "exit_signal": result.exit_signal,
+                                     "truncated": result.truncated, "timed_out": result.timed_out,
+                                     "elapsed_ms": elapsed.as_millis() as u64 }),
+                    result: serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?,
+                    at: self.now(),
+                }),
+                result: None,
+                ssh: Some(result),
+                detail: json!({}),
+            },
+            SshSent::NotSent { code, reason } => Observation {
+                state: ExecutionState::FailedBeforeDispatch,
+                result: None,
+                ssh: None,
+                detail: json!({ "reason": reason, "code": code }),
+                completion: None,
+            },
+            SshSent::Unknown { reason } => Observation {
+                state: ExecutionState::OutcomeUnknown,
+                result: None,
+                ssh: None,
+                detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                completion: None,
+            },
         })
     }
 
@@ -1261,19 +1453,18 @@ impl Engine {
         &self,
         p: &Prepared<'_>,
         id: ExecutionId,
-        out: Outgoing,
+        out: Wire,
         decision: &str,
         attached: bool,
     ) -> Result<CallOutcome, EngineError> {
-        let Observation { state, result, detail, completion } =
-            self.observe(p, http::send(&self.http, out, self.body_cap).await)?;
+        let Observation { state, result, ssh, detail, completion } = self.send(p, out).await?;
         match completion {
             Some(completion) => {
                 self.store.complete_async(id, completion).await?;
             }
             None => self.transition(id, state, detail.clone()).await?,
         }
-        Ok(self.outcome(id, state, attached, decision, result, detail))
+        Ok(CallOutcome { ssh, ..self.outcome(id, state, attached, decision, result, detail) })
     }
 
     /// What a send phase observed, as the state it leads to (one mapping for every path).
@@ -1283,17 +1474,20 @@ impl Engine {
                 state: ExecutionState::Completed,
                 completion: Some(self.completion(&result, elapsed)?),
                 result: Some(result),
+                ssh: None,
                 detail: json!({}),
             },
             Sent::NotSent { reason } => Observation {
                 state: ExecutionState::FailedBeforeDispatch,
                 result: None,
+                ssh: None,
                 detail: json!({ "reason": reason }),
                 completion: None,
             },
             Sent::Unknown { reason } => Observation {
                 state: ExecutionState::OutcomeUnknown,
                 result: None,
+                ssh: None,
                 detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
                 completion: None,
             },
@@ -1347,6 +1541,101 @@ impl Engine {
         }
     }
 
+    /// Recovery through the marker protocol: a fresh connection reads what the host recorded
+    /// for the execution. Finished → completed with its exit status; no directory → proven not
+    /// executed, dispatched again (the same execution, the same marker); started and still
+    /// running → unchanged, reported; started and the wrapper gone → a person must decide.
+    async fn read_marker(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        state: ExecutionState,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        use crate::ssh::Marker;
+        let Some(plan) = &p.ssh else {
+            return self.review(id, state, "an ssh_marker contract on a tool that is not SSH", decision).await;
+        };
+        let unreadable =
+            |why: String| json!({ "reason": format!("the marker could not be read: {why}"), "recovery": "ssh_marker" });
+        let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+        let probe = crate::ssh::marker_probe(&plan.host.marker_root, id);
+        let answer = match crate::ssh::connect(&plan.host, &key, passphrase.as_ref()).await {
+            Ok(connection) => {
+                let sent = connection.exec(&probe, Duration::from_secs(15), 4096, None).await;
+                connection.close().await;
+                sent
+            }
+            Err(e) => return Ok(self.outcome(id, state, true, decision, None, unreadable(e.to_string()))),
+        };
+        let line = match answer {
+            crate::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
+            other => return Ok(self.outcome(id, state, true, decision, None, unreadable(format!("{other:?}")))),
+        };
+        let Some(marker) = crate::ssh::parse_marker(&line) else {
+            return Ok(self.outcome(
+                id,
+                state,
+                true,
+                decision,
+                None,
+                unreadable(format!("unexpected answer {line:?}")),
+            ));
+        };
+        match marker {
+            Marker::Finished { exit_status, finished_at } => {
+                let result = crate::ssh::SshResult {
+                    exit_status: Some(exit_status),
+                    exit_signal: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    truncated: false,
+                    timed_out: None,
+                    from_marker: true,
+                };
+                let completion = Completion {
+                    outcome: json!({ "verified_by": "ssh_marker", "exit_status": exit_status, "finished_at": finished_at,
+                                     "output": "lost with the connection; the exit status is the marker's" }),
+                    result: serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?,
+                    at: self.now(),
+                };
+                self.store.complete_async(id, completion).await?;
+                let detail = json!({ "verified_by": "ssh_marker" });
+                Ok(CallOutcome {
+                    ssh: Some(result),
+                    ..self.outcome(id, ExecutionState::Completed, true, decision, None, detail)
+                })
+            }
+            Marker::Absent => {
+                let detail = json!({ "verified_by": "ssh_marker", "marker": "absent" });
+                self.transition(id, ExecutionState::NotExecuted, detail).await?;
+                // Proven not started: the same execution may now be dispatched (its marker makes
+                // a second start impossible).
+                self.dispatch(p, id, decision, true).await
+            }
+            Marker::Running { pid, started_at } => {
+                let detail = json!({
+                    "reason": format!("still running on the host (pid {pid}); ask again later"),
+                    "verified_by": "ssh_marker", "started_at": started_at,
+                });
+                Ok(self.outcome(id, state, true, decision, None, detail))
+            }
+            Marker::Died { pid, started_at } => {
+                let why = format!(
+                    "the command started (pid {pid}) and its wrapper died without recording an exit status; it may \
+                     have done part of its work"
+                );
+                let mut out = self.review(id, state, &why, decision).await?;
+                out.detail["started_at"] = json!(started_at);
+                Ok(out)
+            }
+            Marker::Created => {
+                self.review(id, state, "the marker was created but the command's start was not recorded", decision)
+                    .await
+            }
+        }
+    }
+
     async fn review(
         &self,
         id: ExecutionId,
@@ -1363,11 +1652,22 @@ impl Engine {
 
     async fn stored(&self, id: ExecutionId, state: ExecutionState, decision: &str) -> Result<CallOutcome, EngineError> {
         let stored = self.store.view().result(id)?;
-        let result = stored
-            .map(|r| serde_json::from_slice::<HttpResult>(&r.body))
-            .transpose()
-            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?;
-        Ok(self.outcome(id, state, true, decision, result, json!({ "returned": "stored_result" })))
+        let (mut result, mut ssh) = (None, None);
+        if let Some(r) = stored {
+            match serde_json::from_slice::<HttpResult>(&r.body) {
+                Ok(http) => result = Some(http),
+                Err(_) => {
+                    ssh = Some(
+                        serde_json::from_slice::<crate::ssh::SshResult>(&r.body)
+                            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?,
+                    );
+                }
+            }
+        }
+        Ok(CallOutcome {
+            ssh,
+            ..self.outcome(id, state, true, decision, result, json!({ "returned": "stored_result" }))
+        })
     }
 
     /// Waits (bounded) for a dispatched execution to leave `dispatched`, then reports it.
@@ -1421,8 +1721,26 @@ impl Engine {
     }
 }
 
-fn dispatched_detail(p: &Prepared<'_>, out: &Outgoing) -> Value {
-    json!({ "target": p.url.to_string(), "method": p.method, "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) })
+fn dispatched_detail(p: &Prepared<'_>, out: &Wire) -> Value {
+    match out {
+        Wire::Http(out) => json!({ "target": p.url.to_string(), "method": p.method,
+                                   "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),
+        Wire::Ssh(out) => json!({ "target": p.url.to_string(), "method": p.method, "host": out.host.name,
+                                  "host_key": out.host.host_key_fingerprint, "marker": out.marker }),
+    }
+}
+
+/// One SSH execution: connect (host key, authentication), run, disconnect. Every failure before
+/// the `exec` request is `NotSent`.
+async fn ssh_send(out: SshOutgoing) -> crate::ssh::SshSent {
+    use postern_core::ErrorCode as _;
+    let connection = match crate::ssh::connect(&out.host, &out.key, out.passphrase.as_ref()).await {
+        Ok(c) => c,
+        Err(e) => return crate::ssh::SshSent::NotSent { code: e.code(), reason: e.to_string() },
+    };
+    let sent = connection.exec(&out.command, out.timeout, crate::ssh::DEFAULT_OUTPUT_CAP, Some(&out.kill)).await;
+    connection.close().await;
+    sent
 }
 
 fn credential_header(kind: &CredentialKind, secret: Sensitive<String>) -> (String, Sensitive<String>) {

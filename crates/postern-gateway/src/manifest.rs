@@ -47,8 +47,12 @@ struct ToolSpec {
     name: String,
     #[serde(default)]
     description: String,
+    #[serde(default)]
     method: String,
+    #[serde(default)]
     url: String,
+    /// An SSH tool: `{ host = "prod", command = "systemctl restart {service}", working_dir = "/srv" }`.
+    ssh: Option<SshToolSpec>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
     body: Option<toml::Value>,
@@ -56,6 +60,42 @@ struct ToolSpec {
     timeout: Option<String>,
     input_schema: Option<toml::Value>,
     contract: Option<ContractSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SshToolSpec {
+    host: String,
+    command: String,
+    working_dir: Option<String>,
+}
+
+/// What an SSH tool runs: on which vault host, which command (placeholders become single-quoted
+/// `sh` words, so an argument can never become shell syntax), in which directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshTool {
+    /// The vault's SSH host name; `None` for the built-in `ssh_exec` (the agent names it).
+    pub host: Option<String>,
+    pub command_template: String,
+    pub working_dir: Option<String>,
+}
+
+/// Name of the built-in SSH tool (a manifest tool of the same name replaces it).
+pub const SSH_EXEC: &str = "ssh_exec";
+
+/// Arguments of the built-in `ssh_exec` tool.
+pub fn ssh_exec_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "required": ["host", "command"],
+        "additionalProperties": false,
+        "properties": {
+            "host": { "type": "string", "description": "an SSH host's name in Postern's vault" },
+            "command": { "type": "string", "minLength": 1, "description": "the command, run by sh on the host" },
+            "working_dir": { "type": "string", "description": "directory to run it in" },
+            "timeout_s": { "type": "integer", "minimum": 1, "maximum": 3600, "description": "default 60" }
+        }
+    })
 }
 
 #[derive(Deserialize)]
@@ -108,6 +148,8 @@ pub struct Tool {
     pub timeout: Duration,
     pub input_schema: Value,
     pub contract: ReplayContract,
+    /// Set for SSH tools (then `method` is `EXEC` and `url_template` is empty).
+    pub ssh: Option<SshTool>,
     validator: std::sync::Arc<jsonschema::Validator>,
 }
 
@@ -207,6 +249,9 @@ fn encode_component(value: &str) -> String {
 
 impl Tool {
     fn from_spec(spec: ToolSpec) -> Result<Tool, String> {
+        if spec.ssh.is_some() {
+            return Tool::from_ssh_spec(spec);
+        }
         let method = spec.method.trim().to_ascii_uppercase();
         if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
             return Err(format!("{:?} is not an HTTP method", spec.method));
@@ -272,8 +317,126 @@ impl Tool {
             timeout: spec.timeout.as_deref().map(parse_duration).transpose()?.unwrap_or(DEFAULT_TIMEOUT),
             input_schema,
             contract,
+            ssh: None,
             validator: std::sync::Arc::new(validator),
         })
+    }
+
+    fn from_ssh_spec(spec: ToolSpec) -> Result<Tool, String> {
+        let Some(ssh) = spec.ssh else { return Err("not an SSH tool".into()) };
+        if !spec.method.is_empty() || !spec.url.is_empty() || spec.body.is_some() || !spec.headers.is_empty() {
+            return Err("an SSH tool has no method, url, body or headers".into());
+        }
+        if spec.credential.is_some() {
+            return Err("an SSH tool's credential is its host's key: name the host in ssh.host, not credential".into());
+        }
+        let name_ok = !spec.name.is_empty()
+            && spec.name.len() <= 64
+            && spec.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(format!("tool name {:?} must be 1–64 letters, digits, '_' or '-'", spec.name));
+        }
+        if ssh.command.trim().is_empty() {
+            return Err("ssh.command is empty".into());
+        }
+        let input_schema = spec.input_schema.map(to_json).unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        let validator = jsonschema::validator_for(&input_schema)
+            .map_err(|e| format!("input_schema is not a valid JSON Schema: {e}"))?;
+        let props = input_schema.get("properties").and_then(Value::as_object);
+        if let Some(p) = placeholders(&ssh.command).into_iter().find(|p| !props.is_some_and(|m| m.contains_key(*p))) {
+            return Err(format!("ssh.command placeholder {{{p}}} is not a property of input_schema"));
+        }
+        let contract = match spec.contract {
+            None => None,
+            Some(c) => Some(ReplayContract {
+                class: c.class,
+                fingerprint_fields: c.fingerprint_fields,
+                defaults: c.defaults.into_iter().map(|(k, v)| (k, to_json(v))).collect(),
+                secret_fields: c.secret_fields,
+                semantic_headers: BTreeSet::new(),
+                attach_window: match c.attach_window.as_deref() {
+                    None => AttachWindow::Millis(DEFAULT_ATTACH_WINDOW.as_millis() as u64),
+                    Some("until_resolved") => AttachWindow::UntilResolved,
+                    Some(s) => AttachWindow::Millis(parse_duration(s)?.as_millis() as u64),
+                },
+                scope: c.scope,
+                idempotency_header: c.idempotency_header,
+                status_query: c.status_query,
+            }),
+        };
+        let contract = effective_contract(&spec.name, Channel::Ssh, None, contract.as_ref()).map_err(|e| match e {
+            postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
+            other => other.to_string(),
+        })?;
+        Ok(Tool {
+            name: spec.name,
+            description: spec.description,
+            method: "EXEC".into(),
+            url_template: String::new(),
+            headers: BTreeMap::new(),
+            body_template: None,
+            credential: None,
+            timeout: spec.timeout.as_deref().map(parse_duration).transpose()?.unwrap_or(DEFAULT_TIMEOUT),
+            input_schema,
+            contract,
+            ssh: Some(SshTool { host: Some(ssh.host), command_template: ssh.command, working_dir: ssh.working_dir }),
+            validator: std::sync::Arc::new(validator),
+        })
+    }
+
+    /// The built-in `ssh_exec` tool: any command on a vault host, under the marker protocol (an
+    /// uncertain run is checked on the host, never repeated blindly).
+    pub fn ssh_exec(contract: ReplayContract, timeout: Duration) -> Tool {
+        use std::sync::LazyLock;
+        static VALIDATOR: LazyLock<std::sync::Arc<jsonschema::Validator>> = LazyLock::new(|| {
+            std::sync::Arc::new(jsonschema::validator_for(&ssh_exec_schema()).expect("the built-in schema is valid"))
+        });
+        Tool {
+            name: SSH_EXEC.into(),
+            description: "Run one command on an SSH host from Postern's vault (the private key never leaves Postern)"
+                .into(),
+            method: "EXEC".into(),
+            url_template: String::new(),
+            headers: BTreeMap::new(),
+            body_template: None,
+            credential: None,
+            timeout,
+            input_schema: ssh_exec_schema(),
+            contract,
+            ssh: Some(SshTool { host: None, command_template: "{command}".into(), working_dir: None }),
+            validator: std::sync::Arc::clone(&VALIDATOR),
+        }
+    }
+
+    /// An SSH tool's command for validated `arguments`: each `{name}` becomes the argument's
+    /// value as one single-quoted `sh` word (the built-in `ssh_exec` passes its command as is).
+    pub fn render_ssh(&self, arguments: &Value) -> Result<String, ArgumentError> {
+        let Some(ssh) = &self.ssh else {
+            return Err(ArgumentError {
+                tool: self.name.clone(),
+                field: "/".into(),
+                message: "not an SSH tool".into(),
+            });
+        };
+        if ssh.host.is_none() {
+            return Ok(arguments["command"].as_str().unwrap_or_default().to_owned());
+        }
+        let mut command = ssh.command_template.clone();
+        for p in placeholders(&ssh.command_template) {
+            let value = match arguments.get(p) {
+                Some(Value::String(s)) => s.clone(),
+                Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+                _ => {
+                    return Err(ArgumentError {
+                        tool: self.name.clone(),
+                        field: format!("/{p}"),
+                        message: "required by the tool's command".into(),
+                    });
+                }
+            };
+            command = command.replace(&format!("{{{p}}}"), &crate::ssh::shell_quote(&value));
+        }
+        Ok(command)
     }
 
     /// The built-in generic `http_request` tool for one call: its contract depends on the
@@ -296,6 +459,7 @@ impl Tool {
             timeout,
             input_schema: http_request_schema(),
             contract,
+            ssh: None,
             validator: std::sync::Arc::clone(&VALIDATOR),
         }
     }

@@ -6,7 +6,7 @@ use crate::{
     CallOutcome, Engine,
     delivery::DeliveryTicket,
     identity::ExecutableHashes,
-    manifest::{HTTP_REQUEST, Tool as ManifestTool},
+    manifest::{HTTP_REQUEST, SSH_EXEC, Tool as ManifestTool},
     runs::{AgentRuns, Caller, RunLease},
 };
 use postern_core::{ErrorCode as _, ExecutionId, ExecutionState, ReplayClass, ReplayContract};
@@ -227,7 +227,7 @@ impl PosternMcp {
         if name == EXECUTION_STATUS {
             return Ok(self.execution_status(&caller, &arguments));
         }
-        if name != HTTP_REQUEST && self.gateway.engine.manifest().tool(&name).is_none() {
+        if name != HTTP_REQUEST && name != SSH_EXEC && self.gateway.engine.manifest().tool(&name).is_none() {
             self.refused(&caller, format!("tools/call {name}")).await;
             return Err(McpError::invalid_params(
                 format!("unknown tool {name:?}: see tools/list"),
@@ -367,7 +367,15 @@ fn explain(o: &CallOutcome) -> (String, bool) {
     }
     match o.state {
         ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered => {
-            let status = o.result.as_ref().map_or(String::new(), |r| format!(": HTTP {}", r.status));
+            let status = match (&o.result, &o.ssh) {
+                (Some(r), _) => format!(": HTTP {}", r.status),
+                (None, Some(ssh)) => match (&ssh.exit_status, &ssh.exit_signal) {
+                    (Some(code), _) => format!(": exit status {code}"),
+                    (None, Some(sig)) => format!(": ended by signal {sig}"),
+                    (None, None) => String::new(),
+                },
+                (None, None) => String::new(),
+            };
             (format!("Completed{status}.{attached}"), false)
         }
         ExecutionState::Denied => {
@@ -413,12 +421,24 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
         "attached": o.attached,
         "decision": o.decision,
         "message": message,
-        "result": o.result,
+        "result": o.result.as_ref().map(|r| json!(r)).or_else(|| o.ssh.as_ref().map(|r| json!(r))),
         "detail": o.detail,
     });
     let mut text = message;
     if let Some(r) = &o.result {
         text.push_str(&format!("\n\n{}", r.body));
+    }
+    if let Some(r) = &o.ssh {
+        if r.from_marker {
+            text.push_str("\n\n(the output was lost with the connection; the exit status is from the host's marker)");
+        }
+        text.push_str(&format!("\n\nstdout:\n{}\nstderr:\n{}", r.stdout, r.stderr));
+        if r.truncated {
+            text.push_str("\n(output truncated at the cap)");
+        }
+        if let Some(t) = &r.timed_out {
+            text.push_str(&format!("\n{t}"));
+        }
     }
     text.push_str(&format!("\n\nexecution_id: {}\nstate: {}", o.execution_id, o.state));
     let mut r = if is_error {
@@ -484,6 +504,20 @@ pub fn tool_list(engine: &Engine) -> Vec<Tool> {
         )
         .with_annotations(ToolAnnotations::new().read_only(false).destructive(true).open_world(true)),
     );
+    if engine.manifest().tool(SSH_EXEC).is_none() {
+        tools.push(
+            Tool::new(
+                SSH_EXEC,
+                "Run one command on an SSH host from Postern's vault; the private key never leaves Postern. Replay \
+                 contract: ssh_marker (the command runs inside a marker wrapper on the host, so an uncertain attempt \
+                 is checked there and never run twice).",
+                schema_object(&crate::manifest::ssh_exec_schema()),
+            )
+            .with_annotations(
+                ToolAnnotations::new().read_only(false).destructive(true).idempotent(false).open_world(true),
+            ),
+        );
+    }
     tools.push(
         Tool::new(
             EXECUTION_STATUS,

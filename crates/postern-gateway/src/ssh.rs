@@ -49,10 +49,18 @@ pub struct SshResult {
 
 #[derive(Debug)]
 pub enum SshSent {
-    Finished { result: SshResult, elapsed: Duration },
+    Finished {
+        result: SshResult,
+        elapsed: Duration,
+    },
     /// Nothing ran: `code` says why (`host_key_mismatch`, `ssh_auth_failed`, `ssh_unreachable`, …).
-    NotSent { code: &'static str, reason: String },
-    Unknown { reason: String },
+    NotSent {
+        code: &'static str,
+        reason: String,
+    },
+    Unknown {
+        reason: String,
+    },
 }
 
 /// Why a connection could not be used; every one of these happens before a command is sent.
@@ -198,8 +206,11 @@ pub async fn connect(
 }
 
 impl Connection {
-    /// Runs `command` (already wrapped) and collects its output up to `cap` bytes.
-    pub async fn exec(&self, command: &str, timeout: Duration, cap: usize) -> SshSent {
+    /// Runs `command` (already wrapped) and collects its output up to `cap` bytes. On timeout the
+    /// command is asked to end twice over: an RFC 4254 `signal` request (which OpenSSH refuses
+    /// for sessions without privilege separation, e.g. root's) and `kill_command` on a second
+    /// channel, which signals the wrapper by the pid it recorded.
+    pub async fn exec(&self, command: &str, timeout: Duration, cap: usize, kill_command: Option<&str>) -> SshSent {
         let started = Instant::now();
         let mut channel = match self.handle.channel_open_session().await {
             Ok(c) => c,
@@ -224,6 +235,11 @@ impl Connection {
                     // Ask the host to end the command (RFC 4254 signal), give it a moment, then
                     // close the channel. Which of the two happened is recorded.
                     let _ = channel.signal(Sig::TERM).await;
+                    if let Some(kill) = kill_command
+                        && let Ok(killer) = self.handle.channel_open_session().await
+                    {
+                        let _ = killer.exec(false, kill.as_bytes()).await;
+                    }
                     timed_out = Some("timeout: sent TERM to the remote command".to_owned());
                     let grace = tokio::time::sleep(TERM_GRACE);
                     tokio::pin!(grace);
@@ -332,13 +348,33 @@ pub fn shell_quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', r"'\''"))
 }
 
-/// The remote command for an execution without the marker protocol: `cd` then the command.
-pub fn plain_command(working_dir: Option<&str>, command: &str) -> String {
-    let body = match working_dir {
-        Some(dir) => format!("cd {} && {command}", shell_quote(dir)),
-        None => command.to_owned(),
+/// Where a command without the marker protocol records its wrapper's pid (for the timeout).
+fn pid_file(id: ExecutionId) -> String {
+    format!("${{TMPDIR:-/tmp}}/postern-{id}.pid")
+}
+
+/// The remote command for an execution without the marker protocol: a wrapper that records its
+/// pid (so a timeout can end it), `cd`, the command in the background with TERM passed on.
+pub fn plain_command(id: ExecutionId, working_dir: Option<&str>, command: &str) -> String {
+    let script = format!(
+        r#"p="{pid}"
+echo $$ > "$p"
+{run}rm -f "$p"
+exit $status"#,
+        pid = pid_file(id),
+        run = run_child(working_dir, command),
+    );
+    format!("sh -c {}", shell_quote(&script))
+}
+
+/// Signals the wrapper of execution `id` (by the pid it recorded) to end its command.
+pub fn kill_command(marker_root: Option<&str>, id: ExecutionId) -> String {
+    let file = match marker_root {
+        Some(root) => format!("{root}/{id}/started"),
+        None => pid_file(id),
     };
-    format!("sh -c {}", shell_quote(&body))
+    let script = format!(r#"[ -f "{file}" ] && kill -TERM $(cut -d' ' -f1 "{file}")"#);
+    format!("sh -c {}", shell_quote(&script))
 }
 
 /// The marker protocol's wrapper (README: "The SSH marker protocol"). It creates the execution's
@@ -347,23 +383,27 @@ pub fn plain_command(working_dir: Option<&str>, command: &str) -> String {
 /// background so a TERM can be passed on, and records `finished` (exit status and time) by
 /// rename, so a reader sees a whole record or none.
 pub fn marker_command(root: &str, id: ExecutionId, working_dir: Option<&str>, command: &str) -> String {
-    let cd = working_dir.map_or(String::new(), |d| format!("cd {} || exit 126\n", shell_quote(d)));
     let script = format!(
         r#"d="{root}/{id}"
 mkdir -p "{root}" || {{ echo "postern-marker: cannot create {root}" >&2; exit 125; }}
 mkdir "$d" 2>/dev/null || {{ echo "postern-marker: exists: $d (this execution already ran or is running; not running it again)" >&2; exit 125; }}
 echo "$$ $(date +%s)" > "$d/started"
-{cd}sh -c {command} </dev/null &
-child=$!
-trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
-wait $child
-status=$?
-while kill -0 $child 2>/dev/null; do wait $child; status=$?; done
-echo "$status $(date +%s)" > "$d/finished.tmp" && mv "$d/finished.tmp" "$d/finished"
+{run}echo "$status $(date +%s)" > "$d/finished.tmp" && mv "$d/finished.tmp" "$d/finished"
 exit $status"#,
-        command = shell_quote(command),
+        run = run_child(working_dir, command),
     );
     format!("sh -c {}", shell_quote(&script))
+}
+
+/// The part both wrappers share: `cd`, the command in the background (stdin closed), TERM/INT/
+/// HUP passed on to it, and its exit status in `$status` once it has really ended.
+fn run_child(working_dir: Option<&str>, command: &str) -> String {
+    let cd = working_dir.map_or(String::new(), |d| format!("cd {} || exit 126\n", shell_quote(d)));
+    format!(
+        "{cd}sh -c {} </dev/null &\nchild=$!\ntrap 'kill -TERM $child 2>/dev/null' TERM INT HUP\nwait $child\n\
+         status=$?\nwhile kill -0 $child 2>/dev/null; do wait $child; status=$?; done\n",
+        shell_quote(command)
+    )
 }
 
 /// What the marker on the host says about an execution.
@@ -373,10 +413,19 @@ pub enum Marker {
     Absent,
     /// The wrapper created the directory but did not get to record `started`.
     Created,
-    Running { pid: u32, started_at: i64 },
+    Running {
+        pid: u32,
+        started_at: i64,
+    },
     /// Started, not finished, and the wrapper's process is gone.
-    Died { pid: u32, started_at: i64 },
-    Finished { exit_status: u32, finished_at: i64 },
+    Died {
+        pid: u32,
+        started_at: i64,
+    },
+    Finished {
+        exit_status: u32,
+        finished_at: i64,
+    },
 }
 
 /// The read-only command that reports an execution's marker.

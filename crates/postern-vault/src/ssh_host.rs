@@ -68,9 +68,16 @@ impl SshHost {
         if self.policy == HostKeyPolicy::Strict && self.host_key.is_none() {
             return invalid("host-key policy strict needs the host's key (--host-key or --host-key-file)".into());
         }
-        if self.marker_root.contains(['\'', '"', '`', '\n', ';', '&', '|']) {
+        // The marker directory goes into a shell script inside double quotes: only `$HOME` may
+        // expand, and nothing else that `sh` would interpret.
+        let rest = self.marker_root.strip_prefix("$HOME").unwrap_or(&self.marker_root);
+        let plain = rest.starts_with('/')
+            && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
+            && !rest.contains("/../");
+        if !plain {
             return invalid(format!(
-                "marker directory {:?} must not contain quotes or shell operators",
+                "marker directory {:?} must be an absolute path or start with $HOME/, of letters, digits, '.', '_', \
+                 '-' and '/'",
                 self.marker_root
             ));
         }

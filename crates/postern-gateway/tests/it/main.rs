@@ -6,4 +6,6 @@
 mod builtin;
 mod faults;
 mod ladder;
+mod ssh;
+mod sshd;
 mod support;

@@ -1,0 +1,445 @@
+//! The SSH channel against a real OpenSSH server on loopback (see `sshd.rs`): exit status and
+//! output, the cap, the timeout, host-key policies, and the marker protocol when the connection
+//! is cut after the remote command started.
+
+use crate::{
+    sshd::Sshd,
+    support::{call, open_rig},
+};
+use postern_core::{ExecutionState, Timestamp};
+use postern_gateway::{Engine, LockOnlyApprover, Manifest, engine::system_clock};
+use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
+use serde_json::json;
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+use tokio::net::{TcpListener, TcpStream};
+
+fn manifest() -> Manifest {
+    let text = r#"
+[[tool]]
+name = "append_line"
+ssh = { host = "box", command = "echo {line} >> {file}; sleep {pause}" }
+timeout = "20s"
+input_schema = { type = "object", required = ["line", "file"], properties = { line = { type = "string" }, file = { type = "string" }, pause = { type = "integer" } } }
+contract = { class = "ssh_marker", defaults = { pause = 0 } }
+
+[[tool]]
+name = "append_line_once"
+ssh = { host = "box", command = "echo {line} >> {file}; sleep {pause}" }
+timeout = "20s"
+input_schema = { type = "object", required = ["line", "file"], properties = { line = { type = "string" }, file = { type = "string" }, pause = { type = "integer" } } }
+contract = { class = "irreversible", defaults = { pause = 0 } }
+"#;
+    Manifest::parse(text, Path::new("ssh-tools.toml")).unwrap()
+}
+
+struct SshRig {
+    rig: crate::support::Rig,
+    engine: Arc<Engine>,
+    markers: tempfile::TempDir,
+}
+
+fn ssh_rig() -> SshRig {
+    let rig = open_rig(tempfile::tempdir().unwrap(), manifest());
+    let engine = ssh_engine(&rig);
+    SshRig { rig, engine, markers: tempfile::tempdir().unwrap() }
+}
+
+/// An engine serving the SSH manifest on `rig`'s journal and vault.
+fn ssh_engine(rig: &crate::support::Rig) -> Arc<Engine> {
+    let engine = Engine::new(
+        Arc::clone(&rig.store),
+        Arc::clone(&rig.vault),
+        Arc::new(manifest()),
+        Arc::new(LockOnlyApprover),
+        system_clock(),
+    );
+    Arc::new(engine.unwrap())
+}
+
+impl SshRig {
+    fn add_host(
+        &self,
+        name: &str,
+        sshd: &Sshd,
+        addr: SocketAddr,
+        key: &str,
+        policy: HostKeyPolicy,
+        pin: Option<String>,
+    ) {
+        let key = sshd.key(key);
+        let fingerprint = pin.as_deref().map(|line| postern_gateway::ssh::host_key(line).unwrap().1);
+        let host = SshHost {
+            name: name.into(),
+            address: addr.ip().to_string(),
+            port: addr.port(),
+            account: sshd.account.clone(),
+            policy,
+            host_key: pin,
+            host_key_fingerprint: fingerprint,
+            marker_root: self.markers.path().to_str().unwrap().to_owned(),
+            approve_every_use: false,
+        };
+        let passphrase = key.passphrase.map(Sensitive::new);
+        self.rig
+            .vault
+            .add_ssh_host(&host, &Sensitive::new(key.private), passphrase.as_ref(), Timestamp::from_millis(4))
+            .unwrap();
+    }
+
+    fn marker_dir(&self, id: postern_core::ExecutionId) -> std::path::PathBuf {
+        self.markers.path().join(id.to_string())
+    }
+}
+
+fn exec(host: &str, command: &str) -> postern_gateway::Call {
+    call("ssh_exec", json!({ "host": host, "command": command }), 0, 1)
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+async fn eventually(what: &str, limit: Duration, f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A TCP relay to sshd that the test can cut (every open connection at once) or make refuse
+/// new connections.
+struct CutProxy {
+    addr: SocketAddr,
+    cut: tokio::sync::watch::Sender<u64>,
+    refuse: Arc<AtomicBool>,
+}
+
+impl CutProxy {
+    async fn start(upstream: SocketAddr) -> CutProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let refuse = Arc::new(AtomicBool::new(false));
+        let refusing = Arc::clone(&refuse);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else { return };
+                if refusing.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let mut cuts = cuts.clone();
+                cuts.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        CutProxy { addr, cut, refuse }
+    }
+
+    fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_status_and_output_with_every_key_type() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    for key in ["id_ed25519", "id_ecdsa", "id_rsa", "id_locked"] {
+        let name = format!("box-{key}");
+        r.add_host(&name, &sshd, sshd.addr(), key, HostKeyPolicy::Strict, Some(sshd.host_key()));
+        let out = r.engine.call(exec(&name, "echo out; echo err >&2; exit 3")).await.unwrap();
+        assert_eq!(out.state, ExecutionState::Completed, "{key}: {:?}", out.detail);
+        let ssh = out.ssh.unwrap();
+        assert_eq!((ssh.exit_status, ssh.stdout.as_str(), ssh.stderr.as_str()), (Some(3), "out\n", "err\n"), "{key}");
+        assert!(!ssh.truncated);
+        // The marker on the host recorded the same exit status.
+        let finished = std::fs::read_to_string(r.marker_dir(out.execution_id).join("finished")).unwrap();
+        assert!(finished.starts_with("3 "), "{finished}");
+    }
+    // The canonical record names the pinned key, never the address.
+    let hosts = r.rig.vault.ssh_hosts().unwrap();
+    let pinned = hosts[0].host_key_fingerprint.clone().unwrap();
+    let keygen = std::process::Command::new("ssh-keygen").arg("-lf").arg(sshd.host_key_file()).output().unwrap();
+    assert!(String::from_utf8_lossy(&keygen.stdout).contains(&pinned), "ssh-keygen agrees on {pinned}");
+    let accepted =
+        &r.rig.store.view().activity(&postern_store::ActivityFilter { limit: 1000, ..Default::default() }).unwrap();
+    let record = accepted.iter().find(|e| e.row.event == "accepted").unwrap();
+    assert_eq!(record.row.detail["record"]["target"]["host_key"], pinned.as_str());
+    assert_eq!(record.row.detail["channel"], "ssh");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_beyond_the_cap_is_truncated_and_flagged() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let out = r.engine.call(exec("box", "head -c 9000000 /dev/zero | tr '\\0' x; echo tail >&2")).await.unwrap();
+    let ssh = out.ssh.unwrap();
+    assert!(ssh.truncated);
+    assert_eq!(ssh.stdout.len() + ssh.stderr.len(), postern_gateway::ssh::DEFAULT_OUTPUT_CAP);
+    assert_eq!(ssh.exit_status, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_terminates_the_remote_command_and_says_so() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let witness = r.markers.path().join("late");
+    let command = format!("sleep 5; echo late > {}", witness.display());
+    let mut c = exec("box", &command);
+    c.arguments["timeout_s"] = json!(1);
+    let out = r.engine.call(c).await.unwrap();
+    assert_eq!(out.state, ExecutionState::Completed, "{:?}", out.detail);
+    let ssh = out.ssh.unwrap();
+    assert!(ssh.timed_out.as_deref().unwrap().contains("TERM"), "{ssh:?}");
+    assert_eq!(ssh.exit_status, Some(143), "the command ended by TERM (128+15): {ssh:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!witness.exists(), "the remote command was killed, not just the local channel");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_host_key_is_refused_naming_both_fingerprints() {
+    let sshd = Sshd::start();
+    let other = tempfile::tempdir().unwrap();
+    let stranger = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(other.path().join("k"))
+        .status()
+        .unwrap();
+    assert!(stranger.success());
+    let wrong = std::fs::read_to_string(other.path().join("k.pub")).unwrap();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(wrong.clone()));
+    let witness = r.markers.path().join("ran");
+    let out = r.engine.call(exec("box", &format!("touch {}", witness.display()))).await.unwrap();
+    assert_eq!(out.state, ExecutionState::FailedBeforeDispatch);
+    assert_eq!(out.detail["code"], "host_key_mismatch");
+    let reason = out.detail["reason"].as_str().unwrap();
+    let pinned = postern_gateway::ssh::host_key(&wrong).unwrap().1;
+    let presented = postern_gateway::ssh::host_key(&sshd.host_key()).unwrap().1;
+    assert!(reason.contains(&pinned) && reason.contains(&presented), "{reason}");
+    assert!(!witness.exists() && !r.marker_dir(out.execution_id).exists(), "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_new_pins_the_first_key_only_after_authentication() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    // A key the server does not accept: authentication fails, nothing is pinned.
+    let stranger = tempfile::tempdir().unwrap();
+    assert!(
+        std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(stranger.path().join("k"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let host = |name: &str| SshHost {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+        port: sshd.port,
+        account: sshd.account.clone(),
+        policy: HostKeyPolicy::AcceptNew,
+        host_key: None,
+        host_key_fingerprint: None,
+        marker_root: r.markers.path().to_str().unwrap().to_owned(),
+        approve_every_use: false,
+    };
+    let refused_key = std::fs::read_to_string(stranger.path().join("k")).unwrap();
+    r.rig.vault.add_ssh_host(&host("refused"), &Sensitive::new(refused_key), None, Timestamp::from_millis(4)).unwrap();
+    let err = r.engine.call(exec("refused", "true")).await.unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&err), "ssh_auth_failed", "{err}");
+    assert_eq!(r.rig.vault.ssh_host("refused").unwrap().host_key, None, "not pinned after a failed login");
+
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::AcceptNew, None);
+    let out = r.engine.call(exec("box", "echo hi")).await.unwrap();
+    assert_eq!(out.ssh.unwrap().stdout, "hi\n");
+    let pinned = r.rig.vault.ssh_host("box").unwrap();
+    assert_eq!(pinned.host_key_fingerprint, Some(postern_gateway::ssh::host_key(&sshd.host_key()).unwrap().1));
+    // The host is re-installed (a new host key on the same address): refused from now on.
+    let port = sshd.port;
+    drop(sshd);
+    let reinstalled = Sshd::start_on(port);
+    let out = r.engine.call(exec("box", "echo again")).await.unwrap();
+    assert_eq!(
+        (out.state, out.detail["code"].as_str()),
+        (ExecutionState::FailedBeforeDispatch, Some("host_key_mismatch"))
+    );
+    drop(reinstalled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_unreachable_hosts_are_specific_errors() {
+    let r = ssh_rig();
+    let err = r.engine.call(exec("nope", "true")).await.unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&err), "unknown_ssh_host");
+    assert!(err.to_string().contains("postern vault add-ssh"), "{err}");
+    // A vault host nobody listens on (strict: pinned key, so the call becomes an execution).
+    let sshd = Sshd::start();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    r.add_host("down", &sshd, closed, "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let out = r.engine.call(exec("down", "true")).await.unwrap();
+    assert_eq!(out.state, ExecutionState::FailedBeforeDispatch);
+    assert_eq!(out.detail["code"], "ssh_unreachable");
+}
+
+/// Runs `tool` (append a line, then pause 2 s) through a cuttable proxy and cuts the TCP
+/// connection once the line is in the file (the command is running on the host). Returns the
+/// rig, the proxy (keep it: a dropped proxy cuts every later connection), the file, the
+/// arguments and the first call's outcome.
+async fn cut_while_running(
+    sshd: &Sshd,
+    tool: &'static str,
+) -> (SshRig, CutProxy, std::path::PathBuf, serde_json::Value, postern_gateway::CallOutcome) {
+    let proxy = CutProxy::start(sshd.addr()).await;
+    let r = ssh_rig();
+    r.add_host("box", sshd, proxy.addr, "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let file = r.markers.path().join("ledger");
+    let args = json!({ "line": "paid", "file": file.to_str().unwrap(), "pause": 2 });
+    let running = {
+        let engine = Arc::clone(&r.engine);
+        let args = args.clone();
+        tokio::spawn(async move { engine.call(call(tool, args, 0, 1)).await.unwrap() })
+    };
+    eventually("the command to start on the host", Duration::from_secs(10), || lines(&file) == 1).await;
+    proxy.cut();
+    let first = running.await.unwrap();
+    (r, proxy, file, args, first)
+}
+
+/// The decisive scenario: a marker-protected command that appends a line is dispatched, the TCP
+/// connection is cut after the command started, the agent retries: Postern reads the marker and
+/// returns the real outcome; the file has exactly one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_after_the_command_started_is_recovered_through_the_marker() {
+    let sshd = Sshd::start();
+    let (r, _proxy, file, args, first) = cut_while_running(&sshd, "append_line").await;
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{:?}", first.detail);
+
+    // Retried at once: the marker says it is still running; nothing is run again.
+    let early = r.engine.call(call("append_line", args.clone(), 0, 2)).await.unwrap();
+    assert_eq!((early.execution_id, early.state), (first.execution_id, ExecutionState::OutcomeUnknown));
+    assert!(early.detail["reason"].as_str().unwrap().contains("still running"), "{:?}", early.detail);
+
+    let finished = r.marker_dir(first.execution_id).join("finished");
+    eventually("the command to finish", Duration::from_secs(10), || finished.exists()).await;
+    let retry = r.engine.call(call("append_line", args, 0, 3)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    let ssh = retry.ssh.unwrap();
+    assert_eq!((ssh.exit_status, ssh.from_marker), (Some(0), true));
+    assert_eq!(lines(&file), 1, "the line was appended exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_fails_before_the_exec_request_runs_the_retry_once() {
+    let sshd = Sshd::start();
+    let proxy = CutProxy::start(sshd.addr()).await;
+    let r = ssh_rig();
+    r.add_host("box", &sshd, proxy.addr, "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let file = r.markers.path().join("ledger");
+    let args = json!({ "line": "paid", "file": file.to_str().unwrap() });
+    proxy.refuse.store(true, Ordering::SeqCst);
+    let first = r.engine.call(call("append_line", args.clone(), 0, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::FailedBeforeDispatch, "{:?}", first.detail);
+    assert_eq!(lines(&file), 0);
+    proxy.refuse.store(false, Ordering::SeqCst);
+    let retry = r.engine.call(call("append_line", args, 0, 2)).await.unwrap();
+    assert_eq!(retry.state, ExecutionState::Completed, "{:?}", retry.detail);
+    assert_eq!(lines(&file), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_irreversible_command_cut_after_dispatch_needs_review_and_ran_at_most_once() {
+    let sshd = Sshd::start();
+    let (r, _proxy, file, args, first) = cut_while_running(&sshd, "append_line_once").await;
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = r.engine.call(call("append_line_once", args, 0, 2)).await.unwrap();
+    assert_eq!(retry.state, ExecutionState::NeedsReview);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(lines(&file), 1, "ran once, never twice");
+}
+
+/// The gateway dies while a marker-protected command runs; after a restart the retry is
+/// answered from the marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_while_dispatched_recovers_through_the_marker() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let file = r.markers.path().join("ledger");
+    let args = json!({ "line": "deployed", "file": file.to_str().unwrap(), "pause": 2 });
+    let running = {
+        let engine = Arc::clone(&r.engine);
+        let args = args.clone();
+        tokio::spawn(async move { engine.call(call("append_line", args, 0, 1)).await })
+    };
+    eventually("the command to start on the host", Duration::from_secs(10), || lines(&file) == 1).await;
+    running.abort();
+    let _ = running.await;
+    let SshRig { rig, engine, markers } = r;
+    drop(engine);
+    let dir = rig.dir;
+    drop(rig.engine);
+    drop(rig.vault);
+    drop(rig.store);
+
+    let restarted = open_rig(dir, manifest());
+    let engine = ssh_engine(&restarted);
+    let id = restarted
+        .store
+        .view()
+        .activity(&postern_store::ActivityFilter { limit: 1000, ..Default::default() })
+        .unwrap()
+        .iter()
+        .find_map(|e| e.row.execution_id)
+        .unwrap();
+    assert_eq!(restarted.store.view().execution(id).unwrap().unwrap().state, "outcome_unknown");
+    eventually("the command to finish", Duration::from_secs(10), || {
+        markers.path().join(id.to_string()).join("finished").exists()
+    })
+    .await;
+    let retry = engine.call(call("append_line", args, 0, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (id, ExecutionState::Completed));
+    assert_eq!(lines(&file), 1);
+}
+
+/// The private key and its passphrase appear nowhere but the keychain: not in the database, not
+/// in errors, not in Debug output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_private_key_and_passphrase_never_leak() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_locked", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let out = r.engine.call(exec("box", "echo fine")).await.unwrap();
+    assert_eq!(out.state, ExecutionState::Completed);
+    let key = sshd.key("id_locked");
+    let body_line = key.private.lines().nth(1).unwrap().to_owned();
+    let passphrase = key.passphrase.unwrap();
+    for canary in [&body_line, &passphrase] {
+        assert!(crate::support::any_file_in(r.rig.dir.path(), canary).is_none(), "{canary} on disk");
+        assert!(!format!("{out:?}").contains(canary.as_str()));
+    }
+    // A wrong passphrase is an error that names the problem, not the secret.
+    let wrong = postern_gateway::ssh::decode_key(&key.private, Some("not it")).unwrap_err();
+    assert!(!wrong.contains(&passphrase) && !wrong.contains(&body_line), "{wrong}");
+    let host = format!("{:?}", r.rig.vault.ssh_host("box").unwrap());
+    assert!(!host.contains(&body_line));
+}
