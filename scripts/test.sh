@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test. The vault's tests use the real OS keychain, so on Linux this starts a private
-# D-Bus session with an unlocked gnome-keyring (Secret Service) around the test run, in a
+# Runs every test. The SSH channel's tests start their own OpenSSH sshd on 127.0.0.1 (installed
+# here if missing; installing openssh-server does not start the system's). The vault's tests use
+# the real OS keychain, so on Linux this starts a private D-Bus session with an unlocked gnome-keyring (Secret Service) around the test run, in a
 # throwaway XDG data directory; nothing touches the desktop's own keyring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,8 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh-keygen >/dev/null || need+=(openssh-client)
 if ((${#need[@]})); then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh needs: ${need[*]} (sudo apt-get install ${need[*]})" >&2

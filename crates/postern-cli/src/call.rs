@@ -85,7 +85,22 @@ pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
             outcome.state,
             if outcome.attached { format!(" ({})", outcome.decision) } else { String::new() }
         );
-        if let Some(result) = &outcome.result {
+        if let Some(ssh) = &outcome.ssh {
+            match (&ssh.exit_status, &ssh.exit_signal) {
+                (Some(code), _) => println!("exit       {code}"),
+                (None, Some(sig)) => println!("signal     {sig}"),
+                (None, None) => println!("exit       unknown"),
+            }
+            if let Some(t) = &ssh.timed_out {
+                println!("timeout    {t}");
+            }
+            if ssh.truncated {
+                println!("output     truncated at the cap");
+            }
+            println!();
+            print!("{}", ssh.stdout);
+            eprint!("{}", ssh.stderr);
+        } else if let Some(result) = &outcome.result {
             println!("status     {}{}", result.status, if result.truncated { " (body truncated)" } else { "" });
             if result.secret_echoed {
                 println!("warning    the target echoed the credential back; it was redacted from the result");
@@ -98,7 +113,11 @@ pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
     }
     // Delivery is not marked: stdout does not prove the calling script received the result, so
     // the execution stays `completed` and the same call with the same --scope returns it again.
-    Ok(if outcome.result.is_some() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if outcome.result.is_some() || outcome.ssh.as_ref().is_some_and(|s| s.exit_status == Some(0)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn getrandom_fill(buf: &mut [u8]) -> Result<(), Failure> {

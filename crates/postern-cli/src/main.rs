@@ -85,6 +85,22 @@ enum Command {
         #[command(subcommand)]
         command: VaultCommand,
     },
+    /// SSH hosts: housekeeping of the marker protocol.
+    Ssh {
+        #[command(subcommand)]
+        command: SshCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SshCommand {
+    /// Remove marker directories (~/.postern/executions/act_…) older than --older-than-days.
+    Gc {
+        /// The SSH host (as named in the vault).
+        host: String,
+        #[arg(long, default_value_t = 30)]
+        older_than_days: u32,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -116,6 +132,8 @@ enum ToolsCommand {
 enum VaultCommand {
     /// Add a credential; the secret is read from a hidden prompt or standard input, never argv.
     Add(vault::Add),
+    /// Add an SSH host: address, account, its private key (into the keychain) and host-key policy.
+    AddSsh(vault::AddSsh),
     /// List credentials (names, kinds, where they may be sent; never secrets).
     List {
         #[arg(long)]
@@ -220,8 +238,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             AgentsCommand::Revoke { name } => agents::revoke(&data_dir, &name),
         },
         Command::Tools { command: ToolsCommand::Check { file } } => tools_check(&file),
+        Command::Ssh { command: SshCommand::Gc { host, older_than_days } } => {
+            vault::ssh_gc(&data_dir, &host, older_than_days)
+        }
         Command::Vault { command } => match command {
             VaultCommand::Add(args) => vault::add(&data_dir, args),
+            VaultCommand::AddSsh(args) => vault::add_ssh(&data_dir, args),
             VaultCommand::List { json } => vault::list(&data_dir, json),
             VaultCommand::Remove { name } => vault::remove(&data_dir, &name),
             VaultCommand::Lock => vault::set_locked(&data_dir, true),

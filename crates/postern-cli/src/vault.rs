@@ -5,7 +5,7 @@
 use crate::{Failure, audit::now, location, render};
 use anyhow::{Context, anyhow};
 use postern_store::Store;
-use postern_vault::{Binding, Credential, CredentialKind, OsKeychain, Sensitive, Vault};
+use postern_vault::{Binding, Credential, CredentialKind, HostKeyPolicy, OsKeychain, Sensitive, SshHost, Vault};
 use std::{io::Read, path::Path, process::ExitCode, sync::Arc};
 
 /// Opens the journal (creating it if needed) and the vault on the OS keychain.
@@ -97,16 +97,119 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Policy {
+    /// The host's key must be given now (--host-key or --host-key-file).
+    Strict,
+    /// The first key the host presents is pinned once authentication with it succeeded.
+    AcceptNew,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AddSsh {
+    /// Name tools and agents refer to the host by.
+    name: String,
+    /// Host name or IP address.
+    #[arg(long)]
+    address: String,
+    #[arg(long, default_value_t = 22)]
+    port: u16,
+    /// Account to log in as.
+    #[arg(long = "user", value_name = "ACCOUNT")]
+    account: String,
+    /// Private key file (OpenSSH or PEM; Ed25519, ECDSA or RSA). Its contents go to the OS
+    /// keychain; delete the file afterwards if Postern should be its only holder.
+    #[arg(long, value_name = "FILE")]
+    key_file: std::path::PathBuf,
+    #[arg(long, value_enum, default_value_t = Policy::Strict)]
+    host_key_policy: Policy,
+    /// The host's public key line (`ssh-ed25519 AAAA…`), e.g. from `ssh-keyscan` run where you
+    /// trust the network, or the host's /etc/ssh/ssh_host_ed25519_key.pub.
+    #[arg(long, value_name = "KEY", conflicts_with = "host_key_file")]
+    host_key: Option<String>,
+    /// A file holding the host's public key line.
+    #[arg(long, value_name = "FILE")]
+    host_key_file: Option<std::path::PathBuf>,
+    /// Where the marker protocol keeps execution records on the host.
+    #[arg(long, value_name = "DIR", default_value = postern_vault::DEFAULT_MARKER_ROOT)]
+    marker_dir: String,
+    /// Ask a reviewer before every command on this host.
+    #[arg(long)]
+    approve_every_use: bool,
+    /// The key is passphrase-protected: read the passphrase (hidden prompt, or the first line of
+    /// standard input).
+    #[arg(long)]
+    passphrase: bool,
+}
+
+pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
+    let usage = |m: String| Failure { code: 2, error: anyhow!(m) };
+    let key = std::fs::read_to_string(&args.key_file)
+        .map_err(|e| usage(format!("cannot read the key file {}: {e}", args.key_file.display())))?;
+    let key = Sensitive::new(key);
+    let passphrase = if args.passphrase { Some(read_secret()?) } else { None };
+    // Refuse a key that cannot be used, or a wrong passphrase, now rather than at the first call.
+    postern_gateway::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
+        .map_err(|e| usage(format!("the key in {} cannot be used: {e}", args.key_file.display())))?;
+    let line = match (&args.host_key, &args.host_key_file) {
+        (Some(line), _) => Some(line.clone()),
+        (None, Some(file)) => Some(
+            std::fs::read_to_string(file)
+                .map_err(|e| usage(format!("cannot read the host key file {}: {e}", file.display())))?,
+        ),
+        (None, None) => None,
+    };
+    let pinned = line.as_deref().map(postern_gateway::ssh::host_key).transpose()?;
+    let host = SshHost {
+        name: args.name,
+        address: args.address,
+        port: args.port,
+        account: args.account,
+        policy: match args.host_key_policy {
+            Policy::Strict => HostKeyPolicy::Strict,
+            Policy::AcceptNew => HostKeyPolicy::AcceptNew,
+        },
+        host_key: pinned.as_ref().and_then(|(k, _)| k.to_openssh().ok()),
+        host_key_fingerprint: pinned.as_ref().map(|(_, f)| f.clone()),
+        marker_root: args.marker_dir,
+        approve_every_use: args.approve_every_use,
+    };
+    host.validate()?;
+    open(data_dir)?.add_ssh_host(&host, &key, passphrase.as_ref(), now())?;
+    match &host.host_key_fingerprint {
+        Some(f) => eprintln!("stored SSH host {:?}; its host key is pinned: {f}", host.name),
+        None => eprintln!(
+            "stored SSH host {:?}; its host key will be pinned at the first successful login (accept-new)",
+            host.name
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     let vault = open(data_dir)?;
     let credentials = vault.credentials()?;
+    let hosts = vault.ssh_hosts()?;
     let locked = vault.is_locked()?;
     if json {
-        let out = serde_json::json!({ "locked": locked, "credentials": credentials });
+        let out = serde_json::json!({ "locked": locked, "credentials": credentials, "ssh_hosts": hosts });
         println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("vault {}", if locked { "LOCKED (every action is denied)" } else { "unlocked" });
+    if !hosts.is_empty() {
+        let mut t = render::table(&["ssh host", "login", "host key", "policy", "approve every use"]);
+        for h in &hosts {
+            t.add_row(vec![
+                h.name.clone(),
+                format!("{}@{}:{}", h.account, h.address, h.port),
+                h.host_key_fingerprint.clone().unwrap_or_else(|| "(not pinned yet)".into()),
+                h.policy.as_str().into(),
+                if h.approve_every_use { "yes" } else { "no" }.into(),
+            ]);
+        }
+        println!("{}", t.trim_fmt());
+    }
     if credentials.is_empty() {
         println!("no credentials yet (postern vault add NAME --kind bearer --host HOST)");
         return Ok(ExitCode::SUCCESS);
@@ -127,9 +230,42 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
 }
 
 pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
-    open(data_dir)?.remove_credential(name, now())?;
+    let vault = open(data_dir)?;
+    if vault.ssh_host(name).is_ok() {
+        vault.remove_ssh_host(name, now())?;
+        eprintln!("removed SSH host {name:?} and its key from the keychain");
+        return Ok(ExitCode::SUCCESS);
+    }
+    vault.remove_credential(name, now())?;
     eprintln!("removed credential {name:?} and its keychain item");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `postern ssh gc`: removes marker directories older than `days` on one host.
+pub fn ssh_gc(data_dir: &Path, name: &str, days: u32) -> Result<ExitCode, Failure> {
+    let vault = open(data_dir)?;
+    let host = vault.ssh_host(name)?;
+    let (key, passphrase) = vault.ssh_key_of(&host)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let removed = runtime.block_on(async {
+        let connection = postern_gateway::ssh::connect(&host, &key, passphrase.as_ref()).await?;
+        let command = postern_gateway::ssh::marker_gc(&host.marker_root, days);
+        let sent = connection.exec(&command, std::time::Duration::from_secs(120), 4096, None).await;
+        connection.close().await;
+        Ok::<_, Failure>(sent)
+    })?;
+    match removed {
+        postern_gateway::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => {
+            eprintln!(
+                "removed {} marker director{} older than {days} days under {} on {name}",
+                result.stdout.trim(),
+                if result.stdout.trim() == "1" { "y" } else { "ies" },
+                host.marker_root
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(anyhow!("the clean-up on {name} did not finish: {other:?}").into()),
+    }
 }
 
 pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {

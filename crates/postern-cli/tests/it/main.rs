@@ -9,5 +9,10 @@ mod call;
 mod gateway;
 mod gateway_support;
 mod journal;
+mod ssh;
+// The gateway's sshd harness, shared; this binary uses part of it.
+#[allow(dead_code)]
+#[path = "../../../postern-gateway/tests/it/sshd.rs"]
+mod sshd;
 mod support;
 mod vault;
