@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test. The SSH channel's tests start their own OpenSSH sshd on 127.0.0.1 (installed
 # here if missing; installing openssh-server does not start the system's). The vault's tests use
-# the real OS keychain, so on Linux this starts a private D-Bus session with an unlocked gnome-keyring (Secret Service) around the test run, in a
-# throwaway XDG data directory; nothing touches the desktop's own keyring.
+# the real OS keychain, so on Linux this starts a private D-Bus session with an unlocked
+# gnome-keyring (Secret Service) around the test run, in a throwaway XDG data directory; nothing
+# touches the desktop's own keyring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

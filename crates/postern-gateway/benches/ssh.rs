@@ -1,0 +1,112 @@
+//! `ssh_exec` of `true` through Postern against OpenSSH's own `ssh` client, to the same loopback
+//! `sshd`, in one run: p50 per call both ways, and the marker protocol's extra cost (a marker
+//! tool against the same command as an `irreversible` tool, which skips the marker).
+//!
+//! `cargo bench -p postern-gateway --bench ssh` (needs openssh-server and openssh-client).
+
+mod common;
+#[allow(dead_code, clippy::unwrap_used)] // the tests' sshd harness, shared
+#[path = "../tests/it/sshd.rs"]
+mod sshd;
+
+use postern_core::{Actor, IntentScope, SessionId, Timestamp};
+use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest, engine::system_clock};
+use postern_store::Store;
+use postern_vault::{HostKeyPolicy, MemoryKeychain, Sensitive, SshHost, Vault};
+use serde_json::json;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+const CALLS: usize = 60;
+
+fn main() {
+    let sshd = sshd::Sshd::start();
+    let markers = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).expect("store");
+    let store = Arc::new(store);
+    let vault = Arc::new(
+        Vault::open(Arc::clone(&store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(2)).expect("vault"),
+    );
+    let (_, fingerprint) = postern_gateway::ssh::host_key(&sshd.host_key()).expect("host key");
+    let host = SshHost {
+        name: "box".into(),
+        address: "127.0.0.1".into(),
+        port: sshd.port,
+        account: sshd.account.clone(),
+        policy: HostKeyPolicy::Strict,
+        host_key: Some(sshd.host_key()),
+        host_key_fingerprint: Some(fingerprint),
+        marker_root: markers.path().to_str().expect("utf-8").to_owned(),
+        approve_every_use: false,
+    };
+    let key = sshd.key("id_ed25519");
+    vault.add_ssh_host(&host, &Sensitive::new(key.private), None, Timestamp::from_millis(3)).expect("add host");
+    let manifest = Manifest::parse(
+        "[[tool]]\nname = \"true_plain\"\nssh = { host = \"box\", command = \"true\" }\ncontract = { class = \"irreversible\" }\n",
+        std::path::Path::new("bench.toml"),
+    )
+    .expect("manifest");
+    let engine = Arc::new(
+        Engine::new(Arc::clone(&store), vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock())
+            .expect("engine"),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+
+    // OpenSSH's client, a new connection per call like Postern's.
+    let known_hosts = dir.path().join("known_hosts");
+    std::fs::write(&known_hosts, format!("[127.0.0.1]:{} {}\n", sshd.port, sshd.host_key())).expect("known_hosts");
+    let openssh = time(CALLS, || {
+        let status = std::process::Command::new("ssh")
+            .args(["-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o"])
+            .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+            .arg("-i")
+            .arg(sshd.dir.path().join("id_ed25519"))
+            .args(["-p", &sshd.port.to_string()])
+            .arg(format!("{}@127.0.0.1", sshd.account))
+            .arg("true")
+            .status()
+            .expect("ssh");
+        assert!(status.success());
+    });
+
+    let mut n = 0u128;
+    let mut call = |tool: &str, arguments: serde_json::Value| {
+        n += 1;
+        let session = SessionId::from_parts(Timestamp::from_millis(5), n);
+        let call = Call {
+            tool: tool.into(),
+            arguments,
+            actor: Actor::process("/usr/bin/bench", "00"),
+            intent_scope: IntentScope::agent_run(session),
+            session: None,
+            correlation: json!({}),
+            cancel: Default::default(),
+        };
+        let out = runtime.block_on(engine.call(call)).expect("call");
+        assert_eq!(out.ssh.and_then(|s| s.exit_status), Some(0), "{:?}", out.detail);
+    };
+    let marker = time(CALLS, || call("ssh_exec", json!({ "host": "box", "command": "true" })));
+    let plain = time(CALLS, || call("true_plain", json!({})));
+
+    println!("ssh `true` to a loopback OpenSSH sshd, {CALLS} calls each, a new connection per call:");
+    println!("  OpenSSH client (ssh)                      p50 {:>7.2} ms", common::ms(openssh));
+    println!("  Postern ssh_exec (marker protocol)        p50 {:>7.2} ms", common::ms(marker));
+    println!("  Postern SSH tool, irreversible (no marker) p50 {:>7.2} ms", common::ms(plain));
+    println!("  marker protocol's extra cost              p50 {:>+7.2} ms", common::ms(marker) - common::ms(plain));
+}
+
+/// The p50 of `calls` runs of `f`.
+fn time(calls: usize, mut f: impl FnMut()) -> Duration {
+    f();
+    let mut latencies = Vec::with_capacity(calls);
+    let started = Instant::now();
+    for _ in 0..calls {
+        let t = Instant::now();
+        f();
+        latencies.push(t.elapsed());
+    }
+    common::figures(latencies, started.elapsed()).p50
+}
