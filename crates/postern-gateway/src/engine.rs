@@ -48,6 +48,25 @@ fn secret_values(contract: &postern_core::ReplayContract, arguments: &Value) -> 
         .collect()
 }
 
+/// The credential a reviewer is told about: its name, or the SSH host whose key is used.
+fn credential_shown(p: &Prepared<'_>) -> Option<String> {
+    match &p.ssh {
+        Some(plan) => Some(format!(
+            "ssh key of host {} ({})",
+            plan.host.name,
+            plan.host.host_key_fingerprint.as_deref().unwrap_or("key not pinned yet")
+        )),
+        None => p.credential.as_ref().map(|c| c.name.clone()),
+    }
+}
+
+fn ssh_shown(plan: &SshPlan) -> String {
+    match &plan.working_dir {
+        Some(dir) => format!("$ cd {dir} && {}", plan.command),
+        None => format!("$ {}", plan.command),
+    }
+}
+
 /// The prior states a person reviews when a retry matches them (design §6); `accepted` joins
 /// the pending approval instead, `denied` returns the same denial.
 fn reviewed_by_a_person(state: ExecutionState) -> bool {
@@ -937,7 +956,7 @@ impl Engine {
             actor: summary.actor,
             method: p.method.clone(),
             target: p.url.to_string(),
-            credential: p.credential.as_ref().map(|c| c.name.clone()),
+            credential: credential_shown(p),
             replay_contract: class.as_str().to_owned(),
             state: prior.state,
             accepted_at: summary.accepted_at,
@@ -1082,10 +1101,22 @@ impl Engine {
             agent: self.agent_run(call)?,
             method: p.method.clone(),
             target: p.url.to_string(),
-            credential: p.credential.as_ref().map(|c| c.name.clone()),
-            body_preview: p.body.as_deref().map(|b| {
-                crate::approval::body_preview(b, &secret_values(&p.tool.contract, &call.arguments), BODY_PREVIEW_BYTES)
-            }),
+            credential: credential_shown(p),
+            body_preview: match &p.ssh {
+                // For SSH the "body" is the command, where it runs, and as whom.
+                Some(plan) => Some(crate::approval::body_preview(
+                    ssh_shown(plan).as_bytes(),
+                    &secret_values(&p.tool.contract, &call.arguments),
+                    BODY_PREVIEW_BYTES,
+                )),
+                None => p.body.as_deref().map(|b| {
+                    crate::approval::body_preview(
+                        b,
+                        &secret_values(&p.tool.contract, &call.arguments),
+                        BODY_PREVIEW_BYTES,
+                    )
+                }),
+            },
             timeout_ms: self.approval_timeout.as_millis() as u64,
             withdrawn: Withdrawal::default(),
         };
@@ -1183,7 +1214,8 @@ impl Engine {
         let allowlisted = session == SessionStanding::New && view.allowlisted(call.actor.as_str())?;
         Ok(LadderInput {
             vault_locked: self.vault.is_locked()?,
-            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use),
+            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use)
+                || p.ssh.as_ref().is_some_and(|s| s.host.approve_every_use),
             session,
             actor_allowlisted: allowlisted,
         })

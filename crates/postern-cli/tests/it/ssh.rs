@@ -115,3 +115,49 @@ fn a_host_key_mismatch_is_refused_with_both_fingerprints_and_gc_removes_old_mark
     assert!(!old.exists());
     assert!(s.markers.path().join(second["execution_id"].as_str().unwrap()).exists(), "a recent marker stays");
 }
+
+/// End to end with a real MCP client: a marker-protected SSH command is running when the gateway
+/// process is killed; after a restart the same agent process reconnects and repeats the call →
+/// Postern reads the marker on the host and answers with the command's exit status; the command
+/// ran once.
+#[test]
+fn a_gateway_crash_while_an_ssh_command_runs_is_recovered_through_the_marker() {
+    use super::gateway_support::{Agent, Gateway, Sdk, eventually};
+    let s = setup();
+    assert_eq!(s.add("box", "id_ed25519", &s.sshd.dir.path().join("host_ed25519.pub"), None).code, 0);
+    let manifest = "[[tool]]\nname = \"append\"\nssh = { host = \"box\", command = \"echo {line} >> {file}; sleep 2\" }\n\
+                    input_schema = { type = \"object\", required = [\"line\", \"file\"], properties = { line = { type = \"string\" }, file = { type = \"string\" } } }\n\
+                    contract = { class = \"ssh_marker\" }\n";
+    let key_line =
+        std::fs::read_to_string(s.sshd.dir.path().join("id_ed25519")).unwrap().lines().nth(1).unwrap().to_owned();
+    let Setup { sshd: _sshd, data, markers, .. } = s;
+    let ledger = markers.path().join("ledger");
+    let args = serde_json::json!({ "line": "deployed", "file": ledger.to_str().unwrap() });
+    let gw = Gateway::start_in(data, manifest);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    agent.call("first", "append", args.clone());
+    let lines = || std::fs::read_to_string(&ledger).map_or(0, |t| t.lines().count());
+    eventually("the command to run on the host", std::time::Duration::from_secs(30), || (lines() == 1).then_some(()));
+    let gw = gw.crash_and_restart(manifest);
+    assert_eq!(agent.result("first")["ok"], false, "the first call's connection died with the gateway");
+    let id = gw.executions_of("append").pop().unwrap();
+    eventually("the command to finish on the host", std::time::Duration::from_secs(30), || {
+        markers.path().join(&id).join("finished").exists().then_some(())
+    });
+
+    agent.connect(gw.bridge_command());
+    let retry = agent.call_and_wait("retry", "append", args);
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["state"], "completed", "{retry}");
+    assert_eq!(retry["structured"]["result"]["exit_status"], 0, "{retry}");
+    assert_eq!(retry["structured"]["result"]["from_marker"], true, "{retry}");
+    let text = retry["text"][0].as_str().unwrap();
+    assert!(text.contains("exit status 0") && text.contains("marker"), "{text}");
+    assert_eq!(lines(), 1, "ran exactly once");
+    let events = gw.events_of(&id);
+    assert!(events.contains(&"outcome_unknown".to_owned()) && events.contains(&"completed".to_owned()), "{events:?}");
+    // The private key is in no log line and no file of the data directory.
+    assert!(!gw.stderr.lock().unwrap().contains(&key_line));
+    assert!(super::support::any_file_contains(gw.path(), &key_line).is_none());
+}

@@ -443,3 +443,30 @@ async fn the_private_key_and_passphrase_never_leak() {
     let host = format!("{:?}", r.rig.vault.ssh_host("box").unwrap());
     assert!(!host.contains(&body_line));
 }
+
+/// An SSH host marked "approve every use" is on the ladder's per-use rung: with no reviewer the
+/// command is denied and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approve_every_use_host_needs_a_reviewer_for_each_command() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    let key = sshd.key("id_ed25519");
+    let (_, fingerprint) = postern_gateway::ssh::host_key(&sshd.host_key()).unwrap();
+    let host = SshHost {
+        name: "guarded".into(),
+        address: "127.0.0.1".into(),
+        port: sshd.port,
+        account: sshd.account.clone(),
+        policy: HostKeyPolicy::Strict,
+        host_key: Some(sshd.host_key()),
+        host_key_fingerprint: Some(fingerprint),
+        marker_root: r.markers.path().to_str().unwrap().to_owned(),
+        approve_every_use: true,
+    };
+    r.rig.vault.add_ssh_host(&host, &Sensitive::new(key.private), None, Timestamp::from_millis(4)).unwrap();
+    let witness = r.markers.path().join("ran");
+    let out = r.engine.call(exec("guarded", &format!("touch {}", witness.display()))).await.unwrap();
+    assert_eq!(out.state, ExecutionState::Denied);
+    assert_eq!(out.detail["rung"], "approve_every_use");
+    assert!(!witness.exists());
+}
