@@ -253,6 +253,141 @@ impl Approver for LockOnlyApprover {
     }
 }
 
+/// What a reviewer is shown for one question, laid out once for every approver (the terminal
+/// prints it, the desktop dialog renders it): the same rows, the same timeline, the same choices
+/// with the same keys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Presentation {
+    pub title: String,
+    pub intro: Option<String>,
+    /// Label and value, in order.
+    pub rows: Vec<(String, String)>,
+    pub timeline: Vec<TimelineStep>,
+    pub choices: Vec<PresentedChoice>,
+}
+
+/// One answer a reviewer can give, with its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PresentedChoice {
+    pub key: char,
+    pub label: String,
+    /// "Dispatch anew" needs a typed reason.
+    pub needs_reason: bool,
+}
+
+fn choice(key: char, label: &str) -> PresentedChoice {
+    PresentedChoice { key, label: label.to_owned(), needs_reason: false }
+}
+
+/// A time in ms since the epoch as RFC 3339 (UTC, milliseconds).
+pub fn when(ms: i64) -> String {
+    let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+impl AuthorizationRequest {
+    pub fn presentation(&self) -> Presentation {
+        let mut rows: Vec<(String, String)> = Vec::new();
+        let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));
+        let (title, intro, choices) = match self.ask {
+            Ask::SessionAuthorization => (
+                "authorize an agent run",
+                Some("A new agent run wants to act through Postern.".to_owned()),
+                vec![
+                    choice('s', "allow this session"),
+                    choice('a', "always allow this agent (this executable hash)"),
+                    choice('d', "deny"),
+                ],
+            ),
+            Ask::PerUse => {
+                ("approve this call", None, vec![choice('y', "approve this call only"), choice('d', "deny")])
+            }
+        };
+        let call = format!("{} {}", self.method, self.target);
+        if self.ask == Ask::PerUse {
+            row("tool", self.tool.clone());
+            row("request", call.clone());
+            row("credential", self.credential.clone().unwrap_or_else(|| "(none)".into()));
+            if let Some(body) = &self.body_preview {
+                row("body", body.clone());
+            }
+        }
+        match &self.agent {
+            Some(a) => {
+                row("agent", a.executable.clone());
+                if !a.sha256.is_empty() {
+                    row("sha256", a.sha256.clone());
+                }
+                let pid = a.pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+                let started = a.process_started_at.map_or_else(String::new, |t| format!(", started {}", when(t)));
+                row("pid", format!("{pid}{started}"));
+                row("transport", a.transport.clone());
+                if let Some(client) = &a.client {
+                    row("client", format!("{client} (as the client names itself)"));
+                }
+            }
+            None => row("agent", self.actor.clone()),
+        }
+        if self.ask == Ask::SessionAuthorization {
+            row("first call", format!("{}: {call}", self.tool));
+            if let Some(c) = &self.credential {
+                row("credential", c.clone());
+            }
+        }
+        row("execution", self.execution_id.to_string());
+        Presentation { title: title.into(), intro, rows, timeline: vec![], choices }
+    }
+}
+
+impl RetryReviewRequest {
+    pub fn presentation(&self) -> Presentation {
+        let mut rows: Vec<(String, String)> = Vec::new();
+        let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));
+        row(
+            "original",
+            format!("{} (tool {}, replay contract {})", self.execution_id, self.tool, self.replay_contract),
+        );
+        row("request", format!("{} {}", self.method, self.target));
+        if let Some(c) = &self.credential {
+            row("credential", c.clone());
+        }
+        row("agent", self.actor.clone());
+        row("state", self.state.as_str().to_owned());
+        row("accepted", when(self.accepted_at));
+        if let Some(by) = &self.authorized_by {
+            row("authorized", format!("by {by}"));
+        }
+        if let Some(at) = self.first_dispatched_at {
+            row("dispatched", when(at));
+        }
+        row("outcome", self.known_outcome.clone());
+        row("not re-sent", self.why_not_resent.clone());
+        let choices = self
+            .choices
+            .iter()
+            .map(|c| {
+                let key = match c {
+                    ReviewChoice::ReturnRecordedResult => 'r',
+                    ReviewChoice::CheckStatus => 'c',
+                    ReviewChoice::DispatchAnew => 'n',
+                    ReviewChoice::Deny => 'd',
+                };
+                PresentedChoice { key, label: c.label().to_owned(), needs_reason: *c == ReviewChoice::DispatchAnew }
+            })
+            .collect();
+        Presentation {
+            title: "review a retry".into(),
+            intro: Some(format!(
+                "The agent repeated a call that matches execution {} on record. Nothing has been sent for the retry.",
+                self.execution_id
+            )),
+            rows,
+            timeline: self.timeline.clone(),
+            choices,
+        }
+    }
+}
+
 /// The start of a request body for a reviewer: at most `limit` bytes of text, every secret
 /// argument's value masked by name, binary bodies described rather than shown.
 pub fn body_preview(body: &[u8], secrets: &[(String, String)], limit: usize) -> String {

@@ -7,8 +7,8 @@
 //! has read. Between questions the terminal takes three commands: `lock`, `unlock`, `status`.
 
 use crate::approval::{
-    Approver, Ask, Authorization, AuthorizationRequest, Grant, RetryReviewRequest, ReviewAnswer, ReviewChoice,
-    ReviewVerdict, Withdrawal,
+    Approver, Ask, Authorization, AuthorizationRequest, Grant, Presentation, RetryReviewRequest, ReviewAnswer,
+    ReviewVerdict, Withdrawal, when,
 };
 use crate::engine::Clock;
 use postern_vault::Vault;
@@ -17,7 +17,7 @@ use std::{
     io::{Read, Write},
     os::fd::AsFd,
     sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 /// Why the terminal approver cannot start.
@@ -185,15 +185,13 @@ impl TerminalApprover {
 
 impl Approver for TerminalApprover {
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
-        let (text, keys, rung): (String, &[(char, &str)], &str) = match r.ask {
-            Ask::SessionAuthorization => (
-                session_text(r),
-                &[('s', "allow this session"), ('a', "always allow this agent (this executable hash)"), ('d', "deny")],
-                "session_authorization",
-            ),
-            Ask::PerUse => (per_use_text(r), &[('y', "approve this call only"), ('d', "deny")], "approve_every_use"),
+        let shown = r.presentation();
+        let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
+        let rung = match r.ask {
+            Ask::SessionAuthorization => "session_authorization",
+            Ask::PerUse => "approve_every_use",
         };
-        let picked = self.choose(&text, keys, r.timeout_ms, &r.withdrawn);
+        let picked = self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn);
         let (allowed, grant, reason) = match (r.ask, picked) {
             (Ask::SessionAuthorization, Some('s')) => (true, Some(Grant::Session), "allowed this session"),
             (Ask::SessionAuthorization, Some('a')) => (true, Some(Grant::Always), "always allow this agent"),
@@ -216,18 +214,10 @@ impl Approver for TerminalApprover {
     }
 
     fn review_retry(&self, r: &RetryReviewRequest) -> Option<ReviewVerdict> {
-        let keys: Vec<(char, &str)> = r
-            .choices
-            .iter()
-            .map(|c| match c {
-                ReviewChoice::ReturnRecordedResult => ('r', c.label()),
-                ReviewChoice::CheckStatus => ('c', c.label()),
-                ReviewChoice::DispatchAnew => ('n', c.label()),
-                ReviewChoice::Deny => ('d', c.label()),
-            })
-            .collect();
+        let shown = r.presentation();
+        let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
         let started = Instant::now();
-        let answer = match self.choose(&review_text(r), &keys, r.timeout_ms, &r.withdrawn)? {
+        let answer = match self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn)? {
             'r' => ReviewAnswer::ReturnRecordedResult,
             'c' => ReviewAnswer::CheckStatus,
             'n' => {
@@ -280,88 +270,20 @@ fn read_line(tty: &mut File, until: Instant) -> std::io::Result<Option<String>> 
     Ok(Some(String::from_utf8_lossy(&buf[..n]).into_owned()))
 }
 
-fn when(ms: i64) -> String {
-    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-fn header(title: &str, timeout_ms: u64) -> String {
-    format!("== Postern: {title} ==  (answer within {} s)\n", timeout_ms / 1000)
-}
-
-fn row(out: &mut String, label: &str, value: &str) {
-    out.push_str(&format!("  {label:<12} {value}\n"));
-}
-
-fn agent_rows(out: &mut String, r: &AuthorizationRequest) {
-    match &r.agent {
-        Some(a) => {
-            row(out, "agent", &a.executable);
-            if !a.sha256.is_empty() {
-                row(out, "sha256", &a.sha256);
-            }
-            let pid = a.pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
-            let started = a.process_started_at.map_or_else(String::new, |t| format!(", started {}", when(t)));
-            row(out, "pid", &format!("{pid}{started}"));
-            row(out, "transport", &a.transport);
-            if let Some(client) = &a.client {
-                row(out, "client", &format!("{client} (as the client names itself)"));
-            }
+/// The presentation as terminal text: a header, the rows aligned, the timeline.
+fn text(p: &Presentation, timeout_ms: u64) -> String {
+    let mut out = format!("== Postern: {} ==  (answer within {} s)\n", p.title, timeout_ms / 1000);
+    if let Some(intro) = &p.intro {
+        out.push_str(&format!("  {intro}\n"));
+    }
+    for (label, value) in &p.rows {
+        out.push_str(&format!("  {label:<12} {value}\n"));
+    }
+    if !p.timeline.is_empty() {
+        out.push_str("  timeline\n");
+        for step in &p.timeline {
+            out.push_str(&format!("    {}  {:<24} {}\n", when(step.at), step.event, step.summary));
         }
-        None => row(out, "agent", &r.actor),
-    }
-}
-
-fn session_text(r: &AuthorizationRequest) -> String {
-    let mut out = header("authorize an agent run", r.timeout_ms);
-    out.push_str("  A new agent run wants to act through Postern.\n");
-    agent_rows(&mut out, r);
-    row(&mut out, "first call", &format!("{}: {} {}", r.tool, r.method, r.target));
-    if let Some(c) = &r.credential {
-        row(&mut out, "credential", c);
-    }
-    row(&mut out, "execution", &r.execution_id.to_string());
-    out
-}
-
-fn per_use_text(r: &AuthorizationRequest) -> String {
-    let mut out = header("approve this call", r.timeout_ms);
-    row(&mut out, "tool", &r.tool);
-    row(&mut out, "request", &format!("{} {}", r.method, r.target));
-    row(&mut out, "credential", r.credential.as_deref().unwrap_or("(none)"));
-    if let Some(body) = &r.body_preview {
-        row(&mut out, "body", body);
-    }
-    agent_rows(&mut out, r);
-    row(&mut out, "execution", &r.execution_id.to_string());
-    out
-}
-
-fn review_text(r: &RetryReviewRequest) -> String {
-    let mut out = header("review a retry", r.timeout_ms);
-    out.push_str(&format!(
-        "  The agent repeated a call that matches execution {} on record. Nothing has been sent for the retry.\n",
-        r.execution_id
-    ));
-    row(&mut out, "original", &format!("{} (tool {}, replay contract {})", r.execution_id, r.tool, r.replay_contract));
-    row(&mut out, "request", &format!("{} {}", r.method, r.target));
-    if let Some(c) = &r.credential {
-        row(&mut out, "credential", c);
-    }
-    row(&mut out, "agent", &r.actor);
-    row(&mut out, "state", r.state.as_str());
-    row(&mut out, "accepted", &when(r.accepted_at));
-    if let Some(by) = &r.authorized_by {
-        row(&mut out, "authorized", &format!("by {by}"));
-    }
-    if let Some(at) = r.first_dispatched_at {
-        row(&mut out, "dispatched", &when(at));
-    }
-    row(&mut out, "outcome", &r.known_outcome);
-    row(&mut out, "not re-sent", &r.why_not_resent);
-    out.push_str("  timeline\n");
-    for step in &r.timeline {
-        out.push_str(&format!("    {}  {:<24} {}\n", when(step.at), step.event, step.summary));
     }
     out
 }
