@@ -16,6 +16,10 @@ command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
+# The desktop app: WebKitGTK and friends to build it, Xvfb and WebKitWebDriver to drive it.
+pkg-config --exists webkit2gtk-4.1 2>/dev/null || need+=(libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libxdo-dev libssl-dev pkg-config)
+command -v Xvfb >/dev/null || need+=(xvfb)
+command -v WebKitWebDriver >/dev/null || need+=(webkit2gtk-driver)
 if ((${#need[@]})); then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh needs: ${need[*]} (sudo apt-get install ${need[*]})" >&2
@@ -26,6 +30,9 @@ if ((${#need[@]})); then
 fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
+fi
+if ! command -v tauri-driver >/dev/null; then
+  cargo install tauri-driver --version '^2' --locked
 fi
 
 # The official MCP SDKs the gateway's end-to-end tests drive, pinned by
@@ -41,6 +48,9 @@ if [ ! -d "$ts/node_modules" ] || ! cmp -s "$ts/package-lock.json" "$ts/node_mod
   (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error)
   cp "$ts/package-lock.json" "$ts/node_modules/.installed-lock.json"
 fi
+
+# The desktop app's front end: built (the app embeds it) and its component tests run.
+bash scripts/ui.sh test
 
 keyring_home=$(mktemp -d)
 trap 'rm -rf "$keyring_home"' EXIT

@@ -339,7 +339,48 @@ impl AuthorizationRequest {
     }
 }
 
+impl AuthorizationRequest {
+    /// The verdict for the key a reviewer chose from [`AuthorizationRequest::presentation`]
+    /// (`None`: no answer — timed out, unless the question was withdrawn).
+    pub fn verdict(&self, key: Option<char>, by: &str) -> Authorization {
+        let (allowed, grant, reason) = match (self.ask, key) {
+            (Ask::SessionAuthorization, Some('s')) => (true, Some(Grant::Session), "allowed this session"),
+            (Ask::SessionAuthorization, Some('a')) => (true, Some(Grant::Always), "always allow this agent"),
+            (Ask::PerUse, Some('y')) => (true, None, "approved this call"),
+            (_, Some(_)) => (false, None, "denied by the reviewer"),
+            (_, None) => (false, None, "not answered"),
+        };
+        Authorization {
+            allowed,
+            rung: match self.ask {
+                Ask::SessionAuthorization => "session_authorization".into(),
+                Ask::PerUse => "approve_every_use".into(),
+            },
+            by: by.to_owned(),
+            reason: reason.into(),
+            grant,
+            timed_out: key.is_none() && !self.withdrawn.is_withdrawn(),
+        }
+    }
+}
+
 impl RetryReviewRequest {
+    /// The answer for the key a reviewer chose; `None` for "dispatch anew" without a reason (ask
+    /// for one) or a key that was not offered.
+    pub fn answer(&self, key: char, reason: Option<&str>) -> Option<ReviewAnswer> {
+        let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+        let offered = |c: ReviewChoice| self.choices.contains(&c);
+        match key {
+            'r' if offered(ReviewChoice::ReturnRecordedResult) => Some(ReviewAnswer::ReturnRecordedResult),
+            'c' if offered(ReviewChoice::CheckStatus) => Some(ReviewAnswer::CheckStatus),
+            'n' if offered(ReviewChoice::DispatchAnew) => {
+                reason.map(|r| ReviewAnswer::DispatchAnew { reason: r.to_owned() })
+            }
+            'd' => Some(ReviewAnswer::Deny { reason: reason.unwrap_or("denied by the reviewer").to_owned() }),
+            _ => None,
+        }
+    }
+
     pub fn presentation(&self) -> Presentation {
         let mut rows: Vec<(String, String)> = Vec::new();
         let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));

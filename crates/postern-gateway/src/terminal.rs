@@ -7,8 +7,7 @@
 //! has read. Between questions the terminal takes three commands: `lock`, `unlock`, `status`.
 
 use crate::approval::{
-    Approver, Ask, Authorization, AuthorizationRequest, Grant, Presentation, RetryReviewRequest, ReviewAnswer,
-    ReviewVerdict, Withdrawal, when,
+    Approver, Authorization, AuthorizationRequest, Presentation, RetryReviewRequest, ReviewVerdict, Withdrawal, when,
 };
 use crate::engine::Clock;
 use postern_vault::Vault;
@@ -187,26 +186,8 @@ impl Approver for TerminalApprover {
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
         let shown = r.presentation();
         let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
-        let rung = match r.ask {
-            Ask::SessionAuthorization => "session_authorization",
-            Ask::PerUse => "approve_every_use",
-        };
         let picked = self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn);
-        let (allowed, grant, reason) = match (r.ask, picked) {
-            (Ask::SessionAuthorization, Some('s')) => (true, Some(Grant::Session), "allowed this session"),
-            (Ask::SessionAuthorization, Some('a')) => (true, Some(Grant::Always), "always allow this agent"),
-            (Ask::PerUse, Some('y')) => (true, None, "approved this call"),
-            (_, Some(_)) => (false, None, "denied at the terminal"),
-            (_, None) => (false, None, "not answered"),
-        };
-        Authorization {
-            allowed,
-            rung: rung.into(),
-            by: BY.into(),
-            reason: reason.into(),
-            grant,
-            timed_out: picked.is_none() && !r.withdrawn.is_withdrawn(),
-        }
+        r.verdict(picked, BY)
     }
 
     fn reviews_retries(&self) -> bool {
@@ -217,15 +198,14 @@ impl Approver for TerminalApprover {
         let shown = r.presentation();
         let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
         let started = Instant::now();
-        let answer = match self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn)? {
-            'r' => ReviewAnswer::ReturnRecordedResult,
-            'c' => ReviewAnswer::CheckStatus,
-            'n' => {
+        let key = self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn)?;
+        let answer = match r.answer(key, None) {
+            Some(answer) => answer,
+            None => {
                 let left = r.timeout_ms.saturating_sub(started.elapsed().as_millis() as u64);
                 let reason = self.reason("reason for sending it again (journaled)", left, &r.withdrawn)?;
-                ReviewAnswer::DispatchAnew { reason }
+                r.answer(key, Some(&reason))?
             }
-            _ => ReviewAnswer::Deny { reason: "denied at the terminal".into() },
         };
         Some(ReviewVerdict { answer, by: BY.into() })
     }

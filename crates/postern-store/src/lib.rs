@@ -15,7 +15,9 @@ mod writer;
 pub use audit::{Checkpoint, Finding, VerifyReport};
 pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
 pub use schema::{APPLICATION_ID, supported_version};
-pub use view::{ActivityFilter, AgentRecord, ExecutionSummary, JournalView, SessionSummary, StoredResult};
+pub use view::{
+    ActivityFilter, AgentRecord, ExecutionQuery, ExecutionSummary, JournalView, SessionSummary, StoredResult,
+};
 pub use writer::WriterStats;
 
 use postern_core::{

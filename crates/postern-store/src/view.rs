@@ -40,6 +40,24 @@ pub struct ActivityFilter {
     pub limit: usize,
 }
 
+/// Which executions a page holds (the Activity view's filters). `None` means "any".
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+pub struct ExecutionQuery {
+    /// Only executions older than this ID (the last row of the previous page).
+    pub before: Option<String>,
+    pub state: Option<String>,
+    pub tool: Option<String>,
+    pub actor: Option<String>,
+    pub session: Option<String>,
+    /// Accepted at or after (ms).
+    pub from: Option<i64>,
+    /// Accepted before (ms).
+    pub until: Option<i64>,
+    /// Substring of the ID, tool, actor or state.
+    pub text: Option<String>,
+    pub limit: usize,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ExecutionSummary {
     pub id: String,
@@ -82,6 +100,32 @@ pub struct StoredResult {
     pub sha256: String,
     #[serde(skip)]
     pub body: Vec<u8>,
+}
+
+const EXECUTION_COLUMNS: &str = "SELECT id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
+        accepted_at, updated_at, first_dispatched_at, contract, record FROM executions";
+
+fn execution_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<ExecutionSummary> {
+    let json = |i: usize| -> rusqlite::Result<Value> {
+        let text: String = r.get(i)?;
+        serde_json::from_str(&text)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e)))
+    };
+    Ok(ExecutionSummary {
+        id: r.get(0)?,
+        fingerprint: r.get(1)?,
+        actor: r.get(2)?,
+        intent_scope: r.get(3)?,
+        session_id: r.get(4)?,
+        tool: r.get(5)?,
+        channel: r.get(6)?,
+        state: r.get(7)?,
+        accepted_at: r.get(8)?,
+        updated_at: r.get(9)?,
+        first_dispatched_at: r.get(10)?,
+        contract: json(11)?,
+        record: json(12)?,
+    })
 }
 
 const SESSION_COLUMNS: &str = "SELECT s.id, s.actor, s.pid, s.process_start, s.transport, s.client, s.started_at,
@@ -186,36 +230,42 @@ impl JournalView {
 
     pub fn execution(&self, id: ExecutionId) -> Result<Option<ExecutionSummary>, StoreError> {
         self.with(|c| {
-            c.prepare_cached(
-                "SELECT id, fingerprint, actor, intent_scope, session_id, tool, channel, state, accepted_at,
-                        updated_at, first_dispatched_at, contract, record
-                 FROM executions WHERE id = ?1",
-            )?
-            .query_row([id.to_string()], |r| {
-                let json = |i: usize| -> rusqlite::Result<Value> {
-                    let text: String = r.get(i)?;
-                    serde_json::from_str(&text).map_err(|e| {
-                        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-                    })
-                };
-                Ok(ExecutionSummary {
-                    id: r.get(0)?,
-                    fingerprint: r.get(1)?,
-                    actor: r.get(2)?,
-                    intent_scope: r.get(3)?,
-                    session_id: r.get(4)?,
-                    tool: r.get(5)?,
-                    channel: r.get(6)?,
-                    state: r.get(7)?,
-                    accepted_at: r.get(8)?,
-                    updated_at: r.get(9)?,
-                    first_dispatched_at: r.get(10)?,
-                    contract: json(11)?,
-                    record: json(12)?,
-                })
-            })
-            .optional()
-            .map_err(StoreError::from)
+            c.prepare_cached(&format!("{EXECUTION_COLUMNS} WHERE id = ?1"))?
+                .query_row([id.to_string()], execution_summary)
+                .optional()
+                .map_err(StoreError::from)
+        })
+    }
+
+    /// One page of executions, newest first (by ID, which sorts by acceptance time), older than
+    /// `query.before`, filtered. Walks the primary key: a page costs the same on a journal of a
+    /// million executions as on a small one (unless a filter is very selective).
+    pub fn executions_page(&self, query: &ExecutionQuery) -> Result<Vec<ExecutionSummary>, StoreError> {
+        let limit = i64::try_from(query.limit.clamp(1, 1000)).unwrap_or(1000);
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "{EXECUTION_COLUMNS}
+                 WHERE (?1 IS NULL OR id < ?1) AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR tool = ?3)
+                   AND (?4 IS NULL OR actor = ?4) AND (?5 IS NULL OR session_id = ?5)
+                   AND (?6 IS NULL OR accepted_at >= ?6) AND (?7 IS NULL OR accepted_at < ?7)
+                   AND (?8 IS NULL OR instr(id || ' ' || tool || ' ' || actor || ' ' || state, ?8) > 0)
+                 ORDER BY id DESC LIMIT ?9"
+            ))?;
+            let rows = stmt.query_map(
+                params![
+                    query.before,
+                    query.state,
+                    query.tool,
+                    query.actor,
+                    query.session,
+                    query.from,
+                    query.until,
+                    query.text,
+                    limit
+                ],
+                execution_summary,
+            )?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::from)
         })
     }
 

@@ -1,0 +1,17 @@
+//! Tauri's build step: the app manifest (its commands, as permissions the capabilities grant).
+fn main() {
+    tauri_build::try_build(tauri_build::Attributes::new().app_manifest(tauri_build::AppManifest::new().commands(&[
+        "pending_approvals",
+        "approval",
+        "answer_approval",
+        "open_approval",
+        "executions",
+        "execution_detail",
+        "sessions",
+        "revoke_session",
+        "lock_vault",
+        "unlock_vault",
+        "status",
+    ])))
+    .expect("tauri build step");
+}

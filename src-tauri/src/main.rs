@@ -1,0 +1,190 @@
+//! Postern's desktop app: the same gateway as `postern serve` (one engine, one journal), with the
+//! reviewer's questions asked in native windows, a tray icon, notifications, and the journal views.
+//! This file is the composition root; the UI lives in `ui/`.
+
+#![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
+
+mod dialogs;
+mod ipc;
+mod notify;
+mod tray;
+
+use dialogs::{DialogApprover, Questions};
+use postern_core::Timestamp;
+use postern_gateway::{Engine, Manifest, engine::system_clock, mcp::Gateway, runs::AgentRuns, serve};
+use postern_store::Store;
+use postern_vault::{OsKeychain, Vault};
+use std::{path::PathBuf, sync::Arc, time::Duration};
+use tauri::Manager;
+
+/// What the commands share.
+#[derive(Debug)]
+pub struct App {
+    pub store: Arc<Store>,
+    pub vault: Arc<Vault>,
+    pub questions: Arc<Questions>,
+    pub data_dir: PathBuf,
+    pub socket: String,
+    pub http: Option<String>,
+}
+
+pub fn now() -> Timestamp {
+    system_clock()()
+}
+
+/// The same data directory as the CLI: `POSTERN_DATA_DIR`, else the OS data directory.
+fn data_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("POSTERN_DATA_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    directories::ProjectDirs::from("", "", "postern")
+        .map(|d| d.data_dir().to_owned())
+        .ok_or_else(|| "no home directory: set POSTERN_DATA_DIR".into())
+}
+
+/// The same tool manifest as `postern serve`: `POSTERN_TOOLS`, else `tools.toml` in the config
+/// directory; none → the built-in tools only.
+fn manifest() -> Result<Manifest, String> {
+    let path = match std::env::var_os("POSTERN_TOOLS") {
+        Some(p) => PathBuf::from(p),
+        None => match directories::ProjectDirs::from("", "", "postern") {
+            Some(d) => d.config_dir().join("tools.toml"),
+            None => return Ok(Manifest::parse("", std::path::Path::new("(none)")).map_err(|_| "empty manifest")?),
+        },
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    Manifest::parse(&text, &path)
+        .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))
+}
+
+/// Notifies when executions whose outcome is unknown, or that wait for review, appear.
+async fn watch_uncertain(store: Arc<Store>) {
+    let count = |store: &Store| {
+        store.view().state_counts().map_or(0, |counts| {
+            counts.iter().filter(|(s, _)| s == "outcome_unknown" || s == "needs_review").map(|(_, n)| *n).sum::<i64>()
+        })
+    };
+    let mut seen = count(&store);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = count(&store);
+        if now > seen {
+            notify::needs_review(now - seen);
+        }
+        seen = now;
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("postern-app: {message}");
+    std::process::exit(1);
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("POSTERN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
+        )
+        .init();
+    let data_dir = data_dir().unwrap_or_else(|e| fail(&e));
+    std::fs::create_dir_all(&data_dir).unwrap_or_else(|e| fail(&format!("create {}: {e}", data_dir.display())));
+    let manifest = manifest().unwrap_or_else(|e| fail(&e));
+    let (store, recovery) = Store::open(&data_dir.join("postern.db"), now()).unwrap_or_else(|e| fail(&e.to_string()));
+    let store = Arc::new(store);
+    let keychain = OsKeychain::connect().unwrap_or_else(|e| fail(&e.to_string()));
+    let vault =
+        Arc::new(Vault::open(Arc::clone(&store), Arc::new(keychain), now()).unwrap_or_else(|e| fail(&e.to_string())));
+    let questions = Arc::new(Questions::default());
+    let port = std::env::var("POSTERN_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(postern_gateway::streamable::DEFAULT_PORT);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut stop_tx = Some(stop_tx);
+    let mut stop_rx = Some(stop_rx);
+    let gateway_task: Arc<std::sync::Mutex<Option<tauri::async_runtime::JoinHandle<()>>>> = Arc::default();
+    let task_slot = Arc::clone(&gateway_task);
+
+    let app = tauri::Builder::default()
+        .invoke_handler(tauri::generate_handler![
+            ipc::pending_approvals,
+            ipc::approval,
+            ipc::answer_approval,
+            ipc::open_approval,
+            ipc::executions,
+            ipc::execution_detail,
+            ipc::sessions,
+            ipc::revoke_session,
+            ipc::lock_vault,
+            ipc::unlock_vault,
+            ipc::status,
+        ])
+        .setup(move |app| {
+            let handle = app.handle().clone();
+            let approver = Arc::new(DialogApprover::new(handle.clone(), Arc::clone(&questions)));
+            let engine = Arc::new(
+                Engine::new(Arc::clone(&store), Arc::clone(&vault), Arc::new(manifest), approver, system_clock())?
+                    .with_approval_timeout(Duration::from_secs(120)),
+            );
+            let runs = AgentRuns::new(Arc::clone(&store), system_clock());
+            let hashes = postern_gateway::identity::ExecutableHashes::default();
+            runs.adopt_open(&hashes)?;
+            let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&store), system_clock(), runs);
+            let options = serve::ServeOptions {
+                data_dir: data_dir.clone(),
+                http_port: Some(port),
+                max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
+                drain: Duration::from_secs(35),
+            };
+            let bound = tauri::async_runtime::block_on(serve::bind(gateway, options))?;
+            let endpoints = bound.endpoints.clone();
+            tracing::info!(
+                socket = %endpoints.socket.display(),
+                http = %endpoints.http.map(|a| format!("http://{a}/mcp")).unwrap_or_else(|| "off".into()),
+                recovered = recovery.outcome_unknown.len(),
+                "postern app ready"
+            );
+            app.manage(Arc::new(App {
+                store: Arc::clone(&store),
+                vault: Arc::clone(&vault),
+                questions: Arc::clone(&questions),
+                data_dir: data_dir.clone(),
+                socket: endpoints.socket.display().to_string(),
+                http: endpoints.http.map(|a| format!("http://{a}/mcp")),
+            }));
+            let stop = stop_rx.take().ok_or("set up twice")?;
+            let idle = Arc::clone(&engine);
+            tauri::async_runtime::spawn(async move { idle.idle_lock(Duration::from_secs(900)).await });
+            let task = tauri::async_runtime::spawn(bound.run(async move {
+                let _ = stop.await;
+            }));
+            *task_slot.lock().map_err(|_| "poisoned")? = Some(task);
+            let watched = Arc::clone(&store);
+            tauri::async_runtime::spawn(async move { watch_uncertain(watched).await });
+            if let Err(e) = tray::install(&handle) {
+                tracing::warn!(error = %e, "no tray icon (is there a tray host?)");
+            }
+            Ok(())
+        })
+        .build(tauri::generate_context!())
+        .unwrap_or_else(|e| fail(&format!("cannot start the app: {e}")));
+    app.run(move |_, event| {
+        if let tauri::RunEvent::Exit = event {
+            // Stop accepting, let executions in flight finish and be journaled.
+            if let Some(tx) = stop_tx.take() {
+                let _ = tx.send(());
+            }
+            let task = gateway_task.lock().ok().and_then(|mut t| t.take());
+            if let Some(task) = task {
+                let _ =
+                    tauri::async_runtime::block_on(async { tokio::time::timeout(Duration::from_secs(40), task).await });
+            }
+        }
+    });
+}

@@ -1,0 +1,378 @@
+"""End to end against the real Postern desktop app under Xvfb (run by src-tauri/tests/it).
+
+WebDriver: tauri-driver in front of WebKitWebDriver (Debian's webkit2gtk-driver), driven with
+Selenium. The agent is the official Python MCP SDK (tests/clients/python/agent.py) speaking
+through `postern mcp`; the target is a local HTTP server that counts the POSTs it executes.
+
+Scenario 1, per-use approval: the agent calls a tool whose credential needs approval for every
+use → the approval window appears; the test checks what it shows and approves → the target
+counts 1 → the call is in Activity with its timeline.
+Scenario 2, retry review: an irreversible call is authorized (session question) and dispatched,
+the connection is cut after the target executed, the agent retries → the review window shows
+the original record → "return the recorded result" → the target still counts one wire.
+
+Environment: POSTERN_APP, POSTERN_BIN (binaries), SCREENSHOTS (a directory, optional).
+Prints one JSON line of figures at the end; exits non-zero on the first failed check.
+"""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.common.exceptions import NoSuchWindowException, WebDriverException
+from selenium.webdriver.common.options import ArgOptions
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+APP = os.environ["POSTERN_APP"]
+POSTERN = os.environ["POSTERN_BIN"]
+SHOTS = os.environ.get("SCREENSHOTS")
+SECRET = "CANARY-desktop-91f3-bank-token"
+
+
+def step(what):
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+def wait_for(what, f, limit=30.0):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        value = f()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Target(http.server.BaseHTTPRequestHandler):
+    posts = 0
+    hold = threading.Event()
+    lock = threading.Lock()
+
+    def do_POST(self):
+        length = int(self.headers.get("content-length", 0))
+        self.rfile.read(length)
+        with Target.lock:
+            Target.posts += 1
+            n = Target.posts
+        while Target.hold.is_set():
+            time.sleep(0.05)
+        body = json.dumps({"id": f"pay_{n}"}).encode()
+        self.send_response(201)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """The MCP agent process (official Python SDK), driven by JSON lines."""
+
+    def __init__(self, env):
+        python = os.path.join(ROOT, "tests/clients/python/.venv/bin/python")
+        self.proc = subprocess.Popen(
+            [python, os.path.join(ROOT, "tests/clients/python/agent.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+        self.backlog = []
+        self.expect(lambda e: e["event"] == "ready")
+
+    def send(self, cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, pred):
+        for i, e in enumerate(self.backlog):
+            if pred(e):
+                return self.backlog.pop(i)
+        while True:
+            line = self.proc.stdout.readline()
+            check(line, "the agent exited")
+            e = json.loads(line)
+            if pred(e):
+                return e
+            self.backlog.append(e)
+
+    def connect(self, env):
+        self.send({"op": "connect", "transport": "stdio", "command": POSTERN, "args": ["mcp"], "env": env})
+        e = self.expect(lambda e: e["event"] in ("connected", "connect_failed", "error"))
+        check(e["event"] == "connected", f"connect: {e}")
+
+    def call(self, tag, tool, arguments):
+        self.send({"op": "call", "tag": tag, "tool": tool, "arguments": arguments})
+
+    def result(self, tag):
+        return self.expect(lambda e: e["event"] == "result" and e.get("tag") == tag)
+
+    def bridge_pid(self):
+        children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        check(children, "the agent has a bridge process")
+        return int(children[0])
+
+
+def journal(env, execution=None):
+    run = subprocess.run([POSTERN, "activity", "--json", "--limit", "10000"], capture_output=True, text=True, env=env)
+    check(run.returncode == 0, run.stderr)
+    rows = json.loads(run.stdout)
+    return [r for r in rows if execution is None or r["execution_id"] == execution]
+
+
+def shot(driver, name):
+    """Saves what the current window shows. WebKitWebDriver's snapshot waits for the window to
+    paint, which an idle window under Xvfb may not do (the main window's live indicator keeps it
+    painting): skip rather than hang."""
+    if not SHOTS:
+        return
+    os.makedirs(SHOTS, exist_ok=True)
+    done = threading.Event()
+
+    def take():
+        try:
+            driver.save_screenshot(os.path.join(SHOTS, name))
+        finally:
+            done.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    if not done.wait(15):
+        step(f"screenshot {name} did not complete")
+
+
+class Browser:
+    """Selenium with the window it means. WebKitWebDriver sometimes answers "no such window" for a
+    window that exists while another webview opens or closes; a command is then retried (after
+    switching to its window again), at most 5 times."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.window = driver.current_window_handle
+
+    def on(self, handle):
+        self.window = handle
+        self.do(lambda d: d.switch_to.window(handle))
+
+    def do(self, f):
+        for attempt in range(5):
+            try:
+                return f(self.driver)
+            except NoSuchWindowException:
+                if attempt == 4:
+                    raise
+                time.sleep(0.3)
+                try:
+                    self.driver.switch_to.window(self.window)
+                except NoSuchWindowException:
+                    pass
+
+    def find(self, css):
+        return self.do(lambda d: d.find_elements(By.CSS_SELECTOR, css))
+
+    def text(self, css):
+        return self.do(lambda d: d.find_element(By.CSS_SELECTOR, css).text)
+
+    def click(self, css):
+        self.do(lambda d: d.execute_script("arguments[0].scrollIntoView(); arguments[0].click()",
+                                           d.find_element(By.CSS_SELECTOR, css)))
+
+
+    def answer(self, css):
+        """Clicks a dialog's answer. The app closes the dialog as soon as the answer arrives, so
+        the script's result may never come back; the caller checks the effect instead."""
+        try:
+            self.driver.execute_script("arguments[0].click()", self.driver.find_element(By.CSS_SELECTOR, css))
+        except WebDriverException as e:
+            step(f"the dialog closed while answering ({type(e).__name__})")
+
+
+def new_window(b, known):
+    handle = wait_for("an approval window", lambda: [h for h in b.do(lambda d: d.window_handles) if h not in known])[0]
+    b.on(handle)
+    wait_for("the dialog to load", lambda: b.find("[data-testid=dialog-rows]"))
+    return handle
+
+
+def rows_of(b):
+    def read(d):
+        table = d.find_element(By.CSS_SELECTOR, "[data-testid=dialog-rows]")
+        return {
+            tr.find_element(By.TAG_NAME, "th").text: tr.find_element(By.TAG_NAME, "td").text
+            for tr in table.find_elements(By.TAG_NAME, "tr")
+        }
+
+    return b.do(read)
+
+
+def main():
+    figures = {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Target)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    data = tempfile.mkdtemp(prefix="postern-desktop-")
+    tools = os.path.join(data, "tools.toml")
+    with open(tools, "w") as f:
+        f.write(
+            f'[[tool]]\nname = "pay_each"\nmethod = "POST"\nurl = "{base}/pay"\ncredential = "bank"\n'
+            'input_schema = { type = "object", properties = { amount = { type = "integer" } } }\n'
+            'contract = { class = "irreversible" }\n\n'
+            f'[[tool]]\nname = "wire"\nmethod = "POST"\nurl = "{base}/wire"\n'
+            'input_schema = { type = "object", properties = { amount = { type = "integer" } } }\n'
+            'contract = { class = "irreversible" }\n'
+        )
+    env = dict(os.environ, POSTERN_DATA_DIR=data, POSTERN_TOOLS=tools, POSTERN_PORT="0",
+               WEBKIT_DISABLE_DMABUF_RENDERER="1", NO_COLOR="1")
+    add = subprocess.run(
+        [POSTERN, "vault", "add", "bank", "--kind", "bearer", "--host", "127.0.0.1", "--approve-every-use"],
+        input=SECRET + "\n", capture_output=True, text=True, env=env,
+    )
+    check(add.returncode == 0, add.stderr)
+
+    port, native = free_port(), free_port()
+    driver_proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = None
+    driver = None
+    try:
+        wait_for("tauri-driver", lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 15)
+        opts = ArgOptions()
+        opts.set_capability("browserName", "wry")
+        opts.set_capability("tauri:options", {"application": APP})
+        started = time.time()
+        step("opening the WebDriver session")
+        driver = webdriver.Remote(command_executor=f"http://127.0.0.1:{port}", options=opts)
+        b = Browser(driver)
+        main_window = b.window
+        wait_for("the main window", lambda: b.find("[data-testid=vault-state]"))
+        figures["main_window_ready_ms"] = round((time.time() - started) * 1000)
+        check(b.find("[data-testid=approvals-empty]"), "no approvals yet")
+
+        # Scenario 1: per-use approval.
+        step("starting the agent")
+        agent = Agent(env)
+        agent.connect(env)
+        step("calling pay_each")
+        agent.call("x", "pay_each", {"amount": 5})
+        dialog = new_window(b, [main_window])
+        check(b.text("[data-testid=dialog-title]").lower() == "approve this call", "per-use title")
+        shown = rows_of(b)
+        check(shown["request"] == f"POST {base}/pay", shown)
+        check(shown["credential"] == "bank", shown)
+        check(shown["body"] == '{"amount":5}', shown)
+        check(SECRET not in b.do(lambda d: d.page_source), "the secret is never shown")
+        check(int(b.text("[data-testid=countdown]").split()[0]) > 100, "a countdown")
+        check(Target.posts == 0, "nothing is sent while the reviewer decides")
+        shot(driver, "dialog-per-use.png")
+        step("approving")
+        b.answer("button[data-key=y]")
+        x = agent.result("x")
+        check(x["ok"] and x["structured"]["state"] == "completed", x)
+        check(Target.posts == 1, f"the target counted {Target.posts}")
+        wait_for("the dialog to close", lambda: dialog not in b.do(lambda d: d.window_handles))
+        execution = x["structured"]["execution_id"]
+        events = [r["event"] for r in journal(env, execution)]
+        check(events[:5] == ["accepted", "approval_requested", "approval_granted", "authorized", "dispatched"], events)
+
+        b.on(main_window)
+        b.click("button[data-view=Activity]")
+        wait_for("the call in Activity", lambda: b.find(f"[data-execution='{execution}']"))
+        b.click(f"[data-execution='{execution}']")
+        wait_for("the timeline", lambda: b.find("[data-testid=timeline]"))
+        timeline = b.text("[data-testid=timeline]")
+        for event in ["accepted", "approval_requested", "approval_granted", "authorized", "dispatched", "completed"]:
+            check(event in timeline, f"{event} in the timeline: {timeline}")
+        shot(driver, "view-activity.png")
+
+        # Scenario 2: retry review.
+        step("scenario 2")
+        bridge = agent.bridge_pid()
+        Target.hold.set()
+        agent.call("first", "wire", {"amount": 900})
+        dialog = new_window(b, [main_window])
+        check(b.text("[data-testid=dialog-title]").lower() == "authorize an agent run", "session title")
+        shown = rows_of(b)
+        check(shown["pid"].startswith(str(agent.proc.pid)), shown)
+        check(shown["transport"] == "stdio", shown)
+        shot(driver, "dialog-session.png")
+        b.answer("button[data-key=s]")
+        wait_for("the wire to reach the target", lambda: Target.posts == 2)
+        os.kill(bridge, 9)
+        check(not agent.result("first")["ok"], "the first call's connection was cut")
+        Target.hold.clear()
+        wire = wait_for("the wire execution", lambda: [r["execution_id"] for r in journal(env) if r["event"] == "accepted" and r["detail"]["tool"] == "wire"])[0]
+        wait_for("the undelivered result", lambda: journal(env, wire)[-1]["event"] == "completed_result_not_delivered")
+        b.on(main_window)
+        agent.connect(env)
+        step("retrying wire")
+        agent.call("retry", "wire", {"amount": 900})
+        dialog = new_window(b, [main_window])
+        check(b.text("[data-testid=dialog-title]").lower() == "review a retry", "review title")
+        shown = rows_of(b)
+        check(shown["original"].startswith(wire), shown)
+        check(shown["state"] == "completed_result_not_delivered", shown)
+        check(shown["authorized"] == "by desktop", shown)
+        check("dispatched" in shown, shown)
+        check(shown["outcome"].startswith("completed with HTTP 201"), shown)
+        check(shown["not re-sent"].startswith("the original completed"), shown)
+        timeline = b.text("[data-testid=dialog-timeline]")
+        check("dispatched" in timeline and "completed_result_not_delivered" in timeline, timeline)
+        check(not b.find("button[data-key=c]"), "no status route for irreversible")
+        shot(driver, "dialog-retry-review.png")
+        b.answer("button[data-key=r]")
+        retry = agent.result("retry")
+        check(retry["ok"] and retry["structured"]["execution_id"] == wire, retry)
+        check(retry["structured"]["attached"] is True, retry)
+        check(Target.posts == 2, f"the wire was sent once (target counted {Target.posts} POSTs in all)")
+
+        b.on(main_window)
+        b.click("button[data-view=Sessions]")
+        wait_for("the Sessions view", lambda: b.find("[data-testid=sessions]"))
+        shot(driver, "view-sessions.png")
+        b.click("button[data-view=Approvals]")
+        # Quick lock from the window, then unlock there (the approver's own channel).
+        b.click("[data-testid=lock]")
+        wait_for("the lock", lambda: b.text("[data-testid=vault-state]") == "vault locked")
+        agent.call("locked", "wire", {"amount": 1})
+        denied = agent.result("locked")
+        check(denied["structured"]["detail"]["rung"] == "vault_locked", denied)
+        b.click("[data-testid=unlock]")
+        wait_for("the unlock", lambda: b.text("[data-testid=vault-state]") == "vault unlocked")
+        check(Target.posts == 2, "nothing was sent while locked")
+        print(json.dumps({"ok": True, **figures}))
+    finally:
+        if agent:
+            agent.proc.kill()
+        if driver:
+            driver.quit()
+        driver_proc.terminate()
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(int(os.environ.get("E2E_HANG_DUMP_S", "240")), exit=True)
+    try:
+        main()
+    except AssertionError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        sys.exit(1)

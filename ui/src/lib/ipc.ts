@@ -1,0 +1,52 @@
+// Typed calls into the app. The argument and result types are generated from the Rust types
+// (src-tauri/src/ipc.rs, by ts-rs) into ./bindings; every error is an IpcError {code, message}.
+import { invoke } from '@tauri-apps/api/core';
+import { listen, type UnlistenFn } from '@tauri-apps/api/event';
+import type { ApprovalView } from './bindings/ApprovalView';
+import type { ExecutionDetail } from './bindings/ExecutionDetail';
+import type { ExecutionFilter } from './bindings/ExecutionFilter';
+import type { ExecutionRow } from './bindings/ExecutionRow';
+import type { IpcError } from './bindings/IpcError';
+import type { SessionRow } from './bindings/SessionRow';
+import type { StatusView } from './bindings/StatusView';
+
+export type { ApprovalView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, SessionRow, StatusView };
+
+/** A failed command: the app's error code and message. */
+export class IpcFailure extends Error {
+  constructor(readonly code: string, message: string) {
+    super(message);
+  }
+}
+
+async function call<T>(command: string, args?: Record<string, unknown>): Promise<T> {
+  try {
+    return await invoke<T>(command, args);
+  } catch (e) {
+    const err = e as Partial<IpcError>;
+    throw new IpcFailure(err?.code ?? 'ipc_failed', err?.message ?? String(e));
+  }
+}
+
+export const ipc = {
+  pendingApprovals: () => call<ApprovalView[]>('pending_approvals'),
+  approval: (id: string) => call<ApprovalView>('approval', { id }),
+  answerApproval: (id: string, key: string, reason: string | null) =>
+    call<void>('answer_approval', { id, key, reason }),
+  openApproval: (id: string) => call<void>('open_approval', { id }),
+  executions: (filter: ExecutionFilter) => call<ExecutionRow[]>('executions', { filter }),
+  executionDetail: (id: string) => call<ExecutionDetail>('execution_detail', { id }),
+  sessions: () => call<SessionRow[]>('sessions'),
+  revokeSession: (id: string) => call<void>('revoke_session', { id }),
+  lockVault: () => call<void>('lock_vault'),
+  unlockVault: () => call<void>('unlock_vault'),
+  status: () => call<StatusView>('status'),
+  onApprovalsChanged: (f: () => void): Promise<UnlistenFn> => listen('approvals-changed', () => f()),
+};
+
+export type Ipc = typeof ipc;
+
+/** RFC 3339 in UTC with milliseconds, as the CLI and the terminal approver print times. */
+export function when(ms: number): string {
+  return new Date(ms).toISOString();
+}

@@ -1,0 +1,49 @@
+import { fireEvent, render, screen, waitFor } from '@testing-library/svelte';
+import { describe, expect, it, vi } from 'vitest';
+import Activity from './Activity.svelte';
+import type { ExecutionFilter, ExecutionRow, Ipc } from '../lib/ipc';
+
+function rows(n: number, from = 0): ExecutionRow[] {
+  return Array.from({ length: n }, (_, i) => ({
+    id: `act_${String(1_000_000 - from - i).padStart(26, '0')}`,
+    tool: i % 2 ? 'pay' : 'wire',
+    state: i % 3 ? 'completed' : 'outcome_unknown',
+    actor: 'process:/usr/bin/agent@sha256:ab',
+    session: null,
+    channel: 'http',
+    contract: 'irreversible',
+    accepted_at: Date.UTC(2026, 10, 30) - i,
+    updated_at: Date.UTC(2026, 10, 30) - i,
+  }));
+}
+
+describe('Activity', () => {
+  it('shows the empty state', async () => {
+    const ipc = { executions: vi.fn(async () => []) } as unknown as Ipc;
+    render(Activity, { props: { ipc } });
+    expect(await screen.findByTestId('activity-empty')).toBeTruthy();
+  });
+
+  it('pages by the last execution ID and filters by state', async () => {
+    const executions = vi.fn(async (f: ExecutionFilter) => (f.before ? rows(10, 100) : rows(100)));
+    const ipc = { executions } as unknown as Ipc;
+    render(Activity, { props: { ipc } });
+    await screen.findByTestId('activity');
+    expect(document.querySelectorAll('[data-execution]').length).toBe(100);
+    await fireEvent.click(screen.getByTestId('older'));
+    await waitFor(() => expect(document.querySelectorAll('[data-execution]').length).toBe(110));
+    expect(executions.mock.calls[1][0].before).toBe(rows(100)[99].id);
+    expect(screen.queryByTestId('older')).toBeNull();
+
+    await fireEvent.change(screen.getByTestId('state-filter'), { target: { value: 'outcome_unknown' } });
+    await fireEvent.submit(screen.getByTestId('search').closest('form')!);
+    await waitFor(() => expect(executions.mock.calls.at(-1)![0].state).toBe('outcome_unknown'));
+    expect(executions.mock.calls.at(-1)![0].before).toBeNull();
+  });
+
+  it('shows an error state with the message', async () => {
+    const ipc = { executions: vi.fn(async () => { throw new Error('the journal is unavailable'); }) } as unknown as Ipc;
+    render(Activity, { props: { ipc } });
+    expect((await screen.findByTestId('activity-error')).textContent).toContain('journal is unavailable');
+  });
+});
