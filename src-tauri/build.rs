@@ -11,6 +11,12 @@ fn main() {
         "revoke_session",
         "lock_vault",
         "unlock_vault",
+        "tools",
+        "vault",
+        "add_credential",
+        "remove_credential",
+        "audit_verify",
+        "audit_checkpoint",
         "status",
     ])))
     .expect("tauri build step");

@@ -133,6 +133,90 @@ pub struct StatusView {
     pub http: Option<String>,
 }
 
+/// A tool as agents see it (name, description with the replay contract, MCP annotations).
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ToolRow {
+    pub name: String,
+    pub description: String,
+    /// The MCP annotations as JSON (`readOnlyHint`, `destructiveHint`, `idempotentHint`, …).
+    pub annotations: String,
+    pub input_schema: String,
+}
+
+/// The manifest's tools, or why it was refused (each problem with its file and line).
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ToolsView {
+    pub manifest: String,
+    pub tools: Vec<ToolRow>,
+    pub errors: Vec<ManifestProblem>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ManifestProblem {
+    pub file: String,
+    pub line: u32,
+    pub tool: Option<String>,
+    pub message: String,
+}
+
+/// Credentials and SSH hosts: names, kinds, where they may go; never a secret.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct VaultView {
+    pub locked: bool,
+    pub credentials: Vec<CredentialRow>,
+    pub ssh_hosts: Vec<SshHostRow>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct CredentialRow {
+    pub name: String,
+    pub kind: String,
+    pub hosts: Vec<String>,
+    pub approve_every_use: bool,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct SshHostRow {
+    pub name: String,
+    pub login: String,
+    pub host_key: Option<String>,
+    pub policy: String,
+    pub approve_every_use: bool,
+}
+
+/// A new credential from the Vault view. The secret crosses once, into the keychain; it is
+/// never sent back to any window.
+#[derive(Debug, Clone, Deserialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct NewCredential {
+    pub name: String,
+    /// `bearer`, `basic` or `header`.
+    pub kind: String,
+    pub username: Option<String>,
+    pub header_name: Option<String>,
+    pub hosts: Vec<String>,
+    pub approve_every_use: bool,
+    pub secret: String,
+}
+
+/// What `audit verify` found.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct AuditView {
+    pub intact: bool,
+    pub rows: f64,
+    pub executions: f64,
+    pub head: String,
+    pub findings: Vec<String>,
+    pub elapsed_ms: f64,
+}
+
 type State<'a> = tauri::State<'a, Arc<App>>;
 
 #[tauri::command]
@@ -279,4 +363,104 @@ pub fn status(app: State<'_>) -> Result<StatusView, IpcError> {
         socket: app.socket.clone(),
         http: app.http.clone(),
     })
+}
+
+#[tauri::command]
+pub fn tools(app: State<'_>) -> ToolsView {
+    let tools = postern_gateway::mcp::tool_list(&app.engine)
+        .into_iter()
+        .map(|t| ToolRow {
+            name: t.name.to_string(),
+            description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+            annotations: serde_json::to_string(&t.annotations).unwrap_or_default(),
+            input_schema: serde_json::to_string_pretty(&t.input_schema).unwrap_or_default(),
+        })
+        .collect();
+    ToolsView { manifest: app.manifest_path.clone(), tools, errors: app.manifest_errors.clone() }
+}
+
+#[tauri::command]
+pub fn vault(app: State<'_>) -> Result<VaultView, IpcError> {
+    let credentials = app
+        .vault
+        .credentials()?
+        .into_iter()
+        .map(|c| CredentialRow {
+            kind: c.kind.as_str().into(),
+            hosts: c.bindings.iter().map(|b| format!("{}{}", b.host, b.path_prefix.as_deref().unwrap_or(""))).collect(),
+            approve_every_use: c.approve_every_use,
+            name: c.name,
+        })
+        .collect();
+    let ssh_hosts = app
+        .vault
+        .ssh_hosts()?
+        .into_iter()
+        .map(|h| SshHostRow {
+            login: format!("{}@{}:{}", h.account, h.address, h.port),
+            host_key: h.host_key_fingerprint,
+            policy: h.policy.as_str().into(),
+            approve_every_use: h.approve_every_use,
+            name: h.name,
+        })
+        .collect();
+    Ok(VaultView { locked: app.vault.is_locked()?, credentials, ssh_hosts })
+}
+
+#[tauri::command]
+pub fn add_credential(app: State<'_>, credential: NewCredential) -> Result<(), IpcError> {
+    use postern_vault::{Binding, Credential, CredentialKind, Sensitive};
+    let NewCredential { name, kind, username, header_name, hosts, approve_every_use, secret } = credential;
+    let secret = Sensitive::new(secret);
+    let kind = match kind.as_str() {
+        "bearer" => CredentialKind::Bearer,
+        "basic" => CredentialKind::Basic { username: username.unwrap_or_default() },
+        "header" => CredentialKind::Header { name: header_name.unwrap_or_default() },
+        other => return Err(IpcError::new("invalid_credential", format!("unknown kind {other:?}"))),
+    };
+    let bindings = hosts.iter().map(|h| Binding::new(h, None)).collect::<Result<Vec<_>, _>>()?;
+    let credential = Credential { name, kind, bindings, approve_every_use, idempotency_header: None };
+    app.vault.add_credential(&credential, &secret, crate::now())?;
+    Ok(())
+}
+
+#[tauri::command]
+pub fn remove_credential(app: State<'_>, name: String) -> Result<(), IpcError> {
+    if app.vault.ssh_host(&name).is_ok() {
+        app.vault.remove_ssh_host(&name, crate::now())?;
+    } else {
+        app.vault.remove_credential(&name, crate::now())?;
+    }
+    Ok(())
+}
+
+/// `postern audit verify` on this journal (read-only; the chain and the projections).
+#[tauri::command]
+pub async fn audit_verify(handle: tauri::AppHandle, app: State<'_>) -> Result<AuditView, IpcError> {
+    use tauri::Emitter;
+    let path = app.data_dir.join("postern.db");
+    let started = std::time::Instant::now();
+    let report = tauri::async_runtime::spawn_blocking(move || {
+        postern_store::audit::verify(&path, None, &mut |done, total| {
+            let _ = handle.emit("audit-progress", (done as f64, total as f64));
+        })
+    })
+    .await
+    .map_err(|e| IpcError::new("internal_error", e.to_string()))??;
+    Ok(AuditView {
+        intact: report.intact(),
+        rows: report.rows as f64,
+        executions: report.executions as f64,
+        head: report.head.hash.to_string(),
+        findings: report.findings.iter().map(ToString::to_string).collect(),
+        elapsed_ms: started.elapsed().as_millis() as f64,
+    })
+}
+
+/// A signed checkpoint of the journal's head (as `postern audit checkpoint`), as JSON text for
+/// the reviewer to keep off this machine.
+#[tauri::command]
+pub fn audit_checkpoint(app: State<'_>) -> Result<String, IpcError> {
+    let checkpoint = app.vault.sign_checkpoint(app.store.checkpoint(crate::now())?)?;
+    serde_json::to_string_pretty(&checkpoint).map_err(|e| IpcError::new("internal_error", e.to_string()))
 }

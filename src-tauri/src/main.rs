@@ -20,6 +20,9 @@ use tauri::Manager;
 /// What the commands share.
 #[derive(Debug)]
 pub struct App {
+    pub engine: Arc<Engine>,
+    pub manifest_path: String,
+    pub manifest_errors: Vec<ipc::ManifestProblem>,
     pub store: Arc<Store>,
     pub vault: Arc<Vault>,
     pub questions: Arc<Questions>,
@@ -43,22 +46,36 @@ fn data_dir() -> Result<PathBuf, String> {
 }
 
 /// The same tool manifest as `postern serve`: `POSTERN_TOOLS`, else `tools.toml` in the config
-/// directory; none → the built-in tools only.
-fn manifest() -> Result<Manifest, String> {
+/// directory; none → the built-in tools only. A manifest with problems is not served (the
+/// built-ins are), and its problems are shown in the Tools view with file and line.
+fn manifest() -> (Manifest, String, Vec<ipc::ManifestProblem>) {
+    let empty = || Manifest::parse("", std::path::Path::new("(none)")).unwrap_or_else(|_| fail("empty manifest"));
     let path = match std::env::var_os("POSTERN_TOOLS") {
         Some(p) => PathBuf::from(p),
         None => match directories::ProjectDirs::from("", "", "postern") {
             Some(d) => d.config_dir().join("tools.toml"),
-            None => return Ok(Manifest::parse("", std::path::Path::new("(none)")).map_err(|_| "empty manifest")?),
+            None => return (empty(), "(none)".into(), vec![]),
         },
+    };
+    let shown = path.display().to_string();
+    let problem = |line: usize, tool: Option<String>, message: String| ipc::ManifestProblem {
+        file: shown.clone(),
+        line: u32::try_from(line).unwrap_or(u32::MAX),
+        tool,
+        message,
     };
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return (empty(), shown.clone(), vec![problem(1, None, format!("cannot read it: {e}"))]),
     };
-    Manifest::parse(&text, &path)
-        .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))
+    match Manifest::parse(&text, &path) {
+        Ok(m) => (m, shown, vec![]),
+        Err(errors) => {
+            let problems = errors.into_iter().map(|e| problem(e.line, e.tool, e.message)).collect();
+            (empty(), shown.clone(), problems)
+        }
+    }
 }
 
 /// Notifies when executions whose outcome is unknown, or that wait for review, appear.
@@ -94,7 +111,10 @@ fn main() {
         .init();
     let data_dir = data_dir().unwrap_or_else(|e| fail(&e));
     std::fs::create_dir_all(&data_dir).unwrap_or_else(|e| fail(&format!("create {}: {e}", data_dir.display())));
-    let manifest = manifest().unwrap_or_else(|e| fail(&e));
+    let (manifest, manifest_path, manifest_errors) = manifest();
+    for e in &manifest_errors {
+        tracing::error!(file = %e.file, line = e.line, "tool manifest: {}", e.message);
+    }
     let (store, recovery) = Store::open(&data_dir.join("postern.db"), now()).unwrap_or_else(|e| fail(&e.to_string()));
     let store = Arc::new(store);
     let keychain = OsKeychain::connect().unwrap_or_else(|e| fail(&e.to_string()));
@@ -123,6 +143,12 @@ fn main() {
             ipc::revoke_session,
             ipc::lock_vault,
             ipc::unlock_vault,
+            ipc::tools,
+            ipc::vault,
+            ipc::add_credential,
+            ipc::remove_credential,
+            ipc::audit_verify,
+            ipc::audit_checkpoint,
             ipc::status,
         ])
         .setup(move |app| {
@@ -151,6 +177,9 @@ fn main() {
                 "postern app ready"
             );
             app.manage(Arc::new(App {
+                engine: Arc::clone(&engine),
+                manifest_path: manifest_path.clone(),
+                manifest_errors: manifest_errors.clone(),
                 store: Arc::clone(&store),
                 vault: Arc::clone(&vault),
                 questions: Arc::clone(&questions),

@@ -11,7 +11,8 @@ Scenario 2, retry review: an irreversible call is authorized (session question) 
 the connection is cut after the target executed, the agent retries → the review window shows
 the original record → "return the recorded result" → the target still counts one wire.
 
-Environment: POSTERN_APP, POSTERN_BIN (binaries), SCREENSHOTS (a directory, optional).
+Environment: POSTERN_APP, POSTERN_BIN (binaries), SCREENSHOTS (a directory, optional),
+BENCH_ROWS (optional: then the Activity view is timed on a journal of that many executions).
 Prints one JSON line of figures at the end; exits non-zero on the first failed check.
 """
 
@@ -265,6 +266,9 @@ def main():
         wait_for("the main window", lambda: b.find("[data-testid=vault-state]"))
         figures["main_window_ready_ms"] = round((time.time() - started) * 1000)
         check(b.find("[data-testid=approvals-empty]"), "no approvals yet")
+        wait_for("the first-run panel", lambda: b.find("[data-testid=first-run]"))
+        check("claude mcp add postern -- postern mcp" in b.text("[data-testid=first-run]"), "the connect line")
+        shot(driver, "view-first-run.png")
 
         # Scenario 1: per-use approval.
         step("starting the agent")
@@ -348,6 +352,27 @@ def main():
         wait_for("the Sessions view", lambda: b.find("[data-testid=sessions]"))
         shot(driver, "view-sessions.png")
         b.click("button[data-view=Approvals]")
+        b.click("button[data-view=Vault]")
+        wait_for("the Vault view", lambda: b.find("[data-testid=credentials]"))
+        vault = b.text("[data-testid=credentials]")
+        check("bank" in vault and "127.0.0.1" in vault and "yes" in vault, vault)
+        check(SECRET not in b.do(lambda d: d.page_source), "the vault view never shows a secret")
+        shot(driver, "view-vault.png")
+        b.click("button[data-view=Tools]")
+        wait_for("the Tools view", lambda: b.find("[data-testid=tools]"))
+        tools_text = b.text("[data-testid=tools]")
+        check("pay_each" in tools_text and "irreversible" in tools_text and "destructiveHint" in tools_text, tools_text)
+        shot(driver, "view-tools.png")
+        b.click("button[data-view=Audit]")
+        b.click("[data-testid=verify]")
+        wait_for("the audit", lambda: b.find("[data-testid=audit-result]"))
+        audit = b.text("[data-testid=audit-result]")
+        check(audit.startswith("INTACT"), audit)
+        b.click("[data-testid=checkpoint]")
+        wait_for("the checkpoint", lambda: b.find("[data-testid=checkpoint-json]"))
+        check('"signature"' in b.text("[data-testid=checkpoint-json]"), "a signed checkpoint")
+        shot(driver, "view-audit.png")
+        b.click("button[data-view=Approvals]")
         # Quick lock from the window, then unlock there (the approver's own channel).
         b.click("[data-testid=lock]")
         wait_for("the lock", lambda: b.text("[data-testid=vault-state]") == "vault locked")
@@ -357,6 +382,10 @@ def main():
         b.click("[data-testid=unlock]")
         wait_for("the unlock", lambda: b.text("[data-testid=vault-state]") == "vault unlocked")
         check(Target.posts == 2, "nothing was sent while locked")
+        driver.quit()
+        driver = None
+        if os.environ.get("BENCH_ROWS"):
+            figures.update(bench_activity(int(os.environ["BENCH_ROWS"])))
         print(json.dumps({"ok": True, **figures}))
     finally:
         if agent:
@@ -365,6 +394,69 @@ def main():
             driver.quit()
         driver_proc.terminate()
         server.shutdown()
+
+
+def bench_activity(rows):
+    """The Activity view on a journal of `rows` executions: time to first render (the view
+    opened until its first page is on screen) and to apply a state filter. Printed, never
+    asserted. The executions are written straight into the journal's `executions` table (the
+    view reads that projection; the journal rows behind them are not what it touches)."""
+    import sqlite3
+
+    data = tempfile.mkdtemp(prefix="postern-bench-")
+    env = dict(os.environ, POSTERN_DATA_DIR=data, POSTERN_PORT="0", WEBKIT_DISABLE_DMABUF_RENDERER="1", NO_COLOR="1")
+    env.pop("POSTERN_TOOLS", None)
+    created = subprocess.run([POSTERN, "status"], capture_output=True, text=True, env=env)
+    check(created.returncode == 0, created.stderr)
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+    def ulid(ms, n):
+        value = (ms << 80) | n
+        return "act_" + "".join(alphabet[(value >> (5 * i)) & 31] for i in range(25, -1, -1))
+
+    states = ["result_delivered"] * 97 + ["outcome_unknown", "needs_review", "denied"]
+    tools = ["create_payment", "deploy", "http_request", "ssh_exec"]
+    step(f"seeding {rows} executions")
+    db = sqlite3.connect(os.path.join(data, "postern.db"))
+    db.execute("PRAGMA synchronous = OFF")
+    t0 = 1_764_460_800_000
+    db.executemany(
+        "INSERT INTO executions (id, fingerprint, actor, intent_scope, session_id, tool, channel, state, accepted_at,"
+        " updated_at, contract, record) VALUES (?, ?, 'process:/usr/bin/agent@sha256:ab', 'run:x', NULL, ?, 'http', ?,"
+        " ?, ?, '{\"class\":\"irreversible\"}', '{}')",
+        ((ulid(t0 + n, n + 1), f"hmac-sha256:{n:064x}", tools[n % 4], states[n % 100], t0 + n, t0 + n) for n in range(rows)),
+    )
+    db.commit()
+    db.close()
+    port, native = free_port(), free_port()
+    driver_proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = None
+    try:
+        wait_for("tauri-driver", lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 15)
+        opts = ArgOptions()
+        opts.set_capability("browserName", "wry")
+        opts.set_capability("tauri:options", {"application": APP})
+        driver = webdriver.Remote(command_executor=f"http://127.0.0.1:{port}", options=opts)
+        b = Browser(driver)
+        wait_for("the main window", lambda: b.find("[data-testid=vault-state]"))
+        started = time.time()
+        b.click("button[data-view=Activity]")
+        wait_for("the first page", lambda: len(b.find("[data-execution]")) == 100, 120)
+        first_render = time.time() - started
+        started = time.time()
+        b.do(lambda d: d.execute_script(
+            "const s = document.querySelector('[data-testid=state-filter]'); s.value = 'needs_review';"
+            "s.dispatchEvent(new Event('change', { bubbles: true }));"
+            "document.querySelector('[data-testid=search]').form.requestSubmit();"))
+        wait_for("the filtered page", lambda: b.text("[data-testid=activity]").count("needs_review") == 100, 120)
+        filtered = time.time() - started
+        return {"bench_rows": rows, "activity_first_render_ms": round(first_render * 1000),
+                "activity_filter_ms": round(filtered * 1000)}
+    finally:
+        if driver:
+            driver.quit()
+        driver_proc.terminate()
 
 
 if __name__ == "__main__":

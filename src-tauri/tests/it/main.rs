@@ -68,13 +68,25 @@ fn approvals_and_retry_review_in_the_real_app() {
         .env("POSTERN_BIN", &postern)
         .env("SCREENSHOTS", &shots)
         .env("POSTERN_LOG", "warn")
+        // The Activity view is timed on a journal of a million executions (printed, not asserted).
+        .env("BENCH_ROWS", std::env::var("POSTERN_BENCH_ROWS").unwrap_or_else(|_| "1000000".into()))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     println!("{stdout}");
     assert!(run.status.success(), "the desktop E2E failed:\n{stdout}\n{stderr}");
-    for shot in ["dialog-per-use.png", "dialog-session.png", "dialog-retry-review.png", "view-activity.png"] {
+    for shot in [
+        "dialog-per-use.png",
+        "dialog-session.png",
+        "dialog-retry-review.png",
+        "view-activity.png",
+        "view-sessions.png",
+        "view-vault.png",
+        "view-tools.png",
+        "view-audit.png",
+        "view-first-run.png",
+    ] {
         assert!(shots.join(shot).exists(), "screenshot {shot} saved");
     }
 }

@@ -9,8 +9,15 @@ import type { ExecutionRow } from './bindings/ExecutionRow';
 import type { IpcError } from './bindings/IpcError';
 import type { SessionRow } from './bindings/SessionRow';
 import type { StatusView } from './bindings/StatusView';
+import type { ToolsView } from './bindings/ToolsView';
+import type { VaultView } from './bindings/VaultView';
+import type { NewCredential } from './bindings/NewCredential';
+import type { AuditView } from './bindings/AuditView';
 
-export type { ApprovalView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, SessionRow, StatusView };
+export type {
+  ApprovalView, AuditView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, SessionRow,
+  StatusView, ToolsView, VaultView,
+};
 
 /** A failed command: the app's error code and message. */
 export class IpcFailure extends Error {
@@ -41,10 +48,23 @@ export const ipc = {
   lockVault: () => call<void>('lock_vault'),
   unlockVault: () => call<void>('unlock_vault'),
   status: () => call<StatusView>('status'),
+  tools: () => call<ToolsView>('tools'),
+  vault: () => call<VaultView>('vault'),
+  addCredential: (credential: NewCredential) => call<void>('add_credential', { credential }),
+  removeCredential: (name: string) => call<void>('remove_credential', { name }),
+  auditVerify: () => call<AuditView>('audit_verify'),
+  auditCheckpoint: () => call<string>('audit_checkpoint'),
+  onAuditProgress: (f: (done: number, total: number) => void): Promise<UnlistenFn> =>
+    listen<[number, number]>('audit-progress', (e) => f(e.payload[0], e.payload[1])),
   onApprovalsChanged: (f: () => void): Promise<UnlistenFn> => listen('approvals-changed', () => f()),
 };
 
 export type Ipc = typeof ipc;
+
+/** The message of an error from a command (or anything thrown). */
+export function messageOf(e: unknown): string {
+  return e instanceof IpcFailure ? e.message : e instanceof Error ? e.message : String(e);
+}
 
 /** RFC 3339 in UTC with milliseconds, as the CLI and the terminal approver print times. */
 export function when(ms: number): string {
