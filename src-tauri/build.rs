@@ -14,6 +14,7 @@ fn main() {
         "tools",
         "vault",
         "add_credential",
+        "add_ssh_host",
         "remove_credential",
         "audit_verify",
         "audit_checkpoint",

@@ -205,6 +205,23 @@ pub struct NewCredential {
     pub secret: String,
 }
 
+/// A new SSH host from the Vault view. The private key and passphrase cross once, into the
+/// keychain; they are never sent back to any window.
+#[derive(Debug, Clone, Deserialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct NewSshHost {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub account: String,
+    /// `strict` (then `host_key` is required) or `accept-new`.
+    pub policy: String,
+    pub host_key: Option<String>,
+    pub private_key: String,
+    pub passphrase: Option<String>,
+    pub approve_every_use: bool,
+}
+
 /// What `audit verify` found.
 #[derive(Debug, Clone, Serialize, TS)]
 #[ts(export, export_to = "../../ui/src/lib/bindings/")]
@@ -463,4 +480,32 @@ pub async fn audit_verify(handle: tauri::AppHandle, app: State<'_>) -> Result<Au
 pub fn audit_checkpoint(app: State<'_>) -> Result<String, IpcError> {
     let checkpoint = app.vault.sign_checkpoint(app.store.checkpoint(crate::now())?)?;
     serde_json::to_string_pretty(&checkpoint).map_err(|e| IpcError::new("internal_error", e.to_string()))
+}
+
+#[tauri::command]
+pub fn add_ssh_host(app: State<'_>, host: NewSshHost) -> Result<(), IpcError> {
+    use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
+    let NewSshHost { name, address, port, account, policy, host_key, private_key, passphrase, approve_every_use } =
+        host;
+    let key = Sensitive::new(private_key);
+    let passphrase = passphrase.filter(|p| !p.is_empty()).map(Sensitive::new);
+    postern_gateway::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
+        .map_err(|reason| IpcError::new("ssh_bad_key", format!("the private key cannot be used: {reason}")))?;
+    let pinned = host_key.filter(|k| !k.trim().is_empty()).map(|k| postern_gateway::ssh::host_key(&k)).transpose()?;
+    let host = SshHost {
+        name,
+        address,
+        port,
+        account,
+        policy: match policy.as_str() {
+            "accept-new" => HostKeyPolicy::AcceptNew,
+            _ => HostKeyPolicy::Strict,
+        },
+        host_key: pinned.as_ref().and_then(|(k, _)| k.to_openssh().ok()),
+        host_key_fingerprint: pinned.map(|(_, f)| f),
+        marker_root: postern_vault::DEFAULT_MARKER_ROOT.into(),
+        approve_every_use,
+    };
+    app.vault.add_ssh_host(&host, &key, passphrase.as_ref(), crate::now())?;
+    Ok(())
 }

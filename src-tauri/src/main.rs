@@ -146,6 +146,7 @@ fn main() {
             ipc::tools,
             ipc::vault,
             ipc::add_credential,
+            ipc::add_ssh_host,
             ipc::remove_credential,
             ipc::audit_verify,
             ipc::audit_checkpoint,

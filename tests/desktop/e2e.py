@@ -28,7 +28,7 @@ import time
 
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.common.exceptions import NoSuchWindowException, WebDriverException
+from selenium.common.exceptions import NoSuchWindowException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.options import ArgOptions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -162,8 +162,8 @@ def shot(driver, name):
 
 class Browser:
     """Selenium with the window it means. WebKitWebDriver sometimes answers "no such window" for a
-    window that exists while another webview opens or closes; a command is then retried (after
-    switching to its window again), at most 5 times."""
+    window that exists while another webview opens or closes, and the live views re-render under
+    a read; a command is then retried (after switching to its window again), at most 5 times."""
 
     def __init__(self, driver):
         self.driver = driver
@@ -177,6 +177,12 @@ class Browser:
         for attempt in range(5):
             try:
                 return f(self.driver)
+            except StaleElementReferenceException:
+                # The live views re-render; read again.
+                if attempt == 4:
+                    raise
+                time.sleep(0.1)
+                continue
             except NoSuchWindowException:
                 if attempt == 4:
                     raise
@@ -442,14 +448,19 @@ def bench_activity(rows):
         wait_for("the main window", lambda: b.find("[data-testid=vault-state]"))
         started = time.time()
         b.click("button[data-view=Activity]")
-        wait_for("the first page", lambda: len(b.find("[data-execution]")) == 100, 120)
+        wait_for("the first page", lambda: b.find("[data-execution]") and b.text("[data-testid=loaded-count]") == "100", 120)
         first_render = time.time() - started
         started = time.time()
         b.do(lambda d: d.execute_script(
             "const s = document.querySelector('[data-testid=state-filter]'); s.value = 'needs_review';"
             "s.dispatchEvent(new Event('change', { bubbles: true }));"
             "document.querySelector('[data-testid=search]').form.requestSubmit();"))
-        wait_for("the filtered page", lambda: b.text("[data-testid=activity]").count("needs_review") == 100, 120)
+        def filtered_page():
+            states = b.do(lambda d: d.execute_script(
+                "return [...document.querySelectorAll('[data-execution] [data-testid=state]')].map(e => e.textContent)"))
+            return states and all(st == "needs_review" for st in states) and b.text("[data-testid=loaded-count]") == "100"
+
+        wait_for("the filtered page", filtered_page, 120)
         filtered = time.time() - started
         return {"bench_rows": rows, "activity_first_render_ms": round(first_render * 1000),
                 "activity_filter_ms": round(filtered * 1000)}

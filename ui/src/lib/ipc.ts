@@ -12,10 +12,11 @@ import type { StatusView } from './bindings/StatusView';
 import type { ToolsView } from './bindings/ToolsView';
 import type { VaultView } from './bindings/VaultView';
 import type { NewCredential } from './bindings/NewCredential';
+import type { NewSshHost } from './bindings/NewSshHost';
 import type { AuditView } from './bindings/AuditView';
 
 export type {
-  ApprovalView, AuditView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, SessionRow,
+  ApprovalView, AuditView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewSshHost, SessionRow,
   StatusView, ToolsView, VaultView,
 };
 
@@ -51,6 +52,7 @@ export const ipc = {
   tools: () => call<ToolsView>('tools'),
   vault: () => call<VaultView>('vault'),
   addCredential: (credential: NewCredential) => call<void>('add_credential', { credential }),
+  addSshHost: (host: NewSshHost) => call<void>('add_ssh_host', { host }),
   removeCredential: (name: string) => call<void>('remove_credential', { name }),
   auditVerify: () => call<AuditView>('audit_verify'),
   auditCheckpoint: () => call<string>('audit_checkpoint'),

@@ -29,9 +29,11 @@ describe('Activity', () => {
     const ipc = { executions } as unknown as Ipc;
     render(Activity, { props: { ipc } });
     await screen.findByTestId('activity');
-    expect(document.querySelectorAll('[data-execution]').length).toBe(100);
+    expect(screen.getByTestId('loaded-count').textContent).toBe('100');
+    // Only the rows in view are drawn, however many are loaded.
+    expect(document.querySelectorAll('[data-execution]').length).toBeLessThan(100);
     await fireEvent.click(screen.getByTestId('older'));
-    await waitFor(() => expect(document.querySelectorAll('[data-execution]').length).toBe(110));
+    await waitFor(() => expect(screen.getByTestId('loaded-count').textContent).toBe('110'));
     expect(executions.mock.calls[1][0].before).toBe(rows(100)[99].id);
     expect(screen.queryByTestId('older')).toBeNull();
 
@@ -39,6 +41,16 @@ describe('Activity', () => {
     await fireEvent.submit(screen.getByTestId('search').closest('form')!);
     await waitFor(() => expect(executions.mock.calls.at(-1)![0].state).toBe('outcome_unknown'));
     expect(executions.mock.calls.at(-1)![0].before).toBeNull();
+  });
+
+  it('sends a time range as milliseconds', async () => {
+    const executions = vi.fn(async (_f: ExecutionFilter) => rows(3));
+    render(Activity, { props: { ipc: { executions } as unknown as Ipc } });
+    await screen.findByTestId('activity');
+    await fireEvent.input(screen.getByTestId('from'), { target: { value: '2026-11-30T00:00' } });
+    await fireEvent.submit(screen.getByTestId('search').closest('form')!);
+    await waitFor(() => expect(executions.mock.calls.at(-1)![0].from).toBe(new Date('2026-11-30T00:00').getTime()));
+    expect(executions.mock.calls.at(-1)![0].until).toBeNull();
   });
 
   it('shows an error state with the message', async () => {

@@ -1,0 +1,85 @@
+import { fireEvent, render, screen, waitFor } from '@testing-library/svelte';
+import { describe, expect, it, vi } from 'vitest';
+import Approvals from './Approvals.svelte';
+import Audit from './Audit.svelte';
+import Sessions from './Sessions.svelte';
+import Tools from './Tools.svelte';
+import type { ApprovalView, Ipc, SessionRow, ToolsView } from '../lib/ipc';
+
+const listen = async () => () => {};
+
+describe('Approvals', () => {
+  it('lists waiting questions newest first and opens one', async () => {
+    const q = (id: string, at: number): ApprovalView => ({
+      id, kind: 'per_use', execution_id: `act_${id}`, title: `question ${id}`, intro: null, rows: [], timeline: [],
+      choices: [], asked_at: at, deadline: at + 120_000,
+    });
+    const openApproval = vi.fn(async () => undefined);
+    const ipc = { pendingApprovals: vi.fn(async () => [q('q2', 2), q('q1', 1)]), onApprovalsChanged: listen, openApproval } as unknown as Ipc;
+    render(Approvals, { props: { ipc } });
+    const table = await screen.findByTestId('approvals');
+    expect(table.textContent!.indexOf('question q2')).toBeLessThan(table.textContent!.indexOf('question q1'));
+    await fireEvent.click(screen.getAllByText('Open')[0]);
+    expect(openApproval).toHaveBeenCalledWith('q2');
+  });
+
+  it('says when nothing waits', async () => {
+    const ipc = { pendingApprovals: vi.fn(async () => []), onApprovalsChanged: listen } as unknown as Ipc;
+    render(Approvals, { props: { ipc } });
+    expect(await screen.findByTestId('approvals-empty')).toBeTruthy();
+  });
+});
+
+describe('Sessions', () => {
+  const run = (id: string, ended: boolean, authorization: string | null): SessionRow => ({
+    id, actor: 'process:/usr/bin/agent@sha256:ab', pid: 42, transport: 'stdio', client: 'claude 1.0', started_at: 0,
+    ended_at: ended ? 1 : null, end_reason: ended ? 'process_exited' : null, calls: 3, authorization, authorized_by: authorization ? 'desktop' : null,
+  });
+
+  it('offers revoke only for live, unrevoked runs, and revokes', async () => {
+    let list = [run('s1', false, 'authorized'), run('s2', true, 'authorized'), run('s3', false, 'revoked')];
+    const revokeSession = vi.fn(async (id: string) => {
+      list = list.map((s) => (s.id === id ? { ...s, authorization: 'revoked' } : s));
+    });
+    const ipc = { sessions: vi.fn(async () => list), revokeSession } as unknown as Ipc;
+    render(Sessions, { props: { ipc } });
+    await screen.findByTestId('sessions');
+    expect(screen.getAllByText('Revoke').length).toBe(1);
+    await fireEvent.click(screen.getByText('Revoke'));
+    expect(revokeSession).toHaveBeenCalledWith('s1');
+    await waitFor(() => expect(screen.queryByText('Revoke')).toBeNull());
+  });
+
+  it('has an empty state', async () => {
+    render(Sessions, { props: { ipc: { sessions: vi.fn(async () => []) } as unknown as Ipc } });
+    expect(await screen.findByTestId('sessions-empty')).toBeTruthy();
+  });
+});
+
+describe('Tools', () => {
+  it('shows a refused manifest with file and line, and the tools agents see', async () => {
+    const view: ToolsView = {
+      manifest: '/home/u/.config/postern/tools.toml',
+      tools: [{ name: 'http_request', description: 'Send an HTTP request', annotations: '{"destructiveHint":true}', input_schema: '{}' }],
+      errors: [{ file: '/home/u/.config/postern/tools.toml', line: 7, tool: 'pay', message: 'a side-effecting tool needs a replay contract' }],
+    };
+    render(Tools, { props: { ipc: { tools: vi.fn(async () => view) } as unknown as Ipc } });
+    const errors = await screen.findByTestId('manifest-errors');
+    expect(errors.textContent).toContain('/home/u/.config/postern/tools.toml:7: tool pay: a side-effecting tool needs a replay contract');
+    expect(screen.getByTestId('tools').textContent).toContain('destructiveHint');
+  });
+});
+
+describe('Audit', () => {
+  it('verifies and reports tampering', async () => {
+    const ipc = {
+      onAuditProgress: listen,
+      auditVerify: vi.fn(async () => ({ intact: false, rows: 10, executions: 2, head: 'sha256:ab', findings: ['row 4 was modified'], elapsed_ms: 3 })),
+    } as unknown as Ipc;
+    render(Audit, { props: { ipc } });
+    await fireEvent.click(screen.getByTestId('verify'));
+    const result = await screen.findByTestId('audit-result');
+    expect(result.textContent).toContain('TAMPERING FOUND');
+    expect(screen.getByText('row 4 was modified')).toBeTruthy();
+  });
+});
