@@ -16,6 +16,7 @@ fn main() {
         "add_credential",
         "add_ssh_host",
         "remove_credential",
+        "set_approve_every_use",
         "audit_verify",
         "audit_checkpoint",
         "status",

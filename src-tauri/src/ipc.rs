@@ -441,6 +441,13 @@ pub fn add_credential(app: State<'_>, credential: NewCredential) -> Result<(), I
     Ok(())
 }
 
+/// Only from the main window: turning per-use approval off is a reviewer's decision.
+#[tauri::command]
+pub fn set_approve_every_use(app: State<'_>, name: String, on: bool) -> Result<(), IpcError> {
+    app.vault.set_approve_every_use(&name, on, crate::now())?;
+    Ok(())
+}
+
 #[tauri::command]
 pub fn remove_credential(app: State<'_>, name: String) -> Result<(), IpcError> {
     if app.vault.ssh_host(&name).is_ok() {

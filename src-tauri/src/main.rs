@@ -148,6 +148,7 @@ fn main() {
             ipc::add_credential,
             ipc::add_ssh_host,
             ipc::remove_credential,
+            ipc::set_approve_every_use,
             ipc::audit_verify,
             ipc::audit_checkpoint,
             ipc::status,

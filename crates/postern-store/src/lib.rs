@@ -311,6 +311,12 @@ impl Store {
         self.writer.admit_and_start_async(new, steps).await
     }
 
+    /// Turns a credential's (or SSH host's) "approve every use" on or off, journaled on the vault
+    /// stream (`approve_every_use_changed`).
+    pub fn set_approve_every_use(&self, name: &str, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.approve_every_use(name.to_owned(), on, at)
+    }
+
     /// Replaces a credential's spec (e.g. pins an SSH host key), journaled as `event` on the
     /// vault stream.
     pub fn update_credential_spec(

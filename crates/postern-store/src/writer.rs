@@ -104,6 +104,12 @@ enum Op {
         new: Box<NewExecution>,
         steps: Vec<(ExecutionState, Value)>,
     },
+    /// A credential's "approve every use" flag changed.
+    ApproveEveryUse {
+        name: String,
+        on: bool,
+        at: Timestamp,
+    },
     /// A credential's spec changed (e.g. an SSH host key pinned).
     UpdateSpec {
         name: String,
@@ -270,6 +276,10 @@ impl WriterHandle {
         steps: Vec<(ExecutionState, Value)>,
     ) -> Result<Admission, StoreError> {
         expect_reply!(self.call_async(Op::AdmitAndStart { new: Box::new(new), steps }).await, Admission).map(|a| *a)
+    }
+
+    pub(crate) fn approve_every_use(&self, name: String, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::ApproveEveryUse { name, on, at }), Entry)
     }
 
     pub(crate) fn update_spec(
@@ -565,6 +575,7 @@ impl Writer {
             Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
             Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
             Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
+            Op::ApproveEveryUse { name, on, at } => self.set_approve_every_use(name, *on, *at).map(Reply::Entry),
             Op::UpdateSpec { name, spec, event, detail, at } => {
                 self.update_spec(name, spec, event, detail.clone(), *at).map(Reply::Entry)
             }
@@ -981,6 +992,17 @@ impl Writer {
             "approve_every_use": c.approve_every_use,
         });
         self.vault_row("credential_added", detail, at)
+    }
+
+    fn set_approve_every_use(&mut self, name: &str, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        let changed = self
+            .conn
+            .prepare_cached("UPDATE credentials SET approve_every_use = ?2 WHERE name = ?1")?
+            .execute(params![name, on])?;
+        if changed == 0 {
+            return Err(StoreError::UnknownCredential(name.to_owned()));
+        }
+        self.vault_row("approve_every_use_changed", json!({ "name": name, "approve_every_use": on }), at)
     }
 
     fn update_spec(

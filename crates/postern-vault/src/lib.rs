@@ -189,6 +189,15 @@ impl Vault {
         Ok(host)
     }
 
+    /// Turns "approve every use" on or off for a credential or SSH host.
+    pub fn set_approve_every_use(&self, name: &str, on: bool, now: Timestamp) -> Result<(), VaultError> {
+        self.store.set_approve_every_use(name, on, now).map_err(|e| match e {
+            postern_store::StoreError::UnknownCredential(n) => VaultError::UnknownCredential(n),
+            other => other.into(),
+        })?;
+        Ok(())
+    }
+
     /// Removes an SSH host's metadata (journaled) and its keychain items.
     pub fn remove_ssh_host(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
         self.ssh_host(name)?;

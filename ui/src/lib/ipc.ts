@@ -54,6 +54,7 @@ export const ipc = {
   addCredential: (credential: NewCredential) => call<void>('add_credential', { credential }),
   addSshHost: (host: NewSshHost) => call<void>('add_ssh_host', { host }),
   removeCredential: (name: string) => call<void>('remove_credential', { name }),
+  setApproveEveryUse: (name: string, on: boolean) => call<void>('set_approve_every_use', { name, on }),
   auditVerify: () => call<AuditView>('audit_verify'),
   auditCheckpoint: () => call<string>('audit_checkpoint'),
   onAuditProgress: (f: (done: number, total: number) => void): Promise<UnlistenFn> =>

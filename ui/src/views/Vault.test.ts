@@ -27,6 +27,20 @@ describe('Vault', () => {
     expect(document.body.innerHTML).not.toContain('CANARY-ui-secret');
   });
 
+  it('turns approve-every-use off for a credential', async () => {
+    let view: VaultView = { ...empty, credentials: [{ name: 'pay', kind: 'bearer', hosts: ['h'], approve_every_use: true }] };
+    const setApproveEveryUse = vi.fn(async (name: string, on: boolean) => {
+      view = { ...view, credentials: [{ ...view.credentials[0], approve_every_use: on }] };
+    });
+    render(Vault, { props: { ipc: { vault: vi.fn(async () => view), setApproveEveryUse } as unknown as Ipc } });
+    await screen.findByTestId('credentials');
+    const box = document.querySelector('[data-every-use=pay]') as HTMLInputElement;
+    expect(box.checked).toBe(true);
+    await fireEvent.click(box);
+    expect(setApproveEveryUse).toHaveBeenCalledWith('pay', false);
+    await waitFor(() => expect((document.querySelector('[data-every-use=pay]') as HTMLInputElement).checked).toBe(false));
+  });
+
   it('clears the secret field when the vault refuses it', async () => {
     const ipc = {
       vault: vi.fn(async () => empty),

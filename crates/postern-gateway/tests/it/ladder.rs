@@ -295,15 +295,10 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
-/// Marks the "pay" credential "approve every use".
+/// Marks the "pay" credential "approve every use" (journaled on the vault stream).
 fn every_use(l: &Ladder) {
-    let mut pay = l.rig.vault.credential("pay").unwrap();
-    l.rig.vault.remove_credential("pay", Timestamp::from_millis(7)).unwrap();
-    pay.approve_every_use = true;
-    l.rig
-        .vault
-        .add_credential(&pay, &postern_vault::Sensitive::new(crate::support::SECRET.into()), Timestamp::from_millis(8))
-        .unwrap();
+    l.rig.vault.set_approve_every_use("pay", true, Timestamp::from_millis(8)).unwrap();
+    assert!(l.rig.vault.credential("pay").unwrap().approve_every_use);
 }
 
 fn events(l: &Ladder, id: postern_core::ExecutionId) -> Vec<String> {
