@@ -19,6 +19,7 @@ Prints one JSON line of figures at the end; exits non-zero on the first failed c
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ APP = os.environ["POSTERN_APP"]
 POSTERN = os.environ["POSTERN_BIN"]
 SHOTS = os.environ.get("SCREENSHOTS")
 SECRET = "CANARY-desktop-91f3-bank-token"
+TEMPORARY = []  # data directories to remove at the end (the 1M-row journal is ~400 MB)
 
 
 def step(what):
@@ -236,6 +238,7 @@ def main():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     data = tempfile.mkdtemp(prefix="postern-desktop-")
+    TEMPORARY.append(data)
     tools = os.path.join(data, "tools.toml")
     with open(tools, "w") as f:
         f.write(
@@ -410,6 +413,7 @@ def bench_activity(rows):
     import sqlite3
 
     data = tempfile.mkdtemp(prefix="postern-bench-")
+    TEMPORARY.append(data)
     env = dict(os.environ, POSTERN_DATA_DIR=data, POSTERN_PORT="0", WEBKIT_DISABLE_DMABUF_RENDERER="1", NO_COLOR="1")
     env.pop("POSTERN_TOOLS", None)
     created = subprocess.run([POSTERN, "status"], capture_output=True, text=True, env=env)
@@ -479,3 +483,6 @@ if __name__ == "__main__":
     except AssertionError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        for path in TEMPORARY:
+            shutil.rmtree(path, ignore_errors=True)

@@ -48,6 +48,7 @@ impl Drop for Xvfb {
 
 #[test]
 fn approvals_and_retry_review_in_the_real_app() {
+    // POSTERN_SCREENSHOTS=DIR keeps the screenshots (README's come from docs/screenshots).
     for tool in ["tauri-driver", "WebKitWebDriver"] {
         let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
         assert!(found.status.success(), "{tool} is missing: run the tests through scripts/test.sh");
@@ -60,7 +61,8 @@ fn approvals_and_retry_review_in_the_real_app() {
     let x = Xvfb::start();
     // GLib starts D-Bus services (accessibility, portals) that need to know the display.
     let _ = Command::new("dbus-update-activation-environment").arg(format!("DISPLAY={}", x.display)).status();
-    let shots = std::env::var_os("POSTERN_SCREENSHOTS").map_or_else(|| tempfile_dir("postern-shots"), PathBuf::from);
+    let kept = std::env::var_os("POSTERN_SCREENSHOTS");
+    let shots = kept.clone().map_or_else(|| tempfile_dir("postern-shots"), PathBuf::from);
     let run = Command::new(python)
         .arg(root().join("tests/desktop/e2e.py"))
         .env("DISPLAY", &x.display)
@@ -88,6 +90,9 @@ fn approvals_and_retry_review_in_the_real_app() {
         "view-first-run.png",
     ] {
         assert!(shots.join(shot).exists(), "screenshot {shot} saved");
+    }
+    if kept.is_none() {
+        let _ = std::fs::remove_dir_all(&shots);
     }
 }
 
