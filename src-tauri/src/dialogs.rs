@@ -202,8 +202,9 @@ impl Approver for DialogApprover {
             postern_gateway::Ask::PerUse => "per_use",
             postern_gateway::Ask::SessionAuthorization => "session_authorization",
         };
-        let keys: Vec<char> = r.presentation().choices.iter().map(|c| c.key).collect();
-        let key = self.ask(kind, r.execution_id.to_string(), r.presentation(), r.timeout_ms, &r.withdrawn, |reply| {
+        let shown = r.presentation();
+        let keys: Vec<char> = shown.choices.iter().map(|c| c.key).collect();
+        let key = self.ask(kind, r.execution_id.to_string(), shown, r.timeout_ms, &r.withdrawn, |reply| {
             keys.contains(&reply.key).then_some(reply.key)
         });
         r.verdict(key, BY)

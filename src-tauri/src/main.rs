@@ -78,21 +78,21 @@ fn manifest() -> (Manifest, String, Vec<ipc::ManifestProblem>) {
     }
 }
 
-/// Notifies when executions whose outcome is unknown, or that wait for review, appear.
+/// Notifies when executions become `outcome_unknown` or `needs_review`: every 2 s it reads only
+/// the journal rows appended since the last look (never a scan of all executions).
 async fn watch_uncertain(store: Arc<Store>) {
-    let count = |store: &Store| {
-        store.view().state_counts().map_or(0, |counts| {
-            counts.iter().filter(|(s, _)| s == "outcome_unknown" || s == "needs_review").map(|(_, n)| *n).sum::<i64>()
-        })
-    };
-    let mut seen = count(&store);
+    let head = |store: &Store| store.view().head().map_or(0, |h| h.size);
+    let mut seen = head(&store);
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = count(&store);
+        let now = head(&store);
         if now > seen {
-            notify::needs_review(now - seen);
+            let new = store.view().events_after(seen, &["outcome_unknown", "needs_review"]).unwrap_or(0);
+            if new > 0 {
+                notify::needs_review(new);
+            }
+            seen = now;
         }
-        seen = now;
     }
 }
 

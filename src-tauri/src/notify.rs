@@ -35,7 +35,7 @@ pub fn vault_locked(_app: &AppHandle) {
 }
 
 /// New executions whose outcome is unknown (or that wait for review): a person should look.
-pub fn needs_review(new: i64) {
+pub fn needs_review(new: u64) {
     let body = format!(
         "{new} execution(s) may or may not have happened; see Activity (state outcome_unknown or needs_review)."
     );

@@ -482,7 +482,7 @@ impl Engine {
         let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
         let connection = crate::ssh::connect(&plan.host, &key, passphrase.as_ref()).await?;
         let line = connection.presented.to_openssh().map_err(|e| EngineError::Internal(e.to_string()))?;
-        let (_, fingerprint) = crate::ssh::host_key(&line)?;
+        let fingerprint = crate::ssh::fingerprint(&connection.presented);
         connection.close().await;
         let (vault, name, at) = (Arc::clone(&self.vault), plan.host.name.clone(), self.now());
         plan.host = tokio::task::spawn_blocking(move || vault.pin_host_key(&name, &line, &fingerprint, at))

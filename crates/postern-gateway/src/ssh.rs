@@ -109,7 +109,8 @@ pub fn host_key(line: &str) -> Result<(PublicKey, String), SshError> {
     Ok((key, fingerprint))
 }
 
-fn fingerprint(key: &PublicKey) -> String {
+/// A key's `SHA256:` fingerprint, as pinned and shown.
+pub fn fingerprint(key: &PublicKey) -> String {
     key.fingerprint(HashAlg::Sha256).to_string()
 }
 

@@ -411,6 +411,25 @@ impl JournalView {
     }
 
     /// Number of executions per state, for status displays.
+    /// How many activity rows after journal row `seq` record one of `events` — reads only the
+    /// rows appended since (the journal's primary key), however long the journal is.
+    pub fn events_after(&self, seq: u64, events: &[&str]) -> Result<u64, StoreError> {
+        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        self.with(|c| {
+            let mut stmt =
+                c.prepare_cached("SELECT event FROM journal WHERE seq > ?1 AND stream = 'activity' ORDER BY seq")?;
+            let mut rows = stmt.query([seq])?;
+            let mut n = 0;
+            while let Some(row) = rows.next()? {
+                let event: String = row.get(0)?;
+                if events.contains(&event.as_str()) {
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+    }
+
     pub fn state_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached("SELECT state, count(*) FROM executions GROUP BY state ORDER BY state")?;

@@ -274,3 +274,22 @@ fn executions_page_walks_newest_first_by_id_and_filters() {
         .expect("search");
     assert_eq!(text.len(), 1);
 }
+
+/// The desktop app's watcher reads only rows appended after the head it last saw.
+#[test]
+fn events_after_counts_only_rows_appended_since() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    populate(&store, 3);
+    let seen = store.view().head().expect("head").size;
+    let id = exec_id(9000);
+    store.admit(payment(id, 1, session(3), at(50_000))).expect("admit");
+    store.transition(id, ExecutionState::Authorized, json!({}), at(50_001)).expect("authorize");
+    store.transition(id, ExecutionState::Dispatched, json!({}), at(50_002)).expect("dispatch");
+    store.transition(id, ExecutionState::OutcomeUnknown, json!({}), at(50_003)).expect("unknown");
+    let view = store.view();
+    assert_eq!(view.events_after(seen, &["outcome_unknown", "needs_review"]).expect("count"), 1);
+    assert_eq!(view.events_after(seen, &["accepted"]).expect("count"), 1);
+    let now = view.head().expect("head").size;
+    assert_eq!(view.events_after(now, &["outcome_unknown"]).expect("count"), 0);
+}
