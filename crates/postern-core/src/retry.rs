@@ -6,6 +6,9 @@
 //! `completed` (the result exists but delivery is unconfirmed), `denied` (the same denial is
 //! returned; an ambiguous retry never opens a fresh approval path), `needs_review` and
 //! `not_executed`. Read-only tools never attach: they are retried freely.
+//!
+//! The attach window only ends matching where the agent's outcome is settled (a denial, see
+//! [`window_can_expire`]): an unresolved prior never expires into a new dispatch.
 
 use crate::{
     contract::{ReplayClass, ReplayContract, StatusQuery},
@@ -104,12 +107,28 @@ impl RetryDecision {
     }
 }
 
-/// Does the prior execution describe the same intent, still inside its attach window?
-pub fn matches(prior: &PriorExecution, incoming: &IncomingIntent<'_>, now: Timestamp) -> bool {
+/// Does the prior execution describe the same intent (fingerprint, actor, intent scope)?
+pub fn same_intent(prior: &PriorExecution, incoming: &IncomingIntent<'_>) -> bool {
     prior.fingerprint == *incoming.fingerprint
         && prior.actor == *incoming.actor
         && prior.intent_scope == *incoming.intent_scope
-        && prior.contract.attach_window.contains(now.millis_since(prior.accepted_at))
+}
+
+/// Can the attach window end matching for a prior in `state`? Only where the outcome is settled
+/// for the agent: a denial. Every other matching state is unresolved for the agent — never sent
+/// yet (`accepted`, `authorized`, `not_executed`: continuing it sends at most once), in flight or
+/// uncertain (`dispatched`, `outcome_unknown`, `needs_review`), or a result the agent may not
+/// have seen (`completed`, `completed_result_not_delivered`) — and expiring it into a new
+/// execution could be a second side effect after a long review or a slow agent.
+pub fn window_can_expire(state: ExecutionState) -> bool {
+    state == ExecutionState::Denied
+}
+
+/// Does the prior execution describe the same intent, and does it still attach at `now`?
+pub fn matches(prior: &PriorExecution, incoming: &IncomingIntent<'_>, now: Timestamp) -> bool {
+    same_intent(prior, incoming)
+        && (!window_can_expire(prior.state)
+            || prior.contract.attach_window.contains(now.millis_since(prior.accepted_at)))
 }
 
 /// The retry decision of design §4, extended as described in the module docs.
@@ -247,7 +266,7 @@ mod tests {
                                 };
                                 let now = accepted_at.saturating_add_millis(elapsed);
                                 let got = decide_retry(Some(&prior), &incoming, now);
-                                let want = if same_actor && same_scope && same_fp && inside {
+                                let want = if same_actor && same_scope && same_fp && (inside || state != Denied) {
                                     expected(class, state, id)
                                 } else {
                                     RetryDecision::NewExecution
@@ -295,6 +314,13 @@ mod tests {
             RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
         );
         prior.contract.attach_window = AttachWindow::Millis(5);
+        // Past its window an unresolved prior still attaches (never a second dispatch) …
+        assert_eq!(
+            decide_retry(Some(&prior), &incoming, Timestamp::from_millis(5)),
+            RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
+        );
+        // … and only a settled one (a denial) stops matching.
+        prior.state = Denied;
         assert_eq!(decide_retry(Some(&prior), &incoming, Timestamp::from_millis(5)), RetryDecision::NewExecution);
         // A clock that went backwards still attaches (elapsed clamps to zero).
         assert!(decide_retry(Some(&prior), &incoming, Timestamp::from_millis(-10_000)).prior().is_some());
@@ -321,5 +347,42 @@ mod tests {
             decide_retry(Some(&prior), &incoming, Timestamp::from_millis(1)),
             RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
         );
+    }
+
+    proptest::proptest! {
+        /// Whatever the time and the window, a same-intent retry of a side-effecting prior starts a
+        /// new execution only when the agent's outcome is settled: delivered, provably never sent,
+        /// or a denial past its window. An unresolved prior never expires into a second dispatch.
+        #[test]
+        fn an_unresolved_prior_never_becomes_a_new_execution(
+            state in proptest::sample::select(ExecutionState::ALL.to_vec()),
+            class in proptest::sample::select(vec![
+                ReplayClass::IdempotencyKey, ReplayClass::StatusQuery, ReplayClass::SshMarker, ReplayClass::Irreversible,
+            ]),
+            window in proptest::option::of(0u64..10_000_000),
+            elapsed in -1_000_000i64..1_000_000_000_000,
+        ) {
+            let key = FingerprintKey::from_bytes([9; 32]);
+            let fp = key.fingerprint(b"pay 42");
+            let actor = Actor::process("/usr/bin/agent", "cc");
+            let scope = IntentScope::agent_run(SessionId::from_parts(Timestamp::from_millis(1), 3));
+            let accepted_at = Timestamp::from_millis(1_000_000_000);
+            let id = ExecutionId::from_parts(accepted_at, 5);
+            let prior = PriorExecution {
+                id, fingerprint: fp, actor: actor.clone(), intent_scope: scope.clone(), state, accepted_at,
+                contract: ReplayContract {
+                    attach_window: window.map_or(AttachWindow::UntilResolved, AttachWindow::Millis),
+                    ..contract(class)
+                },
+            };
+            let incoming = IncomingIntent { fingerprint: &fp, actor: &actor, intent_scope: &scope };
+            let now = Timestamp::from_millis(accepted_at.as_millis().saturating_add(elapsed));
+            let decision = decide_retry(Some(&prior), &incoming, now);
+            if decision == RetryDecision::NewExecution {
+                proptest::prop_assert!(matches!(state, ResultDelivered | FailedBeforeDispatch | Denied), "{state}");
+            } else {
+                proptest::prop_assert_eq!(decision.prior(), Some(id));
+            }
+        }
     }
 }

@@ -285,6 +285,22 @@ impl std::fmt::Debug for Engine {
 }
 
 /// The outcome of one send, before it is journaled.
+/// Which send of an execution this is: the first (or a re-send after a proof that nothing ran),
+/// or a recovery re-send with the same idempotency key, whose answer speaks for the original
+/// only when it is final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attempt {
+    First,
+    SameKeyResend,
+}
+
+/// An answer to a same-key re-send that says nothing certain about the original request: still
+/// in flight (409), key reused with another payload (422), too early or rate limited (425, 429),
+/// request timeout (408), or a server error. Only a replayed or fresh 2xx/4xx settles it.
+fn inconclusive_resend_status(status: u16) -> bool {
+    matches!(status, 408 | 409 | 422 | 425 | 429) || status >= 500
+}
+
 struct Observation {
     state: ExecutionState,
     result: Option<HttpResult>,
@@ -601,7 +617,7 @@ impl Engine {
                     cancelled_detail(),
                 )),
                 Admission::Accepted { .. } if verdict.allowed => {
-                    self.send_and_observe(&p, id, out, "new_execution", false).await
+                    self.send_and_observe(&p, id, out, "new_execution", false, Attempt::First).await
                 }
                 Admission::Accepted { .. } => {
                     Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth))
@@ -769,7 +785,7 @@ impl Engine {
                 self.wait_for(id, p.tool.timeout + Duration::from_secs(5), name).await
             }
             RetryDecision::VerifyPrior { verification: Verification::ResendWithSameKey { .. }, .. } => {
-                self.dispatch(p, id, name, true).await
+                self.dispatch_after(p, id, name, true, vec![], Attempt::SameKeyResend).await
             }
             RetryDecision::VerifyPrior { verification: Verification::QueryStatus { query }, .. } => {
                 self.query_status(p, id, &query, name).await
@@ -1006,7 +1022,7 @@ impl Engine {
             (ExecutionState::Dispatched, dispatched_detail(p, &out)),
         ];
         self.store.admit_anew_async(new, anew, steps).await?;
-        self.send_and_observe(p, id, out, "dispatched_anew", false).await
+        self.send_and_observe(p, id, out, "dispatched_anew", false, Attempt::First).await
     }
 
     fn current_state(&self, id: ExecutionId) -> Result<ExecutionState, EngineError> {
@@ -1320,7 +1336,7 @@ impl Engine {
             ));
         }
         // `authorized` and `dispatched` are journaled together, in one fsync.
-        self.dispatch_after(p, id, decision, attached, vec![(ExecutionState::Authorized, detail)]).await
+        self.dispatch_after(p, id, decision, attached, vec![(ExecutionState::Authorized, detail)], Attempt::First).await
     }
 
     /// A read-only call: authorized in memory, sent, then journaled as a whole in one
@@ -1336,7 +1352,7 @@ impl Engine {
         let out = self.outgoing(p, id)?;
         let dispatched = json!({ "target": p.url.to_string(), "method": p.method });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
-        let Observation { state, result, ssh, detail, completion } = self.send(p, out).await?;
+        let Observation { state, result, ssh, detail, completion } = self.send(p, out, Attempt::First).await?;
         if completion.is_none() {
             steps.push((state, detail.clone()));
         }
@@ -1392,9 +1408,9 @@ impl Engine {
     }
 
     /// Sends what `outgoing` built and maps what happened to a state (one mapping per channel).
-    async fn send(&self, p: &Prepared<'_>, wire: Wire) -> Result<Observation, EngineError> {
+    async fn send(&self, p: &Prepared<'_>, wire: Wire, attempt: Attempt) -> Result<Observation, EngineError> {
         match wire {
-            Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await),
+            Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await, attempt),
             Wire::Ssh(out) => self.observe_ssh(p, ssh_send(out).await),
         }
     }
@@ -1411,6 +1427,23 @@ impl Engine {
                     result: None,
                     ssh: None,
                     detail: json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
+                    completion: None,
+                }
+            }
+            // Timed out, or the channel closed without an exit status: the command may have run
+            // to any point. Unknown, not completed; the marker (or a reviewer) decides.
+            SshSent::Finished { result, elapsed } if result.exit_status.is_none() && result.exit_signal.is_none() => {
+                Observation {
+                    state: ExecutionState::OutcomeUnknown,
+                    result: None,
+                    ssh: None,
+                    detail: json!({
+                        "reason": if result.timed_out.is_some() { "ssh_timed_out" } else { "ssh_no_exit_status" },
+                        "explanation": "the remote command gave no exit status; it may have run partly or entirely",
+                        "exit_signal": result.exit_signal, "timed_out": result.timed_out,
+                        "elapsed_ms": elapsed.as_millis() as u64,
+                        "recovery": p.tool.contract.class.as_str(),
+                    }),
                     completion: None,
                 }
             }
@@ -1451,7 +1484,7 @@ impl Engine {
         decision: &str,
         attached: bool,
     ) -> Result<CallOutcome, EngineError> {
-        self.dispatch_after(p, id, decision, attached, vec![]).await
+        self.dispatch_after(p, id, decision, attached, vec![], Attempt::First).await
     }
 
     /// Journals `before` and `dispatched` durably in one transaction, then sends, then journals
@@ -1463,6 +1496,7 @@ impl Engine {
         decision: &str,
         attached: bool,
         mut before: Vec<(ExecutionState, Value)>,
+        attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {
         let out = match self.outgoing(p, id) {
             Ok(out) => out,
@@ -1477,7 +1511,7 @@ impl Engine {
         };
         before.push((ExecutionState::Dispatched, dispatched_detail(p, &out)));
         self.store.transition_steps_async(id, before, self.now()).await?;
-        self.send_and_observe(p, id, out, decision, attached).await
+        self.send_and_observe(p, id, out, decision, attached, attempt).await
     }
 
     /// Sends a request whose `dispatched` row is already durable, and journals what happened.
@@ -1488,8 +1522,9 @@ impl Engine {
         out: Wire,
         decision: &str,
         attached: bool,
+        attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {
-        let Observation { state, result, ssh, detail, completion } = self.send(p, out).await?;
+        let Observation { state, result, ssh, detail, completion } = self.send(p, out, attempt).await?;
         match completion {
             Some(completion) => {
                 self.store.complete_async(id, completion).await?;
@@ -1500,8 +1535,26 @@ impl Engine {
     }
 
     /// What a send phase observed, as the state it leads to (one mapping for every path).
-    fn observe(&self, p: &Prepared<'_>, sent: Sent) -> Result<Observation, EngineError> {
+    fn observe(&self, p: &Prepared<'_>, sent: Sent, attempt: Attempt) -> Result<Observation, EngineError> {
         Ok(match sent {
+            Sent::Response { result, .. }
+                if attempt == Attempt::SameKeyResend && inconclusive_resend_status(result.status) =>
+            {
+                Observation {
+                    state: ExecutionState::OutcomeUnknown,
+                    result: None,
+                    ssh: None,
+                    detail: json!({
+                        "reason": "same_key_resend_inconclusive",
+                        "http_status": result.status,
+                        "explanation": "the target's answer to the re-send with the same idempotency key says nothing \
+                                        certain about the original request (in flight, key conflict, or a server \
+                                        error); the outcome stays unknown — retry later",
+                        "recovery": p.tool.contract.class.as_str(),
+                    }),
+                    completion: None,
+                }
+            }
             Sent::Response { result, elapsed } => Observation {
                 state: ExecutionState::Completed,
                 completion: Some(self.completion(&result, elapsed)?),

@@ -183,20 +183,44 @@ fn proc_net_address(addr: SocketAddr) -> String {
     }
 }
 
-/// The kernel's view of the server end of a loopback TCP connection: `Some(true)` while it is
-/// established, `Some(false)` once the client closed its end (or the socket is gone), `None` if
-/// `/proc/net/tcp` cannot be read.
-pub fn tcp_connection_open(local: SocketAddr, peer: SocketAddr) -> Option<bool> {
-    const ESTABLISHED: &str = "01";
+/// What the kernel says about the bytes the server end of a TCP connection has sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendQueue {
+    /// This many bytes are not yet acknowledged by the client's kernel.
+    Pending(u64),
+    /// Every byte sent was acknowledged by the client's kernel.
+    Acknowledged,
+    /// Closed by the client, reset, or gone.
+    Closed,
+}
+
+/// The send queue of the server end `local` of the connection to `peer`; `None` if
+/// `/proc/net/tcp` cannot be read. A connection the client closed gracefully after reading
+/// (`CLOSE_WAIT`, or a close of ours that went through: `FIN_WAIT*`, `TIME_WAIT`, `LAST_ACK`)
+/// still says whether every byte was acknowledged; one that was reset is gone from the table.
+pub fn tcp_send_queue(local: SocketAddr, peer: SocketAddr) -> Option<SendQueue> {
+    // ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING. Not CLOSE (07):
+    // a reset socket's queue is purged, which would look acknowledged.
+    const OPEN_OR_CLOSING_GRACEFULLY: [&str; 7] = ["01", "04", "05", "06", "08", "09", "0B"];
     let file = if local.is_ipv4() { "/proc/net/tcp" } else { "/proc/net/tcp6" };
     let table = std::fs::read_to_string(file).ok()?;
     let (local_s, peer_s) = (proc_net_address(local), proc_net_address(peer));
-    Some(table.lines().skip(1).any(|line| {
+    let row = table.lines().skip(1).find_map(|line| {
         let cols: Vec<&str> = line.split_whitespace().collect();
-        cols.get(1) == Some(&local_s.as_str())
-            && cols.get(2) == Some(&peer_s.as_str())
-            && cols.get(3) == Some(&ESTABLISHED)
-    }))
+        // sl local rem st tx_queue:rx_queue …
+        (cols.get(1) == Some(&local_s.as_str()) && cols.get(2) == Some(&peer_s.as_str()))
+            .then(|| (cols.get(3).copied(), cols.get(4).and_then(|q| q.split(':').next())))
+    });
+    Some(match row {
+        Some((Some(state), Some(tx))) if OPEN_OR_CLOSING_GRACEFULLY.contains(&state) => {
+            match u64::from_str_radix(tx, 16) {
+                Ok(0) => SendQueue::Acknowledged,
+                Ok(n) if state != "06" => SendQueue::Pending(n),
+                _ => SendQueue::Closed,
+            }
+        }
+        _ => SendQueue::Closed,
+    })
 }
 
 fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
@@ -237,12 +261,42 @@ mod tests {
         let (_server, peer) = listener.accept().unwrap();
         assert_eq!(peer, client.local_addr().unwrap());
         assert_eq!(tcp_peer_pid(peer, listener.local_addr().unwrap()), Some(std::process::id()));
-        assert_eq!(tcp_connection_open(listener.local_addr().unwrap(), peer), Some(true));
-        drop(client);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(tcp_connection_open(listener.local_addr().unwrap(), peer), Some(false), "the client closed");
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_pid(unrelated, listener.local_addr().unwrap()), None);
+    }
+
+    #[test]
+    fn the_send_queue_tells_acknowledged_bytes_from_pending_ones_and_a_closed_client() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        server.write_all(b"a result the client's kernel takes at once").unwrap();
+        let settled = (0..200).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            (tcp_send_queue(local, peer) == Some(SendQueue::Acknowledged)).then_some(())
+        });
+        assert!(settled.is_some(), "{:?}", tcp_send_queue(local, peer));
+        // A client that stops reading: fill every buffer until the kernel refuses more.
+        server.set_nonblocking(true).unwrap();
+        let chunk = vec![b'x'; 1 << 16];
+        while server.write(&chunk).is_ok() {}
+        assert!(matches!(tcp_send_queue(local, peer), Some(SendQueue::Pending(n)) if n > 0));
+        // A client that goes away without reading what was sent resets the connection.
+        drop(client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(tcp_send_queue(local, peer), Some(SendQueue::Closed), "the client reset");
+        drop(server);
+        // A client that read everything and closed: still acknowledged.
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        server.write_all(b"read and gone").unwrap();
+        let mut buf = [0u8; 13];
+        std::io::Read::read_exact(&mut &client, &mut buf).unwrap();
+        drop(client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(tcp_send_queue(local, peer), Some(SendQueue::Acknowledged), "read, then closed");
     }
 
     #[test]

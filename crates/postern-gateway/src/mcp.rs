@@ -79,7 +79,12 @@ pub struct HttpCaller {
     pub ticket: DeliveryTicket,
 }
 
-/// Requests of one connection whose response has not been written yet (stdio bridge).
+/// Requests of one connection whose response has not been confirmed delivered yet (socket).
+///
+/// A response is confirmed only by the `postern mcp` bridge's acknowledgement, sent after it
+/// wrote and flushed the response to the agent's stdin: a write into the socket proves only that
+/// the bridge's kernel buffer took it. A connection that never announced itself as a bridge gets
+/// no confirmation at all (uncertain resolves to "not delivered").
 #[derive(Debug, Default)]
 pub struct PendingResponses {
     inner: Mutex<PendingState>,
@@ -88,7 +93,12 @@ pub struct PendingResponses {
 #[derive(Debug, Default)]
 struct PendingState {
     closed: bool,
+    /// The peer announced itself as a bridge that acknowledges what it relayed.
+    acknowledging: bool,
+    /// Requests whose response is not written yet.
     tickets: HashMap<String, DeliveryTicket>,
+    /// Responses written (or being written) to a bridge, waiting for its acknowledgement.
+    awaiting_ack: HashMap<String, DeliveryTicket>,
 }
 
 pub(crate) fn request_key(id: &NumberOrString) -> String {
@@ -115,17 +125,52 @@ impl PendingResponses {
         ticket
     }
 
-    /// The transport is about to write the response to request `key`.
-    pub(crate) fn take(&self, key: &str) -> Option<DeliveryTicket> {
-        self.inner.lock().ok()?.tickets.remove(key)
+    /// The transport is about to write the response to request `key`. With an acknowledging
+    /// bridge the ticket moves to the acknowledgement queue *before* the write (the bridge may
+    /// acknowledge before the write call returns) and `None` is returned; otherwise the ticket
+    /// is returned for the transport to settle.
+    pub(crate) fn take(&self, key: &str) -> Option<(DeliveryTicket, bool)> {
+        let mut state = self.inner.lock().ok()?;
+        let ticket = state.tickets.remove(key)?;
+        if state.acknowledging && !state.closed {
+            state.awaiting_ack.insert(key.to_owned(), ticket.clone());
+            Some((ticket, true))
+        } else {
+            Some((ticket, false))
+        }
     }
 
-    /// The connection is gone: nothing pending can be delivered any more.
+    /// The write of the response to `key` failed: it was not delivered.
+    pub(crate) fn write_failed(&self, key: &str, ticket: &DeliveryTicket) {
+        if let Ok(mut state) = self.inner.lock() {
+            state.awaiting_ack.remove(key);
+        }
+        ticket.settle(false);
+    }
+
+    /// The peer is a `postern mcp` bridge that acknowledges each response it relayed.
+    pub(crate) fn expect_acknowledgements(&self) {
+        if let Ok(mut state) = self.inner.lock() {
+            state.acknowledging = true;
+        }
+    }
+
+    /// The bridge wrote and flushed the response to `key` to the agent.
+    pub(crate) fn acknowledged(&self, key: &str) {
+        let ticket = self.inner.lock().ok().and_then(|mut state| state.awaiting_ack.remove(key));
+        if let Some(ticket) = ticket {
+            ticket.settle(true);
+        }
+    }
+
+    /// The connection is gone: nothing pending or unacknowledged was delivered.
     pub(crate) fn close(&self) {
         let tickets: Vec<DeliveryTicket> = match self.inner.lock() {
             Ok(mut state) => {
                 state.closed = true;
-                state.tickets.drain().map(|(_, t)| t).collect()
+                let mut all: Vec<DeliveryTicket> = state.tickets.drain().map(|(_, t)| t).collect();
+                all.extend(state.awaiting_ack.drain().map(|(_, t)| t));
+                all
             }
             Err(_) => return,
         };

@@ -35,6 +35,45 @@ use tokio::{
 /// Default cap on one incoming message.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
+/// The bridge's first line: "I am `postern mcp`, and I acknowledge what I relay".
+pub const BRIDGE_HELLO_METHOD: &str = "notifications/postern/bridge";
+/// The bridge's acknowledgement of a response it wrote and flushed to the agent.
+pub const DELIVERED_METHOD: &str = "notifications/postern/delivered";
+
+/// The line `postern mcp` sends before anything of the agent's.
+pub fn bridge_hello_line() -> Vec<u8> {
+    let mut line = serde_json::to_vec(&serde_json::json!({
+        "jsonrpc": "2.0", "method": BRIDGE_HELLO_METHOD, "params": { "version": 1, "acknowledges": true }
+    }))
+    .unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// The acknowledgement the bridge sends after relaying `relayed`, if that line is a JSON-RPC
+/// response (a result or an error with an id); `None` for requests, notifications and anything
+/// unparsable (nothing to acknowledge).
+pub fn delivered_ack_line(relayed: &[u8]) -> Option<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        id: Option<Value>,
+        method: Option<serde::de::IgnoredAny>,
+        result: Option<serde::de::IgnoredAny>,
+        error: Option<serde::de::IgnoredAny>,
+    }
+    let head: Head = serde_json::from_slice(relayed).ok()?;
+    let id = head.id.filter(|id| id.is_string() || id.is_number())?;
+    if head.method.is_some() || (head.result.is_none() && head.error.is_none()) {
+        return None;
+    }
+    let mut line = serde_json::to_vec(
+        &serde_json::json!({ "jsonrpc": "2.0", "method": DELIVERED_METHOD, "params": { "id": id } }),
+    )
+    .ok()?;
+    line.push(b'\n');
+    Some(line)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
     #[error("the runtime directory {path} is unsafe: {problem}")]
@@ -286,7 +325,7 @@ impl LineTransport {
     }
 
     /// Parses the line read into a message, or says what to answer instead (`Ok(None)`: a
-    /// blank line).
+    /// blank line, or a bridge notification the transport consumed).
     fn parse(&self) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Rejection> {
         let text = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
         if text.iter().all(u8::is_ascii_whitespace) {
@@ -299,6 +338,25 @@ impl LineTransport {
             data: serde_json::json!({ "code": "invalid_json", "line": e.line(), "column": e.column() }),
         })?;
         let id = value.get("id").and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok());
+        // The bridge's own notifications are the transport's business, never the MCP handler's.
+        if id.is_none() {
+            match value.get("method").and_then(Value::as_str) {
+                Some(BRIDGE_HELLO_METHOD) => {
+                    self.pending.expect_acknowledgements();
+                    return Ok(None);
+                }
+                Some(DELIVERED_METHOD) => {
+                    if let Some(acked) = value
+                        .pointer("/params/id")
+                        .and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok())
+                    {
+                        self.pending.acknowledged(&request_key(&acked));
+                    }
+                    return Ok(None);
+                }
+                _ => {}
+            }
+        }
         if value.is_array() {
             return Err(Rejection {
                 code: ErrorCode::INVALID_REQUEST,
@@ -334,11 +392,18 @@ impl Transport<RoleServer> for LineTransport {
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let write = Arc::clone(&self.write);
-        let ticket = response_key(&item).and_then(|key| self.pending.take(&key));
+        let pending = Arc::clone(&self.pending);
+        let ticket = response_key(&item).and_then(|key| Some((self.pending.take(&key)?, key)));
         async move {
             let written = write_line(&write, &item).await;
-            if let Some(ticket) = ticket {
-                ticket.settle(written.is_ok());
+            match (ticket, &written) {
+                // Written to a bridge: its acknowledgement (or the connection's end) settles it.
+                (Some(((_, true), _)), Ok(())) => {}
+                // Written to a peer that does not acknowledge: the bytes are in a socket buffer,
+                // which proves nothing about the agent. Uncertain resolves to not delivered.
+                (Some(((ticket, false), _)), Ok(())) => ticket.settle(false),
+                (Some(((ticket, _), key)), Err(_)) => pending.write_failed(&key, &ticket),
+                (None, _) => {}
             }
             written
         }

@@ -164,21 +164,26 @@ async fn guard(
     let (parts, body) = response.into_parts();
     Response::from_parts(
         parts,
-        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: None, conn: (local, peer) }),
+        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: false, conn: (local, peer) }),
     )
 }
 
 /// A response body that settles its ticket once the frame carrying the execution's result was
-/// handed to the connection (the connection polled for the next frame), and as lost if the
-/// connection drops the body first or the client had already closed its end.
+/// handed to the connection *and* the client's kernel acknowledged every byte sent on it; as
+/// lost if the connection drops the body first, or the client's end closes or resets before
+/// acknowledging (uncertain resolves to "not delivered").
 struct DeliveryBody {
     inner: Body,
     ticket: DeliveryTicket,
     settled: bool,
-    /// A frame carrying the result was handed out; `true` if the client's end was open then.
-    handed_out: Option<bool>,
+    /// A frame carrying the result was handed out and awaits the next poll.
+    handed_out: bool,
     conn: (SocketAddr, SocketAddr),
 }
+
+/// How long the client's kernel has to acknowledge a result's bytes before the result counts as
+/// not delivered (a loopback peer acknowledges within microseconds unless it is gone or stuck).
+const ACK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl DeliveryBody {
     fn settle(&mut self, written: bool) {
@@ -186,6 +191,44 @@ impl DeliveryBody {
             self.settled = true;
             self.ticket.settle(written);
         }
+    }
+
+    /// The frame was taken by the connection: watch the kernel's send queue until the client has
+    /// acknowledged everything, or its end is gone.
+    fn confirm_when_acknowledged(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let ticket = self.ticket.clone();
+        let (local, peer) = self.conn;
+        // On loopback the client's kernel acknowledges inside the write that sent the bytes, so
+        // the first look (right away, before the client can read and close) usually settles it;
+        // a client that closes with unread bytes resets the connection and leaves no record.
+        match identity::tcp_send_queue(local, peer) {
+            Some(identity::SendQueue::Acknowledged) => return ticket.settle(true),
+            Some(identity::SendQueue::Pending(_)) => {}
+            _ => return ticket.settle(false),
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            ticket.settle(false);
+            return;
+        };
+        handle.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut pause = std::time::Duration::from_micros(200);
+            let delivered = loop {
+                match tokio::task::spawn_blocking(move || identity::tcp_send_queue(local, peer)).await {
+                    Ok(Some(identity::SendQueue::Acknowledged)) => break true,
+                    Ok(Some(identity::SendQueue::Pending(_))) if started.elapsed() < ACK_DEADLINE => {}
+                    // Closed, unreadable, or not acknowledged in time: not delivered.
+                    _ => break false,
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            };
+            ticket.settle(delivered);
+        });
     }
 
     /// Does `frame` carry the result of an execution registered on this ticket?
@@ -207,17 +250,12 @@ impl http_body::Body for DeliveryBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         // Polled again: the previous frame was taken by the connection.
-        if let Some(open) = self.handed_out.take() {
-            self.settle(open);
+        if std::mem::take(&mut self.handed_out) {
+            self.confirm_when_acknowledged();
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => {
-                // A write into a connection the client already closed succeeds too: ask the
-                // kernel whether the client's end is still there.
-                let (local, peer) = self.conn;
-                self.handed_out = Some(identity::tcp_connection_open(local, peer).unwrap_or(true));
-            }
+            Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => self.handed_out = true,
             // Ended without carrying a result: any execution registered later (its MCP session
             // was closed under this stream) was not delivered by it.
             Poll::Ready(None) => self.settle(false),

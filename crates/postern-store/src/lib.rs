@@ -198,6 +198,9 @@ pub struct CredentialRecord {
 pub struct Recovery {
     /// Left `dispatched` by a previous process: now `outcome_unknown`.
     pub outcome_unknown: Vec<ExecutionId>,
+    /// Left `completed` (delivery never confirmed) by a previous process: now
+    /// `completed_result_not_delivered`.
+    pub undelivered: Vec<ExecutionId>,
 }
 
 /// Tuning for the writer.

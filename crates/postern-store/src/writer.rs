@@ -1161,6 +1161,27 @@ impl Writer {
             )?;
             recovery.outcome_unknown.push(id);
         }
+        // A result observed but not confirmed delivered when the last process stopped: whether the
+        // agent saw it is uncertain, and uncertain resolves to "not delivered".
+        let undelivered: Vec<String> = self
+            .conn
+            .prepare_cached("SELECT id FROM executions WHERE state = 'completed' ORDER BY id")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for id in undelivered {
+            let id: ExecutionId = id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
+            self.transition(
+                id,
+                ExecutionState::CompletedResultNotDelivered,
+                json!({
+                    "reason": "gateway_restarted_before_delivery",
+                    "explanation": "Postern stopped after this action completed and before the agent confirmed \
+                                    receiving the result; a retry is answered with the stored result.",
+                }),
+                now,
+            )?;
+            recovery.undelivered.push(id);
+        }
         Ok(recovery)
     }
 }

@@ -1,7 +1,7 @@
 //! The MCP gateway end to end: `postern serve`, `postern mcp`, Streamable HTTP, driven by the
 //! official Python and TypeScript MCP SDKs against a loopback target that counts side effects.
 
-use super::gateway_support::{Agent, Gateway, Sdk, Target, eventually, kill, sha256_of};
+use super::gateway_support::{Agent, Gateway, Sdk, Target, eventually, freeze, kill, sha256_of};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -83,6 +83,76 @@ fn typescript_stdio_bridge_killed_after_dispatch_idempotency_key() {
 #[test]
 fn typescript_stdio_bridge_killed_after_dispatch_irreversible() {
     stdio_bridge_killed_after_dispatch(Sdk::TypeScript, "wire");
+}
+
+/// Regression (issue #12's randomized campaign: two payments for one intent). The bridge is a
+/// relay: the gateway's write into its socket is not the agent receiving the result. Here the
+/// bridge holds the response (frozen between reading it and writing it to the agent) and dies;
+/// the result must stay undelivered, and the agent's repeat is answered from the record.
+/// A payment whose answer the gateway has journaled (`completed`) and written to a bridge that
+/// was frozen before the answer came: the agent has not seen it. Returns the bridge's pid and
+/// the execution.
+fn payment_answered_into_a_frozen_bridge(sdk: Sdk, amount: u64) -> (Target, Gateway, Agent, u32, String) {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut agent = Agent::start(sdk);
+    agent.connect(gw.bridge_command());
+    let bridge = agent.bridge_pid();
+    target.hold();
+    agent.call("first", "pay", json!({ "amount": amount }));
+    eventually("the target to receive the payment", LONG, || (target.posts() == 1).then_some(()));
+    freeze(bridge);
+    target.release();
+    let id = only_execution_of(&gw, "pay");
+    eventually("the payment's answer to be journaled", LONG, || (state_of(&gw, &id) == "completed").then_some(()));
+    (target, gw, agent, bridge, id)
+}
+
+fn bridge_holding_the_response_dies(sdk: Sdk) {
+    let (target, gw, mut agent, bridge, id) = payment_answered_into_a_frozen_bridge(sdk, 42);
+    // The gateway's write into the frozen bridge's socket succeeds at once; before the fix it was
+    // journaled `result_delivered` within milliseconds. Give a wrong claim ample time to appear.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(state_of(&gw, &id), "completed", "a write into the bridge is not delivery: {:?}", gw.events_of(&id));
+    kill(bridge);
+    let first = agent.result("first");
+    assert_eq!(first["ok"], false, "the agent never saw the first answer: {first}");
+    eventually("the undelivered result to be journaled", LONG, || {
+        (state_of(&gw, &id) == "completed_result_not_delivered").then_some(())
+    });
+
+    agent.connect(gw.bridge_command());
+    let retry = agent.call_and_wait("retry", "pay", json!({ "amount": 42 }));
+    assert_answered_from_first(&gw, &target, &retry, &id);
+}
+
+#[test]
+fn python_bridge_holding_the_response_dies_no_second_payment() {
+    bridge_holding_the_response_dies(Sdk::Python);
+}
+
+#[test]
+fn typescript_bridge_holding_the_response_dies_no_second_payment() {
+    bridge_holding_the_response_dies(Sdk::TypeScript);
+}
+
+/// Regression (issue #12's campaign): the gateway is SIGKILLed after the target answered and
+/// before the agent confirmed the result. On restart the result is `not delivered`, and the same
+/// agent process's repeat gets the stored result — one payment.
+#[test]
+fn gateway_killed_between_completion_and_delivery_no_second_payment() {
+    let (target, gw, mut agent, bridge, id) = payment_answered_into_a_frozen_bridge(Sdk::Python, 7);
+    let gw = gw.crash_and_restart(&target.manifest());
+    kill(bridge);
+    let first = agent.result("first");
+    assert_eq!(first["ok"], false, "{first}");
+    assert_eq!(state_of(&gw, &id), "completed_result_not_delivered", "{:?}", gw.events_of(&id));
+
+    agent.connect(gw.bridge_command());
+    let retry = agent.call_and_wait("retry", "pay", json!({ "amount": 7 }));
+    assert_answered_from_first(&gw, &target, &retry, &id);
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}", verify.stderr);
 }
 
 /// The decisive scenario over Streamable HTTP: the agent's connection is cut after the target

@@ -472,6 +472,12 @@ pub fn children_of(pid: u32) -> Vec<u32> {
     out
 }
 
+/// Freezes a process (SIGSTOP): it holds whatever it has read and writes nothing.
+pub fn freeze(pid: u32) {
+    let ok = Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap();
+    assert!(ok.success());
+}
+
 pub fn kill(pid: u32) {
     let ok = Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(ok.success());

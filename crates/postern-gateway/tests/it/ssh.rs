@@ -214,6 +214,22 @@ async fn a_timeout_terminates_the_remote_command_and_says_so() {
     assert!(!witness.exists(), "the remote command was killed, not just the local channel");
 }
 
+/// A command that ignores TERM outlives the timeout and its grace: no exit status ever arrives,
+/// so nothing was observed — the execution is `outcome_unknown` (the marker decides later),
+/// never `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_without_an_exit_status_is_an_unknown_outcome_not_completed() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let mut c = exec("box", "trap '' TERM; sleep 6");
+    c.arguments["timeout_s"] = json!(1);
+    let out = r.engine.call(c).await.unwrap();
+    assert_eq!(out.state, ExecutionState::OutcomeUnknown, "{:?}", out.detail);
+    assert_eq!(out.detail["reason"], "ssh_timed_out", "{:?}", out.detail);
+    assert!(out.ssh.is_none(), "no result is claimed for an unobserved outcome");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_host_key_is_refused_naming_both_fingerprints() {
     let sshd = Sshd::start();

@@ -91,7 +91,7 @@ fn a_completed_prior_returns_its_stored_result_and_a_delivered_one_starts_anew()
 }
 
 #[test]
-fn different_scope_or_outside_the_window_is_a_new_execution() {
+fn different_scope_or_a_settled_prior_outside_the_window_is_a_new_execution() {
     let fx = Fixture::new();
     let store = fx.open();
     let first = exec_id(1);
@@ -101,16 +101,26 @@ fn different_scope_or_outside_the_window_is_a_new_execution() {
         store.admit(payment(exec_id(2), 500, session(2), at(10))).expect("admit"),
         Admission::Accepted { .. }
     ));
-    // Same run, after the 10-minute window of the contract: not a retry either.
+    // Same run, after the 10-minute window of the contract, while the prior is unresolved: the
+    // window never turns it into a new execution.
+    match store.admit(payment(exec_id(3), 500, session(1), at(600_000))).expect("admit") {
+        Admission::Matched { prior, decision } => {
+            assert_eq!(prior.id, first);
+            assert_eq!(decision, RetryDecision::ContinuePrior { prior: first });
+        }
+        other => panic!("an unresolved prior expired into a new execution: {other:?}"),
+    }
+    // Once the prior is settled for the agent (denied), the window ends matching.
+    store.transition(first, ExecutionState::Denied, json!({"rung": "test"}), at(600_010)).expect("deny");
     assert!(matches!(
-        store.admit(payment(exec_id(3), 500, session(1), at(600_000))).expect("admit"),
+        store.admit(payment(exec_id(4), 500, session(1), at(600_020))).expect("admit"),
         Admission::Accepted { .. }
     ));
     // Same run, inside the window of the newest prior: continues that never-dispatched prior.
-    match store.admit(payment(exec_id(4), 500, session(1), at(600_100))).expect("admit") {
+    match store.admit(payment(exec_id(5), 500, session(1), at(600_100))).expect("admit") {
         Admission::Matched { prior, decision } => {
-            assert_eq!(prior.id, exec_id(3));
-            assert_eq!(decision, RetryDecision::ContinuePrior { prior: exec_id(3) });
+            assert_eq!(prior.id, exec_id(4));
+            assert_eq!(decision, RetryDecision::ContinuePrior { prior: exec_id(4) });
         }
         other => panic!("expected a match, got {other:?}"),
     }

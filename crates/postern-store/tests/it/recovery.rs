@@ -31,6 +31,34 @@ fn reopening_turns_dispatched_into_outcome_unknown_with_a_reason() {
     assert!(again.outcome_unknown.is_empty());
 }
 
+/// A result observed but never confirmed delivered when the process stopped: on the next open it
+/// is `completed_result_not_delivered` (uncertain resolves to "not delivered"), so the agent's
+/// retry is answered from the record instead of becoming a new intent.
+#[test]
+fn reopening_turns_completed_without_delivery_into_not_delivered() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let undelivered = exec_id(1);
+    let delivered = exec_id(2);
+    for (id, n) in [(undelivered, 1), (delivered, 2)] {
+        dispatch_new(&store, payment(id, n, session(1), at(0)));
+        store
+            .complete(id, postern_store::Completion { outcome: json!({"http_status": 201}), result: vec![], at: at(5) })
+            .expect("complete");
+    }
+    store.transition(delivered, ExecutionState::ResultDelivered, json!({}), at(6)).expect("delivered");
+    drop(store);
+
+    let (store, recovery) = Store::open(&fx.path, at(60_000)).expect("reopen");
+    assert_eq!(recovery.undelivered, vec![undelivered]);
+    let row = store.view().timeline(undelivered).expect("timeline").pop().expect("row");
+    assert_eq!(row.row.event, "completed_result_not_delivered");
+    assert_eq!(row.row.detail["reason"], "gateway_restarted_before_delivery");
+    assert_eq!(store.view().execution(delivered).expect("q").expect("exists").state, "result_delivered");
+    let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
+    assert!(report.intact(), "{:?}", report.findings);
+}
+
 /// Runs in a child process: dispatches, says so, and waits to be killed with SIGKILL.
 #[test]
 #[ignore = "helper: run by killed_while_dispatched_recovers_after_sigkill in a child process"]

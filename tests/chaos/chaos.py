@@ -1,0 +1,422 @@
+"""Postern's randomized fault campaign: the no-duplicate promise as a measured property.
+
+Real parts only: the `postern serve` binary on a private data directory (real SQLite file, real
+Secret Service keychain in the caller's D-Bus session), agents built on the official Python MCP
+SDK (tests/clients/python/agent.py) over both transports (`postern mcp` bridge and Streamable
+HTTP), and a counting target with IETF Idempotency-Key semantics (target.py).
+
+Each schedule is one intent (a unique amount) of one agent process. Its plan is drawn from
+`random.Random(f"{seed}:{index}")`: the tool (idempotency-key payment or irreversible wire), the
+transport, a fault at the target for the first request (cut before, reset after the effect, half
+an answer, stall beyond the timeout, slow), and a fault of a process at a random instant (SIGKILL
+of the bridge or of the agent's HTTP connection, SIGKILL or SIGTERM of the gateway then a
+restart, SIGKILL of the agent). The agent behaves like a real client: on an error, a dropped
+connection or an unknown outcome it reconnects and repeats the same call with the same arguments
+until it gets a final answer or the schedule's budget ends.
+
+After every schedule the invariants are checked; any violation prints the seed, the schedule and
+the offending execution's journal timeline, and the run fails:
+  1. side effects at the target per intent <= 1, and == 1 when the agent was told of a success;
+  2. every answer an agent received names an execution whose journal agrees (the execution exists,
+     its journal has the state the agent was told, and a result the agent received is the one
+     stored);
+  3. no execution is left accepted/authorized/dispatched once the schedule settles;
+  4. `postern audit verify` exits 0 after every crash and restart, and at the end;
+  5. no execution an agent was told about is missing from the journal after a crash.
+
+Usage: chaos.py --postern BIN [--schedules N] [--seed S] [--only INDEX] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import queue
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import target as counting_target
+
+HERE = Path(__file__).resolve().parent
+AGENT = HERE.parent / "clients" / "python" / "agent.py"
+
+TOOLS = ["pay", "pay", "wire"]
+TARGET_FAULTS = ["none", "none", "slow", "stall", "cut_before", "reset_after", "mid_response"]
+PROCESS_FAULTS = ["none", "kill_bridge", "kill_bridge", "kill_gateway", "kill_gateway", "term_gateway", "kill_agent"]
+SUCCESS = {"completed", "result_delivered", "completed_result_not_delivered"}
+FINAL_WITHOUT_SUCCESS = {"needs_review", "denied"}
+UNSETTLED = ("accepted", "authorized", "dispatched")
+SCHEDULE_BUDGET_S = 25
+ATTEMPTS = 8
+
+
+def manifest(port):
+    base = f"http://127.0.0.1:{port}"
+    schema = '{ type = "object", properties = { amount = { type = "integer" } }, required = ["amount"] }'
+    return f"""
+[[tool]]
+name = "pay"
+description = "Make a payment (the target honours Idempotency-Key)."
+method = "POST"
+url = "{base}/pay"
+timeout = "2s"
+input_schema = {schema}
+contract = {{ class = "idempotency_key", idempotency_header = "Idempotency-Key" }}
+
+[[tool]]
+name = "wire"
+description = "Send a wire transfer (irreversible)."
+method = "POST"
+url = "{base}/wire"
+timeout = "2s"
+input_schema = {schema}
+contract = {{ class = "irreversible" }}
+"""
+
+
+class Violation(Exception):
+    pass
+
+
+class Gateway:
+    """`postern serve` on one data directory and one HTTP port, restartable."""
+
+    def __init__(self, postern, data_dir, tools, port):
+        self.postern, self.data_dir, self.tools, self.port = postern, data_dir, tools, port
+        self.env = dict(os.environ, POSTERN_DATA_DIR=str(data_dir), POSTERN_TOOLS=str(tools), POSTERN_LOG="warn")
+        self.proc = None
+        self.restarts = 0
+        self.log = open(data_dir / "serve.log", "ab")
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [self.postern, "serve", "--port", str(self.port), "--drain-seconds", "10"],
+            env=dict(self.env, POSTERN_LOG="info,rmcp=error"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        ready = queue.Queue()
+
+        def pump(pipe, log):
+            for line in pipe:
+                log.write(line)
+                log.flush()
+                if b"postern gateway ready" in line:
+                    ready.put(True)
+
+        threading.Thread(target=pump, args=(self.proc.stderr, self.log), daemon=True).start()
+        try:
+            ready.get(timeout=30)
+        except queue.Empty:
+            raise Violation("postern serve did not become ready (see serve.log)")
+
+    def kill(self, sig):
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+        self.restarts += 1
+
+    def cli(self, *args):
+        return subprocess.run([self.postern, *args], env=self.env, capture_output=True, text=True, timeout=120)
+
+    def db(self):
+        return sqlite3.connect(f"file:{self.data_dir / 'postern.db'}?mode=ro", uri=True, timeout=10)
+
+    def verify(self, when):
+        run = self.cli("audit", "verify")
+        if run.returncode != 0:
+            raise Violation(f"audit verify failed {when}: {run.stdout}{run.stderr}")
+
+
+class Agent:
+    """One agent process (official Python SDK) driven line by line."""
+
+    def __init__(self, python):
+        self.proc = subprocess.Popen(
+            [python, str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        self.events = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.expect(lambda e: e["event"] == "ready", 30)
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            try:
+                self.events.put(json.loads(line))
+            except ValueError:
+                pass
+        self.events.put({"event": "agent_exited"})
+
+    def send(self, **command):
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, pred, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                return None
+            if event["event"] == "agent_exited" or pred(event):
+                return event
+
+    def connect(self, command):
+        self.send(op="connect", **command)
+        return self.expect(lambda e: e["event"] in ("connected", "connect_failed"), 30)
+
+    def bridge_pids(self):
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def timeline(gw, execution_id):
+    with gw.db() as db:
+        rows = db.execute(
+            "SELECT seq, event, state, body FROM journal WHERE execution_id = ? ORDER BY seq", (execution_id,)
+        ).fetchall()
+    return [{"seq": s, "event": e, "state": st, "detail": json.loads(b)["payload"].get("detail")} for s, e, st, b in rows]
+
+
+def run_schedule(index, seed, gw, ledger, python, token, figures, told):
+    rng = random.Random(f"{seed}:{index}")
+    tool = rng.choice(TOOLS)
+    transport = rng.choice(["stdio", "http"])
+    target_fault = rng.choice(TARGET_FAULTS)
+    process_fault = rng.choice(PROCESS_FAULTS)
+    fault_at = rng.uniform(0.0, 0.4)
+    intent = f"{seed % 100000}{index:06d}"
+    plan = {"index": index, "tool": tool, "transport": transport, "target_fault": target_fault,
+            "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent}
+    figures["target_faults"][target_fault] += 1
+    figures["process_faults"][process_fault] += 1
+    figures["transports"][transport] += 1
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{ledger_port}/_plan", data=json.dumps({"intent": intent, "fault": target_fault}).encode(),
+        method="POST"), timeout=10).read()
+
+    if transport == "stdio":
+        connect = {"transport": "stdio", "command": gw.postern, "args": ["mcp"],
+                   "env": {"POSTERN_DATA_DIR": str(gw.data_dir), "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", ""),
+                           "PATH": os.environ.get("PATH", "")}}
+    else:
+        connect = {"transport": "http", "url": f"http://127.0.0.1:{gw.port}/mcp", "token": token}
+    agent = Agent(python)
+    answers = []  # (execution_id, state, result) the agent was told
+    success = False
+    try:
+        deadline = time.monotonic() + SCHEDULE_BUDGET_S
+        connected = agent.connect(connect)
+        for attempt in range(ATTEMPTS):
+            if time.monotonic() > deadline:
+                break
+            if connected is None or connected["event"] != "connected":
+                time.sleep(0.3)
+                connected = agent.connect(connect)
+                continue
+            tag = f"a{attempt}"
+            agent.send(op="call", tag=tag, tool=tool, arguments={"amount": int(intent)})
+            if attempt == 0 and process_fault != "none":
+                time.sleep(fault_at)
+                if process_fault == "kill_bridge":
+                    if transport == "stdio":
+                        for pid in agent.bridge_pids():
+                            os.kill(pid, signal.SIGKILL)
+                    else:
+                        agent.send(op="drop")
+                elif process_fault in ("kill_gateway", "term_gateway"):
+                    gw.kill(signal.SIGKILL if process_fault == "kill_gateway" else signal.SIGTERM)
+                    figures["crashes" if process_fault == "kill_gateway" else "terminations"] += 1
+                    gw.start()
+                    gw.verify(f"after {process_fault} in schedule {index}")
+                    check_nothing_lost(gw, told)
+                elif process_fault == "kill_agent":
+                    agent.kill()
+                    return plan, answers, success
+            event = agent.expect(lambda e: e["event"] in ("result", "connection_closed") and e.get("tag", tag) == tag, 20)
+            if event is None or event["event"] == "agent_exited":
+                break
+            if event["event"] == "connection_closed":
+                connected = None
+                # the call's own result event follows (ok: false); take it if it comes
+                agent.expect(lambda e: e["event"] == "result" and e.get("tag") == tag, 5)
+                continue
+            if not event["ok"]:
+                connected = None
+                agent.send(op="drop")
+                agent.expect(lambda e: e["event"] == "dropped", 10)
+                continue
+            s = event.get("structured") or {}
+            state = s.get("state")
+            answers.append((s.get("execution_id"), state, s.get("result")))
+            told.add(s.get("execution_id"))
+            if state in SUCCESS and s.get("result") is not None:
+                success = True
+                break
+            if state in FINAL_WITHOUT_SUCCESS:
+                break
+            time.sleep(0.2 * (attempt + 1))
+    finally:
+        if agent.proc.poll() is None:
+            agent.send(op="exit")
+            try:
+                agent.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+    return plan, answers, success
+
+
+def check_nothing_lost(gw, told):
+    with gw.db() as db:
+        known = {r[0] for r in db.execute("SELECT id FROM executions")}
+    lost = sorted(x for x in told if x and x not in known)
+    if lost:
+        raise Violation(f"executions an agent was told about are missing from the journal: {lost}")
+
+
+def check_schedule(gw, ledger, plan, answers, success):
+    intent = plan["intent"]
+    effects = ledger.count(intent)
+    with gw.db() as db:
+        ids = [r[0] for r in db.execute(
+            "SELECT id FROM executions WHERE json_extract(record, '$.arguments.amount') = ? ORDER BY id", (int(intent),))]
+    if effects > 1:
+        raise Violation(f"duplicate side effect: the target counted {effects} for one intent", ids)
+    if success and effects != 1:
+        raise Violation(f"the agent was told of a success but the target counted {effects}", ids)
+    for execution_id, state, result in answers:
+        if execution_id not in ids:
+            raise Violation(f"an answer names {execution_id}, which is not an execution of this intent", ids)
+        events = [r["event"] for r in timeline(gw, execution_id)]
+        if state not in events:
+            raise Violation(f"the agent was told {execution_id} is {state}; its journal says {events}", [execution_id])
+        if result is not None:
+            with gw.db() as db:
+                row = db.execute("SELECT body FROM results WHERE execution_id = ?", (execution_id,)).fetchone()
+            if row is None or json.loads(row[0]) != result:
+                raise Violation(f"the result the agent received for {execution_id} is not the stored one", [execution_id])
+    # 3: nothing left in flight once the schedule settles (an execution of a killed agent may
+    # still be finishing; give it the tool's timeout and some).
+    deadline = time.monotonic() + 15
+    while True:
+        with gw.db() as db:
+            stuck = [r[0] for r in db.execute(
+                f"SELECT id FROM executions WHERE state IN {UNSETTLED} AND json_extract(record, '$.arguments.amount') = ?",
+                (int(intent),))]
+        if not stuck:
+            break
+        if time.monotonic() > deadline:
+            raise Violation("executions left unsettled", stuck)
+        time.sleep(0.2)
+    return effects, ids
+
+
+ledger_port = None
+
+
+def main():
+    global ledger_port
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--postern", required=True)
+    ap.add_argument("--schedules", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--only", type=int, default=None, help="replay one schedule of the seed")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    print(f"chaos: seed {seed} (replay with --seed {seed})", flush=True)
+
+    ledger, ledger_port = counting_target.serve()
+    workdir = Path(tempfile.mkdtemp(prefix="postern-chaos-"))
+    data_dir = workdir / "data"
+    data_dir.mkdir(mode=0o700)
+    tools = workdir / "tools.toml"
+    tools.write_text(manifest(ledger_port))
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        http_port = s.getsockname()[1]
+    gw = Gateway(args.postern, data_dir, tools, http_port)
+    gw.start()
+    token = gw.cli("agents", "add", "chaos").stdout.strip()
+    python = sys.executable
+
+    figures = {"seed": seed, "schedules": 0, "crashes": 0, "terminations": 0, "duplicates": 0, "violations": 0,
+               "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0,
+               "target_faults": Counter(), "process_faults": Counter(), "transports": Counter()}
+    told = set()
+    indices = [args.only] if args.only is not None else range(args.schedules)
+    started = time.monotonic()
+    failure = None
+    for index in indices:
+        plan = {"index": index}
+        try:
+            plan, answers, success = run_schedule(index, seed, gw, ledger, python, token, figures, told)
+            effects, ids = check_schedule(gw, ledger, plan, answers, success)
+            figures["schedules"] += 1
+            figures["executions"] += len(ids)
+            figures["successes"] += int(success)
+            figures["needs_review"] += int(any(a[1] == "needs_review" for a in answers))
+            print(f"  #{index:4d} {plan['tool']:4} {plan['transport']:5} {plan['target_fault']:12} "
+                  f"{plan['process_fault']:12} effects={effects} executions={len(ids)} "
+                  f"answer={answers[-1][1] if answers else '-'}", flush=True)
+        except Violation as v:
+            figures["violations"] += 1
+            if "duplicate" in str(v.args[0]):
+                figures["duplicates"] += 1
+            if "missing from the journal" in str(v.args[0]):
+                figures["rows_lost"] += 1
+            failure = (plan, v)
+            break
+    if failure is None:
+        gw.kill(signal.SIGTERM)
+        gw.restarts -= 1
+        try:
+            gw.verify("at the end")
+            gw.start()
+            check_nothing_lost(gw, told)
+            gw.kill(signal.SIGTERM)
+        except Violation as v:
+            figures["violations"] += 1
+            failure = ({"index": "end"}, v)
+    elif gw.proc.poll() is None:
+        gw.proc.kill()
+
+    figures["elapsed_s"] = round(time.monotonic() - started, 1)
+    figures["target_faults_applied"] = dict(ledger.applied)
+    for k in ("target_faults", "process_faults", "transports"):
+        figures[k] = dict(figures[k])
+    print("chaos: " + json.dumps(figures, sort_keys=True), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    if failure is not None:
+        plan, v = failure
+        print(f"\nchaos: INVARIANT VIOLATED in schedule {plan} (seed {seed}; replay with --seed {seed} "
+              f"--only {plan.get('index')})\n  {v.args[0]}", file=sys.stderr)
+        for execution_id in (v.args[1] if len(v.args) > 1 else []):
+            print(f"  timeline of {execution_id}:", file=sys.stderr)
+            for row in timeline(gw, execution_id):
+                print(f"    {row['seq']:6} {row['event']:32} {json.dumps(row['detail'])[:160]}", file=sys.stderr)
+        print(f"  data directory kept: {data_dir}", file=sys.stderr)
+        sys.exit(1)
+    print(f"chaos: {figures['schedules']} passed, 0 failed", flush=True)
+    import shutil
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
