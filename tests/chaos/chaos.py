@@ -253,9 +253,12 @@ def run_schedule(index, seed, gw, ledger, python, token, figures, told):
                 break
             if event["event"] == "connection_closed":
                 connected = None
-                # the call's own result event follows (ok: false); take it if it comes
-                agent.expect(lambda e: e["event"] == "result" and e.get("tag") == tag, 5)
-                continue
+                # The call's own result follows: a failure, or an answer that arrived just before
+                # the connection ended. An answer the agent received is final for the agent (a
+                # repeat after it would be a new intent), so it is taken like any other.
+                event = agent.expect(lambda e: e["event"] == "result" and e.get("tag") == tag, 5)
+                if event is None or event["event"] == "agent_exited":
+                    continue
             if not event["ok"]:
                 connected = None
                 agent.send(op="drop")
