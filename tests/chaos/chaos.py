@@ -32,7 +32,9 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -193,7 +195,7 @@ def timeline(gw, execution_id):
     return [{"seq": s, "event": e, "state": st, "detail": json.loads(b)["payload"].get("detail")} for s, e, st, b in rows]
 
 
-def run_schedule(index, seed, gw, ledger, python, token, figures, told):
+def run_schedule(index, seed, gw, target_port, python, token, figures, told, verbose):
     rng = random.Random(f"{seed}:{index}")
     tool = rng.choice(TOOLS)
     transport = rng.choice(["stdio", "http"])
@@ -207,7 +209,7 @@ def run_schedule(index, seed, gw, ledger, python, token, figures, told):
     figures["process_faults"][process_fault] += 1
     figures["transports"][transport] += 1
     urllib.request.urlopen(urllib.request.Request(
-        f"http://127.0.0.1:{ledger_port}/_plan", data=json.dumps({"intent": intent, "fault": target_fault}).encode(),
+        f"http://127.0.0.1:{target_port}/_plan", data=json.dumps({"intent": intent, "fault": target_fault}).encode(),
         method="POST"), timeout=10).read()
 
     if transport == "stdio":
@@ -249,6 +251,8 @@ def run_schedule(index, seed, gw, ledger, python, token, figures, told):
                     agent.kill()
                     return plan, answers, success
             event = agent.expect(lambda e: e["event"] in ("result", "connection_closed") and e.get("tag", tag) == tag, 20)
+            if verbose:
+                print(f"    attempt {attempt}: {json.dumps(event)[:400]}", flush=True)
             if event is None or event["event"] == "agent_exited":
                 break
             if event["event"] == "connection_closed":
@@ -257,6 +261,8 @@ def run_schedule(index, seed, gw, ledger, python, token, figures, told):
                 # the connection ended. An answer the agent received is final for the agent (a
                 # repeat after it would be a new intent), so it is taken like any other.
                 event = agent.expect(lambda e: e["event"] == "result" and e.get("tag") == tag, 5)
+                if verbose:
+                    print(f"    after the connection ended: {json.dumps(event)[:400]}", flush=True)
                 if event is None or event["event"] == "agent_exited":
                     continue
             if not event["ok"]:
@@ -329,17 +335,14 @@ def check_schedule(gw, ledger, plan, answers, success):
     return effects, ids
 
 
-ledger_port = None
-
-
 def main():
-    global ledger_port
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--postern", required=True)
     ap.add_argument("--schedules", type=int, default=50)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--only", type=int, default=None, help="replay one schedule of the seed")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--verbose", action="store_true", help="print every answer the agent received")
     ap.add_argument("--strict", action="store_true",
                     help="fail on the known open finding too (HTTP result acknowledged by the client's kernel, "
                          "then lost by the SDK while the gateway stops)")
@@ -347,13 +350,13 @@ def main():
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"chaos: seed {seed} (replay with --seed {seed})", flush=True)
 
-    ledger, ledger_port = counting_target.serve()
+    ledger, target_port = counting_target.serve()
     workdir = Path(tempfile.mkdtemp(prefix="postern-chaos-"))
     data_dir = workdir / "data"
     data_dir.mkdir(mode=0o700)
     tools = workdir / "tools.toml"
-    tools.write_text(manifest(ledger_port))
-    with __import__("socket").socket() as s:
+    tools.write_text(manifest(target_port))
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         http_port = s.getsockname()[1]
     gw = Gateway(args.postern, data_dir, tools, http_port)
@@ -371,7 +374,8 @@ def main():
     for index in indices:
         plan = {"index": index}
         try:
-            plan, answers, success = run_schedule(index, seed, gw, ledger, python, token, figures, told)
+            plan, answers, success = run_schedule(
+                index, seed, gw, target_port, python, token, figures, told, args.verbose)
             effects, ids = check_schedule(gw, ledger, plan, answers, success)
             figures["schedules"] += 1
             figures["executions"] += len(ids)
@@ -429,7 +433,6 @@ def main():
         print(f"  data directory kept: {data_dir}", file=sys.stderr)
         sys.exit(1)
     print(f"chaos: {figures['schedules']} passed, 0 failed", flush=True)
-    import shutil
     shutil.rmtree(workdir, ignore_errors=True)
 
 

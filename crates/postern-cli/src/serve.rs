@@ -207,6 +207,10 @@ pub fn bridge(data_dir: &Path) -> Result<ExitCode, Failure> {
             line.clear();
             match stdin.read_until(b'\n', &mut line) {
                 Ok(0) | Err(_) => break,
+                // Only the bridge speaks for delivery: an agent's line using its methods is dropped.
+                Ok(_) if socket::is_bridge_notification(&line) => {
+                    eprintln!("postern mcp: dropped a message using the bridge's own delivery methods");
+                }
                 Ok(_) => {
                     if agent_to_gateway(&line).is_err() {
                         break;

@@ -284,7 +284,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// The outcome of one send, before it is journaled.
 /// Which send of an execution this is: the first (or a re-send after a proof that nothing ran),
 /// or a recovery re-send with the same idempotency key, whose answer speaks for the original
 /// only when it is final.
@@ -301,6 +300,7 @@ fn inconclusive_resend_status(status: u16) -> bool {
     matches!(status, 408 | 409 | 422 | 425 | 429) || status >= 500
 }
 
+/// The outcome of one send, before it is journaled.
 struct Observation {
     state: ExecutionState,
     result: Option<HttpResult>,

@@ -268,16 +268,19 @@ mod tests {
     #[test]
     fn the_send_queue_tells_acknowledged_bytes_from_pending_ones_and_a_closed_client() {
         use std::io::Write;
+        // The kernel answers within microseconds on loopback; poll rather than sleep a guess.
+        let settles_to = |local, peer, want: SendQueue| {
+            (0..400).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                tcp_send_queue(local, peer) == Some(want)
+            })
+        };
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
         let client = std::net::TcpStream::connect(local).unwrap();
         let (mut server, peer) = listener.accept().unwrap();
         server.write_all(b"a result the client's kernel takes at once").unwrap();
-        let settled = (0..200).find_map(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            (tcp_send_queue(local, peer) == Some(SendQueue::Acknowledged)).then_some(())
-        });
-        assert!(settled.is_some(), "{:?}", tcp_send_queue(local, peer));
+        assert!(settles_to(local, peer, SendQueue::Acknowledged), "{:?}", tcp_send_queue(local, peer));
         // A client that stops reading: fill every buffer until the kernel refuses more.
         server.set_nonblocking(true).unwrap();
         let chunk = vec![b'x'; 1 << 16];
@@ -285,8 +288,7 @@ mod tests {
         assert!(matches!(tcp_send_queue(local, peer), Some(SendQueue::Pending(n)) if n > 0));
         // A client that goes away without reading what was sent resets the connection.
         drop(client);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(tcp_send_queue(local, peer), Some(SendQueue::Closed), "the client reset");
+        assert!(settles_to(local, peer, SendQueue::Closed), "the client reset: {:?}", tcp_send_queue(local, peer));
         drop(server);
         // A client that read everything and closed: still acknowledged.
         let client = std::net::TcpStream::connect(local).unwrap();
@@ -295,8 +297,13 @@ mod tests {
         let mut buf = [0u8; 13];
         std::io::Read::read_exact(&mut &client, &mut buf).unwrap();
         drop(client);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(tcp_send_queue(local, peer), Some(SendQueue::Acknowledged), "read, then closed");
+        // The server has seen the client's FIN (end of stream): its end is in CLOSE_WAIT now.
+        assert_eq!(std::io::Read::read(&mut server, &mut buf).unwrap(), 0);
+        assert!(
+            settles_to(local, peer, SendQueue::Acknowledged),
+            "read, then closed: {:?}",
+            tcp_send_queue(local, peer)
+        );
     }
 
     #[test]

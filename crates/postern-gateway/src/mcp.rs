@@ -125,10 +125,10 @@ impl PendingResponses {
         ticket
     }
 
-    /// The transport is about to write the response to request `key`. With an acknowledging
-    /// bridge the ticket moves to the acknowledgement queue *before* the write (the bridge may
-    /// acknowledge before the write call returns) and `None` is returned; otherwise the ticket
-    /// is returned for the transport to settle.
+    /// The transport is about to write the response to request `key`: its ticket, and whether
+    /// an acknowledgement will settle it. With an acknowledging bridge the ticket moves to the
+    /// acknowledgement queue *before* the write (the bridge may acknowledge before the write call
+    /// returns); otherwise the transport settles it.
     pub(crate) fn take(&self, key: &str) -> Option<(DeliveryTicket, bool)> {
         let mut state = self.inner.lock().ok()?;
         let ticket = state.tickets.remove(key)?;
@@ -310,11 +310,18 @@ impl PosternMcp {
             Ok(Err(e)) => return Ok(error_result(e.code(), &e.to_string())),
             Err(e) => return Err(McpError::internal_error(format!("the engine task failed: {e}"), None)),
         };
-        if cancel.is_cancelled() && outcome.state != ExecutionState::FailedBeforeDispatch {
+        let cancelled = cancel.is_cancelled();
+        if cancelled && outcome.state != ExecutionState::FailedBeforeDispatch {
             let _ = self.gateway.engine.cancel_requested(outcome.execution_id, None).await;
         }
         if has_result(outcome.state) && !outcome.read_only {
-            ticket.carries(outcome.execution_id);
+            if cancelled {
+                // The client withdrew the request: it discards this answer whatever the
+                // transport does with it, so the result is on record and not delivered.
+                let _ = self.gateway.engine.delivered(outcome.execution_id, false).await;
+            } else {
+                ticket.carries(outcome.execution_id);
+            }
         }
         Ok(outcome_result(&outcome))
     }

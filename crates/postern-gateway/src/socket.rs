@@ -50,6 +50,20 @@ pub fn bridge_hello_line() -> Vec<u8> {
     line
 }
 
+/// Does `line` (from the agent, on its way to the gateway) use one of the bridge's own methods?
+/// Only the bridge may speak for delivery: it drops such lines instead of relaying them.
+pub fn is_bridge_notification(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        method: Option<String>,
+    }
+    memchr::memmem::find(line, b"notifications/postern/").is_some()
+        && serde_json::from_slice::<Head>(line)
+            .ok()
+            .and_then(|h| h.method)
+            .is_some_and(|m| m == BRIDGE_HELLO_METHOD || m == DELIVERED_METHOD)
+}
+
 /// The acknowledgement the bridge sends after relaying `relayed`, if that line is a JSON-RPC
 /// response (a result or an error with an id); `None` for requests, notifications and anything
 /// unparsable (nothing to acknowledge).
@@ -442,5 +456,71 @@ impl Transport<RoleServer> for LineTransport {
             let _ = w.shutdown().await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ack_id(line: &[u8]) -> Option<Value> {
+        let ack: Value = serde_json::from_slice(&delivered_ack_line(line)?).ok()?;
+        assert_eq!(ack["method"], DELIVERED_METHOD);
+        Some(ack["params"]["id"].clone())
+    }
+
+    #[test]
+    fn only_responses_with_an_id_are_acknowledged() {
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#), Some(serde_json::json!(7)));
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","id":"a\"b","error":{"code":1,"message":"x"}}"#), Some("a\"b".into()));
+        // requests and notifications from the gateway, and anything else, are not answers
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#), None);
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#), None);
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","id":null,"result":{}}"#), None);
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","id":{"x":1},"result":{}}"#), None);
+        assert_eq!(ack_id(br#"{"jsonrpc":"2.0","id":7}"#), None);
+        assert_eq!(ack_id(b"not json"), None);
+    }
+
+    #[test]
+    fn an_agent_cannot_speak_for_the_bridge() {
+        assert!(is_bridge_notification(&bridge_hello_line()));
+        let ack = delivered_ack_line(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).unwrap();
+        assert!(is_bridge_notification(&ack));
+        // a tool argument that merely mentions the method is the agent's business
+        let call = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x","arguments":{"m":"notifications/postern/delivered"}}}"#;
+        assert!(!is_bridge_notification(call));
+    }
+
+    proptest! {
+        /// Whatever the gateway sends (hostile upstream text inside results included: quotes,
+        /// escapes, control characters, deep nesting), the bridge acknowledges exactly the
+        /// responses, with their own id, and never panics.
+        #[test]
+        fn acknowledgements_carry_the_response_id(
+            id in prop_oneof![any::<i64>().prop_map(Value::from), ".*".prop_map(Value::from)],
+            text in ".*",
+            depth in 0usize..64,
+            is_error in any::<bool>(),
+        ) {
+            let mut nested = Value::String(text.clone());
+            for _ in 0..depth {
+                nested = serde_json::json!({ "v": [nested] });
+            }
+            let body = if is_error { "error" } else { "result" };
+            let line = serde_json::to_vec(&serde_json::json!({ "jsonrpc": "2.0", "id": id, body: { "content": nested } })).unwrap();
+            prop_assert_eq!(ack_id(&line), Some(id));
+            let request = serde_json::to_vec(&serde_json::json!({ "jsonrpc": "2.0", "id": 1, "method": text, "params": {} })).unwrap();
+            prop_assert_eq!(ack_id(&request), None);
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_never_acknowledged_and_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = is_bridge_notification(&bytes);
+            if serde_json::from_slice::<Value>(&bytes).is_err() {
+                prop_assert!(delivered_ack_line(&bytes).is_none());
+            }
+        }
     }
 }

@@ -1140,47 +1140,50 @@ impl Writer {
         self.vault_row(if locked { "vault_locked" } else { "vault_unlocked" }, detail, at)
     }
 
+    /// What the last process left unsettled, in one pass over the executions: a dispatch with no
+    /// observed outcome becomes `outcome_unknown`; a side-effecting result whose delivery was
+    /// never confirmed becomes `completed_result_not_delivered` (whether the agent saw it is
+    /// uncertain, and uncertain resolves to "not delivered"). Read-only executions are never
+    /// tracked for delivery and are left as they are.
     fn recover(&mut self, now: Timestamp) -> Result<Recovery, StoreError> {
-        let stranded: Vec<(String, Option<i64>)> = self
+        let unsettled: Vec<(String, String, Option<i64>)> = self
             .conn
-            .prepare_cached("SELECT id, first_dispatched_at FROM executions WHERE state = 'dispatched' ORDER BY id")?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .prepare_cached(
+                "SELECT id, state, first_dispatched_at FROM executions
+                 WHERE state = 'dispatched'
+                    OR (state = 'completed' AND json_extract(contract, '$.class') <> 'read_only')
+                 ORDER BY id",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<Result<_, _>>()?;
         let mut recovery = Recovery::default();
-        for (id, dispatched_at) in stranded {
+        for (id, state, dispatched_at) in unsettled {
             let id: ExecutionId = id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
-            self.transition(
-                id,
-                ExecutionState::OutcomeUnknown,
-                json!({
-                    "reason": "gateway_restarted_while_dispatched",
-                    "explanation": "Postern stopped while this action was dispatched; bytes may have reached the target and no outcome was observed.",
-                    "first_dispatched_at": dispatched_at,
-                }),
-                now,
-            )?;
-            recovery.outcome_unknown.push(id);
-        }
-        // A result observed but not confirmed delivered when the last process stopped: whether the
-        // agent saw it is uncertain, and uncertain resolves to "not delivered".
-        let undelivered: Vec<String> = self
-            .conn
-            .prepare_cached("SELECT id FROM executions WHERE state = 'completed' ORDER BY id")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for id in undelivered {
-            let id: ExecutionId = id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
-            self.transition(
-                id,
-                ExecutionState::CompletedResultNotDelivered,
-                json!({
-                    "reason": "gateway_restarted_before_delivery",
-                    "explanation": "Postern stopped after this action completed and before the agent confirmed \
-                                    receiving the result; a retry is answered with the stored result.",
-                }),
-                now,
-            )?;
-            recovery.undelivered.push(id);
+            if state == "dispatched" {
+                self.transition(
+                    id,
+                    ExecutionState::OutcomeUnknown,
+                    json!({
+                        "reason": "gateway_restarted_while_dispatched",
+                        "explanation": "Postern stopped while this action was dispatched; bytes may have reached the target and no outcome was observed.",
+                        "first_dispatched_at": dispatched_at,
+                    }),
+                    now,
+                )?;
+                recovery.outcome_unknown.push(id);
+            } else {
+                self.transition(
+                    id,
+                    ExecutionState::CompletedResultNotDelivered,
+                    json!({
+                        "reason": "gateway_restarted_before_delivery",
+                        "explanation": "Postern stopped after this action completed and before the agent confirmed \
+                                        receiving the result; a retry is answered with the stored result.",
+                    }),
+                    now,
+                )?;
+                recovery.undelivered.push(id);
+            }
         }
         Ok(recovery)
     }

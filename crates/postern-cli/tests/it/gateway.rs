@@ -542,13 +542,16 @@ fn sigterm_lets_executions_in_flight_finish() {
 /// `notifications/cancelled` after dispatch is journaled and does not pretend to undo.
 #[test]
 fn a_cancel_after_dispatch_is_journaled_not_undone() {
+    use std::io::{BufRead, Write};
     let target = Target::start();
     let gw = Gateway::start(&target.manifest());
     target.hold();
     let path = postern_gateway::socket::socket_path(gw.path());
+    // A client that speaks like the bridge (greets, and acknowledges what it received), so an
+    // acknowledgement alone would count as delivery.
     let writer = std::thread::spawn(move || {
-        use std::io::{BufRead, Write};
         let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.write_all(&postern_gateway::socket::bridge_hello_line()).unwrap();
         let lines = [
             r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
@@ -560,14 +563,11 @@ fn a_cancel_after_dispatch_is_journaled_not_undone() {
         let mut reader = std::io::BufReader::new(s.try_clone().unwrap());
         let mut first = String::new();
         reader.read_line(&mut first).unwrap();
-        s
+        (s, reader)
     });
     eventually("the payment to arrive", LONG, || (target.posts() == 1).then_some(()));
-    let mut s = writer.join().unwrap();
-    {
-        use std::io::Write;
-        writeln!(s, r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":2,"reason":"user pressed stop"}}}}"#).unwrap();
-    }
+    let (mut s, mut reader) = writer.join().unwrap();
+    writeln!(s, r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":2,"reason":"user pressed stop"}}}}"#).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     target.release();
     let id = gw.executions_of("pay").pop().unwrap();
@@ -577,6 +577,24 @@ fn a_cancel_after_dispatch_is_journaled_not_undone() {
     let events = gw.events_of(&id);
     assert!(events.contains(&"completed".to_owned()), "the side effect is recorded as it happened: {events:?}");
     assert_eq!(target.posts(), 1);
+    // Whatever arrives for the withdrawn request is acknowledged; the client still discards it.
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut line = String::new();
+    let answered = loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(n) if n > 0 && line.contains("\"id\":2") => break true,
+            Ok(n) if n > 0 => {}
+            _ => break false,
+        }
+    };
+    if answered && let Some(ack) = postern_gateway::socket::delivered_ack_line(line.as_bytes()) {
+        s.write_all(&ack).unwrap();
+    }
+    eventually("the withdrawn request's result to be journaled as not delivered", LONG, || {
+        (state_of(&gw, &id) == "completed_result_not_delivered").then_some(())
+    });
+    assert!(!gw.events_of(&id).contains(&"result_delivered".to_owned()), "{:?}", gw.events_of(&id));
     drop(s);
 }
 

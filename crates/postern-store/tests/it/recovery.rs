@@ -47,6 +47,18 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
             .expect("complete");
     }
     store.transition(delivered, ExecutionState::ResultDelivered, json!({}), at(6)).expect("delivered");
+    // A read-only execution is never tracked for delivery: recovery leaves it alone.
+    let read = exec_id(3);
+    let mut read_only = payment(read, 3, session(1), at(7));
+    read_only.contract = postern_core::ReplayContract::read_only();
+    store
+        .record_read_only_detached(
+            read_only,
+            vec![(ExecutionState::Authorized, json!({})), (ExecutionState::Dispatched, json!({}))],
+            Some(postern_store::Completion { outcome: json!({"http_status": 200}), result: vec![], at: at(8) }),
+        )
+        .expect("read");
+    store.flush().expect("flush");
     drop(store);
 
     let (store, recovery) = Store::open(&fx.path, at(60_000)).expect("reopen");
@@ -55,6 +67,7 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     assert_eq!(row.row.event, "completed_result_not_delivered");
     assert_eq!(row.row.detail["reason"], "gateway_restarted_before_delivery");
     assert_eq!(store.view().execution(delivered).expect("q").expect("exists").state, "result_delivered");
+    assert_eq!(store.view().execution(read).expect("q").expect("exists").state, "completed", "read-only untouched");
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
 }
