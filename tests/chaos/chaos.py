@@ -343,9 +343,6 @@ def main():
     ap.add_argument("--only", type=int, default=None, help="replay one schedule of the seed")
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--verbose", action="store_true", help="print every answer the agent received")
-    ap.add_argument("--strict", action="store_true",
-                    help="fail on the known open finding too (HTTP result acknowledged by the client's kernel, "
-                         "then lost by the SDK while the gateway stops)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"chaos: seed {seed} (replay with --seed {seed})", flush=True)
@@ -365,7 +362,7 @@ def main():
     python = sys.executable
 
     figures = {"seed": seed, "schedules": 0, "crashes": 0, "terminations": 0, "duplicates": 0, "violations": 0,
-               "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0, "known_open": [],
+               "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0,
                "target_faults": Counter(), "process_faults": Counter(), "transports": Counter()}
     told = set()
     indices = [args.only] if args.only is not None else range(args.schedules)
@@ -385,15 +382,6 @@ def main():
                   f"{plan['process_fault']:12} effects={effects} executions={len(ids)} "
                   f"answer={answers[-1][1] if answers else '-'}", flush=True)
         except Violation as v:
-            # Known open finding (seed 128018099 #34): over HTTP, a result the client's kernel
-            # acknowledged can still be lost by the SDK when the gateway stops right then; the
-            # agent repeats and an irreversible call runs twice. Reported loudly, fails --strict.
-            if (not args.strict and "duplicate" in str(v.args[0]) and plan.get("transport") == "http"
-                    and plan.get("process_fault") in ("term_gateway", "kill_gateway")):
-                figures["known_open"].append({"seed": seed, "index": index, "finding": str(v.args[0])})
-                print(f"  #{index:4d} KNOWN OPEN FINDING (HTTP delivery while the gateway stops): {v.args[0]}",
-                      flush=True)
-                continue
             figures["violations"] += 1
             if "duplicate" in str(v.args[0]):
                 figures["duplicates"] += 1

@@ -3,9 +3,9 @@
 //! the loopback socket, and delivery tracking on the response body.
 
 use crate::{
-    delivery::DeliveryTicket,
+    delivery::{Answers, DeliveryTicket, FollowUps},
     identity::{self, AgentProcess},
-    mcp::{Gateway, HttpCaller, PosternMcp},
+    mcp::{Gateway, HttpCaller, PosternMcp, request_key},
     runs::{Caller, Transport as RunTransport},
 };
 use axum::{
@@ -18,6 +18,7 @@ use axum::{
     serve::IncomingStream,
 };
 use http_body::Frame;
+use rmcp::model::NumberOrString;
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
 };
@@ -84,6 +85,45 @@ impl Connected<IncomingStream<'_, NoDelayListener>> for PeerConnection {
 #[derive(Clone, Debug)]
 struct Guard {
     gateway: Arc<Gateway>,
+    follow_ups: Arc<FollowUps>,
+    max_message_bytes: usize,
+}
+
+/// What the guard needs to know of a client's message: its id, its method, the tool a
+/// `tools/call` names, and the request a cancellation withdraws.
+#[derive(serde::Deserialize)]
+struct MessageHead {
+    id: Option<NumberOrString>,
+    method: Option<String>,
+    params: Option<ParamsHead>,
+}
+
+#[derive(serde::Deserialize)]
+struct ParamsHead {
+    #[serde(rename = "requestId")]
+    request_id: Option<NumberOrString>,
+    name: Option<String>,
+}
+
+impl MessageHead {
+    fn tool(&self) -> Option<&str> {
+        (self.method.as_deref() == Some("tools/call")).then(|| self.params.as_ref()?.name.as_deref()).flatten()
+    }
+}
+
+/// Reads a POST's body (at most `max` bytes) so the guard can see which message it carries, and
+/// puts it back for rmcp.
+async fn read_message(request: Request, max: usize) -> Result<(Request, Option<MessageHead>), Response> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| {
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "message_too_large",
+            &format!("the message exceeds the gateway's limit of {max} bytes (postern serve --max-message-bytes)"),
+        )
+    })?;
+    let head = serde_json::from_slice::<MessageHead>(&bytes).ok();
+    Ok((Request::from_parts(parts, Body::from(bytes)), head))
 }
 
 fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
@@ -157,21 +197,74 @@ async fn guard(
         })
         .await
         .clone();
+    // The second step of delivery: the agent calling another tool on its session after a result
+    // was written says it carried on. Nothing else is such evidence: SDKs send `tools/list`,
+    // `ping` and notifications on their own (the Python SDK lists tools to validate a result it
+    // has not handed over yet), a call of the same tool may repeat a call whose answer was lost,
+    // and a cancellation withdraws its request (the client discards that answer).
+    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let mut answers = None;
+    if request.method() == axum::http::Method::POST {
+        let (readable, head) = match read_message(request, guard.max_message_bytes).await {
+            Ok(read) => read,
+            Err(refused) => return refused,
+        };
+        request = readable;
+        if let (Some(session), Some(head)) = (&session, &head) {
+            match (head.method.as_deref(), head.params.as_ref().and_then(|p| p.request_id.as_ref())) {
+                (Some("notifications/cancelled"), Some(withdrawn)) => {
+                    guard.follow_ups.cancelled(session, &request_key(withdrawn));
+                }
+                _ => {
+                    if let Some(tool) = head.tool() {
+                        guard.follow_ups.tool_called(session, tool);
+                    }
+                }
+            }
+        }
+        answers = head.map(|h| Answers { tool: h.tool().map(str::to_owned), request: h.id.map(|id| request_key(&id)) });
+    } else if request.method() == axum::http::Method::DELETE
+        && let Some(session) = &session
+    {
+        guard.follow_ups.session_ended(session);
+    }
     let ticket = DeliveryTicket::new(Arc::clone(&guard.gateway.engine));
     let caller = Caller { transport: RunTransport::StreamableHttp, agent: Some(agent.name), process };
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone() });
     let response = next.run(request).await;
     let (parts, body) = response.into_parts();
+    // A new session's id comes back on the response to `initialize`.
+    let session =
+        session.or_else(|| parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned));
     Response::from_parts(
         parts,
-        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: false, conn: (local, peer) }),
+        Body::new(DeliveryBody {
+            inner: body,
+            ticket,
+            settled: false,
+            handed_out: false,
+            conn: (local, peer),
+            follow_up: session.map(|session| FollowUp {
+                session,
+                answers: answers.unwrap_or_default(),
+                follow_ups: Arc::clone(&guard.follow_ups),
+            }),
+        }),
     )
 }
 
-/// A response body that settles its ticket once the frame carrying the execution's result was
-/// handed to the connection *and* the client's kernel acknowledged every byte sent on it; as
-/// lost if the connection drops the body first, or the client's end closes or resets before
-/// acknowledging (uncertain resolves to "not delivered").
+/// Where a written result waits for the client's next message.
+struct FollowUp {
+    session: String,
+    answers: Answers,
+    follow_ups: Arc<FollowUps>,
+}
+
+/// A response body that takes a result's delivery through its first step once the frame carrying
+/// it was handed to the connection *and* the client's kernel acknowledged every byte sent on it,
+/// then leaves it to the session's [`FollowUps`]; it settles the result as lost if the connection
+/// drops the body first, the client's end closes or resets before acknowledging, or there is no
+/// session to follow up on (uncertain resolves to "not delivered").
 struct DeliveryBody {
     inner: Body,
     ticket: DeliveryTicket,
@@ -179,6 +272,7 @@ struct DeliveryBody {
     /// A frame carrying the result was handed out and awaits the next poll.
     handed_out: bool,
     conn: (SocketAddr, SocketAddr),
+    follow_up: Option<FollowUp>,
 }
 
 /// How long the client's kernel has to acknowledge a result's bytes before the result counts as
@@ -201,12 +295,13 @@ impl DeliveryBody {
         }
         self.settled = true;
         let ticket = self.ticket.clone();
+        let written = |ticket: DeliveryTicket| ticket.written();
         let (local, peer) = self.conn;
         // On loopback the client's kernel acknowledges inside the write that sent the bytes, so
         // the first look (right away, before the client can read and close) usually settles it;
         // a client that closes with unread bytes resets the connection and leaves no record.
         match identity::tcp_send_queue(local, peer) {
-            Some(identity::SendQueue::Acknowledged) => return ticket.settle(true),
+            Some(identity::SendQueue::Acknowledged) => return written(ticket),
             Some(identity::SendQueue::Pending(_)) => {}
             _ => return ticket.settle(false),
         }
@@ -227,7 +322,7 @@ impl DeliveryBody {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(std::time::Duration::from_millis(50));
             };
-            ticket.settle(delivered);
+            if delivered { written(ticket) } else { ticket.settle(false) }
         });
     }
 
@@ -255,7 +350,17 @@ impl http_body::Body for DeliveryBody {
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => self.handed_out = true,
+            Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => {
+                // From now on a call of another tool on the session is a step of delivery: the
+                // client may read this frame and call again before the kernel's answer is read.
+                match self.follow_up.take() {
+                    Some(FollowUp { session, answers, follow_ups }) => {
+                        follow_ups.awaiting(&session, answers, self.ticket.clone());
+                        self.handed_out = true;
+                    }
+                    None => self.settle(false),
+                }
+            }
             // Ended without carrying a result: any execution registered later (its MCP session
             // was closed under this stream) was not delivered by it.
             Poll::Ready(None) => self.settle(false),
@@ -289,7 +394,7 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let state = Guard { gateway };
+    let state = Guard { gateway, follow_ups: Arc::new(FollowUps::default()), max_message_bytes };
     let refusals = Arc::clone(&state.gateway.refusals);
     Router::new()
         .nest_service("/mcp", service)

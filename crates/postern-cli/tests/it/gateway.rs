@@ -180,6 +180,9 @@ fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
     let again = agent.connect(gw.http_command(&token));
     assert_eq!(again["event"], "connected", "{again}");
     let retry = agent.call_and_wait("retry", tool, json!({ "amount": 7 }));
+    // Over HTTP a result is delivered once the agent carries on with another call on its session.
+    let next = agent.call_and_wait("next", "balance", json!({}));
+    assert_eq!(next["ok"], true, "{next}");
     assert_answered_from_first(&gw, &target, &retry, &id);
 
     // The run is the agent process: both MCP sessions landed in one Sessions row.
@@ -208,6 +211,38 @@ fn typescript_http_connection_cut_after_dispatch_idempotency_key() {
 #[test]
 fn typescript_http_connection_cut_after_dispatch_irreversible() {
     http_connection_cut_after_dispatch(Sdk::TypeScript, "wire");
+}
+
+/// Regression, seed 128018099 #34 of the fault campaign: over Streamable HTTP the client's kernel
+/// acknowledged a result, the gateway stopped right then, and the Python SDK failed the call
+/// ("Session terminated") — the agent repeated it and an irreversible transfer ran twice. A
+/// result is delivered over HTTP only once the agent calls another tool on its session (the SDK's
+/// own `tools/list` after the call does not count); here it never does, so the result is not
+/// delivered and the repeat gets the stored result.
+#[test]
+fn http_result_without_a_follow_up_is_not_delivered_seed_128018099() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("ci-agent");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.http_command(&token));
+    let first = agent.call_and_wait("first", "wire", json!({ "amount": 3 }));
+    assert_eq!(first["ok"], true, "{first}");
+    let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
+    // Bytes acknowledged by the client's kernel are not delivery: still waiting for the client.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(state_of(&gw, &id), "completed", "{:?}", gw.events_of(&id));
+    let mut gw = gw;
+    gw.signal("TERM");
+    assert!(gw.child.wait().unwrap().success(), "a clean shutdown");
+    let gw = gw.crash_and_restart(&target.manifest());
+    assert_eq!(state_of(&gw, &id), "completed_result_not_delivered", "{:?}", gw.events_of(&id));
+
+    agent.connect(gw.http_command(&token));
+    let retry = agent.call_and_wait("retry", "wire", json!({ "amount": 3 }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["attached"], true);
+    assert_eq!(target.posts(), 1, "one transfer");
 }
 
 /// An irreversible call whose outcome is unknown is never sent again: the retry is
