@@ -4,7 +4,7 @@
 
 use crate::{
     CallOutcome, Engine,
-    delivery::DeliveryTicket,
+    delivery::{Answers, DeliveryTicket, FollowUps},
     identity::ExecutableHashes,
     manifest::{HTTP_REQUEST, SSH_EXEC, Tool as ManifestTool},
     runs::{AgentRuns, Caller, RunLease},
@@ -81,10 +81,13 @@ pub struct HttpCaller {
 
 /// Requests of one connection whose response has not been confirmed delivered yet (socket).
 ///
-/// A response is confirmed only by the `postern mcp` bridge's acknowledgement, sent after it
-/// wrote and flushed the response to the agent's stdin: a write into the socket proves only that
-/// the bridge's kernel buffer took it. A connection that never announced itself as a bridge gets
-/// no confirmation at all (uncertain resolves to "not delivered").
+/// A response is delivered in two steps, in either order: the `postern mcp` bridge's
+/// acknowledgement, sent after it wrote and flushed the response to the agent's stdin (a write
+/// into the socket proves only that the bridge's kernel buffer took it), and the agent's call of
+/// another tool on the connection afterwards ([`FollowUps`]: an SDK can fail a call whose answer
+/// reached it, e.g. when its connection dies while it validates the result). A connection that
+/// never announced itself as a bridge gets no confirmation at all (uncertain resolves to "not
+/// delivered").
 #[derive(Debug, Default)]
 pub struct PendingResponses {
     inner: Mutex<PendingState>,
@@ -99,7 +102,14 @@ struct PendingState {
     tickets: HashMap<String, DeliveryTicket>,
     /// Responses written (or being written) to a bridge, waiting for its acknowledgement.
     awaiting_ack: HashMap<String, DeliveryTicket>,
+    /// The tool each open `tools/call` request names.
+    tools: HashMap<String, String>,
+    /// Responses handed to the bridge, waiting for the agent's call of another tool.
+    follow_ups: FollowUps,
 }
+
+/// The one session of a socket connection, as [`FollowUps`] names it.
+const CONNECTION: &str = "connection";
 
 pub(crate) fn request_key(id: &NumberOrString) -> String {
     match id {
@@ -132,11 +142,30 @@ impl PendingResponses {
     pub(crate) fn take(&self, key: &str) -> Option<(DeliveryTicket, bool)> {
         let mut state = self.inner.lock().ok()?;
         let ticket = state.tickets.remove(key)?;
+        let tool = state.tools.remove(key);
         if state.acknowledging && !state.closed {
             state.awaiting_ack.insert(key.to_owned(), ticket.clone());
+            let answers = Answers { request: Some(key.to_owned()), tool };
+            state.follow_ups.awaiting(CONNECTION, answers, ticket.clone());
             Some((ticket, true))
         } else {
             Some((ticket, false))
+        }
+    }
+
+    /// A `tools/call` of `tool` arrived as request `key`: remember which tool it calls, and count
+    /// it as the agent carrying on after the answers written before it.
+    pub(crate) fn tool_called(&self, key: String, tool: &str) {
+        if let Ok(mut state) = self.inner.lock() {
+            state.follow_ups.tool_called(CONNECTION, tool);
+            state.tools.insert(key, tool.to_owned());
+        }
+    }
+
+    /// The agent withdrew request `key` (`notifications/cancelled`): it discards that answer.
+    pub(crate) fn cancelled(&self, key: &str) {
+        if let Ok(state) = self.inner.lock() {
+            state.follow_ups.cancelled(CONNECTION, key);
         }
     }
 
@@ -155,11 +184,11 @@ impl PendingResponses {
         }
     }
 
-    /// The bridge wrote and flushed the response to `key` to the agent.
+    /// The bridge wrote and flushed the response to `key` to the agent: one step of delivery.
     pub(crate) fn acknowledged(&self, key: &str) {
         let ticket = self.inner.lock().ok().and_then(|mut state| state.awaiting_ack.remove(key));
         if let Some(ticket) = ticket {
-            ticket.settle(true);
+            ticket.written();
         }
     }
 
@@ -168,6 +197,8 @@ impl PendingResponses {
         let tickets: Vec<DeliveryTicket> = match self.inner.lock() {
             Ok(mut state) => {
                 state.closed = true;
+                state.follow_ups.session_ended(CONNECTION);
+                state.tools.clear();
                 let mut all: Vec<DeliveryTicket> = state.tickets.drain().map(|(_, t)| t).collect();
                 all.extend(state.awaiting_ack.drain().map(|(_, t)| t));
                 all

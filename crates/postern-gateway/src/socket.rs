@@ -371,6 +371,24 @@ impl LineTransport {
                 _ => {}
             }
         }
+        // What delivery needs to know of the agent's messages: which tool a call names (a call of
+        // another tool is the agent carrying on), and which request a cancellation withdraws.
+        match (value.get("method").and_then(Value::as_str), &id) {
+            (Some("tools/call"), Some(request)) => {
+                if let Some(tool) = value.pointer("/params/name").and_then(Value::as_str) {
+                    self.pending.tool_called(request_key(request), tool);
+                }
+            }
+            (Some("notifications/cancelled"), None) => {
+                if let Some(withdrawn) = value
+                    .pointer("/params/requestId")
+                    .and_then(|r| serde_json::from_value::<NumberOrString>(r.clone()).ok())
+                {
+                    self.pending.cancelled(&request_key(&withdrawn));
+                }
+            }
+            _ => {}
+        }
         if value.is_array() {
             return Err(Rejection {
                 code: ErrorCode::INVALID_REQUEST,

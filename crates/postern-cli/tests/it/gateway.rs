@@ -19,14 +19,18 @@ fn only_execution_of(gw: &Gateway, tool: &str) -> String {
 }
 
 /// A retry was answered from the first execution `id`: same id, attached, its stored result;
-/// the target saw one payment; the stored result is then journaled as delivered.
-fn assert_answered_from_first(gw: &Gateway, target: &Target, retry: &Value, id: &str) {
+/// the target saw one payment; once the agent carries on (a call of another tool), the stored
+/// result is journaled as delivered.
+fn assert_answered_from_first(gw: &Gateway, target: &Target, agent: &mut Agent, retry: &Value, id: &str) {
     assert_eq!(retry["ok"], true, "{retry}");
     let s = &retry["structured"];
     assert_eq!(s["execution_id"], id, "the retry answers with the first execution: {s}");
     assert_eq!(s["attached"], true);
     assert_eq!(s["result"]["status"], 201);
     assert_eq!(target.posts(), 1, "the target saw exactly one payment");
+    assert_ne!(state_of(gw, id), "result_delivered", "not delivered before the agent carries on");
+    let next = agent.call_and_wait("carry-on", "balance", json!({}));
+    assert_eq!(next["ok"], true, "{next}");
     eventually("delivery of the stored result", LONG, || (state_of(gw, id) == "result_delivered").then_some(()));
 }
 
@@ -60,7 +64,7 @@ fn stdio_bridge_killed_after_dispatch(sdk: Sdk, tool: &str) {
     assert_eq!(retry["is_error"], false, "{retry}");
     let text = retry["text"][0].as_str().unwrap();
     assert!(text.contains(&id), "the text names the execution too: {text}");
-    assert_answered_from_first(&gw, &target, &retry, &id);
+    assert_answered_from_first(&gw, &target, &mut agent, &retry, &id);
     let events = gw.events_of(&id);
     assert!(events.contains(&"retry_received".to_owned()), "{events:?}");
 }
@@ -123,7 +127,7 @@ fn bridge_holding_the_response_dies(sdk: Sdk) {
 
     agent.connect(gw.bridge_command());
     let retry = agent.call_and_wait("retry", "pay", json!({ "amount": 42 }));
-    assert_answered_from_first(&gw, &target, &retry, &id);
+    assert_answered_from_first(&gw, &target, &mut agent, &retry, &id);
 }
 
 #[test]
@@ -150,7 +154,7 @@ fn gateway_killed_between_completion_and_delivery_no_second_payment() {
 
     agent.connect(gw.bridge_command());
     let retry = agent.call_and_wait("retry", "pay", json!({ "amount": 7 }));
-    assert_answered_from_first(&gw, &target, &retry, &id);
+    assert_answered_from_first(&gw, &target, &mut agent, &retry, &id);
     let verify = gw.postern(&["audit", "verify"]);
     assert_eq!(verify.code, 0, "{}", verify.stderr);
 }
@@ -180,10 +184,7 @@ fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
     let again = agent.connect(gw.http_command(&token));
     assert_eq!(again["event"], "connected", "{again}");
     let retry = agent.call_and_wait("retry", tool, json!({ "amount": 7 }));
-    // Over HTTP a result is delivered once the agent carries on with another call on its session.
-    let next = agent.call_and_wait("next", "balance", json!({}));
-    assert_eq!(next["ok"], true, "{next}");
-    assert_answered_from_first(&gw, &target, &retry, &id);
+    assert_answered_from_first(&gw, &target, &mut agent, &retry, &id);
 
     // The run is the agent process: both MCP sessions landed in one Sessions row.
     let sessions = gw.sessions();
@@ -215,21 +216,22 @@ fn typescript_http_connection_cut_after_dispatch_irreversible() {
 
 /// Regression, seed 128018099 #34 of the fault campaign: over Streamable HTTP the client's kernel
 /// acknowledged a result, the gateway stopped right then, and the Python SDK failed the call
-/// ("Session terminated") — the agent repeated it and an irreversible transfer ran twice. A
-/// result is delivered over HTTP only once the agent calls another tool on its session (the SDK's
-/// own `tools/list` after the call does not count); here it never does, so the result is not
-/// delivered and the repeat gets the stored result.
-#[test]
-fn http_result_without_a_follow_up_is_not_delivered_seed_128018099() {
+/// ("Session terminated": it lists tools after a call to validate the result) — the agent
+/// repeated it and an irreversible transfer ran twice. The same window exists behind the bridge,
+/// whose acknowledgement only says the answer reached the SDK. A result is delivered only once
+/// the agent also calls another tool afterwards (the SDK's own `tools/list` does not count);
+/// here it never does, so the result is not delivered and the repeat gets the stored result.
+fn result_without_a_follow_up_is_not_delivered(http: bool) {
     let target = Target::start();
     let gw = Gateway::start(&target.manifest());
     let token = gw.add_agent("ci-agent");
+    let connect = |gw: &Gateway| if http { gw.http_command(&token) } else { gw.bridge_command() };
     let mut agent = Agent::start(Sdk::Python);
-    agent.connect(gw.http_command(&token));
+    agent.connect(connect(&gw));
     let first = agent.call_and_wait("first", "wire", json!({ "amount": 3 }));
     assert_eq!(first["ok"], true, "{first}");
     let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
-    // Bytes acknowledged by the client's kernel are not delivery: still waiting for the client.
+    // The answer reached the client (kernel or bridge): that alone is not delivery.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(state_of(&gw, &id), "completed", "{:?}", gw.events_of(&id));
     let mut gw = gw;
@@ -238,11 +240,21 @@ fn http_result_without_a_follow_up_is_not_delivered_seed_128018099() {
     let gw = gw.crash_and_restart(&target.manifest());
     assert_eq!(state_of(&gw, &id), "completed_result_not_delivered", "{:?}", gw.events_of(&id));
 
-    agent.connect(gw.http_command(&token));
+    agent.connect(connect(&gw));
     let retry = agent.call_and_wait("retry", "wire", json!({ "amount": 3 }));
     assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
     assert_eq!(retry["structured"]["attached"], true);
     assert_eq!(target.posts(), 1, "one transfer");
+}
+
+#[test]
+fn http_result_without_a_follow_up_is_not_delivered_seed_128018099() {
+    result_without_a_follow_up_is_not_delivered(true);
+}
+
+#[test]
+fn stdio_result_without_a_follow_up_is_not_delivered_seed_128018099() {
+    result_without_a_follow_up_is_not_delivered(false);
 }
 
 /// An irreversible call whose outcome is unknown is never sent again: the retry is
@@ -292,6 +304,8 @@ fn a_different_agent_process_is_a_fresh_intent() {
     // Within one agent, a repeat after the result was delivered is a new intent too: the agent
     // saw the outcome and chose to act again (design §4).
     let first = a["structured"]["execution_id"].as_str().unwrap().to_owned();
+    let read = one.call_and_wait("read", "balance", json!({}));
+    assert_eq!(read["ok"], true, "the agent carries on with another tool: {read}");
     eventually("delivery", LONG, || (state_of(&gw, &first) == "result_delivered").then_some(()));
     let a2 = one.call_and_wait("a2", "pay", json!({ "amount": 5 }));
     assert_ne!(a2["structured"]["execution_id"], a["structured"]["execution_id"]);
