@@ -163,16 +163,28 @@ impl DeliveryTicket {
     }
 }
 
-/// How long an HTTP result waits for the client's next message on its session before it counts
-/// as not delivered.
+/// How long a result waits for the agent's next call of another tool before it counts as not
+/// delivered.
 pub const FOLLOW_UP_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Results written to an MCP session over HTTP, waiting for the client's next message on that
-/// session (the second step of an HTTP delivery). A session that ends, a cancellation of the
-/// request, or [`FOLLOW_UP_WINDOW`] without a message settles them as not delivered.
+/// Most results one session keeps waiting (an agent that only ever calls one tool); beyond it
+/// the oldest counts as not delivered.
+const MAX_WAITING_PER_SESSION: usize = 4096;
+
+/// Results handed to an agent's connection or MCP session, waiting for the agent's next call of
+/// another tool there (the second step of delivery). A session that ends, a cancellation of the
+/// request, or [`FOLLOW_UP_WINDOW`] without such a call settles them as not delivered.
 #[derive(Debug, Default)]
 pub struct FollowUps {
-    pending: Mutex<std::collections::HashMap<String, Vec<Waiting>>>,
+    inner: Mutex<Waitlists>,
+}
+
+#[derive(Debug, Default)]
+struct Waitlists {
+    /// Per session, oldest first.
+    sessions: std::collections::HashMap<String, std::collections::VecDeque<Waiting>>,
+    /// When expired results were last looked for (at most once a second, off the per-call path).
+    swept: Option<std::time::Instant>,
 }
 
 /// Which request a response answers: its JSON-RPC id (as `mcp::request_key`) and, for a
@@ -191,21 +203,27 @@ struct Waiting {
 }
 
 impl FollowUps {
-    /// `ticket` (the response to `answers`) was written to `session`.
+    /// `ticket` (the response to `answers`) was handed to `session`.
     pub fn awaiting(&self, session: &str, answers: Answers, ticket: DeliveryTicket) {
         let now = std::time::Instant::now();
-        let mut expired = Vec::new();
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.retain(|_, waiting| {
-                let (old, keep): (Vec<Waiting>, Vec<Waiting>) =
-                    std::mem::take(waiting).into_iter().partition(|w| now.duration_since(w.since) >= FOLLOW_UP_WINDOW);
-                expired.extend(old);
-                *waiting = keep;
-                !waiting.is_empty()
-            });
-            pending.entry(session.to_owned()).or_default().push(Waiting { answers, since: now, ticket });
+        let mut lost = Vec::new();
+        if let Ok(mut lists) = self.inner.lock() {
+            if lists.swept.is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(1)) {
+                lists.swept = Some(now);
+                lists.sessions.retain(|_, waiting| {
+                    while waiting.front().is_some_and(|w| now.duration_since(w.since) >= FOLLOW_UP_WINDOW) {
+                        lost.extend(waiting.pop_front());
+                    }
+                    !waiting.is_empty()
+                });
+            }
+            let waiting = lists.sessions.entry(session.to_owned()).or_default();
+            if waiting.len() >= MAX_WAITING_PER_SESSION {
+                lost.extend(waiting.pop_front());
+            }
+            waiting.push_back(Waiting { answers, since: now, ticket });
         }
-        for w in expired {
+        for w in lost {
             w.ticket.settle(false);
         }
     }
@@ -246,15 +264,16 @@ impl FollowUps {
 
     /// Removes and returns the results waiting on `session` that `pick` selects.
     fn take_where(&self, session: &str, pick: impl Fn(&Waiting) -> bool) -> Vec<Waiting> {
-        let Ok(mut pending) = self.pending.lock() else { return Vec::new() };
-        let Some(waiting) = pending.get_mut(session) else { return Vec::new() };
-        let (taken, kept): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(waiting).into_iter().partition(pick);
+        let Ok(mut lists) = self.inner.lock() else { return Vec::new() };
+        let Some(waiting) = lists.sessions.get_mut(session) else { return Vec::new() };
+        let (taken, kept): (std::collections::VecDeque<Waiting>, std::collections::VecDeque<Waiting>) =
+            std::mem::take(waiting).into_iter().partition(pick);
         if kept.is_empty() {
-            pending.remove(session);
+            lists.sessions.remove(session);
         } else {
             *waiting = kept;
         }
-        taken
+        taken.into()
     }
 }
 
@@ -325,5 +344,18 @@ mod tests {
         assert_eq!(left.verdict(), Some(false));
         f.tool_called("s1", "wire");
         assert_eq!(left.verdict(), Some(false));
+    }
+
+    #[test]
+    fn a_session_that_only_ever_calls_one_tool_keeps_a_bounded_waitlist() {
+        let f = FollowUps::default();
+        let oldest = written(&f, "s1", "n:0", "pay");
+        let rest: Vec<DeliveryTicket> =
+            (1..MAX_WAITING_PER_SESSION).map(|n| written(&f, "s1", &format!("n:{n}"), "pay")).collect();
+        assert_eq!(oldest.verdict(), None);
+        let newest = written(&f, "s1", "n:new", "pay");
+        assert_eq!(oldest.verdict(), Some(false), "the oldest beyond the bound counts as not delivered");
+        f.tool_called("s1", "balance");
+        assert!(rest.iter().chain([&newest]).all(|t| t.verdict() == Some(true)));
     }
 }
