@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The randomized fault campaign (tests/chaos/chaos.py): the release `postern serve`, agents on the
-# official Python MCP SDK over both transports, a counting target with Idempotency-Key semantics,
+# official Python and TypeScript MCP SDKs over both transports, a counting target with Idempotency-Key semantics,
 # faults at the target and SIGKILL/SIGTERM of bridges, agents and the gateway at random instants;
 # the no-duplicate invariants are checked after every schedule. Prints its seed; a failing seed
 # replays the same schedules with --seed S (one of them with --only INDEX).
@@ -11,13 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-py=tests/clients/python
-if [ ! -x "$py/.venv/bin/python" ] || ! cmp -s "$py/requirements.txt" "$py/.venv/installed.txt"; then
-  python3 -m venv "$py/.venv"
-  "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
-  cp "$py/requirements.txt" "$py/.venv/installed.txt"
-fi
-cargo build --release --locked -q -p postern-cli
+source scripts/clients.sh  # sets $py (the Python SDK venv) and $ts
+# With the crash points of fault-test builds (inert unless FAILPOINTS arms one).
+cargo build --release --locked -q -p postern-cli --features failpoints
 bin="${CARGO_TARGET_DIR:-target}/release/postern"
 bin=$(realpath "$bin")
 

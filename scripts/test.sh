@@ -37,17 +37,7 @@ fi
 
 # The official MCP SDKs the gateway's end-to-end tests drive, pinned by
 # tests/clients/python/requirements.txt and tests/clients/ts/package-lock.json.
-py=tests/clients/python
-if [ ! -x "$py/.venv/bin/python" ] || ! cmp -s "$py/requirements.txt" "$py/.venv/installed.txt"; then
-  python3 -m venv "$py/.venv"
-  "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
-  cp "$py/requirements.txt" "$py/.venv/installed.txt"
-fi
-ts=tests/clients/ts
-if [ ! -d "$ts/node_modules" ] || ! cmp -s "$ts/package-lock.json" "$ts/node_modules/.installed-lock.json"; then
-  (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error)
-  cp "$ts/package-lock.json" "$ts/node_modules/.installed-lock.json"
-fi
+source scripts/clients.sh  # sets $py (the Python SDK venv) and $ts
 
 # The desktop app's front end: built (the app embeds it) and its component tests run.
 bash scripts/ui.sh test
@@ -60,5 +50,5 @@ mkdir -p "$XDG_DATA_HOME" "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 # The keyring password only protects this throwaway keyring.
 exec dbus-run-session -- bash -c '
   printf "%s" postern-test-keyring | gnome-keyring-daemon --unlock --components=secrets >/dev/null
-  exec cargo nextest run --workspace --locked --no-fail-fast "$@"
+  exec cargo nextest run --workspace --locked --no-fail-fast --features postern-cli/failpoints "$@"
 ' test-session "$@"

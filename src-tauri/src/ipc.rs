@@ -436,7 +436,8 @@ pub fn add_credential(app: State<'_>, credential: NewCredential) -> Result<(), I
         other => return Err(IpcError::new("invalid_credential", format!("unknown kind {other:?}"))),
     };
     let bindings = hosts.iter().map(|h| Binding::new(h, None)).collect::<Result<Vec<_>, _>>()?;
-    let credential = Credential { name, kind, bindings, approve_every_use, idempotency_header: None };
+    let credential =
+        Credential { name, kind, bindings, approve_every_use, idempotency_header: None, reads_have_effects: false };
     app.vault.add_credential(&credential, &secret, crate::now())?;
     Ok(())
 }

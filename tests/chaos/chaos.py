@@ -2,7 +2,7 @@
 
 Real parts only: the `postern serve` binary on a private data directory (real SQLite file, real
 Secret Service keychain in the caller's D-Bus session), agents built on the official Python MCP
-SDK (tests/clients/python/agent.py) over both transports (`postern mcp` bridge and Streamable
+SDKs (tests/clients/python/agent.py, tests/clients/ts/agent.mjs) over both transports (`postern mcp` bridge and Streamable
 HTTP), and a counting target with IETF Idempotency-Key semantics (target.py).
 
 Each schedule is one intent (a unique amount) of one agent process. Its plan is drawn from
@@ -10,7 +10,10 @@ Each schedule is one intent (a unique amount) of one agent process. Its plan is 
 transport, a fault at the target for the first request (cut before, reset after the effect, half
 an answer, stall beyond the timeout, slow), and a fault of a process at a random instant (SIGKILL
 of the bridge or of the agent's HTTP connection, SIGKILL or SIGTERM of the gateway then a
-restart, SIGKILL of the agent). The agent behaves like a real client: on an error, a dropped
+restart, SIGKILL of the agent, or a crash point armed at one of the gateway's durable boundaries
+— before/after `dispatched` or `completed` is committed, before the send, before the response is
+journaled, before the answer leaves — where the gateway aborts as on a power cut; the binary is
+built with `--features failpoints`). The agent behaves like a real client: on an error, a dropped
 connection or an unknown outcome it reconnects and repeats the same call with the same arguments
 until it gets a final answer or the schedule's budget ends.
 
@@ -49,10 +52,23 @@ import target as counting_target
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE.parent / "clients" / "python" / "agent.py"
+TS_AGENT = HERE.parent / "clients" / "ts" / "agent.mjs"
+
+
+def agent_command(sdk, python):
+    """The agent process for an SDK: the official Python or TypeScript MCP SDK, same line protocol."""
+    return [python, str(AGENT)] if sdk == "python" else ["node", str(TS_AGENT)]
 
 TOOLS = ["pay", "pay", "wire"]
 TARGET_FAULTS = ["none", "none", "slow", "stall", "cut_before", "reset_after", "mid_response"]
-PROCESS_FAULTS = ["none", "kill_bridge", "kill_bridge", "kill_gateway", "kill_gateway", "term_gateway", "kill_agent"]
+PROCESS_FAULTS = ["none", "kill_bridge", "kill_bridge", "kill_gateway", "kill_gateway", "term_gateway", "kill_agent",
+                  "crash_point", "crash_point"]
+# The gateway's crash points at each durable boundary (built with --features failpoints): armed
+# for one schedule, the gateway aborts there as on a power cut, and is restarted.
+CRASH_POINTS = ["store::commit::before::dispatched", "store::commit::after::dispatched",
+                "engine::dispatched::before_send", "engine::observed::before_journal",
+                "store::commit::before::completed", "store::commit::after::completed",
+                "engine::journaled::before_answer"]
 SUCCESS = {"completed", "result_delivered", "completed_result_not_delivered"}
 FINAL_WITHOUT_SUCCESS = {"needs_review", "denied"}
 UNSETTLED = ("accepted", "authorized", "dispatched")
@@ -98,10 +114,13 @@ class Gateway:
         self.restarts = 0
         self.log = open(data_dir / "serve.log", "ab")
 
-    def start(self):
+    def start(self, crash_point=None):
+        env = dict(self.env, POSTERN_LOG="info,rmcp=error")
+        if crash_point:
+            env["FAILPOINTS"] = f"{crash_point}=return"
         self.proc = subprocess.Popen(
             [self.postern, "serve", "--port", str(self.port), "--drain-seconds", "10"],
-            env=dict(self.env, POSTERN_LOG="info,rmcp=error"),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -126,6 +145,15 @@ class Gateway:
         self.proc.wait(timeout=30)
         self.restarts += 1
 
+    def crashed(self, within):
+        """Whether the gateway process ended (a crash point fired) within `within` seconds."""
+        try:
+            self.proc.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            return False
+        self.restarts += 1
+        return True
+
     def cli(self, *args):
         return subprocess.run([self.postern, *args], env=self.env, capture_output=True, text=True, timeout=120)
 
@@ -139,11 +167,11 @@ class Gateway:
 
 
 class Agent:
-    """One agent process (official Python SDK) driven line by line."""
+    """One agent process (official Python or TypeScript SDK) driven line by line."""
 
-    def __init__(self, python):
+    def __init__(self, command):
         self.proc = subprocess.Popen(
-            [python, str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         self.events = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -176,7 +204,9 @@ class Agent:
 
     def connect(self, command):
         self.send(op="connect", **command)
-        return self.expect(lambda e: e["event"] in ("connected", "connect_failed"), 30)
+        return self.expect(
+            lambda e: e["event"] in ("connected", "connect_failed") or (e["event"] == "error" and e.get("op") == "connect"),
+            30)
 
     def bridge_pids(self):
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
@@ -202,9 +232,18 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
     target_fault = rng.choice(TARGET_FAULTS)
     process_fault = rng.choice(PROCESS_FAULTS)
     fault_at = rng.uniform(0.0, 0.4)
+    crash_point = rng.choice(CRASH_POINTS) if process_fault == "crash_point" else None
+    sdk = rng.choice(["python", "python", "typescript"])
     intent = f"{seed % 100000}{index:06d}"
     plan = {"index": index, "tool": tool, "transport": transport, "target_fault": target_fault,
-            "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent}
+            "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent, "sdk": sdk}
+    figures["sdks"][sdk] += 1
+    if crash_point:
+        plan["crash_point"] = crash_point
+        figures["crash_points"][crash_point] += 1
+        # Re-armed: the gateway restarts with the point armed for this schedule's first call.
+        gw.kill(signal.SIGTERM)
+        gw.start(crash_point=crash_point)
     figures["target_faults"][target_fault] += 1
     figures["process_faults"][process_fault] += 1
     figures["transports"][transport] += 1
@@ -218,7 +257,7 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
                            "PATH": os.environ.get("PATH", "")}}
     else:
         connect = {"transport": "http", "url": f"http://127.0.0.1:{gw.port}/mcp", "token": token}
-    agent = Agent(python)
+    agent = Agent(agent_command(sdk, python))
     answers = []  # (execution_id, state, result) the agent was told
     success = False
     try:
@@ -250,6 +289,16 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
                 elif process_fault == "kill_agent":
                     agent.kill()
                     return plan, answers, success
+                elif process_fault == "crash_point":
+                    # The point fires if the call reaches it (a target fault may keep it from
+                    # getting there); either way the gateway comes back disarmed.
+                    if gw.crashed(within=8):
+                        figures["crash_points_fired"][crash_point] += 1
+                    else:
+                        gw.kill(signal.SIGTERM)
+                    gw.start()
+                    gw.verify(f"after crash point {crash_point} in schedule {index}")
+                    check_nothing_lost(gw, told)
             event = agent.expect(lambda e: e["event"] in ("result", "connection_closed") and e.get("tag", tag) == tag, 20)
             if verbose:
                 print(f"    attempt {attempt}: {json.dumps(event)[:400]}", flush=True)
@@ -363,7 +412,8 @@ def main():
 
     figures = {"seed": seed, "schedules": 0, "crashes": 0, "terminations": 0, "duplicates": 0, "violations": 0,
                "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0,
-               "target_faults": Counter(), "process_faults": Counter(), "transports": Counter()}
+               "target_faults": Counter(), "process_faults": Counter(), "transports": Counter(),
+               "crash_points": Counter(), "crash_points_fired": Counter(), "sdks": Counter()}
     told = set()
     indices = [args.only] if args.only is not None else range(args.schedules)
     started = time.monotonic()
@@ -378,7 +428,7 @@ def main():
             figures["executions"] += len(ids)
             figures["successes"] += int(success)
             figures["needs_review"] += int(any(a[1] == "needs_review" for a in answers))
-            print(f"  #{index:4d} {plan['tool']:4} {plan['transport']:5} {plan['target_fault']:12} "
+            print(f"  #{index:4d} {plan['tool']:4} {plan['transport']:5} {plan['sdk'][:2]} {plan['target_fault']:12} "
                   f"{plan['process_fault']:12} effects={effects} executions={len(ids)} "
                   f"answer={answers[-1][1] if answers else '-'}", flush=True)
         except Violation as v:
@@ -405,7 +455,7 @@ def main():
 
     figures["elapsed_s"] = round(time.monotonic() - started, 1)
     figures["target_faults_applied"] = dict(ledger.applied)
-    for k in ("target_faults", "process_faults", "transports"):
+    for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks"):
         figures[k] = dict(figures[k])
     print("chaos: " + json.dumps(figures, sort_keys=True), flush=True)
     if args.json:

@@ -175,32 +175,70 @@ pub fn sessions(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
 
 pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode, Failure> {
     let view = view(data_dir)?;
-    let summary =
-        view.execution(id)?.ok_or_else(|| Failure { code: 2, error: anyhow!("no execution {id} in this journal") })?;
+    let missing = || Failure { code: 2, error: anyhow!("no execution {id} in this journal") };
+    let summary = view.execution(id)?.ok_or_else(missing)?;
+    let incident = view.incident(id)?.ok_or_else(missing)?;
     let timeline = view.timeline(id)?;
     let result = view.result(id)?;
     if as_json {
-        print_json(&json!({ "execution": summary, "timeline": timeline, "result": result }))?;
+        print_json(&json!({ "incident": incident, "execution": summary, "timeline": timeline, "result": result }))?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("execution     {}", summary.id);
-    println!("tool          {} ({})", summary.tool, summary.channel);
-    match &summary.record["target"] {
-        serde_json::Value::String(url) => {
-            println!("target        {} {url}", summary.record["method"].as_str().unwrap_or(""))
+    println!("execution     {}", incident.execution_id);
+    println!("tool          {} ({})", incident.tool, incident.channel);
+    match &incident.target {
+        serde_json::Value::Object(t) if t.contains_key("url") => {
+            println!("target        {} {}", t["method"].as_str().unwrap_or(""), t["url"].as_str().unwrap_or(""))
         }
         other => println!("target        {other}"),
     }
-    println!("actor         {}", summary.actor);
-    println!("intent scope  {}", summary.intent_scope);
-    println!("fingerprint   {}", summary.fingerprint);
-    println!("contract      {}", summary.contract["class"].as_str().unwrap_or("?"));
-    if summary.contract["class"] == "idempotency_key" {
-        println!("idempotency   {}: {}", summary.contract["idempotency_header"].as_str().unwrap_or("?"), summary.id);
+    println!("actor         {}", incident.actor);
+    println!("intent scope  {}", incident.intent_scope);
+    println!("fingerprint   {}", incident.fingerprint);
+    println!("contract      {}", incident.replay_contract.as_str().unwrap_or("?"));
+    if let Some(key) = &incident.idempotency_key {
+        println!("idempotency   {}: {}", key.header, key.value);
     }
-    println!("state         {}", summary.state);
-    if let Some(r) = &result {
-        println!("result        {} bytes, sha256:{}", r.body.len(), r.sha256);
+    println!("state         {}", incident.state);
+    let times = &incident.times;
+    let at = |t: Option<i64>| t.map(render::time).unwrap_or_else(|| "-".into());
+    println!(
+        "times         accepted {}, dispatched {}, settled {}, delivered {}",
+        render::time(times.accepted_at),
+        at(times.first_dispatched_at),
+        at(times.completed_at),
+        at(times.result_delivered_at)
+    );
+    if let Some(outcome) = &incident.target_outcome {
+        println!("target said   {}", render::brief(outcome, 100));
+    }
+    if let Some(r) = &incident.result_ref {
+        println!("result        {} bytes, sha256:{} (journal row {})", r.bytes, r.sha256, r.journal_seq);
+    }
+    for c in &incident.calls {
+        let part = |label: &str, v: &Option<serde_json::Value>| match v {
+            Some(serde_json::Value::Null) | None => String::new(),
+            Some(serde_json::Value::String(s)) => format!(" {label} {s}"),
+            Some(v) => format!(" {label} {v}"),
+        };
+        println!(
+            "call          {} {}{}{}{}{}",
+            render::time(c.at),
+            c.event,
+            part("decision", &c.decision),
+            part("run", &c.agent_session),
+            part("mcp-session", &c.mcp_session_id),
+            part("jsonrpc-id", &c.jsonrpc_id)
+        );
+    }
+    for r in &incident.related {
+        println!(
+            "related       {} {} (accepted {}, {})",
+            r.execution_id,
+            r.state,
+            render::time(r.accepted_at),
+            r.intent_scope
+        );
     }
     println!();
     let mut t = render::table(&["seq", "time (UTC)", "event", "state", "detail"]);

@@ -268,7 +268,11 @@ fn tools_check(file: &std::path::Path) -> Result<ExitCode, Failure> {
                     tool.method.clone(),
                     tool.url_template.clone(),
                     tool.credential.clone().unwrap_or_default(),
-                    tool.contract.class.as_str().to_owned(),
+                    if tool.read_only_by_verb {
+                        format!("read_only (by its {} verb)", tool.method)
+                    } else {
+                        tool.contract.class.as_str().to_owned()
+                    },
                 ]);
             }
             println!("{}", t.trim_fmt());
@@ -284,6 +288,9 @@ fn tools_check(file: &std::path::Path) -> Result<ExitCode, Failure> {
 }
 
 fn main() -> ExitCode {
+    // Fault-test builds only: arms the crash points named in FAILPOINTS.
+    #[cfg(feature = "failpoints")]
+    let _crash_points = fail::FailScenario::setup();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,

@@ -46,6 +46,10 @@ pub struct Add {
     /// The API honours this idempotency header (lets `http_request` writes be recovered).
     #[arg(long, value_name = "HEADER")]
     idempotency_header: Option<String>,
+    /// A GET or HEAD through this credential changes something (a metered call, a one-time
+    /// link, an export job): treat those verbs like writes. By default the verb is trusted.
+    #[arg(long)]
+    reads_have_effects: bool,
 }
 
 fn read_secret() -> Result<Sensitive<String>, Failure> {
@@ -88,6 +92,7 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
         bindings,
         approve_every_use: args.approve_every_use,
         idempotency_header: args.idempotency_header,
+        reads_have_effects: args.reads_have_effects,
     };
     credential.validate()?;
     let vault = open(data_dir)?;
@@ -186,6 +191,19 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The replay contracts `http_request` derives for calls through `c`, in words.
+fn http_request_contract(c: &Credential) -> String {
+    let writes = match &c.idempotency_header {
+        Some(h) => format!("idempotency_key ({h})"),
+        None => "irreversible".into(),
+    };
+    if c.reads_have_effects {
+        format!("every verb {writes} (reads have effects)")
+    } else {
+        format!("GET/HEAD read_only (by verb), writes {writes}")
+    }
+}
+
 pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     let vault = open(data_dir)?;
     let credentials = vault.credentials()?;
@@ -214,7 +232,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         println!("no credentials yet (postern vault add NAME --kind bearer --host HOST)");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut t = render::table(&["name", "kind", "sent to", "approve every use"]);
+    let mut t = render::table(&["name", "kind", "sent to", "approve every use", "http_request contract"]);
     for c in &credentials {
         let kind = match &c.kind {
             CredentialKind::Bearer => "bearer".to_string(),
@@ -223,7 +241,13 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         };
         let hosts: Vec<String> =
             c.bindings.iter().map(|b| format!("{}{}", b.host, b.path_prefix.as_deref().unwrap_or(""))).collect();
-        t.add_row(vec![c.name.clone(), kind, hosts.join(", "), if c.approve_every_use { "yes" } else { "no" }.into()]);
+        t.add_row(vec![
+            c.name.clone(),
+            kind,
+            hosts.join(", "),
+            if c.approve_every_use { "yes" } else { "no" }.into(),
+            http_request_contract(c),
+        ]);
     }
     println!("{}", t.trim_fmt());
     Ok(ExitCode::SUCCESS)

@@ -20,8 +20,8 @@ pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CanonicalError {
     #[error(
-        "number at {path} is an integer beyond ±(2^53 − 1) and cannot be canonicalised without \
-         losing precision; send it as a string if the target accepts one"
+        "number at {path} is an integer (or a decimal that stands for one) beyond ±(2^53 − 1) and \
+         cannot be canonicalised without losing precision; send it as a string if the target accepts one"
     )]
     IntegerOutOfRange { path: String },
     #[error("value could not be canonicalised: {0}")]
@@ -42,13 +42,7 @@ impl ErrorCode for CanonicalError {
 pub fn check_numbers(value: &Value, path: &mut String) -> Result<(), CanonicalError> {
     match value {
         Value::Number(n) => {
-            let too_big = match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => u > MAX_SAFE_INTEGER,
-                (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
-                // A double: finite by construction in serde_json, and exactly what JCS formats.
-                (None, None) => false,
-            };
-            if too_big {
+            if is_unsafe(n) {
                 return Err(CanonicalError::IntegerOutOfRange {
                     path: if path.is_empty() { "/".into() } else { path.clone() },
                 });
@@ -80,15 +74,29 @@ pub fn check_numbers(value: &Value, path: &mut String) -> Result<(), CanonicalEr
     }
 }
 
+/// Whether `n` cannot be canonicalised without losing digits: an integer beyond ±(2^53 − 1), or
+/// a double that JCS writes as such an integer.
+fn is_unsafe(n: &serde_json::Number) -> bool {
+    match (n.as_u64(), n.as_i64()) {
+        (Some(u), _) => u > MAX_SAFE_INTEGER,
+        (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
+        // A double: finite by construction in serde_json, and exactly what JCS formats — as an
+        // integer literal between 2^53 and 10^21 (ECMAScript switches to exponent form only
+        // there), which would be an unsafe integer once read back. Such a double has already
+        // lost its digits (`3333333333333333333.3` is sent as `3333333333333333500`): refused
+        // like the integer it stands for. Found by the `canonical` fuzz target (canonical bytes
+        // were not a fixed point).
+        (None, None) => n.as_f64().is_some_and(|f| f.abs() > MAX_SAFE_INTEGER as f64 && f.abs() < 1e21),
+    }
+}
+
 /// A copy of `value` in which every integer beyond ±(2^53 − 1) is replaced by its exact decimal
 /// string. Only for *evidence* that must be recorded whatever the client sent (e.g. a JSON-RPC
 /// id); never for anything that is fingerprinted, where `123` and `"123"` must stay different.
 pub fn with_unsafe_integers_as_strings(value: &Value) -> Value {
     match value {
-        Value::Number(n) if n.as_u64().is_some_and(|u| u > MAX_SAFE_INTEGER) => Value::String(n.to_string()),
-        Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() > MAX_SAFE_INTEGER) => {
-            Value::String(n.to_string())
-        }
+        // (and every double JCS would write as one: its text as serde_json parsed it)
+        Value::Number(n) if is_unsafe(n) => Value::String(n.to_string()),
         Value::Array(items) => Value::Array(items.iter().map(with_unsafe_integers_as_strings).collect()),
         Value::Object(map) => {
             Value::Object(map.iter().map(|(k, v)| (k.clone(), with_unsafe_integers_as_strings(v))).collect())
@@ -123,6 +131,20 @@ mod tests {
     fn canon_text(input: &str) -> String {
         let v: Value = serde_json::from_str(input).expect("test input is JSON");
         String::from_utf8(canonical_bytes(&v).expect("canonicalises")).expect("utf-8")
+    }
+
+    /// Fuzz find (`fuzz/corpus/canonical`): a decimal beyond 2^53 is formatted by JCS as an
+    /// integer literal that is itself out of range, so canonical bytes were not a fixed point.
+    #[test]
+    fn a_decimal_that_formats_as_an_unsafe_integer_is_refused() {
+        let v: Value = serde_json::from_str("{\"n\":3333333333333333333.331333333333336333333333}").expect("json");
+        assert_eq!(canonical_bytes(&v), Err(CanonicalError::IntegerOutOfRange { path: "/n".into() }));
+        for fine in ["9007199254740991.0", "1e21", "1.5e300", "-0.5", "4503599627370495.5"] {
+            let v: Value = serde_json::from_str(fine).expect("json");
+            let bytes = canonical_bytes(&v).unwrap_or_else(|e| panic!("{fine}: {e}"));
+            let again: Value = serde_json::from_slice(&bytes).expect("json");
+            assert_eq!(canonical_bytes(&again).as_deref(), Ok(bytes.as_slice()), "{fine}");
+        }
     }
 
     /// RFC 8785 §3.2.2: the "Sample Input" and its canonical output.
@@ -186,7 +208,8 @@ mod tests {
         ];
         for &(bits, expected) in table {
             let n = serde_json::Number::from_f64(f64::from_bits(bits)).expect("finite");
-            let got = String::from_utf8(canonical_bytes(&Value::Number(n)).expect("ok")).expect("utf-8");
+            // The serializer's formatting (Postern's range rule would refuse some of these).
+            let got = String::from_utf8(canonical_bytes_unchecked(&Value::Number(n)).expect("ok")).expect("utf-8");
             assert_eq!(got, expected, "bits {bits:#018x}");
         }
     }
@@ -207,8 +230,11 @@ mod tests {
         assert_eq!(err.code(), "integer_out_of_range");
         let neg = canonical_bytes(&json!(-9007199254740992i64)).unwrap_err();
         assert_eq!(neg, CanonicalError::IntegerOutOfRange { path: "/".into() });
-        // 1e20 is a double, not an integer literal: exact in IEEE-754, so it is fine.
-        assert_eq!(canon_text("1e20"), "100000000000000000000");
+        // 1e20 is exact in IEEE-754, but JCS writes it as the integer literal
+        // 100000000000000000000, which a reader takes for an unsafe integer: refused too, so
+        // canonical bytes always canonicalize to themselves. From 1e21 JCS uses exponent form.
+        assert_eq!(canonical_bytes(&json!(1e20)), Err(CanonicalError::IntegerOutOfRange { path: "/".into() }));
+        assert_eq!(canon_text("1e21"), "1e+21");
     }
 
     #[test]
@@ -216,6 +242,11 @@ mod tests {
         let v = json!({"jsonrpc_id": 9007199254740993u64, "n": [-9007199254740995i64, 5]});
         let safe = with_unsafe_integers_as_strings(&v);
         assert_eq!(safe, json!({"jsonrpc_id": "9007199254740993", "n": ["-9007199254740995", 5]}));
+        assert!(canonical_bytes(&safe).is_ok());
+        // Fuzz find: a 20-digit id is a double to serde_json; it is evidence too, never a refusal.
+        let v: Value = serde_json::from_str(r#"{"jsonrpc_id": 33333331666663333333}"#).expect("json");
+        let safe = with_unsafe_integers_as_strings(&v);
+        assert!(safe["jsonrpc_id"].is_string(), "{safe}");
         assert!(canonical_bytes(&safe).is_ok());
     }
 

@@ -171,18 +171,29 @@ pub fn is_safe_method(method: &str) -> bool {
 
 /// The contract a tool runs under: its own (validated), or the read-only contract for a tool
 /// that can have no side effect. A side-effecting tool without a contract is refused.
+///
+/// A safe verb is trusted by default; `reads_have_effects` (the tool's or its credential's
+/// declaration that a GET through it changes something: a counter, a one-time link, an export
+/// job) withdraws that trust, and then the tool needs a contract other than `read_only`.
 pub fn effective_contract(
     tool: &str,
     channel: Channel,
     http_method: Option<&str>,
     declared: Option<&ReplayContract>,
+    reads_have_effects: bool,
 ) -> Result<ReplayContract, ContractError> {
     match declared {
+        Some(contract) if reads_have_effects && contract.class == ReplayClass::ReadOnly => {
+            Err(ContractError::EffectfulRead { tool: tool.to_owned(), declared_read_only: true })
+        }
         Some(contract) => {
             contract.validate(tool, channel)?;
             Ok(contract.clone())
         }
         None => match (channel, http_method) {
+            (Channel::Http, Some(m)) if is_safe_method(m) && reads_have_effects => {
+                Err(ContractError::EffectfulRead { tool: tool.to_owned(), declared_read_only: false })
+            }
             (Channel::Http, Some(m)) if is_safe_method(m) => Ok(ReplayContract::read_only()),
             _ => Err(ContractError::MissingContract {
                 tool: tool.to_owned(),
@@ -227,6 +238,12 @@ pub enum ContractError {
     MissingContract { tool: String, channel: Channel, method: Option<String> },
     #[error("replay contract of tool {tool:?}: {problem}")]
     Invalid { tool: String, problem: ContractProblem },
+    #[error(
+        "tool {tool:?} declares that its reads have effects (reads_have_effects) {}; declare \
+         idempotency_key, status_query or irreversible",
+        if *declared_read_only { "yet its contract is read_only" } else { "but declares no replay contract" }
+    )]
+    EffectfulRead { tool: String, declared_read_only: bool },
 }
 
 fn describe(channel: Channel, method: Option<&str>) -> String {
@@ -242,6 +259,7 @@ impl ErrorCode for ContractError {
         match self {
             ContractError::MissingContract { .. } => "missing_replay_contract",
             ContractError::Invalid { .. } => "invalid_replay_contract",
+            ContractError::EffectfulRead { .. } => "effectful_read_needs_contract",
         }
     }
 }
@@ -261,16 +279,28 @@ mod tests {
     #[test]
     fn side_effecting_tools_without_a_contract_are_refused() {
         for method in ["POST", "PUT", "PATCH", "DELETE", "post"] {
-            let err = effective_contract("deploy", Channel::Http, Some(method), None).unwrap_err();
+            let err = effective_contract("deploy", Channel::Http, Some(method), None, false).unwrap_err();
             assert_eq!(err.code(), "missing_replay_contract");
             assert!(err.to_string().contains("deploy"), "{err}");
         }
-        let err = effective_contract("restart", Channel::Ssh, None, None).unwrap_err();
+        let err = effective_contract("restart", Channel::Ssh, None, None, false).unwrap_err();
         assert!(err.to_string().contains("SSH command"));
         for method in ["GET", "head", "OPTIONS"] {
-            let c = effective_contract("list", Channel::Http, Some(method), None).expect("safe method");
+            let c = effective_contract("list", Channel::Http, Some(method), None, false).expect("safe method");
             assert_eq!(c.class, ReplayClass::ReadOnly);
         }
+    }
+
+    #[test]
+    fn a_read_declared_to_have_effects_needs_a_contract_other_than_read_only() {
+        let err = effective_contract("export", Channel::Http, Some("GET"), None, true).unwrap_err();
+        assert_eq!(err.code(), "effectful_read_needs_contract");
+        assert!(err.to_string().contains("declares no replay contract"), "{err}");
+        let read_only = ReplayContract::read_only();
+        let err = effective_contract("export", Channel::Http, Some("GET"), Some(&read_only), true).unwrap_err();
+        assert!(err.to_string().contains("yet its contract is read_only"), "{err}");
+        let c = effective_contract("export", Channel::Http, Some("GET"), Some(&keyed()), true).expect("keyed");
+        assert_eq!(c.class, ReplayClass::IdempotencyKey);
     }
 
     #[test]

@@ -519,7 +519,12 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             (-safe..=safe).prop_map(|i| json!(i)),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+            // Finite doubles the canonicalizer accepts (not those JCS writes as unsafe integers).
+            any::<f64>()
+                .prop_filter("finite, in range", |f| {
+                    f.is_finite() && !(f.abs() > crate::canonical::MAX_SAFE_INTEGER as f64 && f.abs() < 1e21)
+                })
+                .prop_map(|f| json!(f)),
             "\\PC{0,12}".prop_map(Value::String),
         ];
         leaf.prop_recursive(4, 48, 6, |inner| {
@@ -591,10 +596,8 @@ mod tests {
             let mut s = seed;
             render_shuffled(&v, &mut s, &mut text);
             let reparsed: Value = serde_json::from_str(&text).expect("rendered text is JSON");
-            prop_assert_eq!(
-                crate::canonical_bytes(&reparsed).expect("in range"),
-                crate::canonical_bytes(&v).expect("in range")
-            );
+            // Equal bytes, or the same refusal (a number out of the safe range) at the same path.
+            prop_assert_eq!(crate::canonical_bytes(&reparsed), crate::canonical_bytes(&v));
         }
 
         #[test]

@@ -229,6 +229,16 @@ pub enum EngineError {
     Internal(String),
     #[error("the request this call joined failed: {message}")]
     Joined { code: &'static str, message: String },
+    /// The request was sent and answered, but the journal cannot record that yet.
+    #[error(
+        "execution {id} WAS SENT, but its outcome cannot be journaled yet: {source} Do not repeat \
+         the call: Postern records the outcome as soon as the disk accepts writes; then execution_status \
+         with execution_id {id} (or a repeat of this call, which is matched to it) returns the result"
+    )]
+    OutcomeNotJournaled { id: ExecutionId, source: StoreError },
+    /// A tool read-only by its verb uses a credential whose reads have effects.
+    #[error("{0} (its credential says reads through it have effects; add a contract in the tool manifest)")]
+    Contract(#[from] postern_core::ContractError),
 }
 
 impl ErrorCode for EngineError {
@@ -244,6 +254,8 @@ impl ErrorCode for EngineError {
             EngineError::Ssh(e) => e.code(),
             EngineError::Internal(_) => "internal_error",
             EngineError::Joined { code, .. } => code,
+            EngineError::Contract(e) => e.code(),
+            EngineError::OutcomeNotJournaled { .. } => "outcome_not_journaled",
         }
     }
 }
@@ -447,6 +459,13 @@ impl Engine {
                 if !c.allows(&url) {
                     return Err(EngineError::CredentialNotBound { credential: name.clone(), url: url.to_string() });
                 }
+                if c.reads_have_effects && tool.read_only_by_verb {
+                    return Err(postern_core::ContractError::EffectfulRead {
+                        tool: tool.name.clone(),
+                        declared_read_only: false,
+                    }
+                    .into());
+                }
                 Some(c)
             }
         };
@@ -550,7 +569,8 @@ impl Engine {
         };
         let mut contract = postern_core::ReplayContract::read_only();
         contract.semantic_headers = headers.iter().map(|(k, _)| k.clone()).collect();
-        if !postern_core::contract::is_safe_method(&method) {
+        let reads_have_effects = credential.as_ref().is_some_and(|c| c.reads_have_effects);
+        if reads_have_effects || !postern_core::contract::is_safe_method(&method) {
             match credential.as_ref().and_then(|c| c.idempotency_header.clone()) {
                 Some(header) => {
                     contract.class = postern_core::ReplayClass::IdempotencyKey;
@@ -1524,14 +1544,59 @@ impl Engine {
         attached: bool,
         attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {
+        postern_store::crash::point("engine::dispatched::before_send");
         let Observation { state, result, ssh, detail, completion } = self.send(p, out, attempt).await?;
-        match completion {
-            Some(completion) => {
-                self.store.complete_async(id, completion).await?;
-            }
-            None => self.transition(id, state, detail.clone()).await?,
-        }
+        postern_store::crash::point("engine::observed::before_journal");
+        self.journal_observation(id, state, detail.clone(), completion).await?;
+        postern_store::crash::point("engine::journaled::before_answer");
         Ok(CallOutcome { ssh, ..self.outcome(id, state, attached, decision, result, detail) })
+    }
+
+    /// Journals what a sent request's attempt observed. If the journal cannot be written right
+    /// now (a full disk, an I/O error), the observation is kept and written as soon as the disk
+    /// accepts it, by a task that retries with backoff; meanwhile the execution stays
+    /// `dispatched` (a retry waits for it; a restart makes it `outcome_unknown`, verified through
+    /// its contract), and the caller is told it was sent and must not be repeated.
+    async fn journal_observation(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        detail: Value,
+        completion: Option<Completion>,
+    ) -> Result<(), EngineError> {
+        let at = self.now();
+        let write = move |store: Arc<Store>, detail: Value, completion: Option<Completion>| async move {
+            match completion {
+                Some(c) => store.complete_async(id, c).await.map(drop),
+                None => store.transition_steps_async(id, vec![(state, detail)], at).await.map(drop),
+            }
+        };
+        match write(Arc::clone(&self.store), detail.clone(), completion.clone()).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unwritable() => {
+                tracing::error!(execution = %id, error = %e, "the outcome of a sent request cannot be journaled yet; retrying");
+                let store = Arc::clone(&self.store);
+                tokio::spawn(async move {
+                    let mut wait = Duration::from_millis(250);
+                    loop {
+                        tokio::time::sleep(wait).await;
+                        match write(Arc::clone(&store), detail.clone(), completion.clone()).await {
+                            Ok(()) => {
+                                tracing::info!(execution = %id, "the outcome was journaled once the disk accepted it");
+                                return;
+                            }
+                            Err(e) if e.is_unwritable() => wait = (wait * 2).min(Duration::from_secs(5)),
+                            Err(e) => {
+                                tracing::error!(execution = %id, error = %e, "the outcome could not be journaled");
+                                return;
+                            }
+                        }
+                    }
+                });
+                Err(EngineError::OutcomeNotJournaled { id, source: e })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// What a send phase observed, as the state it leads to (one mapping for every path).

@@ -60,6 +60,10 @@ struct ToolSpec {
     timeout: Option<String>,
     input_schema: Option<toml::Value>,
     contract: Option<ContractSpec>,
+    /// The owner's word that a GET/HEAD of this tool changes something; then a contract other
+    /// than `read_only` is required.
+    #[serde(default)]
+    reads_have_effects: bool,
 }
 
 #[derive(Deserialize)]
@@ -148,6 +152,9 @@ pub struct Tool {
     pub timeout: Duration,
     pub input_schema: Value,
     pub contract: ReplayContract,
+    /// The contract is `read_only` only because the verb is safe (GET/HEAD): no contract was
+    /// declared, and the owner did not say that reads have effects.
+    pub read_only_by_verb: bool,
     /// Set for SSH tools (then `method` is `EXEC` and `url_template` is empty).
     pub ssh: Option<SshTool>,
     validator: std::sync::Arc<jsonschema::Validator>,
@@ -300,12 +307,14 @@ impl Tool {
                 })
             }
         };
+        let read_only_by_verb = contract.is_none() && !spec.reads_have_effects;
         let contract =
-            effective_contract(&spec.name, Channel::Http, Some(&method), contract.as_ref()).map_err(|e| match e {
-                // The tool is already named in the location prefix.
-                postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
-                other => other.to_string(),
-            })?;
+            effective_contract(&spec.name, Channel::Http, Some(&method), contract.as_ref(), spec.reads_have_effects)
+                .map_err(|e| match e {
+                    // The tool is already named in the location prefix.
+                    postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
+                    other => other.to_string(),
+                })?;
         Ok(Tool {
             name: spec.name,
             description: spec.description,
@@ -317,6 +326,7 @@ impl Tool {
             timeout: spec.timeout.as_deref().map(parse_duration).transpose()?.unwrap_or(DEFAULT_TIMEOUT),
             input_schema,
             contract,
+            read_only_by_verb,
             ssh: None,
             validator: std::sync::Arc::new(validator),
         })
@@ -364,10 +374,11 @@ impl Tool {
                 status_query: c.status_query,
             }),
         };
-        let contract = effective_contract(&spec.name, Channel::Ssh, None, contract.as_ref()).map_err(|e| match e {
-            postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
-            other => other.to_string(),
-        })?;
+        let contract =
+            effective_contract(&spec.name, Channel::Ssh, None, contract.as_ref(), false).map_err(|e| match e {
+                postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
+                other => other.to_string(),
+            })?;
         Ok(Tool {
             name: spec.name,
             description: spec.description,
@@ -379,6 +390,7 @@ impl Tool {
             timeout: spec.timeout.as_deref().map(parse_duration).transpose()?.unwrap_or(DEFAULT_TIMEOUT),
             input_schema,
             contract,
+            read_only_by_verb: false,
             ssh: Some(SshTool { host: Some(ssh.host), command_template: ssh.command, working_dir: ssh.working_dir }),
             validator: std::sync::Arc::new(validator),
         })
@@ -403,6 +415,7 @@ impl Tool {
             timeout,
             input_schema: ssh_exec_schema(),
             contract,
+            read_only_by_verb: false,
             ssh: Some(SshTool { host: None, command_template: "{command}".into(), working_dir: None }),
             validator: std::sync::Arc::clone(&VALIDATOR),
         }
@@ -458,6 +471,7 @@ impl Tool {
             credential: None,
             timeout,
             input_schema: http_request_schema(),
+            read_only_by_verb: contract.class == ReplayClass::ReadOnly,
             contract,
             ssh: None,
             validator: std::sync::Arc::clone(&VALIDATOR),
@@ -618,6 +632,24 @@ url = "http://127.0.0.1:8080/v1/payments"
 
     fn good() -> Manifest {
         Manifest::parse(GOOD, Path::new("tools.toml")).expect("valid manifest")
+    }
+
+    #[test]
+    fn a_get_declared_to_have_effects_needs_a_contract() {
+        let text = "\n[[tool]]\nname = \"export\"\nmethod = \"GET\"\nurl = \"https://api.example/export\"\n\
+                    reads_have_effects = true\n";
+        let errors = Manifest::parse(text, Path::new("t.toml")).unwrap_err();
+        assert_eq!(errors[0].line, 2, "{errors:?}");
+        assert!(errors[0].message.contains("reads have effects"), "{errors:?}");
+        let m = Manifest::parse(
+            &format!("{text}contract = {{ class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\" }}\n"),
+            Path::new("t.toml"),
+        )
+        .expect("a declared contract");
+        let tool = m.tool("export").expect("tool");
+        assert_eq!((tool.contract.class, tool.read_only_by_verb), (ReplayClass::IdempotencyKey, false));
+        let m = Manifest::parse(&text.replace("reads_have_effects = true", ""), Path::new("t.toml")).expect("plain");
+        assert!(m.tool("export").expect("tool").read_only_by_verb);
     }
 
     #[test]

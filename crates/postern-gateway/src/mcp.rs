@@ -324,6 +324,8 @@ impl PosternMcp {
             session: Some(run.session),
             correlation: json!({
                 "transport": caller.transport.as_str(),
+                "agent_session": run.session.to_string(),
+                "mcp_session_id": mcp_session_id(&context),
                 "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
             }),
             cancel: cancel.clone(),
@@ -338,7 +340,17 @@ impl PosternMcp {
         }
         let outcome = match joined {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(e)) => return Ok(error_result(e.code(), &e.to_string())),
+            Ok(Err(e)) => {
+                let mut r = error_result(e.code(), &e.to_string());
+                if let (crate::EngineError::OutcomeNotJournaled { id, .. }, Some(Value::Object(body))) =
+                    (&e, r.structured_content.as_mut())
+                {
+                    // It was sent: the agent gets the execution to follow, like any execution.
+                    body.insert("execution_id".into(), json!(id));
+                    body.insert("state".into(), json!(ExecutionState::Dispatched));
+                }
+                return Ok(r);
+            }
             Err(e) => return Err(McpError::internal_error(format!("the engine task failed: {e}"), None)),
         };
         let cancelled = cancel.is_cancelled();
@@ -390,15 +402,17 @@ fn has_result(state: ExecutionState) -> bool {
     )
 }
 
-/// What `execution_status` reports: identity, state, timeline, outcome, result.
+/// What `execution_status` reports: the incident record (identity, fingerprint, target, times,
+/// what the target answered, the result's reference, the calls and retries that reached it,
+/// related executions), the timeline, and the result itself.
 pub fn execution_report(
     engine: &Engine,
     id: ExecutionId,
     actor: &postern_core::Actor,
 ) -> Result<Option<Value>, postern_store::StoreError> {
     let view = engine.view();
-    let Some(summary) = view.execution(id)? else { return Ok(None) };
-    if summary.actor != actor.as_str() {
+    let Some(incident) = view.incident(id)? else { return Ok(None) };
+    if incident.actor != actor.as_str() {
         return Ok(None);
     }
     let timeline: Vec<Value> = view
@@ -408,17 +422,22 @@ pub fn execution_report(
         .collect();
     let result =
         view.result(id)?.and_then(|r| serde_json::from_slice::<Value>(&r.body).ok()).map_or(Value::Null, |v| v);
-    Ok(Some(json!({
-        "execution_id": summary.id,
-        "state": summary.state,
-        "tool": summary.tool,
-        "accepted_at": summary.accepted_at,
-        "first_dispatched_at": summary.first_dispatched_at,
-        "updated_at": summary.updated_at,
-        "replay_contract": summary.contract.get("class"),
-        "timeline": timeline,
-        "result": result,
-    })))
+    let mut report = serde_json::to_value(&incident).map_err(|e| postern_store::StoreError::Corrupt(e.to_string()))?;
+    if let Value::Object(m) = &mut report {
+        m.insert("timeline".into(), Value::Array(timeline));
+        m.insert("result".into(), result);
+    }
+    Ok(Some(report))
+}
+
+/// The `Mcp-Session-Id` a Streamable HTTP request came with (stdio has none).
+fn mcp_session_id(context: &RequestContext<RoleServer>) -> Value {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|p| p.headers.get("mcp-session-id"))
+        .and_then(|v| v.to_str().ok())
+        .map_or(Value::Null, |s| Value::String(s.to_owned()))
 }
 
 fn error_result(code: &str, message: &str) -> CallToolResult {
@@ -570,7 +589,15 @@ fn schema_object(schema: &Value) -> Arc<serde_json::Map<String, Value>> {
 }
 
 fn manifest_tool(t: &ManifestTool) -> Tool {
-    let description = format!("{} {}", t.description.trim(), contract_summary(&t.contract)).trim().to_owned();
+    let summary = if t.read_only_by_verb {
+        format!(
+            "Replay contract: read_only, by its {} verb (trusted to have no side effect; retried freely).",
+            t.method
+        )
+    } else {
+        contract_summary(&t.contract)
+    };
+    let description = format!("{} {}", t.description.trim(), summary).trim().to_owned();
     Tool::new(t.name.clone(), description, schema_object(&t.input_schema)).with_annotations(annotations(&t.contract))
 }
 
@@ -581,7 +608,8 @@ pub fn tool_list(engine: &Engine) -> Vec<Tool> {
         Tool::new(
             HTTP_REQUEST,
             "Send an HTTP request; the credential bound to the URL's host is added by Postern (the agent never \
-             sees it). GET and HEAD are read_only; other methods are idempotency_key when the credential declares \
+             sees it). GET and HEAD are read_only by their verb, unless the credential declares that its reads have \
+             effects; other methods (and those reads) are idempotency_key when the credential declares \
              an idempotency header, else irreversible (an uncertain attempt is never re-sent).",
             schema_object(&crate::manifest::http_request_schema()),
         )

@@ -446,12 +446,15 @@ fi"#
 pub fn parse_marker(line: &str) -> Option<Marker> {
     let words: Vec<&str> = line.split_whitespace().collect();
     let num = |i: usize| words.get(i).and_then(|w| w.parse::<i64>().ok());
+    // Seconds from the host, as milliseconds; a time no clock can show is refused (the answer
+    // comes from a host that may be hostile: an overflow must not wrap into a plausible time).
+    let millis = |i: usize| num(i)?.checked_mul(1000);
     match words.first().copied()? {
         "absent" => Some(Marker::Absent),
         "created" => Some(Marker::Created),
-        "running" => Some(Marker::Running { pid: u32::try_from(num(1)?).ok()?, started_at: num(2)? * 1000 }),
-        "died" => Some(Marker::Died { pid: u32::try_from(num(1)?).ok()?, started_at: num(2)? * 1000 }),
-        "finished" => Some(Marker::Finished { exit_status: u32::try_from(num(1)?).ok()?, finished_at: num(2)? * 1000 }),
+        "running" => Some(Marker::Running { pid: u32::try_from(num(1)?).ok()?, started_at: millis(2)? }),
+        "died" => Some(Marker::Died { pid: u32::try_from(num(1)?).ok()?, started_at: millis(2)? }),
+        "finished" => Some(Marker::Finished { exit_status: u32::try_from(num(1)?).ok()?, finished_at: millis(2)? }),
         _ => None,
     }
 }
@@ -480,6 +483,28 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8(out.stdout).unwrap(), "a'b\"c $HOME `x` \\");
+    }
+
+    /// The probe's answer comes from the host: a time beyond what milliseconds can hold is
+    /// refused instead of wrapping into a plausible one (fuzz target `marker`, with overflow
+    /// checks on).
+    #[test]
+    fn a_hostile_marker_answer_is_refused_not_wrapped() {
+        assert_eq!(parse_marker("finished 0 9223372036854775807"), None);
+        assert_eq!(parse_marker("running 7 -9223372036854775808"), None);
+        assert_eq!(parse_marker("died 4294967296 1"), None, "not a pid");
+        assert_eq!(
+            parse_marker("finished 3 1764445000"),
+            Some(Marker::Finished { exit_status: 3, finished_at: 1_764_445_000_000 })
+        );
+    }
+
+    proptest::proptest! {
+        /// Any line at all: parsed or refused, never a panic.
+        #[test]
+        fn any_probe_answer_parses_or_is_refused(line in "\\PC{0,60}|(absent|created|running|died|finished)( -?[0-9]{1,21}){0,3}") {
+            let _ = parse_marker(&line);
+        }
     }
 
     #[test]

@@ -91,14 +91,14 @@ struct Guard {
 
 /// What the guard needs to know of a client's message: its id, its method, the tool a
 /// `tools/call` names, and the request a cancellation withdraws.
-#[derive(serde::Deserialize)]
-struct MessageHead {
+#[derive(Debug, serde::Deserialize)]
+pub struct MessageHead {
     id: Option<NumberOrString>,
     method: Option<String>,
     params: Option<ParamsHead>,
 }
 
-#[derive(serde::Deserialize)]
+#[derive(Debug, serde::Deserialize)]
 struct ParamsHead {
     #[serde(rename = "requestId")]
     request_id: Option<NumberOrString>,
@@ -106,7 +106,19 @@ struct ParamsHead {
 }
 
 impl MessageHead {
-    fn tool(&self) -> Option<&str> {
+    /// The head of a POST body, if it is one JSON-RPC message (a batch or anything else: `None`).
+    pub fn parse(bytes: &[u8]) -> Option<MessageHead> {
+        serde_json::from_slice::<MessageHead>(bytes).ok()
+    }
+
+    /// The request this message withdraws, if it is a `notifications/cancelled`.
+    pub fn withdrawn(&self) -> Option<&NumberOrString> {
+        (self.method.as_deref() == Some("notifications/cancelled"))
+            .then(|| self.params.as_ref()?.request_id.as_ref())
+            .flatten()
+    }
+
+    pub fn tool(&self) -> Option<&str> {
         (self.method.as_deref() == Some("tools/call")).then(|| self.params.as_ref()?.name.as_deref()).flatten()
     }
 }
@@ -122,7 +134,7 @@ async fn read_message(request: Request, max: usize) -> Result<(Request, Option<M
             &format!("the message exceeds the gateway's limit of {max} bytes (postern serve --max-message-bytes)"),
         )
     })?;
-    let head = serde_json::from_slice::<MessageHead>(&bytes).ok();
+    let head = MessageHead::parse(&bytes);
     Ok((Request::from_parts(parts, Body::from(bytes)), head))
 }
 
@@ -211,11 +223,9 @@ async fn guard(
         };
         request = readable;
         if let (Some(session), Some(head)) = (&session, &head) {
-            match (head.method.as_deref(), head.params.as_ref().and_then(|p| p.request_id.as_ref())) {
-                (Some("notifications/cancelled"), Some(withdrawn)) => {
-                    guard.follow_ups.cancelled(session, &request_key(withdrawn));
-                }
-                _ => {
+            match head.withdrawn() {
+                Some(withdrawn) => guard.follow_ups.cancelled(session, &request_key(withdrawn)),
+                None => {
                     if let Some(tool) = head.tool() {
                         guard.follow_ups.tool_called(session, tool);
                     }

@@ -197,6 +197,10 @@ pub fn verify_with(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, StoreError> {
     let conn = open_for_scan(path)?;
+    // One read transaction: every query below sees the same snapshot, so a gateway writing
+    // beside the verification (a commit between the chain walk and the projection check) can
+    // never look like tampering. Read-only; ended when `conn` is dropped.
+    conn.execute_batch("BEGIN DEFERRED")?;
     let total: u64 = conn.query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64;
     let (head, chain_finding, tally) = check_chain(&conn, total, scope, progress)?;
     let mut findings: Vec<Finding> = chain_finding.into_iter().collect();

@@ -7,12 +7,15 @@
 //! * [`audit::verify`] checks a database file offline.
 
 pub mod audit;
+pub mod crash;
+mod incident;
 pub mod journal;
 mod schema;
 mod view;
 mod writer;
 
 pub use audit::{Checkpoint, Finding, VerifyReport};
+pub use incident::{CallRecord, IdempotencyKey, Incident, Related, ResultRef, Times};
 pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
 pub use schema::{APPLICATION_ID, supported_version};
 pub use view::{
@@ -48,7 +51,7 @@ pub enum Unusable {
 pub enum StoreError {
     #[error("{}: {problem}", path.display())]
     Unusable { path: PathBuf, problem: Unusable },
-    #[error("database error: {0}")]
+    #[error("{}", describe_sqlite(.0))]
     Sqlite(#[from] rusqlite::Error),
     #[error("cannot create data directory {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
@@ -96,6 +99,42 @@ pub enum StoreError {
     InUse { path: PathBuf, holder: Option<String> },
 }
 
+fn sqlite_code(e: &rusqlite::Error) -> Option<rusqlite::ErrorCode> {
+    e.sqlite_error_code()
+}
+
+impl StoreError {
+    /// The journal cannot be written right now (a full disk, an I/O error, a read-only file):
+    /// a condition of the machine that may pass, not a problem with the request.
+    pub fn is_unwritable(&self) -> bool {
+        matches!(self.code(), "journal_full" | "journal_io_error" | "journal_unwritable")
+    }
+}
+
+/// An SQLite failure in words a user can act on: the conditions that stop the journal from being
+/// written (a full disk, an I/O error, a read-only file) say so and what still works.
+fn describe_sqlite(e: &rusqlite::Error) -> String {
+    let consequence = "Postern sends nothing it cannot journal, so side-effecting calls are refused until it \
+                       can write again; reads, execution_status and the journals keep working";
+    match sqlite_code(e) {
+        Some(rusqlite::ErrorCode::DiskFull) => {
+            format!(
+                "the journal cannot be written: the disk holding the data directory is full ({e}). {consequence}; free some space"
+            )
+        }
+        Some(rusqlite::ErrorCode::SystemIoFailure) => {
+            format!(
+                "the journal cannot be written: the disk reported an I/O error ({e}). {consequence}; check the disk"
+            )
+        }
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => format!(
+            "the journal cannot be written: the database file is read-only or cannot be opened ({e}). {consequence}; \
+             check the data directory's permissions"
+        ),
+        _ => format!("database error: {e}"),
+    }
+}
+
 impl ErrorCode for StoreError {
     fn code(&self) -> &'static str {
         match self {
@@ -106,7 +145,12 @@ impl ErrorCode for StoreError {
                 Unusable::NotPostern { .. } | Unusable::NotInitialised => "not_postern_database",
                 Unusable::NewerSchema { .. } => "newer_schema",
             },
-            StoreError::Sqlite(_) => "database_error",
+            StoreError::Sqlite(e) => match sqlite_code(e) {
+                Some(rusqlite::ErrorCode::DiskFull) => "journal_full",
+                Some(rusqlite::ErrorCode::SystemIoFailure) => "journal_io_error",
+                Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => "journal_unwritable",
+                _ => "database_error",
+            },
             StoreError::Io { .. } => "io_error",
             StoreError::IllegalTransition(e) => e.code(),
             StoreError::UnknownExecution(_) => "unknown_execution",

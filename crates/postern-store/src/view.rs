@@ -98,6 +98,8 @@ pub struct StoredResult {
     pub execution_id: String,
     pub recorded_at: i64,
     pub sha256: String,
+    /// The journal row (`completed`) that recorded this result's digest.
+    pub journal_seq: i64,
     #[serde(skip)]
     pub body: Vec<u8>,
 }
@@ -179,7 +181,7 @@ impl JournalView {
         Ok(JournalView { conn: Mutex::new(open_checked(path)?) })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let conn = self.conn.lock().map_err(|_| StoreError::Corrupt("view lock poisoned".into()))?;
         f(&conn)
     }
@@ -271,17 +273,20 @@ impl JournalView {
 
     pub fn result(&self, id: ExecutionId) -> Result<Option<StoredResult>, StoreError> {
         self.with(|c| {
-            c.prepare_cached("SELECT execution_id, recorded_at, sha256, body FROM results WHERE execution_id = ?1")?
-                .query_row([id.to_string()], |r| {
-                    Ok(StoredResult {
-                        execution_id: r.get(0)?,
-                        recorded_at: r.get(1)?,
-                        sha256: r.get(2)?,
-                        body: r.get(3)?,
-                    })
+            c.prepare_cached(
+                "SELECT execution_id, recorded_at, sha256, body, journal_seq FROM results WHERE execution_id = ?1",
+            )?
+            .query_row([id.to_string()], |r| {
+                Ok(StoredResult {
+                    execution_id: r.get(0)?,
+                    recorded_at: r.get(1)?,
+                    sha256: r.get(2)?,
+                    body: r.get(3)?,
+                    journal_seq: r.get(4)?,
                 })
-                .optional()
-                .map_err(StoreError::from)
+            })
+            .optional()
+            .map_err(StoreError::from)
         })
     }
 

@@ -458,6 +458,30 @@ struct Draft {
     detail: Value,
 }
 
+/// The lifecycle steps a batch makes durable, naming its crash points (`failpoints` builds).
+fn crash_marks(batch: &[Job]) -> Vec<&'static str> {
+    if !crate::crash::ENABLED {
+        return Vec::new();
+    }
+    let mut marks = Vec::new();
+    for job in batch {
+        let mark = match &job.op {
+            Op::Transition { to: ExecutionState::Dispatched, .. } => "dispatched",
+            Op::Steps { steps, .. } | Op::AdmitAndStart { steps, .. } | Op::AdmitAnew { steps, .. }
+                if steps.iter().any(|(s, _)| *s == ExecutionState::Dispatched) =>
+            {
+                "dispatched"
+            }
+            Op::Complete { .. } => "completed",
+            _ => continue,
+        };
+        if !marks.contains(&mark) {
+            marks.push(mark);
+        }
+    }
+    marks
+}
+
 impl Writer {
     fn run(&mut self, rx: mpsc::Receiver<Job>) {
         while let Ok(first) = rx.recv() {
@@ -510,23 +534,52 @@ impl Writer {
             let head_at_savepoint = self.head;
             let result = self.statement("SAVEPOINT op").and_then(|()| {
                 let r = self.apply(&job.op);
-                if r.is_err() {
+                if r.is_err() && !self.conn.is_autocommit() {
                     self.statement("ROLLBACK TO op")?;
                     self.cache_invalid = true;
                 }
-                self.statement("RELEASE op")?;
+                if !self.conn.is_autocommit() {
+                    self.statement("RELEASE op")?;
+                }
                 r
             });
             if result.is_err() {
                 self.head = head_at_savepoint;
             }
+            if self.conn.is_autocommit() {
+                // SQLite rolled the whole transaction back (it may on SQLITE_FULL, SQLITE_IOERR
+                // or SQLITE_NOMEM, per its documentation): every job of the batch is undone, so
+                // none may be reported as written, and the jobs after it must not run outside a
+                // transaction (each savepoint would then commit on its own).
+                self.cache_invalid = true;
+                self.head = head_before;
+                let cause = match &result {
+                    Err(StoreError::Sqlite(e)) => clone_sqlite_error(e),
+                    Err(e) => rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                        Some(e.to_string()),
+                    ),
+                    Ok(_) => rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                        Some("the transaction was rolled back".into()),
+                    ),
+                };
+                return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&cause)))).collect();
+            }
             replies.push(result);
+        }
+        let marks = crash_marks(batch);
+        for mark in &marks {
+            crate::crash::point(&format!("store::commit::before::{mark}"));
         }
         if let Err(e) = self.conn.execute_batch("COMMIT") {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.cache_invalid = true;
             self.head = head_before;
             return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
+        }
+        for mark in &marks {
+            crate::crash::point(&format!("store::commit::after::{mark}"));
         }
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);

@@ -90,6 +90,12 @@ pub struct Credential {
     /// `http_request` tool may treat its writes as `idempotency_key` rather than `irreversible`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_header: Option<String>,
+    /// The owner's word that a GET or HEAD through this credential changes something (an export
+    /// job, a one-time link, a metered call): `http_request` then treats those verbs like writes
+    /// (`idempotency_key` with the header above, else `irreversible`), and a manifest tool whose
+    /// contract came from its verb alone is refused until it declares one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reads_have_effects: bool,
 }
 
 impl Credential {
@@ -147,6 +153,9 @@ impl Credential {
         if let Some(h) = &self.idempotency_header {
             spec["idempotency_header"] = json!(h);
         }
+        if self.reads_have_effects {
+            spec["reads_have_effects"] = json!(true);
+        }
         postern_store::CredentialRecord {
             name: self.name.clone(),
             kind: self.kind.as_str().into(),
@@ -172,6 +181,7 @@ impl Credential {
             bindings: serde_json::from_value(r.bindings.clone()).map_err(|_| corrupt("bindings"))?,
             approve_every_use: r.approve_every_use,
             idempotency_header: r.spec.get("idempotency_header").and_then(Value::as_str).map(str::to_owned),
+            reads_have_effects: r.spec.get("reads_have_effects").and_then(Value::as_bool).unwrap_or(false),
         })
     }
 }
@@ -214,6 +224,7 @@ mod tests {
             bindings: vec![Binding::new("a.example", None).expect("b")],
             approve_every_use: false,
             idempotency_header: None,
+            reads_have_effects: false,
         };
         assert!(c.validate().is_err(), "raw Authorization header must use bearer/basic");
         c.kind = CredentialKind::Header { name: "X-Api-Key".into() };
@@ -233,6 +244,7 @@ mod tests {
             bindings: vec![Binding::new("pay.example", Some("/v1")).expect("b")],
             approve_every_use: true,
             idempotency_header: Some("Idempotency-Key".into()),
+            reads_have_effects: true,
         };
         assert_eq!(Credential::from_record(&c.to_record(5)).expect("parse"), c);
     }

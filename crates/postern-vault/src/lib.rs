@@ -328,6 +328,7 @@ mod tests {
             bindings: vec![Binding::new("api.example", None).expect("b")],
             approve_every_use: false,
             idempotency_header: None,
+            reads_have_effects: false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The MCP gateway end to end: `postern serve`, `postern mcp`, Streamable HTTP, driven by the
 //! official Python and TypeScript MCP SDKs against a loopback target that counts side effects.
 
-use super::gateway_support::{Agent, Gateway, Sdk, Target, eventually, freeze, kill, sha256_of};
+use super::gateway_support::{Agent, Gateway, Sdk, SmallDisk, Target, eventually, freeze, kill, sha256_of};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -159,6 +159,131 @@ fn gateway_killed_between_completion_and_delivery_no_second_payment() {
     assert_eq!(verify.code, 0, "{}", verify.stderr);
 }
 
+/// The disk holding the journal fills up (a real tmpfs: SQLite gets ENOSPC). Nothing may be
+/// dispatched that cannot be journaled: a side-effecting call is refused with an error that says
+/// why and that nothing was sent; reads and `execution_status` keep working; once space returns,
+/// calls go through again and the journal verifies.
+#[test]
+fn a_full_disk_refuses_side_effects_keeps_reads_and_recovers() {
+    let target = Target::start();
+    let disk = SmallDisk::mount(8 << 20);
+    let gw = Gateway::start_in(disk.data_dir(), &target.manifest());
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let paid = agent.call_and_wait("p1", "pay", json!({ "amount": 1 }));
+    assert_eq!(paid["structured"]["state"], "completed", "{paid}");
+    let id = paid["structured"]["execution_id"].as_str().unwrap().to_owned();
+
+    disk.fill();
+    let refused = agent.call_and_wait("p2", "pay", json!({ "amount": 2 }));
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert_eq!(refused["structured"]["error"]["code"], "journal_full", "{refused}");
+    let message = refused["structured"]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("disk") && message.contains("sends nothing it cannot journal"), "{message}");
+    assert_eq!(target.posts(), 1, "nothing is dispatched that cannot be journaled");
+
+    let balance = agent.call_and_wait("b", "balance", json!({}));
+    assert_eq!(balance["structured"]["result"]["status"], 200, "reads keep working: {balance}");
+    let status = agent.call_and_wait("s", "execution_status", json!({ "execution_id": id }));
+    assert_eq!(status["structured"]["state"], "completed", "status keeps working: {status}");
+
+    disk.free();
+    let again = agent.call_and_wait("p3", "pay", json!({ "amount": 3 }));
+    assert_eq!(again["structured"]["state"], "completed", "space returned: {again}");
+    assert_eq!(target.posts(), 2);
+    drop(agent);
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
+}
+
+/// The disk fills while a payment is at the target: the payment happened, but `completed`
+/// cannot be journaled. The agent must not be told nothing was sent, and its repeat must not
+/// pay twice: once space returns, the repeat is matched to the payment on record and settled
+/// through its idempotency key (one payment at the target).
+#[test]
+fn the_disk_filling_while_a_payment_is_in_flight_never_pays_twice() {
+    let target = Target::start();
+    let disk = SmallDisk::mount(8 << 20);
+    let gw = Gateway::start_in(disk.data_dir(), &target.manifest());
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    target.hold();
+    agent.call("p1", "pay", json!({ "amount": 9 }));
+    eventually("the payment reached the target", LONG, || (target.posts() == 1).then_some(()));
+    disk.fill();
+    target.release();
+    let first = agent.result("p1");
+    assert_eq!(first["structured"]["error"]["code"], "outcome_not_journaled", "{first}");
+    assert!(first["text"][0].as_str().unwrap().contains("WAS SENT"), "{first}");
+    let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
+    disk.free();
+    // The kept outcome reaches the journal once the disk accepts it; the repeat gets it.
+    eventually("the outcome journaled", LONG, || (state_of(&gw, &id) == "completed").then_some(()));
+    let retry = agent.call_and_wait("p2", "pay", json!({ "amount": 9 }));
+    assert_eq!(target.posts(), 1, "one payment for one intent, not even re-sent: {retry}");
+    assert_eq!(target.payments(), 1);
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["result"]["status"], 201, "{retry}");
+    assert_eq!(only_execution_of(&gw, "pay"), id);
+    drop(agent);
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
+}
+
+/// The gateway crashes (aborts, as on a power cut or SIGKILL) at each durable boundary of a
+/// payment: before and after `dispatched` is committed, before the send, after the response and
+/// before it is journaled, before and after `completed` is committed, and after it before the
+/// answer leaves. After a restart the same agent process repeats the call until it gets a
+/// final answer: at every point the target is paid exactly once, nothing is left in flight,
+/// and the journal verifies. (Fault-test builds: `--features failpoints`, as scripts/test.sh
+/// runs them.)
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_crash_at_each_durable_boundary_never_pays_twice() {
+    let points = [
+        "store::commit::before::dispatched",
+        "store::commit::after::dispatched",
+        "engine::dispatched::before_send",
+        "engine::observed::before_journal",
+        "store::commit::before::completed",
+        "store::commit::after::completed",
+        "engine::journaled::before_answer",
+    ];
+    for point in points {
+        let target = Target::start();
+        let armed = format!("{point}=return");
+        let gw = Gateway::start_with(tempfile::tempdir().unwrap(), &target.manifest(), &[("FAILPOINTS", &armed)]);
+        let mut agent = Agent::start(Sdk::Python);
+        agent.connect(gw.bridge_command());
+        agent.call("first", "pay", json!({ "amount": 5 }));
+        let mut gw = gw;
+        eventually(&format!("the crash at {point}"), LONG, || gw.child.try_wait().unwrap().map(|_| ()));
+        assert!(gw.stderr.lock().unwrap().contains(point), "{point}: {}", gw.stderr.lock().unwrap());
+        let first = agent.result("first");
+        assert!(first["structured"]["result"].is_null(), "{point}: the gateway died before answering: {first}");
+        assert!(target.payments() <= 1, "{point}");
+
+        let gw = gw.crash_and_restart(&target.manifest());
+        agent.connect(gw.bridge_command());
+        let mut answer = Value::Null;
+        for attempt in 0..5 {
+            answer = agent.call_and_wait(&format!("retry{attempt}"), "pay", json!({ "amount": 5 }));
+            if answer["structured"]["result"]["status"] == 201 {
+                break;
+            }
+        }
+        assert_eq!(answer["structured"]["result"]["status"], 201, "{point}: a final answer: {answer}");
+        assert_eq!(target.payments(), 1, "{point}: one payment for one intent: {answer}");
+        for id in gw.executions_of("pay") {
+            let state = state_of(&gw, &id);
+            assert!(!["accepted", "authorized", "dispatched"].contains(&state.as_str()), "{point}: {id} left {state}");
+        }
+        drop(agent);
+        let verify = gw.postern(&["audit", "verify"]);
+        assert_eq!(verify.code, 0, "{point}: {}{}", verify.stdout, verify.stderr);
+    }
+}
+
 /// The decisive scenario over Streamable HTTP: the agent's connection is cut after the target
 /// executed; the same process opens a new MCP session and repeats the call.
 fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
@@ -285,6 +410,17 @@ fn irreversible_outcome_unknown_is_needs_review_never_a_second_request() {
     let timeline: Vec<&str> =
         status["structured"]["timeline"].as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert!(timeline.starts_with(&["accepted", "authorized", "dispatched", "outcome_unknown"]), "{timeline:?}");
+    // The incident record: what an investigator needs in one place.
+    let incident = &status["structured"];
+    assert!(incident["fingerprint"].as_str().unwrap().starts_with("hmac-sha256:"), "{incident}");
+    assert_eq!(incident["target"]["method"], "POST", "{incident}");
+    assert!(incident["times"]["first_dispatched_at"].is_i64(), "{incident}");
+    assert!(incident["target_outcome"]["reason"].is_string(), "{incident}");
+    let calls = incident["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "the first call and its retry: {incident}");
+    assert_eq!(calls[1]["event"], "retry_received");
+    assert_ne!(calls[0]["jsonrpc_id"], calls[1]["jsonrpc_id"], "each call's JSON-RPC id: {incident}");
+    assert_eq!(calls[1]["agent_session"], incident["session_id"]);
 }
 
 /// Another agent process sending the same call is a new intent: a new execution.
@@ -543,6 +679,13 @@ fn execution_status_is_scoped_to_the_calling_agent() {
     let theirs = http.call_and_wait("s", "execution_status", json!({ "execution_id": id }));
     assert_eq!(theirs["is_error"], true);
     assert_eq!(theirs["structured"]["error"]["code"], "unknown_execution");
+    // Over HTTP, the incident names the MCP session each call came with.
+    let paid = http.call_and_wait("p", "pay", json!({ "amount": 2 }));
+    let own =
+        http.call_and_wait("s", "execution_status", json!({ "execution_id": paid["structured"]["execution_id"] }));
+    let call = &own["structured"]["calls"][0];
+    assert_eq!(call["transport"], "streamable_http", "{own}");
+    assert!(call["mcp_session_id"].as_str().is_some_and(|s| !s.is_empty()), "{own}");
     drop(two);
 }
 

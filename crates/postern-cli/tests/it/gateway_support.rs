@@ -54,6 +54,10 @@ pub struct Target {
 #[derive(Default)]
 struct TargetState {
     posts: AtomicU64,
+    /// Payments made: a POST whose `Idempotency-Key` was seen before is answered with the first
+    /// answer and makes none (IETF Idempotency-Key semantics).
+    payments: AtomicU64,
+    answers: Mutex<std::collections::HashMap<String, String>>,
     gets: AtomicU64,
     vanished: AtomicU64,
     hold: Mutex<bool>,
@@ -73,8 +77,21 @@ impl Target {
         let addr = runtime.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
-            async fn pay(State(s): State<Arc<TargetState>>, body: String) -> (axum::http::StatusCode, String) {
+            async fn pay(
+                State(s): State<Arc<TargetState>>,
+                headers: axum::http::HeaderMap,
+                body: String,
+            ) -> (axum::http::StatusCode, String) {
                 let n = s.posts.fetch_add(1, Ordering::SeqCst) + 1;
+                let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                if let Some(answer) = key.as_ref().and_then(|k| s.answers.lock().unwrap().get(k).cloned()) {
+                    return (axum::http::StatusCode::CREATED, answer);
+                }
+                s.payments.fetch_add(1, Ordering::SeqCst);
+                if let Some(k) = key {
+                    let answer = json!({ "payment": n, "received": body }).to_string();
+                    s.answers.lock().unwrap().insert(k, answer);
+                }
                 loop {
                     let wait = s.released.notified();
                     if !*s.hold.lock().unwrap() {
@@ -111,6 +128,11 @@ impl Target {
 
     pub fn posts(&self) -> u64 {
         self.state.posts.load(Ordering::SeqCst)
+    }
+
+    /// Payments the target made (repeats of a seen `Idempotency-Key` make none).
+    pub fn payments(&self) -> u64 {
+        self.state.payments.load(Ordering::SeqCst)
     }
 
     pub fn gets(&self) -> u64 {
@@ -197,9 +219,15 @@ impl Gateway {
     }
 
     pub fn start_in(data_dir: tempfile::TempDir, manifest: &str) -> Gateway {
+        Self::start_with(data_dir, manifest, &[])
+    }
+
+    /// Starts a gateway with extra environment (e.g. `FAILPOINTS` in fault-test builds).
+    pub fn start_with(data_dir: tempfile::TempDir, manifest: &str, env: &[(&str, &str)]) -> Gateway {
         let tools = data_dir.path().join("tools.toml");
         std::fs::write(&tools, manifest).unwrap();
         let mut child = Command::new(postern_bin())
+            .envs(env.iter().copied())
             .args(["serve", "--port", "0", "--drain-seconds", "20"])
             .env("POSTERN_DATA_DIR", data_dir.path())
             .env("POSTERN_TOOLS", &tools)
@@ -486,4 +514,53 @@ pub fn kill(pid: u32) {
 pub fn sha256_of(path: &Path) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// A small real filesystem (tmpfs) for a data directory, so a test can run the disk full and
+/// free it again. Needs the right to mount (root, as CI runs).
+pub struct SmallDisk {
+    mount: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(bytes: u64) -> SmallDisk {
+        let mount = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(mount.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mounting a {bytes}-byte tmpfs needs root (CI runs as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { mount }
+    }
+
+    pub fn data_dir(&self) -> tempfile::TempDir {
+        tempfile::tempdir_in(self.mount.path()).unwrap()
+    }
+
+    fn filler(&self) -> PathBuf {
+        self.mount.path().join("filler")
+    }
+
+    /// Writes a file until the filesystem says it is full.
+    pub fn fill(&self) {
+        let mut f = std::fs::File::create(self.filler()).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+
+    pub fn free(&self) {
+        std::fs::remove_file(self.filler()).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.mount.path()).status();
+    }
 }

@@ -88,12 +88,15 @@ fn tools_check_lists_tools_or_every_located_problem() {
     std::fs::write(
         &good,
         "[[tool]]\nname = \"refund\"\nmethod = \"POST\"\nurl = \"https://pay.example/v1/refunds\"\ncredential = \"pay\"\n\
-         contract = { class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\" }\n",
+         contract = { class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\" }\n\
+         [[tool]]\nname = \"list_refunds\"\nmethod = \"GET\"\nurl = \"https://pay.example/v1/refunds\"\n",
     )
     .expect("write");
     let run = postern(&["tools", "check", good.to_str().expect("utf-8")], None);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("refund") && run.stdout.contains("idempotency_key"), "{}", run.stdout);
+    // A contract that rests on the verb alone says so.
+    assert!(run.stdout.contains("read_only (by its GET verb)"), "{}", run.stdout);
 
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "\n[[tool]]\nname = \"deploy\"\nmethod = \"POST\"\nurl = \"https://deploy.example/v1\"\n")

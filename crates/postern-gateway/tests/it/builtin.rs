@@ -44,6 +44,7 @@ async fn a_write_is_irreversible_unless_the_credential_declares_an_idempotency_h
         bindings: vec![Binding::new("127.0.0.1", None).unwrap()],
         approve_every_use: false,
         idempotency_header: Some("Idempotency-Key".into()),
+        reads_have_effects: false,
     };
     rig.vault.add_credential(&keyed, &Sensitive::new(SECRET.into()), Timestamp::from_millis(20)).unwrap();
     // Two credentials are bound to the URL now: the call must say which.
@@ -63,6 +64,46 @@ async fn a_write_is_irreversible_unless_the_credential_declares_an_idempotency_h
     let retry = rig.engine.call(keyed_pay(5)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
     assert_eq!(target.payments.load(Ordering::SeqCst), 2, "one more payment, recovered with the same key");
+}
+
+/// The verb is trusted by default; a credential whose reads have effects withdraws that trust:
+/// an uncertain GET through it is never sent again, and a manifest tool that is read-only by
+/// its verb alone is refused until it declares a contract.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_through_a_credential_whose_reads_have_effects_is_never_resent() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let text = format!(
+        "[[tool]]\nname = \"export\"\nmethod = \"GET\"\nurl = \"http://{}/v1/echo\"\ncredential = \"exports\"\n",
+        proxy.addr
+    );
+    let manifest = postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap();
+    let rig = open_rig(tempfile::tempdir().unwrap(), manifest);
+    let exports = Credential {
+        name: "exports".into(),
+        kind: CredentialKind::Header { name: "X-Api-Key".into() },
+        bindings: vec![Binding::new("127.0.0.1", None).unwrap()],
+        approve_every_use: false,
+        idempotency_header: None,
+        reads_have_effects: true,
+    };
+    rig.vault.add_credential(&exports, &Sensitive::new(SECRET.into()), Timestamp::from_millis(20)).unwrap();
+    let url = format!("http://{}/v1/echo", proxy.addr);
+    let get = |id| call("http_request", json!({"method": "GET", "url": url}), 1, id);
+
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(get(1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown, "a read with effects is tracked like a write");
+    let retry = rig.engine.call(get(2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1, "the GET reached the target once");
+    let record = rig.store.view().execution(first.execution_id).unwrap().unwrap();
+    assert_eq!(record.contract["class"], "irreversible");
+
+    let err = rig.engine.call(call("export", json!({}), 1, 3)).await.unwrap_err();
+    assert_eq!(err.code(), "effectful_read_needs_contract");
+    assert!(err.to_string().contains("export"), "{err}");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1, "the refused tool sent nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -265,6 +265,7 @@ pub fn rig(manifest: Manifest) -> Rig {
         bindings: vec![Binding::new("127.0.0.1", None).unwrap()],
         approve_every_use: false,
         idempotency_header: None,
+        reads_have_effects: false,
     };
     rig.vault.add_credential(&credential, &Sensitive::new(SECRET.into()), Timestamp::from_millis(3)).unwrap();
     rig

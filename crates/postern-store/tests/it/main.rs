@@ -5,6 +5,8 @@
 mod admission;
 mod audit_tamper;
 mod canary;
+mod disk_full;
+mod incident;
 mod journal_rules;
 mod recovery;
 mod support;

@@ -27,6 +27,7 @@ fn credential(name: &str) -> Credential {
         bindings: vec![Binding::new("127.0.0.1", Some("/v1")).expect("binding")],
         approve_every_use: false,
         idempotency_header: None,
+        reads_have_effects: false,
     }
 }
 
