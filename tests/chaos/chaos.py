@@ -3,10 +3,12 @@
 Real parts only: the `postern serve` binary on a private data directory (real SQLite file, real
 Secret Service keychain in the caller's D-Bus session), agents built on the official Python MCP
 SDKs (tests/clients/python/agent.py, tests/clients/ts/agent.mjs) over both transports (`postern mcp` bridge and Streamable
-HTTP), and a counting target with IETF Idempotency-Key semantics (target.py).
+HTTP), a counting target with IETF Idempotency-Key semantics and a status endpoint (target.py), and
+a real OpenSSH sshd on loopback whose commands append to a ledger file (the SSH tools' effects).
 
 Each schedule is one intent (a unique amount) of one agent process. Its plan is drawn from
-`random.Random(f"{seed}:{index}")`: the tool (idempotency-key payment or irreversible wire), the
+`random.Random(f"{seed}:{index}")`: the tool (idempotency-key payment, status-query payment,
+irreversible wire, or an SSH command under the marker protocol or irreversible), the
 transport, a fault at the target for the first request (cut before, reset after the effect, half
 an answer, stall beyond the timeout, slow), and a fault of a process at a random instant (SIGKILL
 of the bridge or of the agent's HTTP connection, SIGKILL or SIGTERM of the gateway then a
@@ -59,7 +61,7 @@ def agent_command(sdk, python):
     """The agent process for an SDK: the official Python or TypeScript MCP SDK, same line protocol."""
     return [python, str(AGENT)] if sdk == "python" else ["node", str(TS_AGENT)]
 
-TOOLS = ["pay", "pay", "wire"]
+TOOLS = ["pay", "pay", "wire", "pay_checked", "ssh_pay", "ssh_wire"]
 TARGET_FAULTS = ["none", "none", "slow", "stall", "cut_before", "reset_after", "mid_response"]
 PROCESS_FAULTS = ["none", "kill_bridge", "kill_bridge", "kill_gateway", "kill_gateway", "term_gateway", "kill_agent",
                   "crash_point", "crash_point"]
@@ -76,10 +78,36 @@ SCHEDULE_BUDGET_S = 25
 ATTEMPTS = 8
 
 
-def manifest(port):
+def manifest(port, ssh_effects=None):
     base = f"http://127.0.0.1:{port}"
     schema = '{ type = "object", properties = { amount = { type = "integer" } }, required = ["amount"] }'
-    return f"""
+    ssh = "" if ssh_effects is None else f"""
+[[tool]]
+name = "ssh_pay"
+description = "Record a payment on the ledger host (checked through its marker if uncertain)."
+ssh = {{ host = "chaos", command = "echo {{amount}} >> {ssh_effects} && sleep 0.3" }}
+timeout = "2s"
+input_schema = {schema}
+contract = {{ class = "ssh_marker" }}
+
+[[tool]]
+name = "ssh_wire"
+description = "Record a wire on the ledger host (irreversible)."
+ssh = {{ host = "chaos", command = "echo {{amount}} >> {ssh_effects} && sleep 0.3" }}
+timeout = "2s"
+input_schema = {schema}
+contract = {{ class = "irreversible" }}
+"""
+    return ssh + f"""
+[[tool]]
+name = "pay_checked"
+description = "Make a payment; an uncertain attempt is checked at the target's status endpoint."
+method = "POST"
+url = "{base}/pay_checked"
+timeout = "2s"
+input_schema = {schema}
+contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{base}/status/{{execution_id}}" }} }}
+
 [[tool]]
 name = "pay"
 description = "Make a payment (the target honours Idempotency-Key)."
@@ -102,6 +130,52 @@ contract = {{ class = "irreversible" }}
 
 class Violation(Exception):
     pass
+
+
+def start_sshd(workdir):
+    """A real OpenSSH sshd on a free loopback port with a client key; returns (proc, port, key, host key)."""
+    os.makedirs("/run/sshd", exist_ok=True)
+    d = workdir / "sshd"
+    d.mkdir()
+    for name in ("host_ed25519", "id_ed25519"):
+        subprocess.run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "id_ed25519.pub").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_ed25519'}\nAuthorizedKeysFile {d}/authorized_keys\n"
+        f"PidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n"
+        "MaxStartups 200\nMaxSessions 200\n")
+    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("sshd did not start")
+            time.sleep(0.05)
+    return sshd, port, d / "id_ed25519", d / "host_ed25519.pub"
+
+
+def add_ssh_host(gw, name, port, key, host_key, markers):
+    account = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    added = gw.cli("vault", "add-ssh", name, "--address", "127.0.0.1", "--port", str(port), "--user", account,
+                   "--key-file", str(key), "--host-key-file", str(host_key), "--marker-dir", str(markers))
+    if added.returncode != 0:
+        raise SystemExit(f"vault add-ssh failed: {added.stderr}")
+
+
+def ssh_effects(path, intent):
+    """Side effects of the SSH tools for one intent: lines the command appended on the host."""
+    try:
+        return sum(1 for line in Path(path).read_text().split() if line == intent)
+    except FileNotFoundError:
+        return 0
 
 
 class Gateway:
@@ -238,6 +312,7 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
     plan = {"index": index, "tool": tool, "transport": transport, "target_fault": target_fault,
             "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent, "sdk": sdk}
     figures["sdks"][sdk] += 1
+    figures["tools"][tool] += 1
     if crash_point:
         plan["crash_point"] = crash_point
         figures["crash_points"][crash_point] += 1
@@ -347,9 +422,9 @@ def check_nothing_lost(gw, told):
         raise Violation(f"executions an agent was told about are missing from the journal: {lost}")
 
 
-def check_schedule(gw, ledger, plan, answers, success):
+def check_schedule(gw, ledger, plan, answers, success, effects_file):
     intent = plan["intent"]
-    effects = ledger.count(intent)
+    effects = ledger.count(intent) + ssh_effects(effects_file, intent)
     with gw.db() as db:
         ids = [r[0] for r in db.execute(
             "SELECT id FROM executions WHERE json_extract(record, '$.arguments.amount') = ? ORDER BY id", (int(intent),))]
@@ -401,11 +476,14 @@ def main():
     data_dir = workdir / "data"
     data_dir.mkdir(mode=0o700)
     tools = workdir / "tools.toml"
-    tools.write_text(manifest(target_port))
+    effects_file = workdir / "ssh_effects"
+    tools.write_text(manifest(target_port, effects_file))
+    sshd, ssh_port, ssh_key, ssh_host_key = start_sshd(workdir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         http_port = s.getsockname()[1]
     gw = Gateway(args.postern, data_dir, tools, http_port)
+    add_ssh_host(gw, "chaos", ssh_port, ssh_key, ssh_host_key, workdir / "markers")
     gw.start()
     token = gw.cli("agents", "add", "chaos").stdout.strip()
     python = sys.executable
@@ -413,7 +491,7 @@ def main():
     figures = {"seed": seed, "schedules": 0, "crashes": 0, "terminations": 0, "duplicates": 0, "violations": 0,
                "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0,
                "target_faults": Counter(), "process_faults": Counter(), "transports": Counter(),
-               "crash_points": Counter(), "crash_points_fired": Counter(), "sdks": Counter()}
+               "crash_points": Counter(), "crash_points_fired": Counter(), "sdks": Counter(), "tools": Counter()}
     told = set()
     indices = [args.only] if args.only is not None else range(args.schedules)
     started = time.monotonic()
@@ -423,12 +501,12 @@ def main():
         try:
             plan, answers, success = run_schedule(
                 index, seed, gw, target_port, python, token, figures, told, args.verbose)
-            effects, ids = check_schedule(gw, ledger, plan, answers, success)
+            effects, ids = check_schedule(gw, ledger, plan, answers, success, effects_file)
             figures["schedules"] += 1
             figures["executions"] += len(ids)
             figures["successes"] += int(success)
             figures["needs_review"] += int(any(a[1] == "needs_review" for a in answers))
-            print(f"  #{index:4d} {plan['tool']:4} {plan['transport']:5} {plan['sdk'][:2]} {plan['target_fault']:12} "
+            print(f"  #{index:4d} {plan['tool']:11} {plan['transport']:5} {plan['sdk'][:2]} {plan['target_fault']:12} "
                   f"{plan['process_fault']:12} effects={effects} executions={len(ids)} "
                   f"answer={answers[-1][1] if answers else '-'}", flush=True)
         except Violation as v:
@@ -453,9 +531,10 @@ def main():
     elif gw.proc.poll() is None:
         gw.proc.kill()
 
+    sshd.terminate()
     figures["elapsed_s"] = round(time.monotonic() - started, 1)
     figures["target_faults_applied"] = dict(ledger.applied)
-    for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks"):
+    for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks", "tools"):
         figures[k] = dict(figures[k])
     print("chaos: " + json.dumps(figures, sort_keys=True), flush=True)
     if args.json:

@@ -22,7 +22,6 @@ import random
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,36 +44,6 @@ description = "Read the balance."
 method = "GET"
 url = "http://127.0.0.1:{port}/balance"
 """
-
-
-def start_sshd(workdir):
-    """A real OpenSSH sshd on a free loopback port, with a client key pair; returns (proc, port, key, host key)."""
-    os.makedirs("/run/sshd", exist_ok=True)
-    d = workdir / "sshd"
-    d.mkdir()
-    for name in ("host_ed25519", "id_ed25519"):
-        subprocess.run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-f", str(d / name)], check=True)
-    (d / "authorized_keys").write_text((d / "id_ed25519.pub").read_text())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_ed25519'}\nAuthorizedKeysFile {d}/authorized_keys\n"
-        f"PidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n"
-        "MaxStartups 200\nMaxSessions 200\n")
-    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit("sshd did not start")
-            time.sleep(0.05)
-    return sshd, port, d / "id_ed25519", d / "host_ed25519.pub"
 
 
 def sample(pid):
@@ -103,7 +72,7 @@ def percentile(values, q):
     return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
 
 
-def agent_loop(n, connect, python, stop, results, account):
+def agent_loop(n, connect, python, stop, results):
     rng = random.Random(n)
     agent = chaos.Agent(chaos.agent_command("python" if n % 4 else "typescript", python))
     try:
@@ -153,16 +122,12 @@ def main():
     data_dir.mkdir(mode=0o700)
     tools = workdir / "tools.toml"
     tools.write_text(manifest(target_port))
-    sshd, ssh_port, key, host_key = start_sshd(workdir)
+    sshd, ssh_port, key, host_key = chaos.start_sshd(workdir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         http_port = s.getsockname()[1]
     gw = chaos.Gateway(args.postern, data_dir, tools, http_port)
-    account = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-    added = gw.cli("vault", "add-ssh", "soak", "--address", "127.0.0.1", "--port", str(ssh_port), "--user", account,
-                   "--key-file", str(key), "--host-key-file", str(host_key), "--marker-dir", str(workdir / "markers"))
-    if added.returncode != 0:
-        raise SystemExit(f"vault add-ssh failed: {added.stderr}")
+    chaos.add_ssh_host(gw, "soak", ssh_port, key, host_key, workdir / "markers")
     gw.start()
     token = gw.cli("agents", "add", "soak").stdout.strip()
     python = sys.executable
@@ -173,7 +138,7 @@ def main():
 
     stop = threading.Event()
     results = []
-    threads = [threading.Thread(target=agent_loop, args=(n, bridge if n % 2 == 0 else http, python, stop, results, account),
+    threads = [threading.Thread(target=agent_loop, args=(n, bridge if n % 2 == 0 else http, python, stop, results),
                                 daemon=True) for n in range(args.agents)]
     started = time.monotonic()
     for t in threads:

@@ -87,6 +87,17 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"count": self.ledger.count(self.path.rsplit("/", 1)[1])})
         elif self.path == "/balance":
             self._send(200, {"balance": 100})
+        elif self.path.startswith("/status/"):
+            # What happened to the request with this Idempotency-Key: done (its answer), still
+            # being processed (409: cannot tell yet), or never received (404).
+            with self.ledger.lock:
+                known = self.ledger.by_key.get(self.path.rsplit("/", 1)[1])
+            if known is None:
+                self._send(404, {"error": "no request with this key was received"})
+            elif known[0] == "in_flight":
+                self._send(409, {"error": "still being processed"})
+            else:
+                self._send(200, dict(known[1][1], status_query=True))
         else:
             self._send(404, {"error": "no such path"})
 
@@ -97,13 +108,13 @@ class Handler(BaseHTTPRequestHandler):
             plan = json.loads(raw)
             self.ledger.plan(str(plan["intent"]), plan["fault"])
             return self._send(200, {"ok": True})
-        if self.path not in ("/pay", "/wire"):
+        if self.path not in ("/pay", "/wire", "/pay_checked"):
             return self._send(404, {"error": "no such path"})
         intent = str(json.loads(raw or b"{}").get("amount"))
         fault = self.ledger.first_fault(intent)
         if fault == "cut_before":
             return self._reset()
-        key = self.headers.get("Idempotency-Key") if self.path == "/pay" else None
+        key = self.headers.get("Idempotency-Key") if self.path in ("/pay", "/pay_checked") else None
         if key is not None:
             with self.ledger.lock:
                 known = self.ledger.by_key.get(key)
