@@ -203,7 +203,7 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
         // Anything the store says about the input file is "unusable input"; so are credential
         // definitions the vault refuses.
         let code = if let Some(e) = error.downcast_ref::<postern_store::StoreError>() {
-            if e.code() == "database_error" { 1 } else { 2 }
+            if e.code() == "database_error" || e.is_unwritable() { 1 } else { 2 }
         } else if let Some(e) = error.downcast_ref::<postern_vault::VaultError>() {
             match e.code() {
                 "invalid_credential" | "empty_secret" | "duplicate_credential" | "unknown_credential" => 2,
