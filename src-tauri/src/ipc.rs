@@ -102,9 +102,30 @@ pub struct ExecutionDetail {
     pub row: ExecutionRow,
     pub fingerprint: String,
     pub idempotency_key: Option<String>,
+    /// `POST https://…`, or the SSH host key, account and command.
+    pub target: String,
+    /// What the target answered (HTTP or exit status), or why the outcome is unknown, as JSON.
+    pub target_outcome: Option<String>,
     pub timeline: Vec<TimelineRow>,
+    /// Every call that reached the execution: the first and each retry (the incident record).
+    pub calls: Vec<CallRow>,
+    /// Other executions of the same intent by the same actor: `act_… state`.
+    pub related: Vec<String>,
     /// The stored result as pretty JSON (`None` until there is one).
     pub result: Option<String>,
+}
+
+/// One call that reached an execution, with what it came with.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct CallRow {
+    pub at: f64,
+    /// `accepted` (the first) or `retry_received`.
+    pub event: String,
+    pub decision: Option<String>,
+    pub agent_session: Option<String>,
+    pub mcp_session_id: Option<String>,
+    pub jsonrpc_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, TS)]
@@ -318,11 +339,39 @@ pub fn execution_detail(app: State<'_>, id: String) -> Result<ExecutionDetail, I
         .result(parsed)?
         .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
         .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default());
+    let incident =
+        view.incident(parsed)?.ok_or_else(|| IpcError::new("unknown_execution", format!("no execution {id}")))?;
+    let text = |v: &Option<serde_json::Value>| match v {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(other) => Some(other.to_string()),
+    };
+    let target = match &incident.target {
+        serde_json::Value::Object(t) if t.contains_key("url") => {
+            format!("{} {}", t["method"].as_str().unwrap_or(""), t["url"].as_str().unwrap_or(""))
+        }
+        other => other.to_string(),
+    };
     Ok(ExecutionDetail {
         row: row(&summary),
         fingerprint: summary.fingerprint.clone(),
         idempotency_key,
+        target,
+        target_outcome: incident.target_outcome.as_ref().map(serde_json::Value::to_string),
         timeline,
+        calls: incident
+            .calls
+            .iter()
+            .map(|c| CallRow {
+                at: c.at as f64,
+                event: c.event.clone(),
+                decision: c.decision.as_ref().and_then(|d| d.get("decision")).and_then(|d| d.as_str()).map(str::to_owned),
+                agent_session: text(&c.agent_session),
+                mcp_session_id: text(&c.mcp_session_id),
+                jsonrpc_id: text(&c.jsonrpc_id),
+            })
+            .collect(),
+        related: incident.related.iter().map(|r| format!("{} {}", r.execution_id, r.state)).collect(),
         result,
     })
 }

@@ -311,6 +311,10 @@ def main():
         b.click(f"[data-execution='{execution}']")
         wait_for("the timeline", lambda: b.find("[data-testid=timeline]"))
         timeline = b.text("[data-testid=timeline]")
+        calls = b.text("[data-testid=calls]")
+        check("first" in calls and "ses_" in calls, f"the incident's calls in the detail pane: {calls}")
+        target = b.text("[data-testid=target]")
+        check(target.startswith("POST http://127.0.0.1"), f"the target in the detail pane: {target}")
         for event in ["accepted", "approval_requested", "approval_granted", "authorized", "dispatched", "completed"]:
             check(event in timeline, f"{event} in the timeline: {timeline}")
         shot(driver, "view-activity.png")
