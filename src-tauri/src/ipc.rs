@@ -365,7 +365,12 @@ pub fn execution_detail(app: State<'_>, id: String) -> Result<ExecutionDetail, I
             .map(|c| CallRow {
                 at: c.at as f64,
                 event: c.event.clone(),
-                decision: c.decision.as_ref().and_then(|d| d.get("decision")).and_then(|d| d.as_str()).map(str::to_owned),
+                decision: c
+                    .decision
+                    .as_ref()
+                    .and_then(|d| d.get("decision"))
+                    .and_then(|d| d.as_str())
+                    .map(str::to_owned),
                 agent_session: text(&c.agent_session),
                 mcp_session_id: text(&c.mcp_session_id),
                 jsonrpc_id: text(&c.jsonrpc_id),
