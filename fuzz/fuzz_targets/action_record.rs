@@ -3,15 +3,19 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use postern_core::{
-    Actor, ActionRequest, ActionTarget, CanonicalAction, FingerprintKey, HttpAction, IntentScope, ReplayContract,
+    ActionRequest, ActionTarget, Actor, CanonicalAction, FingerprintKey, HttpAction, IntentScope, ReplayContract,
     SessionId, Timestamp,
 };
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let mut parts = text.splitn(4, '\u{1}');
-    let (method, url, header, args) =
-        (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or("{}"));
+    let (method, url, header, args) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or("{}"),
+    );
     let Ok(arguments) = serde_json::from_str::<serde_json::Value>(args) else { return };
     let key = FingerprintKey::from_bytes([7; 32]);
     let mut contract = ReplayContract::read_only();
