@@ -8,6 +8,7 @@
 #   scripts/chaos.sh                      # the short campaign CI runs (50 schedules)
 #   scripts/chaos.sh --schedules 1000     # the long one whose figures are in the README
 #   scripts/chaos.sh --seed 42 --only 17  # replay one schedule
+#   scripts/chaos.sh --process-fault crash_point --schedules 200  # one kind of fault in every schedule
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

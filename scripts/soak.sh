@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/clients.sh  # sets $py (the Python SDK venv) and $ts
-cargo build --release --locked -q -p postern-cli
+# The same build as scripts/chaos.sh (crash points compiled in, inert): one binary at this path,
+# so a soak never swaps the campaign's binary for one without crash points mid-run.
+cargo build --release --locked -q -p postern-cli --features failpoints
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/postern")
 home=$(mktemp -d)
 trap 'rm -rf "$home"' EXIT

@@ -299,12 +299,14 @@ def timeline(gw, execution_id):
     return [{"seq": s, "event": e, "state": st, "detail": json.loads(b)["payload"].get("detail")} for s, e, st, b in rows]
 
 
-def run_schedule(index, seed, gw, target_port, python, token, figures, told, verbose):
+def run_schedule(index, seed, gw, target_port, python, token, figures, told, verbose, only_fault=None):
     rng = random.Random(f"{seed}:{index}")
     tool = rng.choice(TOOLS)
     transport = rng.choice(["stdio", "http"])
     target_fault = rng.choice(TARGET_FAULTS)
     process_fault = rng.choice(PROCESS_FAULTS)
+    if only_fault:
+        process_fault = only_fault
     fault_at = rng.uniform(0.0, 0.4)
     crash_point = rng.choice(CRASH_POINTS) if process_fault == "crash_point" else None
     sdk = rng.choice(["python", "python", "typescript"])
@@ -467,6 +469,8 @@ def main():
     ap.add_argument("--only", type=int, default=None, help="replay one schedule of the seed")
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--verbose", action="store_true", help="print every answer the agent received")
+    ap.add_argument("--process-fault", choices=sorted(set(PROCESS_FAULTS)), default=None,
+                    help="apply this process fault in every schedule (e.g. crash_point)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"chaos: seed {seed} (replay with --seed {seed})", flush=True)
@@ -500,7 +504,7 @@ def main():
         plan = {"index": index}
         try:
             plan, answers, success = run_schedule(
-                index, seed, gw, target_port, python, token, figures, told, args.verbose)
+                index, seed, gw, target_port, python, token, figures, told, args.verbose, args.process_fault)
             effects, ids = check_schedule(gw, ledger, plan, answers, success, effects_file)
             figures["schedules"] += 1
             figures["executions"] += len(ids)
