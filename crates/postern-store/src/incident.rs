@@ -122,8 +122,9 @@ impl JournalView {
     }
 }
 
-/// Settled outcomes: the state an execution reaches once its outcome is known.
-const SETTLING: [&str; 5] = ["completed", "not_executed", "denied", "failed_before_dispatch", "needs_review"];
+/// Settled outcomes: the state an execution reaches once its outcome is known (`needs_review`
+/// is not one: a person has yet to decide, so it must not read as a settlement time).
+const SETTLING: [&str; 4] = ["completed", "not_executed", "denied", "failed_before_dispatch"];
 
 fn assemble(
     summary: ExecutionSummary,

@@ -107,7 +107,18 @@ impl StoreError {
     /// The journal cannot be written right now (a full disk, an I/O error, a read-only file):
     /// a condition of the machine that may pass, not a problem with the request.
     pub fn is_unwritable(&self) -> bool {
-        matches!(self.code(), "journal_full" | "journal_io_error" | "journal_unwritable")
+        matches!(
+            self,
+            StoreError::Sqlite(e) if matches!(
+                sqlite_code(e),
+                Some(
+                    rusqlite::ErrorCode::DiskFull
+                        | rusqlite::ErrorCode::SystemIoFailure
+                        | rusqlite::ErrorCode::ReadOnly
+                        | rusqlite::ErrorCode::CannotOpen
+                )
+            )
+        )
     }
 }
 
