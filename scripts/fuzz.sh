@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-all=(canonical action_record manifest marker binding jsonrpc_framing terminal_answer)
+all=(canonical action_record manifest marker binding jsonrpc_framing terminal_answer resume_token)
 [ -d fuzz/corpus ] || tar -C fuzz -xJf fuzz/corpus.tar.xz
 if [ "${1:-}" = --save ]; then
   for t in "${all[@]}"; do cargo fuzz cmin --sanitizer none -O -a "$t" "fuzz/corpus/$t" >/dev/null 2>&1 || exit 1; done

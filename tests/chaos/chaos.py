@@ -536,6 +536,9 @@ def main():
         gw.proc.kill()
 
     sshd.terminate()
+    # Answers that reached an agent over a resumed stream (Last-Event-ID) instead of a retry.
+    with gw.db() as db:
+        figures["streams_resumed"] = db.execute("SELECT count(*) FROM journal WHERE event = 'stream_resumed'").fetchone()[0]
     figures["elapsed_s"] = round(time.monotonic() - started, 1)
     figures["target_faults_applied"] = dict(ledger.applied)
     for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks", "tools"):

@@ -1841,6 +1841,57 @@ impl Engine {
         }
     }
 
+    /// What a call that reached execution `id` (with retry decision `decision`) is answered with,
+    /// read from the journal: `None` while it is in flight (accepted, authorized, dispatched). A
+    /// client resuming a broken stream gets this ([`crate::resumption`]), not a new execution.
+    pub async fn answer_on_record(&self, id: ExecutionId, decision: &str) -> Result<Option<CallOutcome>, EngineError> {
+        let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        let state: ExecutionState = current
+            .state
+            .parse()
+            .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+        let attached = decision != RetryDecision::NewExecution.name();
+        let read_only = current.contract["class"] == "read_only";
+        let outcome = match state {
+            ExecutionState::Accepted | ExecutionState::Authorized | ExecutionState::Dispatched => return Ok(None),
+            ExecutionState::Completed
+            | ExecutionState::CompletedResultNotDelivered
+            | ExecutionState::ResultDelivered => {
+                CallOutcome { detail: json!({ "returned": "on_record" }), ..self.stored(id, state, decision).await? }
+            }
+            other => {
+                // Why it is in this state: the row that put it there.
+                let why = self
+                    .store
+                    .view()
+                    .timeline(id)?
+                    .into_iter()
+                    .rev()
+                    .find(|e| e.row.state == Some(other))
+                    .map_or(Value::Null, |e| e.row.detail);
+                self.outcome(id, other, attached, decision, None, why)
+            }
+        };
+        Ok(Some(CallOutcome { attached, read_only, ..outcome }))
+    }
+
+    /// Keeps a Streamable HTTP session's `initialize` parameters so it survives a restart.
+    pub async fn remember_mcp_session(&self, id: String, initialize: String) -> Result<(), EngineError> {
+        let at = self.now();
+        self.on_store(move |store| store.remember_mcp_session(&id, &initialize, at)).await
+    }
+
+    /// Forgets a Streamable HTTP session its client ended.
+    pub async fn forget_mcp_session(&self, id: String) -> Result<(), EngineError> {
+        self.on_store(move |store| store.forget_mcp_session(&id)).await
+    }
+
+    /// Journals that a client resumed its broken stream and is being handed execution `id`'s
+    /// answer (evidence for an investigator; delivery is settled as for any answer).
+    pub async fn stream_resumed(&self, id: ExecutionId, detail: Value) -> Result<(), EngineError> {
+        self.note(id, "stream_resumed", detail).await
+    }
+
     /// Journals a cancellation that arrived once the execution was past the point of no return
     /// (dispatched or later): evidence only, the state stays what was observed.
     pub async fn cancel_requested(&self, id: ExecutionId, reason: Option<String>) -> Result<(), EngineError> {

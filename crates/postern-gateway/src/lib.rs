@@ -10,6 +10,7 @@ pub mod identity;
 pub mod manifest;
 pub mod mcp;
 pub mod refusal;
+pub mod resumption;
 pub mod runs;
 pub mod serve;
 pub mod socket;

@@ -395,7 +395,7 @@ impl PosternMcp {
     }
 }
 
-fn has_result(state: ExecutionState) -> bool {
+pub(crate) fn has_result(state: ExecutionState) -> bool {
     matches!(
         state,
         ExecutionState::Completed | ExecutionState::CompletedResultNotDelivered | ExecutionState::ResultDelivered

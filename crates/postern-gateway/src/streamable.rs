@@ -6,6 +6,7 @@ use crate::{
     delivery::{Answers, DeliveryTicket, FollowUps},
     identity::{self, AgentProcess},
     mcp::{Gateway, HttpCaller, PosternMcp, request_key},
+    resumption::{self, ResumeToken},
     runs::{Caller, Transport as RunTransport},
 };
 use axum::{
@@ -216,6 +217,7 @@ async fn guard(
     // and a cancellation withdraws its request (the client discards that answer).
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let mut answers = None;
+    let mut priming = None;
     if request.method() == axum::http::Method::POST {
         let (readable, head) = match read_message(request, guard.max_message_bytes).await {
             Ok(read) => read,
@@ -232,6 +234,9 @@ async fn guard(
                 }
             }
         }
+        // A `tools/call` stream opens with an event whose ID names the request: a client whose
+        // stream breaks resumes with it and is answered from the journal (`resumption`).
+        priming = head.as_ref().filter(|h| h.tool().is_some()).and_then(|h| h.id.clone()).map(ResumeToken);
         answers = head.map(|h| Answers { tool: h.tool().map(str::to_owned), request: h.id.map(|id| request_key(&id)) });
     } else if request.method() == axum::http::Method::DELETE
         && let Some(session) = &session
@@ -240,26 +245,48 @@ async fn guard(
     }
     let ticket = DeliveryTicket::new(Arc::clone(&guard.gateway.engine));
     let caller = Caller { transport: RunTransport::StreamableHttp, agent: Some(agent.name), process };
+    let resume = (request.method() == axum::http::Method::GET)
+        .then(|| request.headers().get("last-event-id").and_then(|v| v.to_str().ok()).and_then(ResumeToken::parse))
+        .flatten();
+    if let (Some(token), Some(session)) = (resume, &session) {
+        let resumed = resumption::resume(Arc::clone(&guard.gateway), &caller, session, token, ticket.clone()).await;
+        let response = Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(resumed.body)
+            .unwrap_or_default();
+        let follow_up =
+            FollowUp { session: session.clone(), answers: resumed.answers, follow_ups: Arc::clone(&guard.follow_ups) };
+        return delivering(response, ticket, (local, peer), Some(follow_up), None);
+    }
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone() });
     let response = next.run(request).await;
-    let (parts, body) = response.into_parts();
     // A new session's id comes back on the response to `initialize`.
     let session =
-        session.or_else(|| parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned));
+        session.or_else(|| response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned));
+    let streamed = response.status() == StatusCode::OK
+        && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let follow_up = session.map(|session| FollowUp {
+        session,
+        answers: answers.unwrap_or_default(),
+        follow_ups: Arc::clone(&guard.follow_ups),
+    });
+    delivering(response, ticket, (local, peer), follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()))
+}
+
+/// `response` with its body tracked for delivery, opened with `preamble` if any.
+fn delivering(
+    response: Response,
+    ticket: DeliveryTicket,
+    conn: (SocketAddr, SocketAddr),
+    follow_up: Option<FollowUp>,
+    preamble: Option<Bytes>,
+) -> Response {
+    let (parts, body) = response.into_parts();
     Response::from_parts(
         parts,
-        Body::new(DeliveryBody {
-            inner: body,
-            ticket,
-            settled: false,
-            handed_out: false,
-            conn: (local, peer),
-            follow_up: session.map(|session| FollowUp {
-                session,
-                answers: answers.unwrap_or_default(),
-                follow_ups: Arc::clone(&guard.follow_ups),
-            }),
-        }),
+        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: false, conn, follow_up, preamble }),
     )
 }
 
@@ -283,6 +310,8 @@ struct DeliveryBody {
     handed_out: bool,
     conn: (SocketAddr, SocketAddr),
     follow_up: Option<FollowUp>,
+    /// Sent before the first frame of `inner` (a `tools/call` stream's priming event).
+    preamble: Option<Bytes>,
 }
 
 /// How long the client's kernel has to acknowledge a result's bytes before the result counts as
@@ -354,6 +383,9 @@ impl http_body::Body for DeliveryBody {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        if let Some(preamble) = self.preamble.take() {
+            return Poll::Ready(Some(Ok(Frame::data(preamble))));
+        }
         // Polled again: the previous frame was taken by the connection.
         if std::mem::take(&mut self.handed_out) {
             self.confirm_when_acknowledged();
@@ -398,10 +430,17 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         .enforce_origin_validation()
         .with_max_request_body_bytes(max_message_bytes)
         .with_cancellation_token(config_token.0);
+    let mut config = config;
+    // Sessions outlive a restart, so a resumed stream finds its session (`resumption`).
+    config.session_store = Some(Arc::new(resumption::RememberedSessions(Arc::clone(&gateway.engine))));
     let factory_gateway = Arc::clone(&gateway);
+    // The guard primes `tools/call` streams with event IDs the journal can answer after any
+    // break, a restart included (`resumption`); rmcp's own priming IDs name an in-memory cache.
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.sse_retry = None;
     let service = StreamableHttpService::new(
         move || Ok(PosternMcp::for_http(Arc::clone(&factory_gateway))),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     let state = Guard { gateway, follow_ups: Arc::new(FollowUps::default()), max_message_bytes };

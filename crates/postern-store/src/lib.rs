@@ -21,7 +21,7 @@ pub use schema::{APPLICATION_ID, supported_version};
 pub use view::{
     ActivityFilter, AgentRecord, ExecutionQuery, ExecutionSummary, JournalView, SessionSummary, StoredResult,
 };
-pub use writer::WriterStats;
+pub use writer::{MCP_SESSION_LIFETIME_MS, WriterStats};
 
 use postern_core::{
     Actor, Channel, ErrorCode, ExecutionId, ExecutionState, Fingerprint, IllegalTransition, IntentScope,
@@ -509,6 +509,17 @@ impl Store {
     /// Revokes an active agent's token, and journals it.
     pub fn revoke_agent(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         self.writer.revoke_agent(name.to_owned(), at)
+    }
+
+    /// Keeps Streamable HTTP session `id`'s `initialize` parameters (JSON), so the session
+    /// survives a gateway restart. Not journaled: transport state, not evidence.
+    pub fn remember_mcp_session(&self, id: &str, initialize: &str, at: Timestamp) -> Result<(), StoreError> {
+        self.writer.remember_mcp_session(id.to_owned(), initialize.to_owned(), at)
+    }
+
+    /// Forgets MCP session `id` (its client ended it).
+    pub fn forget_mcp_session(&self, id: &str) -> Result<(), StoreError> {
+        self.writer.forget_mcp_session(id.to_owned())
     }
 
     /// Locks or unlocks the vault and journals who/why in `detail`.

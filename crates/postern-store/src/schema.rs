@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 2, sql: include_str!("migrations/0002_vault.sql") },
     Migration { version: 3, sql: include_str!("migrations/0003_agents.sql") },
     Migration { version: 4, sql: include_str!("migrations/0004_approvals.sql") },
+    Migration { version: 5, sql: include_str!("migrations/0005_mcp_sessions.sql") },
 ];
 
 /// Highest schema version this build understands.

@@ -104,6 +104,9 @@ pub struct StoredResult {
     pub body: Vec<u8>,
 }
 
+/// How far back [`JournalView::execution_for_request`] looks, in journal rows.
+pub const RECENT_ROWS: i64 = 100_000;
+
 const EXECUTION_COLUMNS: &str = "SELECT id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
         accepted_at, updated_at, first_dispatched_at, contract, record FROM executions";
 
@@ -227,6 +230,60 @@ impl JournalView {
                 "SELECT seq, body, row_hash FROM journal WHERE execution_id = ?1 ORDER BY seq",
                 [id.to_string()],
             )
+        })
+    }
+
+    /// The execution one protocol request reached: the newest `accepted` or `retry_received` row
+    /// whose correlation names this MCP session and JSON-RPC id, and the retry decision taken for
+    /// it (`new_execution` for the call that created it). Only the newest [`RECENT_ROWS`] rows are
+    /// searched: a client resuming a stream asks about a request it made moments ago.
+    pub fn execution_for_request(
+        &self,
+        mcp_session_id: &str,
+        jsonrpc_id: &Value,
+    ) -> Result<Option<(ExecutionId, String)>, StoreError> {
+        let id = match jsonrpc_id {
+            // Integers beyond 2^53 are journaled as strings (`with_unsafe_integers_as_strings`).
+            Value::Number(n) => match n.as_i64() {
+                Some(i) if i.unsigned_abs() < 1 << 53 => rusqlite::types::Value::Integer(i),
+                _ => rusqlite::types::Value::Text(n.to_string()),
+            },
+            Value::String(s) => rusqlite::types::Value::Text(s.clone()),
+            _ => return Ok(None),
+        };
+        let found = self.with(|c| {
+            c.prepare_cached(
+                "SELECT execution_id, event, json_extract(body, '$.payload.decision.decision') FROM journal
+                 WHERE seq > (SELECT coalesce(max(seq), 0) FROM journal) - ?3
+                   AND event IN ('accepted', 'retry_received')
+                   AND json_extract(body, '$.payload.correlation.mcp_session_id') = ?1
+                   AND json_extract(body, '$.payload.correlation.jsonrpc_id') IS ?2
+                 ORDER BY seq DESC LIMIT 1",
+            )?
+            .query_row(params![mcp_session_id, id, RECENT_ROWS], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
+            })
+            .optional()
+            .map_err(StoreError::from)
+        })?;
+        let Some((execution, event, decision)) = found else { return Ok(None) };
+        let execution: ExecutionId =
+            execution.parse().map_err(|e| StoreError::Corrupt(format!("journal execution id {execution:?}: {e}")))?;
+        let decision = match (event.as_str(), decision) {
+            ("accepted", _) => "new_execution".to_owned(),
+            (_, Some(d)) => d,
+            (_, None) => "retry".to_owned(),
+        };
+        Ok(Some((execution, decision)))
+    }
+
+    /// A remembered MCP session's `initialize` parameters (JSON).
+    pub fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached("SELECT initialize FROM mcp_sessions WHERE id = ?1")?
+                .query_row([id], |r| r.get(0))
+                .optional()
+                .map_err(StoreError::from)
         })
     }
 

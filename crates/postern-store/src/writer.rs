@@ -23,6 +23,12 @@ use std::sync::{
     mpsc,
 };
 
+/// How long an MCP session can be resumed after a restart (a week).
+pub const MCP_SESSION_LIFETIME_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+
+/// At most this many MCP sessions are kept (the newest).
+pub const MCP_SESSIONS_KEPT: i64 = 10_000;
+
 enum Op {
     Admit(Box<NewExecution>),
     AddAgent {
@@ -33,6 +39,14 @@ enum Op {
     RevokeAgent {
         name: String,
         at: Timestamp,
+    },
+    RememberMcpSession {
+        id: String,
+        initialize: String,
+        at: Timestamp,
+    },
+    ForgetMcpSession {
+        id: String,
     },
     Transition {
         id: ExecutionId,
@@ -416,6 +430,14 @@ impl WriterHandle {
     pub(crate) fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
         expect_reply!(self.call(Op::SetLocked { locked, detail, at }), Entry)
     }
+
+    pub(crate) fn remember_mcp_session(&self, id: String, initialize: String, at: Timestamp) -> Result<(), StoreError> {
+        expect_reply!(self.call(Op::RememberMcpSession { id, initialize, at }), Text).map(drop)
+    }
+
+    pub(crate) fn forget_mcp_session(&self, id: String) -> Result<(), StoreError> {
+        expect_reply!(self.call(Op::ForgetMcpSession { id }), Text).map(drop)
+    }
 }
 
 pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
@@ -627,6 +649,13 @@ impl Writer {
             Op::Barrier => Ok(Reply::Text(String::new())),
             Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
             Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
+            Op::RememberMcpSession { id, initialize, at } => {
+                self.remember_mcp_session(id, initialize, *at).map(|()| Reply::Text(String::new()))
+            }
+            Op::ForgetMcpSession { id } => {
+                self.conn.prepare_cached("DELETE FROM mcp_sessions WHERE id = ?1")?.execute([id])?;
+                Ok(Reply::Text(String::new()))
+            }
             Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
             Op::ApproveEveryUse { name, on, at } => self.set_approve_every_use(name, *on, *at).map(Reply::Entry),
             Op::UpdateSpec { name, spec, event, detail, at } => {
@@ -1170,6 +1199,24 @@ impl Writer {
             result_sha256: None,
             detail: json!({ "actor": actor, "by": by }),
         })
+    }
+
+    /// Keeps an MCP session's `initialize` parameters, and forgets sessions older than
+    /// [`MCP_SESSION_LIFETIME_MS`] and all but the newest [`MCP_SESSIONS_KEPT`].
+    fn remember_mcp_session(&mut self, id: &str, initialize: &str, at: Timestamp) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO mcp_sessions (id, initialize, created_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (id) DO UPDATE SET initialize = excluded.initialize",
+            )?
+            .execute(params![id, initialize, at.as_millis()])?;
+        self.conn
+            .prepare_cached(
+                "DELETE FROM mcp_sessions WHERE created_at < ?1
+                    OR id IN (SELECT id FROM mcp_sessions ORDER BY created_at DESC LIMIT -1 OFFSET ?2)",
+            )?
+            .execute(params![at.as_millis() - MCP_SESSION_LIFETIME_MS, MCP_SESSIONS_KEPT])?;
+        Ok(())
     }
 
     fn revoke_agent(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {

@@ -1,7 +1,7 @@
 //! The MCP gateway end to end: `postern serve`, `postern mcp`, Streamable HTTP, driven by the
 //! official Python and TypeScript MCP SDKs against a loopback target that counts side effects.
 
-use super::gateway_support::{Agent, Gateway, Sdk, SmallDisk, Target, eventually, freeze, kill, sha256_of};
+use super::gateway_support::{Agent, CutProxy, Gateway, Sdk, SmallDisk, Target, eventually, freeze, kill, sha256_of};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -931,4 +931,85 @@ fn a_revoked_run_is_denied_and_never_reused() {
         .unwrap();
     assert!(rows.contains(&("session_authorized".into(), "policy:no-reviewer".into())), "{rows:?}");
     assert!(rows.contains(&("session_revoked".into(), "cli".into())), "{rows:?}");
+}
+
+/// The execution's state as the journal has it now (`postern execution show --json`).
+fn recorded_state(gw: &Gateway, id: &str) -> String {
+    let run = gw.postern(&["execution", "show", id, "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let shown: Value = serde_json::from_str(&run.stdout).unwrap();
+    shown["incident"]["state"].as_str().unwrap().to_owned()
+}
+
+/// The network drops an agent's Streamable HTTP stream while its payment is at the target (the
+/// client stays up). The SDK reconnects with `Last-Event-ID` and is answered from the journal:
+/// the same execution, its result, one payment, no retry at all; the result is delivered once
+/// the agent carries on. With `restart`, the gateway is also killed (SIGKILL) while the client
+/// is away and a new one answers the resumed stream from the journal it left behind.
+fn a_broken_stream_resumes_with_the_recorded_answer(sdk: Sdk, restart: bool) {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("ci-agent");
+    let proxy = CutProxy::start(&gw);
+    let mut agent = Agent::start(sdk);
+    let connected = agent.connect(json!({ "transport": "http", "url": proxy.url(), "token": token }));
+    assert_eq!(connected["event"], "connected", "{connected}");
+
+    target.hold();
+    agent.call("pay", "pay", json!({ "amount": 11 }));
+    eventually("the target to receive the payment", LONG, || (target.posts() == 1).then_some(()));
+    let id = only_execution_of(&gw, "pay");
+    proxy.cut();
+    let gw = if restart {
+        // The client reconnects while no gateway listens; the relay holds its connection until
+        // the new one is up. The payment was sent: recovery leaves its outcome to be verified.
+        let gw = gw.crash_and_restart(&target.manifest());
+        proxy.point_at(&gw);
+        gw
+    } else {
+        gw
+    };
+    target.release();
+    let answer = agent.result("pay");
+    let s = &answer["structured"];
+    assert_eq!(s["execution_id"], id.as_str(), "the resumed stream answers with the execution: {answer}");
+    assert_eq!(s["attached"], false, "it is the same call, not a retry: {answer}");
+    let events = gw.events_of(&id);
+    assert!(events.iter().any(|e| e == "stream_resumed"), "{events:?}");
+    assert!(!events.iter().any(|e| e == "retry_received"), "the agent never had to retry: {events:?}");
+    if restart {
+        // Killed with the payment in flight: the recovered outcome is what the journal says.
+        assert_eq!(s["state"], recorded_state(&gw, &id), "{answer}");
+        // Whatever it says, a repeat re-sends with the same key: one payment, never two.
+        let again = agent.call_and_wait("again", "pay", json!({ "amount": 11 }));
+        assert_eq!(again["structured"]["execution_id"], id.as_str(), "{again}");
+        assert_eq!(target.payments(), 1, "one payment");
+    } else {
+        assert_eq!(answer["ok"], true, "{answer}");
+        assert_eq!(s["result"]["status"], 201, "{answer}");
+        assert_eq!(target.posts(), 1, "the target saw exactly one request");
+        assert_ne!(recorded_state(&gw, &id), "result_delivered", "not delivered before the agent carries on");
+        let next = agent.call_and_wait("carry-on", "balance", json!({}));
+        assert_eq!(next["ok"], true, "{next}");
+        eventually("delivery of the resumed answer", LONG, || {
+            (recorded_state(&gw, &id) == "result_delivered").then_some(())
+        });
+    }
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
+}
+
+#[test]
+fn python_a_broken_stream_resumes_with_the_recorded_answer() {
+    a_broken_stream_resumes_with_the_recorded_answer(Sdk::Python, false);
+}
+
+#[test]
+fn typescript_a_broken_stream_resumes_with_the_recorded_answer() {
+    a_broken_stream_resumes_with_the_recorded_answer(Sdk::TypeScript, false);
+}
+
+#[test]
+fn python_a_broken_stream_resumes_after_a_gateway_restart() {
+    a_broken_stream_resumes_with_the_recorded_answer(Sdk::Python, true);
 }

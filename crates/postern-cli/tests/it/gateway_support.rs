@@ -564,3 +564,81 @@ impl Drop for SmallDisk {
         let _ = Command::new("umount").arg("-l").arg(self.mount.path()).status();
     }
 }
+
+/// A TCP relay between agents and a gateway's HTTP endpoint that can cut every connection it
+/// carries: the network dropping under a client, which (unlike the client closing) leaves the
+/// client free to reconnect. New connections wait (up to 30 s) for the gateway to be reachable,
+/// so a restarted gateway can be put behind the same address with [`CutProxy::point_at`].
+pub struct CutProxy {
+    addr: std::net::SocketAddr,
+    upstream: Arc<Mutex<std::net::SocketAddr>>,
+    open: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl CutProxy {
+    pub fn start(gateway: &Gateway) -> CutProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let proxy = CutProxy {
+            addr,
+            upstream: Arc::new(Mutex::new(Self::endpoint(gateway))),
+            open: Arc::new(Mutex::new(Vec::new())),
+        };
+        let (upstream, open) = (Arc::clone(&proxy.upstream), Arc::clone(&proxy.open));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let (upstream, open) = (Arc::clone(&upstream), Arc::clone(&open));
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    let server = loop {
+                        let to = *upstream.lock().unwrap();
+                        match std::net::TcpStream::connect(to) {
+                            Ok(s) => break s,
+                            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                            Err(_) => return,
+                        }
+                    };
+                    let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                    {
+                        let mut open = open.lock().unwrap();
+                        open.push(client.try_clone().unwrap());
+                        open.push(server.try_clone().unwrap());
+                    }
+                    let relay = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                            let _ = from.shutdown(std::net::Shutdown::Both);
+                        })
+                    };
+                    relay(client.try_clone().unwrap(), server.try_clone().unwrap());
+                    relay(server, client);
+                });
+            }
+        });
+        proxy
+    }
+
+    fn endpoint(gateway: &Gateway) -> std::net::SocketAddr {
+        let authority = gateway.http.trim_start_matches("http://").split('/').next().unwrap();
+        authority.parse().unwrap()
+    }
+
+    /// The URL agents use instead of the gateway's own.
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Cuts every connection open now (both directions, both sides).
+    pub fn cut(&self) {
+        for stream in self.open.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// New connections go to `gateway` from now on.
+    pub fn point_at(&self, gateway: &Gateway) {
+        *self.upstream.lock().unwrap() = Self::endpoint(gateway);
+    }
+}
