@@ -16,6 +16,7 @@ pub mod serve;
 pub mod socket;
 pub mod ssh;
 pub mod streamable;
+pub mod template;
 pub mod terminal;
 
 pub use approval::{

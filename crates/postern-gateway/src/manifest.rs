@@ -14,6 +14,7 @@
 //! contract = { class = "idempotency_key", idempotency_header = "Idempotency-Key", attach_window = "15m" }
 //! ```
 
+use crate::template::{Segment, Template};
 use postern_core::{
     AttachWindow, Channel, ErrorCode, ReplayClass, ReplayContract, ScopePolicy, StatusQuery, effective_contract,
 };
@@ -80,7 +81,8 @@ struct SshToolSpec {
 pub struct SshTool {
     /// The vault's SSH host name; `None` for the built-in `ssh_exec` (the agent names it).
     pub host: Option<String>,
-    pub command_template: String,
+    /// The command, parsed once; checked at load so that every placeholder is one inert word.
+    pub command: Template,
     pub working_dir: Option<String>,
 }
 
@@ -146,6 +148,8 @@ pub struct Tool {
     pub description: String,
     pub method: String,
     pub url_template: String,
+    /// `url_template`, parsed once (a literal for the built-in `http_request`).
+    url: Template,
     pub headers: BTreeMap<String, String>,
     pub body_template: Option<Value>,
     pub credential: Option<String>,
@@ -235,11 +239,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like \"30s\" or \"10m\" ({e})"))
 }
 
-/// `{name}` placeholders in a URL template.
-fn placeholders(template: &str) -> Vec<&str> {
-    template.split('{').skip(1).filter_map(|rest| rest.split_once('}').map(|(name, _)| name)).collect()
-}
-
 /// Percent-encodes everything but RFC 3986 unreserved characters, for one path segment or
 /// query value substituted into a URL template.
 fn encode_component(value: &str) -> String {
@@ -270,7 +269,8 @@ impl Tool {
             return Err(format!("tool name {:?} must be 1–64 letters, digits, '_' or '-'", spec.name));
         }
         // The template must be a URL once its placeholders are filled in.
-        let probe = placeholders(&spec.url).iter().fold(spec.url.clone(), |u, p| u.replace(&format!("{{{p}}}"), "x"));
+        let url = Template::parse(&spec.url);
+        let probe = url.render(|_| Ok::<_, std::convert::Infallible>("x".to_owned())).unwrap_or_default();
         let parsed = url::Url::parse(&probe).map_err(|e| format!("url {:?} is not a URL: {e}", spec.url))?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(format!("url {:?} must be http or https", spec.url));
@@ -282,7 +282,7 @@ impl Tool {
         let validator = jsonschema::validator_for(&input_schema)
             .map_err(|e| format!("input_schema is not a valid JSON Schema: {e}"))?;
         if let Some(props) = input_schema.get("properties").and_then(Value::as_object)
-            && let Some(p) = placeholders(&spec.url).into_iter().find(|p| !props.contains_key(*p))
+            && let Some(p) = url.placeholders().find(|p| !props.contains_key(*p))
         {
             return Err(format!("url placeholder {{{p}}} is not a property of input_schema"));
         }
@@ -320,6 +320,7 @@ impl Tool {
             description: spec.description,
             method,
             url_template: spec.url,
+            url,
             headers: spec.headers,
             body_template: spec.body.map(to_json),
             credential: spec.credential,
@@ -353,9 +354,11 @@ impl Tool {
         let validator = jsonschema::validator_for(&input_schema)
             .map_err(|e| format!("input_schema is not a valid JSON Schema: {e}"))?;
         let props = input_schema.get("properties").and_then(Value::as_object);
-        if let Some(p) = placeholders(&ssh.command).into_iter().find(|p| !props.is_some_and(|m| m.contains_key(*p))) {
+        let command = Template::parse(&ssh.command);
+        if let Some(p) = command.placeholders().find(|p| !props.is_some_and(|m| m.contains_key(*p))) {
             return Err(format!("ssh.command placeholder {{{p}}} is not a property of input_schema"));
         }
+        command.check_shell_positions()?;
         let contract = match spec.contract {
             None => None,
             Some(c) => Some(ReplayContract {
@@ -384,6 +387,7 @@ impl Tool {
             description: spec.description,
             method: "EXEC".into(),
             url_template: String::new(),
+            url: Template::literal(""),
             headers: BTreeMap::new(),
             body_template: None,
             credential: None,
@@ -391,7 +395,7 @@ impl Tool {
             input_schema,
             contract,
             read_only_by_verb: false,
-            ssh: Some(SshTool { host: Some(ssh.host), command_template: ssh.command, working_dir: ssh.working_dir }),
+            ssh: Some(SshTool { host: Some(ssh.host), command, working_dir: ssh.working_dir }),
             validator: std::sync::Arc::new(validator),
         })
     }
@@ -409,6 +413,7 @@ impl Tool {
                 .into(),
             method: "EXEC".into(),
             url_template: String::new(),
+            url: Template::literal(""),
             headers: BTreeMap::new(),
             body_template: None,
             credential: None,
@@ -416,7 +421,8 @@ impl Tool {
             input_schema: ssh_exec_schema(),
             contract,
             read_only_by_verb: false,
-            ssh: Some(SshTool { host: None, command_template: "{command}".into(), working_dir: None }),
+            // The agent's command is used as it is (`render_ssh`): this template is never rendered.
+            ssh: Some(SshTool { host: None, command: Template::literal(""), working_dir: None }),
             validator: std::sync::Arc::clone(&VALIDATOR),
         }
     }
@@ -434,22 +440,31 @@ impl Tool {
         if ssh.host.is_none() {
             return Ok(arguments["command"].as_str().unwrap_or_default().to_owned());
         }
-        let mut command = ssh.command_template.clone();
-        for p in placeholders(&ssh.command_template) {
-            let value = match arguments.get(p) {
-                Some(Value::String(s)) => s.clone(),
-                Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
-                _ => {
-                    return Err(ArgumentError {
-                        tool: self.name.clone(),
-                        field: format!("/{p}"),
-                        message: "required by the tool's command".into(),
-                    });
-                }
-            };
-            command = command.replace(&format!("{{{p}}}"), &crate::ssh::shell_quote(&value));
+        ssh.command.render(|p| {
+            let value = self.scalar_argument(arguments, p, "command")?;
+            if value.contains('\0') {
+                return Err(ArgumentError {
+                    tool: self.name.clone(),
+                    field: format!("/{p}"),
+                    message: "contains a NUL character, which a shell word cannot carry".into(),
+                });
+            }
+            Ok(crate::ssh::shell_quote(&value))
+        })
+    }
+
+    /// Argument `p` as text (a string as it is, a number or boolean as JSON), required by the
+    /// tool's `what` (url, command).
+    fn scalar_argument(&self, arguments: &Value, p: &str, what: &str) -> Result<String, ArgumentError> {
+        match arguments.get(p) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => Ok(v.to_string()),
+            _ => Err(ArgumentError {
+                tool: self.name.clone(),
+                field: format!("/{p}"),
+                message: format!("required by the tool's {what}"),
+            }),
         }
-        Ok(command)
     }
 
     /// The built-in generic `http_request` tool for one call: its contract depends on the
@@ -466,6 +481,7 @@ impl Tool {
             description: "Send one HTTP request with the credential bound to its URL".into(),
             method: method.to_owned(),
             url_template: url.to_owned(),
+            url: Template::literal(url),
             headers: BTreeMap::new(),
             body_template: None,
             credential: None,
@@ -512,19 +528,29 @@ impl Tool {
     /// strings `"{name}"` in the body template are replaced by the argument's JSON value, and a
     /// method with a body and no template sends the arguments themselves.
     pub fn render(&self, arguments: &Value) -> Result<RenderedRequest, ArgumentError> {
-        let missing = |p: &str| ArgumentError {
-            tool: self.name.clone(),
-            field: format!("/{p}"),
-            message: "required by the tool's url".into(),
-        };
-        let mut url = self.url_template.clone();
-        for p in placeholders(&self.url_template) {
-            let value = match arguments.get(p) {
-                Some(Value::String(s)) => s.clone(),
-                Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
-                _ => return Err(missing(p)),
-            };
-            url = url.replace(&format!("{{{p}}}"), &encode_component(&value));
+        // A placeholder before `?` or `#` fills a path segment: `.` and `..` would climb the path.
+        let mut in_path = true;
+        let mut url = String::new();
+        for segment in self.url.segments() {
+            match segment {
+                Segment::Literal(text) => {
+                    in_path &= !text.contains(['?', '#']);
+                    url.push_str(text);
+                }
+                Segment::Placeholder(p) => {
+                    let value = self.scalar_argument(arguments, p, "url")?;
+                    if in_path && matches!(value.as_str(), "." | "..") {
+                        return Err(ArgumentError {
+                            tool: self.name.clone(),
+                            field: format!("/{p}"),
+                            message: format!(
+                                "{value:?} is not allowed in a URL path segment (it would change the path)"
+                            ),
+                        });
+                    }
+                    url.push_str(&encode_component(&value));
+                }
+            }
         }
         let body = match (&self.body_template, self.method.as_str()) {
             (Some(template), _) => Some(fill(template, arguments)),
@@ -738,5 +764,42 @@ input_schema = { type = "object", properties = { other = { type = "string" } } }
             Manifest::parse("[[tool]]\nname = \"x\"\nmethod = \"GET\"\nurl = \"ftp://a/\"\n", Path::new("t.toml"))
                 .unwrap_err();
         assert!(errors[0].message.contains("must be http or https"), "{}", errors[0]);
+    }
+
+    #[test]
+    fn an_ssh_placeholder_where_quoting_is_unsafe_is_refused_with_its_line() {
+        let tool = |command: &str| {
+            format!(
+                "\n[[tool]]\nname = \"t\"\nssh = {{ host = \"box\", command = {command:?} }}\n\
+                 input_schema = {{ type = \"object\", properties = {{ m = {{ type = \"string\" }} }} }}\n\
+                 contract = {{ class = \"ssh_marker\" }}\n"
+            )
+        };
+        for bad in ["echo '{m}'", "echo \"{m}\"", "eval {m}", "{m}"] {
+            let errors = Manifest::parse(&tool(bad), Path::new("ssh.toml")).unwrap_err();
+            let shown = errors[0].to_string();
+            assert!(shown.starts_with("ssh.toml:2: tool \"t\": ssh.command placeholder {m}"), "{bad}: {shown}");
+        }
+        let m = Manifest::parse(&tool("echo {m} {{m}}"), Path::new("ssh.toml")).expect("a bare placeholder");
+        let command = m.tool("t").expect("tool").render_ssh(&json!({ "m": "it's {m}" })).expect("render");
+        assert_eq!(command, r"echo 'it'\''s {m}' {m}");
+        let err = m.tool("t").expect("tool").render_ssh(&json!({ "m": "a\0b" })).unwrap_err();
+        assert_eq!((err.field.as_str(), err.code()), ("/m", "invalid_arguments"));
+    }
+
+    #[test]
+    fn url_placeholders_fill_one_segment_and_never_climb_the_path() {
+        let m = good();
+        let pay = m.tool("create_payment").expect("tool");
+        let url = |account: &str| pay.render(&json!({ "account": account, "amount": 1 })).map(|r| r.url);
+        assert_eq!(
+            url("a/b?c#{amount}").unwrap(),
+            "http://127.0.0.1:8080/v1/accounts/a%2Fb%3Fc%23%7Bamount%7D/payments"
+        );
+        assert_eq!(url("%2F..").unwrap(), "http://127.0.0.1:8080/v1/accounts/%252F../payments");
+        for climbing in [".", ".."] {
+            let err = url(climbing).unwrap_err();
+            assert_eq!(err.field, "/account", "{climbing}");
+        }
     }
 }

@@ -36,6 +36,12 @@ ssh = { host = "box", command = "echo {line} >> {file}; sleep {pause}" }
 timeout = "20s"
 input_schema = { type = "object", required = ["line", "file"], properties = { line = { type = "string" }, file = { type = "string" }, pause = { type = "integer" } } }
 contract = { class = "irreversible", defaults = { pause = 0 } }
+
+[[tool]]
+name = "echo_words"
+ssh = { host = "box", command = "printf '%s\\0' {a} {b}" }
+input_schema = { type = "object", required = ["a", "b"], properties = { a = { type = "string" }, b = { type = "string" } } }
+contract = { class = "ssh_marker" }
 "#;
     Manifest::parse(text, Path::new("ssh-tools.toml")).unwrap()
 }
@@ -485,4 +491,30 @@ async fn an_approve_every_use_host_needs_a_reviewer_for_each_command() {
     assert_eq!(out.state, ExecutionState::Denied);
     assert_eq!(out.detail["rung"], "approve_every_use");
     assert!(!witness.exists());
+}
+
+/// A manifest tool's arguments reach the host as exactly the words they are: an argument that
+/// names another placeholder is not expanded again, and quotes, `$( )`, backquotes, newlines
+/// and globs stay text. (Before templates were rendered in one pass, `a = "{b}"` put `b`
+/// between two empty quotes, unquoted, and its `$(touch …)` ran on the host.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_argument_reaches_the_host_as_exactly_one_word() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let witness = tempfile::tempdir().unwrap();
+    let pwned = witness.path().join("pwned");
+    let hostile = [
+        ("{b}".to_owned(), format!("$(touch {})", pwned.display())),
+        ("x' ; touch {b}; '".to_owned(), format!("`touch {}`", pwned.display())),
+        ("\"$(id)\" \n; * ~ $HOME".to_owned(), "{a}{a}' \\ ${IFS}".to_owned()),
+    ];
+    for (n, (a, b)) in hostile.iter().enumerate() {
+        let out = r.engine.call(call("echo_words", json!({ "a": a, "b": b }), 0, n as u64)).await.unwrap();
+        assert_eq!(out.state, ExecutionState::Completed, "{:?}", out.detail);
+        let ssh = out.ssh.unwrap();
+        let words: Vec<&str> = ssh.stdout.split('\0').filter(|w| !w.is_empty()).collect();
+        assert_eq!(words, [a.as_str(), b.as_str()], "{a:?} {b:?}");
+    }
+    assert!(!pwned.exists(), "an argument ran as code on the host");
 }
