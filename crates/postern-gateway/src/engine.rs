@@ -15,7 +15,7 @@ use postern_core::{
     Rung, SessionId, SessionStanding, Timestamp, Verification, decide_ladder,
 };
 use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
-use postern_vault::{CredentialKind, Sensitive, Vault, VaultError};
+use postern_vault::{Sensitive, Vault, VaultError};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::{sync::Arc, time::Duration};
@@ -1414,7 +1414,7 @@ impl Engine {
         }
         let credential = match &p.credential {
             None => None,
-            Some(c) => Some(credential_header(&c.kind, self.vault.secret_of(c)?)),
+            Some(c) => Some(http::InjectedCredential::new(&c.kind, self.vault.secret_of(c)?)),
         };
         Ok(Wire::Http(Outgoing {
             method: p.method.clone(),
@@ -1655,7 +1655,7 @@ impl Engine {
             .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
         http::check_target(&url)?;
         let credential = match &p.credential {
-            Some(c) if c.allows(&url) => Some(credential_header(&c.kind, self.vault.secret_of(c)?)),
+            Some(c) if c.allows(&url) => Some(http::InjectedCredential::new(&c.kind, self.vault.secret_of(c)?)),
             _ => None,
         };
         let out = Outgoing {
@@ -1942,18 +1942,6 @@ async fn ssh_send(out: SshOutgoing) -> crate::ssh::SshSent {
     let sent = connection.exec(&out.command, out.timeout, crate::ssh::DEFAULT_OUTPUT_CAP, Some(&out.kill)).await;
     connection.close().await;
     sent
-}
-
-fn credential_header(kind: &CredentialKind, secret: Sensitive<String>) -> (String, Sensitive<String>) {
-    match kind {
-        CredentialKind::Bearer => ("authorization".into(), Sensitive::new(format!("Bearer {}", secret.expose()))),
-        CredentialKind::Basic { username } => {
-            use base64::Engine as _;
-            let token = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{}", secret.expose()));
-            ("authorization".into(), Sensitive::new(format!("Basic {token}")))
-        }
-        CredentialKind::Header { name } => (name.to_ascii_lowercase(), secret),
-    }
 }
 
 fn getrandom_fill(buf: &mut [u8]) -> Result<(), EngineError> {

@@ -6,9 +6,10 @@
 //! * anything else after the connection was made (timeout, reset, truncated response) →
 //!   [`Sent::Unknown`]: the request may have been executed.
 
-use postern_vault::Sensitive;
+use postern_vault::{CredentialKind, Sensitive};
 use serde::{Deserialize, Serialize};
 use std::{
+    fmt,
     net::{IpAddr, SocketAddr},
     sync::Once,
     time::{Duration, Instant},
@@ -27,10 +28,166 @@ pub struct Outgoing {
     pub url: url::Url,
     pub headers: Vec<(String, String)>,
     pub body: Option<Vec<u8>>,
-    /// `(header name, value)` carrying the credential; never logged, never journaled.
-    pub credential: Option<(String, Sensitive<String>)>,
+    /// The credential, injected as a header; never logged, never journaled.
+    pub credential: Option<InjectedCredential>,
     pub idempotency: Option<(String, String)>,
     pub timeout: Duration,
+}
+
+/// A vault credential as one request carries it, with every form in which a target could send
+/// it back (so an echo is redacted from the result whatever its encoding).
+pub struct InjectedCredential {
+    pub header: String,
+    pub value: Sensitive<String>,
+    /// Longest first: the header value as sent, the bare secret, and base64 of `user:secret` and
+    /// of the secret. Each is found in any mix of percent-, form- and JSON-escaped spellings.
+    echoes: Vec<Sensitive<String>>,
+}
+
+impl fmt::Debug for InjectedCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InjectedCredential").field("header", &self.header).finish_non_exhaustive()
+    }
+}
+
+impl InjectedCredential {
+    pub fn new(kind: &CredentialKind, secret: Sensitive<String>) -> InjectedCredential {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+        let raw = secret.expose();
+        let mut echoes = vec![raw.to_owned(), STANDARD_NO_PAD.encode(raw), URL_SAFE_NO_PAD.encode(raw)];
+        let (header, value) = match kind {
+            CredentialKind::Bearer => ("authorization".to_owned(), format!("Bearer {raw}")),
+            CredentialKind::Basic { username } => {
+                let pair = format!("{username}:{raw}");
+                echoes.extend([STANDARD_NO_PAD.encode(&pair), URL_SAFE_NO_PAD.encode(&pair)]);
+                ("authorization".to_owned(), format!("Basic {}", STANDARD.encode(&pair)))
+            }
+            CredentialKind::Header { name } => (name.to_ascii_lowercase(), raw.to_owned()),
+        };
+        echoes.push(value.clone());
+        echoes.retain(|e| !e.is_empty());
+        echoes.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        echoes.dedup();
+        InjectedCredential {
+            header,
+            value: Sensitive::new(value),
+            echoes: echoes.into_iter().map(Sensitive::new).collect(),
+        }
+    }
+
+    /// `bytes` with every echo of the secret, in any spelling, replaced by `<redacted>`, and
+    /// whether there was one.
+    pub fn redact(&self, bytes: &[u8]) -> (Vec<u8>, bool) {
+        let mut out = bytes.to_vec();
+        let mut found = false;
+        for echo in &self.echoes {
+            let (redacted, any) = redact_spellings(&out, echo.expose());
+            if any {
+                out = redacted;
+                found = true;
+            }
+        }
+        (out, found)
+    }
+}
+
+/// The ways one character of a secret can be spelled in a response: as itself, percent-encoded
+/// (each UTF-8 byte, either case), `+` for a space (forms), or JSON-escaped (`\"`, `\\`, `\/`,
+/// `\uXXXX`).
+fn spelled_at(haystack: &[u8], at: usize, c: char) -> Vec<usize> {
+    let rest = &haystack[at..];
+    let mut ends = Vec::new();
+    let mut utf8 = [0u8; 4];
+    let literal = c.encode_utf8(&mut utf8).as_bytes();
+    if rest.starts_with(literal) {
+        ends.push(at + literal.len());
+    }
+    // Percent-encoded, byte by byte (any byte may also appear literally: mixed encoders).
+    let mut i = 0;
+    let mut ok = true;
+    for &b in literal {
+        match rest.get(i..i + 3) {
+            Some([b'%', h, l]) if hex_value(*h).zip(hex_value(*l)).is_some_and(|(h, l)| h * 16 + l == b) => i += 3,
+            _ if rest.get(i) == Some(&b) => i += 1,
+            _ => {
+                ok = false;
+                break;
+            }
+        }
+    }
+    if ok && i != literal.len() {
+        ends.push(at + i);
+    }
+    if c == ' ' && rest.first() == Some(&b'+') {
+        ends.push(at + 1);
+    }
+    let json: Option<&[u8]> = match c {
+        '"' => Some(b"\\\""),
+        '\\' => Some(b"\\\\"),
+        '/' => Some(b"\\/"),
+        _ => None,
+    };
+    if let Some(escaped) = json.filter(|e| rest.starts_with(e)) {
+        ends.push(at + escaped.len());
+    }
+    if let Some([b'\\', b'u', h @ ..]) = rest.get(..6)
+        && let Ok(text) = std::str::from_utf8(h)
+        && u32::from_str_radix(text, 16).ok().and_then(char::from_u32) == Some(c)
+    {
+        ends.push(at + 6);
+    }
+    ends
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Where a spelling of `needle` that starts at `at` ends (the longest), if one does.
+fn spelling_at(haystack: &[u8], at: usize, needle: &[char]) -> Option<usize> {
+    // Depth-first over the spellings of each character; an explicit stack, as secrets are long.
+    let mut stack = vec![(0usize, at)];
+    let mut best = None;
+    while let Some((i, pos)) = stack.pop() {
+        if i == needle.len() {
+            best = best.max(Some(pos));
+            continue;
+        }
+        for end in spelled_at(haystack, pos, needle[i]) {
+            stack.push((i + 1, end));
+        }
+    }
+    best
+}
+
+fn redact_spellings(haystack: &[u8], needle: &str) -> (Vec<u8>, bool) {
+    let chars: Vec<char> = needle.chars().collect();
+    let mut out = Vec::with_capacity(haystack.len());
+    let (mut i, mut found) = (0, false);
+    let Some(&first) = chars.first() else { return (haystack.to_vec(), false) };
+    let mut utf8 = [0u8; 4];
+    let lead = first.encode_utf8(&mut utf8).as_bytes()[0];
+    while i < haystack.len() {
+        // Most positions cannot start a spelling: skip them without looking further.
+        if !matches!(haystack[i], b'%' | b'+' | b'\\') && haystack[i] != lead {
+            out.push(haystack[i]);
+            i += 1;
+            continue;
+        }
+        match spelling_at(haystack, i, &chars) {
+            Some(end) => {
+                out.extend_from_slice(b"<redacted>");
+                i = end;
+                found = true;
+            }
+            _ => {
+                out.push(haystack[i]);
+                i += 1;
+            }
+        }
+    }
+    (out, found)
 }
 
 /// The stored form of an HTTP outcome (what a retry gets back).
@@ -160,11 +317,17 @@ pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> S
     if let Some((name, value)) = &out.idempotency {
         request = request.header(name, value);
     }
-    if let Some((name, value)) = &out.credential {
-        let mut header = reqwest::header::HeaderValue::from_str(value.expose())
-            .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static(""));
+    if let Some(credential) = &out.credential {
+        let Ok(mut header) = reqwest::header::HeaderValue::from_str(credential.value.expose()) else {
+            return Sent::NotSent {
+                reason: format!(
+                    "the credential cannot be sent in the {} header (only visible ASCII is allowed there)",
+                    credential.header
+                ),
+            };
+        };
         header.set_sensitive(true);
-        request = request.header(name, header);
+        request = request.header(&credential.header, header);
     }
     if let Some(body) = out.body {
         request = request.body(body);
@@ -175,7 +338,7 @@ pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> S
         Err(e) => return Sent::Unknown { reason: describe(&e) },
     };
     let status = response.status().as_u16();
-    let headers: Vec<(String, String)> = response
+    let mut headers: Vec<(String, String)> = response
         .headers()
         .iter()
         .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
@@ -203,32 +366,21 @@ pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> S
         }
     }
     let mut secret_echoed = false;
-    if let Some((_, secret)) = &out.credential {
-        let needle = secret.expose().as_bytes();
-        if !needle.is_empty() && body.windows(needle.len()).any(|w| w == needle) {
-            secret_echoed = true;
-            body = replace_all(&body, needle, b"<redacted>");
+    if let Some(credential) = &out.credential {
+        let (redacted, echoed) = credential.redact(&body);
+        (body, secret_echoed) = (redacted, echoed);
+        for (_, value) in &mut headers {
+            let (redacted, echoed) = credential.redact(value.as_bytes());
+            if echoed {
+                *value = String::from_utf8_lossy(&redacted).into_owned();
+                secret_echoed = true;
+            }
         }
     }
     Sent::Response {
         result: HttpResult { status, headers, body: encode_body(&body), truncated, secret_echoed },
         elapsed: started.elapsed(),
     }
-}
-
-fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(haystack.len());
-    let mut i = 0;
-    while i < haystack.len() {
-        if haystack[i..].starts_with(needle) {
-            out.extend_from_slice(with);
-            i += needle.len();
-        } else {
-            out.push(haystack[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 /// An error message with its cause chain, without any request detail that could hold a secret.
@@ -254,6 +406,75 @@ fn describe(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn bearer(secret: &str) -> InjectedCredential {
+        InjectedCredential::new(&CredentialKind::Bearer, Sensitive::new(secret.to_owned()))
+    }
+
+    #[test]
+    fn every_spelling_of_the_secret_is_redacted() {
+        let c = InjectedCredential::new(
+            &CredentialKind::Basic { username: "ops".into() },
+            Sensitive::new("p@ss w/\"d".into()),
+        );
+        for echo in [
+            "p@ss w/\"d",
+            "p%40ss%20w%2F%22d",
+            "p%40ss+w%2f%22d",
+            "p@ss w\\/\\\"d",
+            "p\\u0040ss w/\\\"d",
+            "b3BzOnBAc3Mgdy8iZA",
+            "Basic b3BzOnBAc3Mgdy8iZA==",
+        ] {
+            let (out, found) = c.redact(format!("before {echo} after").as_bytes());
+            assert!(found, "{echo}");
+            assert_eq!(String::from_utf8(out).unwrap(), "before <redacted> after", "{echo}");
+        }
+        let (out, found) = c.redact(b"p@ss w/ nothing else");
+        assert!(!found);
+        assert_eq!(out, b"p@ss w/ nothing else");
+        assert!(!format!("{c:?}").contains("p@ss"));
+    }
+
+    /// One spelling of `secret`: each character as itself, percent-encoded (either case) or
+    /// JSON-escaped, as `choices` says.
+    fn spell(secret: &str, choices: &[u8]) -> String {
+        secret
+            .chars()
+            .zip(choices.iter().cycle())
+            .map(|(c, choice)| match choice % 4 {
+                0 => c.to_string(),
+                1 => c.to_string().bytes().map(|b| format!("%{b:02X}")).collect(),
+                2 => c.to_string().bytes().map(|b| format!("%{b:02x}")).collect(),
+                _ => match c {
+                    '"' | '\\' | '/' => format!("\\{c}"),
+                    c if (c as u32) < 0x10000 => format!("\\u{:04x}", c as u32),
+                    c => c.to_string(),
+                },
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Whatever the secret and however a hostile target spells it back, the result keeps no
+        /// spelling of it.
+        #[test]
+        fn a_secret_spelled_any_way_is_redacted(
+            secret in "#[ -~]{5,40}",
+            choices in proptest::collection::vec(any::<u8>(), 1..64),
+            before in "[a-z ]{0,20}",
+            after in "[a-z ]{0,20}",
+        ) {
+            let c = bearer(&secret);
+            let spelled = spell(&secret, &choices);
+            let (out, found) = c.redact(format!("{before}{spelled}{after}").as_bytes());
+            prop_assert!(found);
+            let out = String::from_utf8(out).unwrap();
+            prop_assert!(!out.contains(&secret), "{out}");
+            prop_assert!(!out.contains(&spelled), "{out}");
+        }
+    }
 
     #[test]
     fn names_resolving_only_to_link_local_addresses_are_refused() {

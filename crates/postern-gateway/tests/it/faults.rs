@@ -204,6 +204,78 @@ async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_red
     }
 }
 
+/// A hostile target echoes the credential in every spelling (bare after the scheme, the basic
+/// password decoded, JSON-escaped, percent-encoded, base64, in a `Location` header): none of
+/// them reaches the result, the agent's answer or any file Postern writes, and the result is
+/// flagged. (Before, only the whole header value was searched for: the bare token went through.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_an_echoed_credential_is_redacted() {
+    use postern_vault::{Binding, Credential, CredentialKind, Sensitive};
+    const HOSTILE_SECRET: &str = "CANARY-mirror \"s3cr/et\"+&=%\\";
+    let (_target, addr) = start_target().await;
+    let text = format!(
+        "[[tool]]\nname = \"mirror_bearer\"\nmethod = \"GET\"\nurl = \"http://{addr}/v1/mirror\"\ncredential = \"bearer\"\n\n\
+         [[tool]]\nname = \"mirror_basic\"\nmethod = \"GET\"\nurl = \"http://{addr}/v1/mirror\"\ncredential = \"basic\"\n"
+    );
+    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    for (name, kind) in
+        [("bearer", CredentialKind::Bearer), ("basic", CredentialKind::Basic { username: "ops".into() })]
+    {
+        let credential = Credential {
+            name: name.into(),
+            kind,
+            bindings: vec![Binding::new(&format!("127.0.0.1:{}", addr.port()), Some("/v1/mirror")).unwrap()],
+            approve_every_use: false,
+            idempotency_header: None,
+            reads_have_effects: false,
+        };
+        let at = postern_core::Timestamp::from_millis(3);
+        rig.vault.add_credential(&credential, &Sensitive::new(HOSTILE_SECRET.into()), at).unwrap();
+    }
+    let spellings = |secret: &str| -> Vec<String> {
+        use base64::Engine as _;
+        let percent: String = secret
+            .bytes()
+            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02x}") })
+            .collect();
+        let json = serde_json::to_string(secret).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD_NO_PAD.encode(format!("ops:{secret}"));
+        vec![secret.to_owned(), json[1..json.len() - 1].to_owned(), percent.clone(), percent.to_uppercase(), b64]
+    };
+    for (n, tool) in ["mirror_bearer", "mirror_basic"].into_iter().enumerate() {
+        let outcome = rig.engine.call(call(tool, json!({}), 1, n as u64)).await.unwrap();
+        let result = outcome.result.clone().unwrap();
+        assert_eq!(result.status, 200, "{result:?}");
+        assert!(result.secret_echoed, "{tool}: the target sent the credential back: {result:?}");
+        let shown = format!(
+            "{}{:?}{}",
+            result.body,
+            result.headers,
+            postern_gateway::mcp::outcome_result(&outcome).content[0].as_text().unwrap().text
+        );
+        for spelling in spellings(HOSTILE_SECRET) {
+            assert!(!shown.contains(&spelling), "{tool}: {spelling:?} reached the result: {shown}");
+        }
+        assert!(
+            result.body.contains("<redacted>")
+                && result.headers.iter().any(|(k, v)| k == "location" && v.contains("<redacted>")),
+            "{result:?}"
+        );
+    }
+    rig.store.flush().unwrap();
+    for entry in std::fs::read_dir(rig.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        for spelling in spellings(HOSTILE_SECRET) {
+            assert!(
+                !bytes.windows(spelling.len()).any(|w| w == spelling.as_bytes()),
+                "{spelling:?} in {}",
+                path.display()
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_calls_are_refused_before_they_become_executions() {
     let (target, addr) = start_target().await;

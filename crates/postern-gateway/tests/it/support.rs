@@ -94,6 +94,30 @@ async fn echo(State(t): State<Arc<Target>>, headers: HeaderMap) -> impl IntoResp
     format!("you sent {key}")
 }
 
+/// A hostile target: sends the credential it received back in every spelling it can think of —
+/// bare (after the scheme, or the decoded basic password), JSON-escaped, percent-encoded, as the
+/// base64 it came in, and in a `Location` header.
+async fn mirror(State(t): State<Arc<Target>>, headers: HeaderMap) -> impl IntoResponse {
+    use base64::Engine as _;
+    t.requests.fetch_add(1, Ordering::SeqCst);
+    let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let (secret, encoded) = match auth.split_once(' ') {
+        Some(("Basic", b64)) => {
+            let pair = base64::engine::general_purpose::STANDARD.decode(b64).unwrap_or_default();
+            let pair = String::from_utf8_lossy(&pair).into_owned();
+            (pair.split_once(':').map(|(_, p)| p.to_owned()).unwrap_or_default(), b64.trim_end_matches('=').to_owned())
+        }
+        Some((_, token)) => (token.to_owned(), String::new()),
+        None => (String::new(), String::new()),
+    };
+    let percent: String = secret
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02x}") })
+        .collect();
+    let body = json!({ "you_sent": secret, "header": auth, "encoded": encoded, "query": format!("t={percent}") });
+    ([("location", format!("/next?token={percent}"))], axum::Json(body))
+}
+
 async fn redirect(State(t): State<Arc<Target>>) -> impl IntoResponse {
     t.requests.fetch_add(1, Ordering::SeqCst);
     (StatusCode::FOUND, [("location", "http://127.0.0.2:9/steal")], "moved")
@@ -117,6 +141,7 @@ pub async fn serve_target(listener: TcpListener) -> Arc<Target> {
         .route("/v1/payments", post(payments))
         .route("/v1/tickets", post(irreversible))
         .route("/v1/echo", get(echo))
+        .route("/v1/mirror", get(mirror))
         .route("/v1/status/{key}", get(status))
         .route("/v1/redirect", get(redirect))
         .route("/v1/large", get(large))
