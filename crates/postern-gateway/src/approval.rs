@@ -431,16 +431,12 @@ impl RetryReviewRequest {
 
 /// The start of a request body for a reviewer: at most `limit` bytes of text, every secret
 /// argument's value masked by name, binary bodies described rather than shown.
-pub fn body_preview(body: &[u8], secrets: &[(String, String)], limit: usize) -> String {
-    let mut text = match std::str::from_utf8(body) {
-        Ok(text) => text.to_owned(),
+pub fn body_preview(body: &[u8], secrets: &crate::redaction::CallSecrets, limit: usize) -> String {
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => text,
         Err(_) => return format!("({} bytes of binary data)", body.len()),
     };
-    for (name, value) in secrets {
-        if !value.is_empty() {
-            text = text.replace(value.as_str(), &format!("«secret argument {name}»"));
-        }
-    }
+    let mut text = secrets.mask(text);
     if text.len() > limit {
         let mut cut = limit;
         while !text.is_char_boundary(cut) {
@@ -459,13 +455,17 @@ mod tests {
 
     #[test]
     fn a_body_preview_masks_secret_arguments_and_is_cut_on_a_character_boundary() {
-        let secrets = vec![("approval_code".to_string(), "CANARY-7731".to_string())];
+        let key = postern_core::FingerprintKey::from_bytes([7; 32]);
+        let mut secrets = crate::redaction::CallSecrets::default();
+        secrets.add("approval_code", &serde_json::json!("CANARY-7731"), &key);
         let shown = body_preview(br#"{"amount":5,"approval_code":"CANARY-7731"}"#, &secrets, 200);
-        assert_eq!(shown, r#"{"amount":5,"approval_code":"«secret argument approval_code»"}"#);
+        assert!(shown.starts_with(r#"{"amount":5,"approval_code":"SECRET(approval_code:"#), "{shown}");
+        assert!(!shown.contains("CANARY-7731"));
+        let none = crate::redaction::CallSecrets::default();
         let long = "é".repeat(100);
-        let cut = body_preview(long.as_bytes(), &[], 11);
+        let cut = body_preview(long.as_bytes(), &none, 11);
         assert!(cut.starts_with("ééééé…"), "{cut}");
         assert!(cut.ends_with("(200 bytes in all)"));
-        assert_eq!(body_preview(&[0xff, 0xfe, 0], &[], 10), "(3 bytes of binary data)");
+        assert_eq!(body_preview(&[0xff, 0xfe, 0], &none, 10), "(3 bytes of binary data)");
     }
 }

@@ -8,6 +8,7 @@ pub use crate::approval::{
 use crate::{
     http::{self, HttpResult, Outgoing, Sent},
     manifest::{ArgumentError, Manifest, Tool},
+    redaction::CallSecrets,
 };
 use postern_core::{
     ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState,
@@ -18,7 +19,7 @@ use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
 use postern_vault::{Sensitive, Vault, VaultError};
 use serde::Serialize;
 use serde_json::{Value, json};
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 /// The `authorized` / `denied` row's detail for a verdict.
 fn verdict_detail(v: &Authorization) -> Value {
@@ -35,17 +36,28 @@ const LOCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// How much of a request body a reviewer is shown.
 const BODY_PREVIEW_BYTES: usize = 2048;
 
-/// The values of a call's secret arguments, to mask them in what a reviewer is shown.
-fn secret_values(contract: &postern_core::ReplayContract, arguments: &Value) -> Vec<(String, String)> {
-    contract
-        .secret_fields
-        .iter()
-        .filter_map(|name| {
-            let value = arguments.get(name)?;
-            let text = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
-            Some((name.clone(), text))
-        })
-        .collect()
+/// `arguments` with every string (outside the contract's secret fields, which the record digests)
+/// masked by `secrets`.
+fn mask_arguments(arguments: &Value, secrets: &CallSecrets, secret_fields: &BTreeSet<String>) -> Value {
+    fn mask(value: &Value, secrets: &CallSecrets) -> Value {
+        match value {
+            Value::String(text) => Value::String(secrets.mask(text)),
+            Value::Array(items) => Value::Array(items.iter().map(|v| mask(v, secrets)).collect()),
+            Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), mask(v, secrets))).collect()),
+            other => other.clone(),
+        }
+    }
+    if secrets.is_empty() {
+        return arguments.clone();
+    }
+    match arguments {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), if secret_fields.contains(k) { v.clone() } else { mask(v, secrets) }))
+                .collect(),
+        ),
+        other => mask(other, secrets),
+    }
 }
 
 /// The credential a reviewer is told about: its name, or the SSH host whose key is used.
@@ -60,11 +72,23 @@ fn credential_shown(p: &Prepared<'_>) -> Option<String> {
     }
 }
 
-fn ssh_shown(plan: &SshPlan) -> String {
+fn ssh_shown(p: &Prepared<'_>, plan: &SshPlan) -> String {
+    let command = p.shown_command(plan);
     match &plan.working_dir {
-        Some(dir) => format!("$ cd {dir} && {}", plan.command),
-        None => format!("$ {}", plan.command),
+        Some(dir) => format!("$ cd {dir} && {command}"),
+        None => format!("$ {command}"),
     }
+}
+
+/// The contract's secret arguments of a call (every string and number inside them).
+fn contract_secrets(contract: &postern_core::ReplayContract, arguments: &Value, key: &FingerprintKey) -> CallSecrets {
+    let mut secrets = CallSecrets::default();
+    for name in &contract.secret_fields {
+        if let Some(value) = arguments.get(name) {
+            secrets.add(name, value, key);
+        }
+    }
+    secrets
 }
 
 /// The prior states a person reviews when a retry matches them (design §6); `accepted` joins
@@ -347,6 +371,18 @@ struct Prepared<'a> {
     body: Option<Vec<u8>>,
     credential: Option<postern_vault::Credential>,
     ssh: Option<SshPlan>,
+    /// The secret values this call carries (the contract's `secret_fields`; for `http_request`,
+    /// headers and query parameters named like secrets): masked in all Postern writes or shows.
+    secrets: CallSecrets,
+    /// `url` with its secrets masked: what records, journal rows and reviewers see.
+    shown_url: String,
+}
+
+impl Prepared<'_> {
+    /// An SSH command as records, journal rows and reviewers see it.
+    fn shown_command(&self, plan: &SshPlan) -> String {
+        self.secrets.mask(&plan.command)
+    }
 }
 
 /// An SSH call after validation: where, as whom, what.
@@ -469,14 +505,17 @@ impl Engine {
                 Some(c)
             }
         };
+        let secrets = contract_secrets(&tool.contract, &arguments, &self.key);
         let prepared = Prepared {
             tool: ToolRef::Manifest(tool),
+            shown_url: secrets.mask(url.as_str()),
             url,
             method: rendered.method,
             headers: rendered.headers,
             body: rendered.body,
             credential,
             ssh: None,
+            secrets,
         };
         Ok((prepared, arguments))
     }
@@ -498,14 +537,17 @@ impl Engine {
         };
         let url = url::Url::parse(&format!("ssh://{}@{}:{}/", host.account, host.address, host.port))
             .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
+        let secrets = contract_secrets(&tool.contract, &arguments, &self.key);
         let prepared = Prepared {
             tool,
+            shown_url: url.to_string(),
             url,
             method: "EXEC".into(),
             headers: vec![],
             body: None,
             credential: None,
             ssh: Some(SshPlan { host, command, working_dir }),
+            secrets,
         };
         Ok((prepared, arguments))
     }
@@ -583,9 +625,28 @@ impl Engine {
         if body.is_some() && !headers.iter().any(|(k, _)| k == "content-type") {
             headers.push(("content-type".into(), "application/json".into()));
         }
+        // Headers and query parameters named like secrets (an agent's own API key, a signed URL)
+        // are kept out of the record, the journal and the approval text.
+        let mut secrets = CallSecrets::default();
+        for (name, value) in headers.iter().filter(|(name, _)| crate::redaction::sensitive_name(name)) {
+            secrets.add(name, &Value::String(value.clone()), &self.key);
+        }
+        for (name, value) in url.query_pairs().filter(|(name, _)| crate::redaction::sensitive_name(name)) {
+            secrets.add(&name, &Value::String(value.into_owned()), &self.key);
+        }
         let tool = Tool::http_request(&method, url.as_str(), contract, crate::manifest::DEFAULT_TIMEOUT);
-        let prepared =
-            Prepared { tool: ToolRef::Builtin(Box::new(tool)), url, method, headers, body, credential, ssh: None };
+        let shown_url = secrets.mask(url.as_str());
+        let prepared = Prepared {
+            tool: ToolRef::Builtin(Box::new(tool)),
+            url,
+            method,
+            headers,
+            body,
+            credential,
+            ssh: None,
+            secrets,
+            shown_url,
+        };
         Ok((prepared, args))
     }
 
@@ -671,14 +732,17 @@ impl Engine {
                 host_key_fingerprint: plan.host.host_key_fingerprint.clone().unwrap_or_default(),
                 account: plan.host.account.clone(),
                 working_dir: plan.working_dir.clone(),
-                command: plan.command.clone(),
+                command: p.shown_command(plan),
             }),
             None => ActionTarget::Http(HttpAction {
                 method: p.method.clone(),
-                url: p.url.to_string(),
-                headers: p.headers.clone(),
+                url: p.shown_url.clone(),
+                headers: p.headers.iter().map(|(k, v)| (k.clone(), p.secrets.mask(v))).collect(),
             }),
         };
+        // Secrets the agent put elsewhere in its arguments (a URL, a header of `http_request`)
+        // are masked there too; the contract's secret fields are digested by the record itself.
+        let arguments = mask_arguments(&arguments, &p.secrets, &p.tool.contract.secret_fields);
         let action = CanonicalAction::build(
             &ActionRequest {
                 actor: call.actor.clone(),
@@ -953,7 +1017,7 @@ impl Engine {
             || (prior.state == ExecutionState::NeedsReview && prior.contract.status_query.is_some());
         let (known_outcome, why_not_resent) = match prior.state {
             ExecutionState::Dispatched => (
-                format!("sent; no response yet (the original may still be running at {})", p.url),
+                format!("sent; no response yet (the original may still be running at {})", p.shown_url),
                 "the original is still in flight: sending again could perform the action twice".to_owned(),
             ),
             ExecutionState::Completed
@@ -991,7 +1055,7 @@ impl Engine {
             tool: summary.tool,
             actor: summary.actor,
             method: p.method.clone(),
-            target: p.url.to_string(),
+            target: p.shown_url.clone(),
             credential: credential_shown(p),
             replay_contract: class.as_str().to_owned(),
             state: prior.state,
@@ -1136,22 +1200,14 @@ impl Engine {
             actor: call.actor.as_str().to_owned(),
             agent: self.agent_run(call)?,
             method: p.method.clone(),
-            target: p.url.to_string(),
+            target: p.shown_url.clone(),
             credential: credential_shown(p),
             body_preview: match &p.ssh {
                 // For SSH the "body" is the command, where it runs, and as whom.
-                Some(plan) => Some(crate::approval::body_preview(
-                    ssh_shown(plan).as_bytes(),
-                    &secret_values(&p.tool.contract, &call.arguments),
-                    BODY_PREVIEW_BYTES,
-                )),
-                None => p.body.as_deref().map(|b| {
-                    crate::approval::body_preview(
-                        b,
-                        &secret_values(&p.tool.contract, &call.arguments),
-                        BODY_PREVIEW_BYTES,
-                    )
-                }),
+                Some(plan) => {
+                    Some(crate::approval::body_preview(ssh_shown(p, plan).as_bytes(), &p.secrets, BODY_PREVIEW_BYTES))
+                }
+                None => p.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES)),
             },
             timeout_ms: self.approval_timeout.as_millis() as u64,
             withdrawn: Withdrawal::default(),
@@ -1370,7 +1426,7 @@ impl Engine {
             return Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth));
         }
         let out = self.outgoing(p, id)?;
-        let dispatched = json!({ "target": p.url.to_string(), "method": p.method });
+        let dispatched = json!({ "target": p.shown_url, "method": p.method });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
         let Observation { state, result, ssh, detail, completion } = self.send(p, out, Attempt::First).await?;
         if completion.is_none() {
@@ -1924,9 +1980,9 @@ impl Engine {
 
 fn dispatched_detail(p: &Prepared<'_>, out: &Wire) -> Value {
     match out {
-        Wire::Http(out) => json!({ "target": p.url.to_string(), "method": p.method,
+        Wire::Http(out) => json!({ "target": p.shown_url, "method": p.method,
                                    "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),
-        Wire::Ssh(out) => json!({ "target": p.url.to_string(), "method": p.method, "host": out.host.name,
+        Wire::Ssh(out) => json!({ "target": p.shown_url, "method": p.method, "host": out.host.name,
                                   "host_key": out.host.host_key_fingerprint, "marker": out.marker }),
     }
 }

@@ -82,7 +82,7 @@ impl InjectedCredential {
         let mut out = bytes.to_vec();
         let mut found = false;
         for echo in &self.echoes {
-            let (redacted, any) = redact_spellings(&out, echo.expose());
+            let (redacted, any) = crate::redaction::replace_spellings(&out, echo.expose(), b"<redacted>");
             if any {
                 out = redacted;
                 found = true;
@@ -90,104 +90,6 @@ impl InjectedCredential {
         }
         (out, found)
     }
-}
-
-/// The ways one character of a secret can be spelled in a response: as itself, percent-encoded
-/// (each UTF-8 byte, either case), `+` for a space (forms), or JSON-escaped (`\"`, `\\`, `\/`,
-/// `\uXXXX`).
-fn spelled_at(haystack: &[u8], at: usize, c: char) -> Vec<usize> {
-    let rest = &haystack[at..];
-    let mut ends = Vec::new();
-    let mut utf8 = [0u8; 4];
-    let literal = c.encode_utf8(&mut utf8).as_bytes();
-    if rest.starts_with(literal) {
-        ends.push(at + literal.len());
-    }
-    // Percent-encoded, byte by byte (any byte may also appear literally: mixed encoders).
-    let mut i = 0;
-    let mut ok = true;
-    for &b in literal {
-        match rest.get(i..i + 3) {
-            Some([b'%', h, l]) if hex_value(*h).zip(hex_value(*l)).is_some_and(|(h, l)| h * 16 + l == b) => i += 3,
-            _ if rest.get(i) == Some(&b) => i += 1,
-            _ => {
-                ok = false;
-                break;
-            }
-        }
-    }
-    if ok && i != literal.len() {
-        ends.push(at + i);
-    }
-    if c == ' ' && rest.first() == Some(&b'+') {
-        ends.push(at + 1);
-    }
-    let json: Option<&[u8]> = match c {
-        '"' => Some(b"\\\""),
-        '\\' => Some(b"\\\\"),
-        '/' => Some(b"\\/"),
-        _ => None,
-    };
-    if let Some(escaped) = json.filter(|e| rest.starts_with(e)) {
-        ends.push(at + escaped.len());
-    }
-    if let Some([b'\\', b'u', h @ ..]) = rest.get(..6)
-        && let Ok(text) = std::str::from_utf8(h)
-        && u32::from_str_radix(text, 16).ok().and_then(char::from_u32) == Some(c)
-    {
-        ends.push(at + 6);
-    }
-    ends
-}
-
-fn hex_value(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
-}
-
-/// Where a spelling of `needle` that starts at `at` ends (the longest), if one does.
-fn spelling_at(haystack: &[u8], at: usize, needle: &[char]) -> Option<usize> {
-    // Depth-first over the spellings of each character; an explicit stack, as secrets are long.
-    let mut stack = vec![(0usize, at)];
-    let mut best = None;
-    while let Some((i, pos)) = stack.pop() {
-        if i == needle.len() {
-            best = best.max(Some(pos));
-            continue;
-        }
-        for end in spelled_at(haystack, pos, needle[i]) {
-            stack.push((i + 1, end));
-        }
-    }
-    best
-}
-
-fn redact_spellings(haystack: &[u8], needle: &str) -> (Vec<u8>, bool) {
-    let chars: Vec<char> = needle.chars().collect();
-    let mut out = Vec::with_capacity(haystack.len());
-    let (mut i, mut found) = (0, false);
-    let Some(&first) = chars.first() else { return (haystack.to_vec(), false) };
-    let mut utf8 = [0u8; 4];
-    let lead = first.encode_utf8(&mut utf8).as_bytes()[0];
-    while i < haystack.len() {
-        // Most positions cannot start a spelling: skip them without looking further.
-        if !matches!(haystack[i], b'%' | b'+' | b'\\') && haystack[i] != lead {
-            out.push(haystack[i]);
-            i += 1;
-            continue;
-        }
-        match spelling_at(haystack, i, &chars) {
-            Some(end) => {
-                out.extend_from_slice(b"<redacted>");
-                i = end;
-                found = true;
-            }
-            _ => {
-                out.push(haystack[i]);
-                i += 1;
-            }
-        }
-    }
-    (out, found)
 }
 
 /// The stored form of an HTTP outcome (what a retry gets back).

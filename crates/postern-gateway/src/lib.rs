@@ -9,6 +9,7 @@ pub mod http;
 pub mod identity;
 pub mod manifest;
 pub mod mcp;
+pub mod redaction;
 pub mod refusal;
 pub mod resumption;
 pub mod runs;

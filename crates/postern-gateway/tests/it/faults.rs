@@ -364,3 +364,47 @@ async fn redirects_are_never_followed_and_large_bodies_are_capped_and_flagged() 
     assert!(result.truncated);
     assert_eq!(result.body.len(), 1_000);
 }
+
+/// A secret carried anywhere in a call — a manifest secret field placed in the URL, an agent's
+/// `X-Api-Key` header or `?api_key=` on `http_request` — is written nowhere in clear: not in the
+/// record, the `accepted` or `dispatched` rows, nor any file of the data directory (WAL
+/// included); it is shown as `SECRET(name:digest)`. Two different keys are two executions, not a
+/// retry of one. (Before, the URL and the agent's headers were journaled verbatim.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_in_a_url_or_header_is_journaled_nowhere() {
+    const URL_SECRET: &str = "CANARY-url-secret-81f3";
+    const HEADER_SECRETS: [&str; 2] = ["CANARY-header-secret-a1", "CANARY-header-secret-b2"];
+    let (target, addr) = start_target().await;
+    let text = format!(
+        "[[tool]]\nname = \"signed_ticket\"\nmethod = \"POST\"\nurl = \"http://{addr}/v1/tickets?sig={{sig}}\"\n\
+         input_schema = {{ type = \"object\", required = [\"sig\"], properties = {{ sig = {{ type = \"string\" }} }} }}\n\
+         contract = {{ class = \"irreversible\", secret_fields = [\"sig\"] }}\n"
+    );
+    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    let signed = rig.engine.call(call("signed_ticket", json!({ "sig": URL_SECRET }), 1, 1)).await.unwrap();
+    assert_eq!(signed.state, ExecutionState::Completed, "{signed:?}");
+    let mut ids = vec![signed.execution_id];
+    for (n, key) in HEADER_SECRETS.iter().enumerate() {
+        let url = format!("http://{addr}/v1/tickets?api_key={key}&page=1");
+        let arguments = json!({ "method": "POST", "url": url, "headers": { "X-Api-Key": key }, "body": {} });
+        let out = rig.engine.call(call("http_request", arguments, 1, 2 + n as u64)).await.unwrap();
+        assert_eq!(out.state, ExecutionState::Completed, "{out:?}");
+        ids.push(out.execution_id);
+    }
+    assert_ne!(ids[1], ids[2], "two different keys are two intents");
+    assert_eq!(target.irreversible.load(Ordering::SeqCst), 3);
+    let view = rig.store.view();
+    let record = view.execution(ids[0]).unwrap().unwrap().record;
+    assert!(record["target"].as_str().unwrap().contains("sig=SECRET(sig:"), "{record}");
+    let record = view.execution(ids[1]).unwrap().unwrap().record;
+    assert!(record["target"].as_str().unwrap().contains("api_key=SECRET("), "{record}");
+    assert!(record["arguments"]["headers"]["X-Api-Key"].as_str().unwrap().starts_with("SECRET(x-api-key:"), "{record}");
+    rig.store.flush().unwrap();
+    for entry in std::fs::read_dir(rig.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        for secret in [URL_SECRET].iter().chain(HEADER_SECRETS.iter()) {
+            assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in {}", path.display());
+        }
+    }
+}

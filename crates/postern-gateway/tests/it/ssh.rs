@@ -42,6 +42,12 @@ name = "echo_words"
 ssh = { host = "box", command = "printf '%s\\0' {a} {b}" }
 input_schema = { type = "object", required = ["a", "b"], properties = { a = { type = "string" }, b = { type = "string" } } }
 contract = { class = "ssh_marker" }
+
+[[tool]]
+name = "check_token"
+ssh = { host = "box", command = "test -n {token} && echo ok" }
+input_schema = { type = "object", required = ["token"], properties = { token = { type = "string" } } }
+contract = { class = "ssh_marker", secret_fields = ["token"] }
 "#;
     Manifest::parse(text, Path::new("ssh-tools.toml")).unwrap()
 }
@@ -517,4 +523,25 @@ async fn an_argument_reaches_the_host_as_exactly_one_word() {
         assert_eq!(words, [a.as_str(), b.as_str()], "{a:?} {b:?}");
     }
     assert!(!pwned.exists(), "an argument ran as code on the host");
+}
+
+/// A secret argument in an SSH command runs on the host but is written nowhere by Postern: the
+/// record and the journal show `SECRET(token:digest)`, and no file of the data directory holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_argument_in_an_ssh_command_is_journaled_nowhere() {
+    const TOKEN: &str = "CANARY-ssh-token-7d21'quoted";
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let out = r.engine.call(call("check_token", json!({ "token": TOKEN }), 0, 1)).await.unwrap();
+    assert_eq!(out.state, ExecutionState::Completed, "{:?}", out.detail);
+    assert_eq!(out.ssh.unwrap().stdout, "ok\n");
+    let record = r.rig.store.view().execution(out.execution_id).unwrap().unwrap().record;
+    assert!(record["target"]["command"].as_str().unwrap().starts_with("test -n 'SECRET(token:"), "{record}");
+    r.rig.store.flush().unwrap();
+    for entry in std::fs::read_dir(r.rig.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(!bytes.windows(20).any(|w| w == &TOKEN.as_bytes()[..20]), "the token in {}", path.display());
+    }
 }
