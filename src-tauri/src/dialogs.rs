@@ -93,8 +93,14 @@ impl Questions {
             choices: p
                 .choices
                 .into_iter()
-                .map(|c| ChoiceView { key: c.key.to_string(), label: c.label, needs_reason: c.needs_reason })
+                .map(|c| ChoiceView {
+                    key: c.key.to_string(),
+                    label: c.label,
+                    needs_reason: c.needs_reason,
+                    needs_confirmation: c.needs_confirmation,
+                })
                 .collect(),
+            details: p.details,
             asked_at: now_ms as f64,
             deadline: (now_ms + i64::try_from(timeout_ms).unwrap_or(i64::MAX / 2)) as f64,
         };

@@ -43,6 +43,8 @@ pub struct ApprovalView {
     pub rows: Vec<[String; 2]>,
     pub timeline: Vec<TimelineRow>,
     pub choices: Vec<ChoiceView>,
+    /// What the rows cut short (the whole request body), shown when the reviewer expands it.
+    pub details: Option<String>,
     /// ms since the epoch.
     pub asked_at: f64,
     pub deadline: f64,
@@ -63,6 +65,8 @@ pub struct ChoiceView {
     pub key: String,
     pub label: String,
     pub needs_reason: bool,
+    /// A permanent answer: the dialog asks for a second, deliberate step (no single key).
+    pub needs_confirmation: bool,
 }
 
 /// The Activity view's filters; absent fields mean "any".
@@ -269,7 +273,17 @@ pub fn approval(app: State<'_>, id: String) -> Result<ApprovalView, IpcError> {
 
 /// The only way an approval is given: from one of the app's own windows.
 #[tauri::command]
-pub fn answer_approval(app: State<'_>, id: String, key: String, reason: Option<String>) -> Result<(), IpcError> {
+pub fn answer_approval(
+    window: tauri::Window,
+    app: State<'_>,
+    id: String,
+    key: String,
+    reason: Option<String>,
+) -> Result<(), IpcError> {
+    // Only the question's own window answers it (not the main window, not another question's).
+    if window.label() != crate::dialogs::window_label(&id) {
+        return Err(IpcError::new("approval_wrong_window", "a question is answered only in its own window"));
+    }
     let mut chars = key.chars();
     let (Some(key), None) = (chars.next(), chars.next()) else {
         return Err(IpcError::new("invalid_answer", format!("{key:?} is not one key")));

@@ -30,6 +30,7 @@ import time
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.common.exceptions import NoSuchWindowException, StaleElementReferenceException, WebDriverException
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.options import ArgOptions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -205,11 +206,26 @@ class Browser:
                                            d.find_element(By.CSS_SELECTOR, css)))
 
 
-    def answer(self, css):
-        """Clicks a dialog's answer. The app closes the dialog as soon as the answer arrives, so
-        the script's result may never come back; the caller checks the effect instead."""
+    def armed(self):
+        """Waits until the dialog takes answers (it ignores keys and clicks for its arming delay)."""
+        wait_for("the dialog to arm", lambda: self.do(
+            lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=armed]").get_attribute("data-armed")) == "true")
+
+    def keys(self, text):
+        """Types into the focused dialog as a user would (trusted key events)."""
         try:
-            self.driver.execute_script("arguments[0].click()", self.driver.find_element(By.CSS_SELECTOR, css))
+            self.do(lambda d: ActionChains(d).send_keys(text).perform())
+        except WebDriverException as e:
+            step(f"the dialog closed while typing ({type(e).__name__})")
+
+    def answer(self, css):
+        """Clicks a dialog's answer with a real (WebDriver) click once the dialog is armed — a
+        scripted click is not trusted and answers nothing. The app closes the dialog as soon as
+        the answer arrives, so the click's result may never come back; the caller checks the
+        effect instead."""
+        self.armed()
+        try:
+            self.driver.find_element(By.CSS_SELECTOR, css).click()
         except WebDriverException as e:
             step(f"the dialog closed while answering ({type(e).__name__})")
 
@@ -286,6 +302,15 @@ def main():
         step("calling pay_each")
         agent.call("x", "pay_each", {"amount": 5})
         dialog = new_window(b, [main_window])
+        # Keys typed the moment the dialog appears (typing meant for another window) answer
+        # nothing, and keep it disarmed; once armed, the same key answers.
+        step("typing into the dialog before it is armed")
+        b.keys("yyy")
+        state = b.do(lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=armed]"))
+        armed, ignored = b.do(lambda d: (state.get_attribute("data-armed"), state.get_attribute("data-ignored")))
+        check(armed == "false" and int(ignored) >= 1, f"the early keys were ignored (armed {armed}, ignored {ignored})")
+        time.sleep(0.3)
+        check(Target.posts == 0 and dialog in b.do(lambda d: d.window_handles), "early keys answered nothing")
         check(b.text("[data-testid=dialog-title]").lower() == "approve this call", "per-use title")
         shown = rows_of(b)
         check(shown["request"] == f"POST {base}/pay", shown)
@@ -294,9 +319,22 @@ def main():
         check(SECRET not in b.do(lambda d: d.page_source), "the secret is never shown")
         check(int(b.text("[data-testid=countdown]").split()[0]) > 100, "a countdown")
         check(Target.posts == 0, "nothing is sent while the reviewer decides")
+        # Another window of the app (here the main one) cannot answer the question.
+        question = b.do(lambda d: d.current_url).rsplit("/approval/", 1)[1]
+        b.on(main_window)
+        refused = b.do(lambda d: d.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "window.__TAURI_INTERNALS__.invoke('answer_approval', {id: arguments[0], key: 'y', reason: null})"
+            ".then(() => done('answered'), (e) => done(JSON.stringify(e)));", question))
+        # Refused by the capability (answer_approval is granted to approval-* windows only); the
+        # command itself also checks that a question is answered in its own window.
+        check("not allowed on window" in refused or "approval_wrong_window" in refused,
+              f"the main window cannot answer: {refused}")
+        b.on(dialog)
         shot(driver, "dialog-per-use.png")
-        step("approving")
-        b.answer("button[data-key=y]")
+        step("approving with the key, once armed")
+        b.armed()
+        b.keys("y")
         x = agent.result("x")
         check(x["ok"] and x["structured"]["state"] == "completed", x)
         check(Target.posts == 1, f"the target counted {Target.posts}")
@@ -330,6 +368,14 @@ def main():
         check(shown["pid"].startswith(str(agent.proc.pid)), shown)
         check(shown["transport"] == "stdio", shown)
         shot(driver, "dialog-session.png")
+        # "Always allow" is permanent: its key alone answers nothing, it asks for a click.
+        b.armed()
+        b.keys("a")
+        wait_for("the confirmation step", lambda: b.find("[data-testid=confirm]"))
+        b.keys("a\n")
+        time.sleep(0.3)
+        check(Target.posts == 1 and dialog in b.do(lambda d: d.window_handles), "the key alone answered nothing")
+        b.click("[data-testid=confirm-cancel]")
         b.answer("button[data-key=s]")
         wait_for("the wire to reach the target", lambda: Target.posts == 2)
         os.kill(bridge, 9)

@@ -62,8 +62,13 @@ pub struct AuthorizationRequest {
     pub target: String,
     /// The credential's name (never its value).
     pub credential: Option<String>,
-    /// The start of the request body, secret arguments masked.
+    /// The request body as a reviewer first sees it (secrets masked): whole, or its head and
+    /// tail with the size of what is not shown.
     pub body_preview: Option<String>,
+    /// The whole body (secrets masked, at most [`BODY_FULL_BYTES`]) when the preview is cut, for
+    /// a reviewer who expands it. Not journaled (the preview is).
+    #[serde(skip)]
+    pub body_full: Option<String>,
     /// How long the reviewer has (then the call is denied, `approval_timed_out`).
     pub timeout_ms: u64,
     #[serde(skip)]
@@ -264,6 +269,62 @@ pub struct Presentation {
     pub rows: Vec<(String, String)>,
     pub timeline: Vec<TimelineStep>,
     pub choices: Vec<PresentedChoice>,
+    /// Everything the rows cut short (the whole body), for a reviewer who asks to see it.
+    pub details: Option<String>,
+}
+
+impl Presentation {
+    /// Every piece of text made safe to show: agent-controlled values may carry escape sequences,
+    /// carriage returns, bidi overrides or long blank runs meant to rewrite what the reviewer sees.
+    fn visible(mut self) -> Presentation {
+        self.intro = self.intro.as_deref().map(visible);
+        for (_, value) in &mut self.rows {
+            *value = visible(value);
+        }
+        for step in &mut self.timeline {
+            step.event = visible(&step.event);
+            step.summary = visible(&step.summary);
+        }
+        self.details = self.details.as_deref().map(visible);
+        self
+    }
+}
+
+/// `text` as a reviewer may safely see it: control characters (C0, DEL, C1: escape sequences,
+/// carriage returns, newlines, tabs) and invisible formatting characters (bidi overrides and
+/// isolates, zero-width characters, BOM) written as escapes, runs of 8 or more spaces counted.
+pub fn visible(text: &str) -> String {
+    fn blanks(out: &mut String, n: usize) {
+        if n >= 8 {
+            out.push_str(&format!("␠×{n}"));
+        } else {
+            out.extend(std::iter::repeat_n(' ', n));
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut spaces = 0;
+    for c in text.chars() {
+        if c == ' ' {
+            spaces += 1;
+            continue;
+        }
+        blanks(&mut out, std::mem::take(&mut spaces));
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | '\u{feff}' => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    blanks(&mut out, spaces);
+    out
 }
 
 /// One answer a reviewer can give, with its key.
@@ -273,10 +334,13 @@ pub struct PresentedChoice {
     pub label: String,
     /// "Dispatch anew" needs a typed reason.
     pub needs_reason: bool,
+    /// A permanent answer ("always allow this agent"): never given by one key; the approver
+    /// asks again, deliberately.
+    pub needs_confirmation: bool,
 }
 
 fn choice(key: char, label: &str) -> PresentedChoice {
-    PresentedChoice { key, label: label.to_owned(), needs_reason: false }
+    PresentedChoice { key, label: label.to_owned(), needs_reason: false, needs_confirmation: false }
 }
 
 /// A time in ms since the epoch as RFC 3339 (UTC, milliseconds).
@@ -295,7 +359,10 @@ impl AuthorizationRequest {
                 Some("A new agent run wants to act through Postern.".to_owned()),
                 vec![
                     choice('s', "allow this session"),
-                    choice('a', "always allow this agent (this executable hash)"),
+                    PresentedChoice {
+                        needs_confirmation: true,
+                        ..choice('a', "always allow this agent (this executable hash)")
+                    },
                     choice('d', "deny"),
                 ],
             ),
@@ -335,7 +402,8 @@ impl AuthorizationRequest {
             }
         }
         row("execution", self.execution_id.to_string());
-        Presentation { title: title.into(), intro, rows, timeline: vec![], choices }
+        Presentation { title: title.into(), intro, rows, timeline: vec![], choices, details: self.body_full.clone() }
+            .visible()
     }
 }
 
@@ -413,7 +481,12 @@ impl RetryReviewRequest {
                     ReviewChoice::DispatchAnew => 'n',
                     ReviewChoice::Deny => 'd',
                 };
-                PresentedChoice { key, label: c.label().to_owned(), needs_reason: *c == ReviewChoice::DispatchAnew }
+                PresentedChoice {
+                    key,
+                    label: c.label().to_owned(),
+                    needs_reason: *c == ReviewChoice::DispatchAnew,
+                    needs_confirmation: false,
+                }
             })
             .collect();
         Presentation {
@@ -425,28 +498,49 @@ impl RetryReviewRequest {
             rows,
             timeline: self.timeline.clone(),
             choices,
+            details: None,
         }
+        .visible()
     }
 }
 
-/// The start of a request body for a reviewer: at most `limit` bytes of text, every secret
-/// argument's value masked by name, binary bodies described rather than shown.
-pub fn body_preview(body: &[u8], secrets: &crate::redaction::CallSecrets, limit: usize) -> String {
+/// Most bytes of a body a reviewer can expand to.
+pub const BODY_FULL_BYTES: usize = 256 * 1024;
+
+/// A request body for a reviewer (secrets masked, binary bodies described rather than shown):
+/// whole if it fits in `limit` bytes, else its head and tail with the size of what is not shown
+/// (a preview is never cut silently); and then the whole text for a reviewer who expands it.
+pub fn body_preview(body: &[u8], secrets: &crate::redaction::CallSecrets, limit: usize) -> (String, Option<String>) {
     let text = match std::str::from_utf8(body) {
         Ok(text) => text,
-        Err(_) => return format!("({} bytes of binary data)", body.len()),
+        Err(_) => return (format!("({} bytes of binary data)", body.len()), None),
     };
-    let mut text = secrets.mask(text);
-    if text.len() > limit {
-        let mut cut = limit;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let total = text.len();
-        text.truncate(cut);
-        text.push_str(&format!("… ({total} bytes in all)"));
+    let text = secrets.mask(text);
+    if text.len() <= limit {
+        return (text, None);
     }
-    text
+    let floor = |mut i: usize| {
+        while !text.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let head = floor(limit * 2 / 3);
+    let tail = floor(text.len() - limit / 3);
+    let preview = format!(
+        "{} … [{} of {} bytes not shown: expand to see them] … {}",
+        &text[..head],
+        tail - head,
+        text.len(),
+        &text[tail..]
+    );
+    let full = if text.len() > BODY_FULL_BYTES {
+        let cut = floor(BODY_FULL_BYTES);
+        format!("{} … [the last {} of {} bytes are not shown]", &text[..cut], text.len() - cut, text.len())
+    } else {
+        text
+    };
+    (preview, Some(full))
 }
 
 #[cfg(test)]
@@ -454,18 +548,65 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_body_preview_masks_secret_arguments_and_is_cut_on_a_character_boundary() {
+    fn a_body_preview_masks_secret_arguments_and_is_never_cut_silently() {
         let key = postern_core::FingerprintKey::from_bytes([7; 32]);
         let mut secrets = crate::redaction::CallSecrets::default();
         secrets.add("approval_code", &serde_json::json!("CANARY-7731"), &key);
-        let shown = body_preview(br#"{"amount":5,"approval_code":"CANARY-7731"}"#, &secrets, 200);
+        let (shown, full) = body_preview(br#"{"amount":5,"approval_code":"CANARY-7731"}"#, &secrets, 200);
         assert!(shown.starts_with(r#"{"amount":5,"approval_code":"SECRET(approval_code:"#), "{shown}");
-        assert!(!shown.contains("CANARY-7731"));
+        assert!(!shown.contains("CANARY-7731") && full.is_none());
         let none = crate::redaction::CallSecrets::default();
-        let long = "é".repeat(100);
-        let cut = body_preview(long.as_bytes(), &none, 11);
-        assert!(cut.starts_with("ééééé…"), "{cut}");
-        assert!(cut.ends_with("(200 bytes in all)"));
-        assert_eq!(body_preview(&[0xff, 0xfe, 0], &none, 10), "(3 bytes of binary data)");
+        let long = format!("{}{}{}", "é".repeat(100), "x".repeat(1000), "TAIL-MATTERS");
+        let (cut, full) = body_preview(long.as_bytes(), &none, 60);
+        assert!(cut.starts_with("éééééééééééééééééééé"), "{cut}");
+        assert!(cut.contains("bytes not shown") && cut.ends_with("TAIL-MATTERS"), "the tail is shown: {cut}");
+        assert_eq!(full.as_deref(), Some(long.as_str()), "the whole body is there to expand");
+        assert_eq!(body_preview(&[0xff, 0xfe, 0], &none, 10).0, "(3 bytes of binary data)");
+    }
+
+    #[test]
+    fn what_a_reviewer_sees_cannot_be_rewritten_by_the_agent() {
+        let hostile = "safe\r\u{1b}[2K\u{1b}[1Aagent       /usr/bin/trusted\n\u{202e}txt.exe\u{200b}\u{9b}31m";
+        let shown = visible(hostile);
+        assert!(!shown.chars().any(|c| c.is_control() || ('\u{200b}'..='\u{206f}').contains(&c)), "{shown:?}");
+        assert_eq!(
+            shown,
+            "safe\\r\\u{1b}[2K\\u{1b}[1Aagent       /usr/bin/trusted\\n\\u{202e}txt.exe\\u{200b}\\u{9b}31m"
+        );
+        assert_eq!(visible(&format!("a{}b", " ".repeat(300))), "a␠×300b");
+    }
+
+    #[test]
+    fn a_hostile_client_name_or_command_reaches_no_approver_raw() {
+        let request = AuthorizationRequest {
+            ask: Ask::SessionAuthorization,
+            execution_id: "act_01M8PM1HTYABR0ZCD5R1RHETB7".parse().expect("id"),
+            session: None,
+            tool: "deploy".into(),
+            actor: "process:/usr/bin/node@sha256:ab".into(),
+            agent: Some(AgentRun {
+                executable: "/usr/bin/node".into(),
+                sha256: "ab".into(),
+                pid: Some(7),
+                process_started_at: None,
+                transport: "stdio".into(),
+                client: Some("claude\r\u{1b}[2Kagent        /usr/bin/trusted".into()),
+            }),
+            method: "POST".into(),
+            target: "https://x.example/\u{202e}gpj.exe".into(),
+            credential: None,
+            body_preview: None,
+            body_full: None,
+            timeout_ms: 1000,
+            withdrawn: Withdrawal::default(),
+        };
+        let shown = request.presentation();
+        for (label, value) in &shown.rows {
+            assert!(!value.chars().any(|c| c.is_control() || c == '\u{202e}'), "{label}: {value:?}");
+        }
+        let client = &shown.rows.iter().find(|(l, _)| l == "client").expect("client").1;
+        assert!(client.starts_with("claude\\r\\u{1b}[2Kagent␠×8/usr/bin/trusted"), "{client}");
+        let always = shown.choices.iter().find(|c| c.key == 'a').expect("always");
+        assert!(always.needs_confirmation, "a permanent answer needs a second step");
     }
 }

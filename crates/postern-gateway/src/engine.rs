@@ -1192,6 +1192,13 @@ impl Engine {
             LadderDecision::AskPerUse => Ask::PerUse,
             LadderDecision::AskSessionAuthorization => Ask::SessionAuthorization,
         };
+        let body = match &p.ssh {
+            // For SSH the "body" is the command, where it runs, and as whom.
+            Some(plan) => {
+                Some(crate::approval::body_preview(ssh_shown(p, plan).as_bytes(), &p.secrets, BODY_PREVIEW_BYTES))
+            }
+            None => p.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES)),
+        };
         let request = AuthorizationRequest {
             ask,
             execution_id: id,
@@ -1202,13 +1209,8 @@ impl Engine {
             method: p.method.clone(),
             target: p.shown_url.clone(),
             credential: credential_shown(p),
-            body_preview: match &p.ssh {
-                // For SSH the "body" is the command, where it runs, and as whom.
-                Some(plan) => {
-                    Some(crate::approval::body_preview(ssh_shown(p, plan).as_bytes(), &p.secrets, BODY_PREVIEW_BYTES))
-                }
-                None => p.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES)),
-            },
+            body_preview: body.as_ref().map(|(preview, _)| preview.clone()),
+            body_full: body.and_then(|(_, full)| full),
             timeout_ms: self.approval_timeout.as_millis() as u64,
             withdrawn: Withdrawal::default(),
         };

@@ -126,19 +126,33 @@ impl TerminalApprover {
         let _ = writeln!(tty, "postern: {reply}");
     }
 
-    /// Shows `text`, then waits for one of `keys` (a line holding just that letter).
-    fn choose(&self, text: &str, keys: &[(char, &str)], timeout_ms: u64, withdrawn: &Withdrawal) -> Option<char> {
+    /// Shows `text`, then waits for one of `keys` (a line holding just that letter); `v` shows
+    /// `details` (what the rows cut short) and asks again.
+    fn choose(
+        &self,
+        text: &str,
+        details: Option<&str>,
+        keys: &[(char, &str)],
+        timeout_ms: u64,
+        withdrawn: &Withdrawal,
+    ) -> Option<char> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut tty = self.terminal();
         // Nothing typed before the question was shown may answer it.
         let _ = rustix::termios::tcflush(tty.as_fd(), rustix::termios::QueueSelector::IFlush);
         let menu: Vec<String> = keys.iter().map(|(k, label)| format!("[{k}] {label}")).collect();
         let letters: Vec<String> = keys.iter().map(|(k, _)| k.to_string()).collect();
-        let _ = write!(tty, "\n{text}  {}\nchoice ({})> ", menu.join("   "), letters.join("/"));
+        let view = if details.is_some() { "   ([v] view the whole body)" } else { "" };
+        let _ = write!(tty, "\n{text}  {}{view}\nchoice ({})> ", menu.join("   "), letters.join("/"));
         let _ = tty.flush();
         loop {
             match wait_line(&mut tty, deadline, withdrawn) {
                 Input::Line(line) => {
+                    if let (Some(details), Some(('v', _))) = (details, pick(&line, &[('v', "view")])) {
+                        let _ = write!(tty, "{details}\nchoice ({})> ", letters.join("/"));
+                        let _ = tty.flush();
+                        continue;
+                    }
                     if let Some((k, label)) = pick(&line, keys) {
                         let _ = writeln!(tty, "→ {label}");
                         return Some(k);
@@ -185,7 +199,20 @@ impl Approver for TerminalApprover {
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
         let shown = r.presentation();
         let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
-        let picked = self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn);
+        let started = Instant::now();
+        let mut picked =
+            self.choose(&text(&shown, r.timeout_ms), shown.details.as_deref(), &keys, r.timeout_ms, &r.withdrawn);
+        // A permanent answer takes a second, deliberate step (and type-ahead is flushed again).
+        if let Some(choice) = shown.choices.iter().find(|c| Some(c.key) == picked && c.needs_confirmation) {
+            let left = r.timeout_ms.saturating_sub(started.elapsed().as_millis() as u64);
+            let confirm = [('y', "yes, this is permanent"), ('n', "no, go back and deny")];
+            let question = format!("Confirm: {}? It lasts until you remove it.", choice.label);
+            picked = match self.choose(&question, None, &confirm, left, &r.withdrawn) {
+                Some('y') => picked,
+                Some(_) => Some('d'),
+                None => None,
+            };
+        }
         r.verdict(picked, BY)
     }
 
@@ -197,7 +224,7 @@ impl Approver for TerminalApprover {
         let shown = r.presentation();
         let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
         let started = Instant::now();
-        let key = self.choose(&text(&shown, r.timeout_ms), &keys, r.timeout_ms, &r.withdrawn)?;
+        let key = self.choose(&text(&shown, r.timeout_ms), None, &keys, r.timeout_ms, &r.withdrawn)?;
         let answer = match r.answer(key, None) {
             Some(answer) => answer,
             None => {

@@ -15,6 +15,10 @@ kind: string, execution_id: string, title: string, intro: string | null,
  */
 rows: Array<[string, string]>, timeline: Array<TimelineRow>, choices: Array<ChoiceView>, 
 /**
+ * What the rows cut short (the whole request body), shown when the reviewer expands it.
+ */
+details: string | null, 
+/**
  * ms since the epoch.
  */
 asked_at: number, deadline: number, };

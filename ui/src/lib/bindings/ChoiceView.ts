@@ -4,4 +4,8 @@ export type ChoiceView = {
 /**
  * The keyboard shortcut, one letter.
  */
-key: string, label: string, needs_reason: boolean, };
+key: string, label: string, needs_reason: boolean, 
+/**
+ * A permanent answer: the dialog asks for a second, deliberate step (no single key).
+ */
+needs_confirmation: boolean, };
