@@ -178,6 +178,11 @@ enum AuditCommand {
     },
     /// Print the public half of the journal-signing key (keep it off-machine with checkpoints).
     Pubkey,
+    /// Rebuild the tables that grant authority (lock, credentials and SSH hosts, agent tokens,
+    /// session grants, allowlist) from the journal, after checking its chain; journals what it
+    /// changed. For a database `audit verify` found edited behind the journal's back (the
+    /// gateway refuses to start on one). No gateway may be running.
+    Rederive,
 }
 
 #[derive(Subcommand, Debug)]
@@ -227,6 +232,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             audit::verify(&db, checkpoint.as_deref(), pubkey.as_deref(), chain_only, json)
         }
         Command::Audit { command: AuditCommand::Checkpoint { out } } => audit::checkpoint(&data_dir, out.as_deref()),
+        Command::Audit { command: AuditCommand::Rederive } => audit::rederive(&data_dir),
         Command::Audit { command: AuditCommand::Pubkey } => {
             println!("{}", vault::open(&data_dir)?.journal_public_key()?);
             Ok(ExitCode::SUCCESS)

@@ -655,6 +655,11 @@ impl Engine {
     /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
     pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
         self.touch();
+        // Another process changed what grants authority behind the journal's back: nothing is
+        // granted any more (before the lock, credentials or grants are even read).
+        if let Some(found) = self.store.authority_alarm() {
+            return Err(StoreError::AuthorityTampered(found).into());
+        }
         let (mut p, arguments) = self.prepare(&call)?;
         if let Some(plan) = &mut p.ssh
             && plan.host.host_key_fingerprint.is_none()

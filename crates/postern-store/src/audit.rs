@@ -95,6 +95,9 @@ pub enum Finding {
     ProjectionMissing { execution_id: String },
     /// A stored result does not match the digest journaled when it was recorded.
     ResultMismatch { execution_id: String, why: String },
+    /// A table that grants authority (lock, credentials, agents, session grants, allowlist)
+    /// differs from what the journal says.
+    AuthorityMismatch { table: String, key: String, journal: String, table_value: String },
 }
 
 impl Finding {
@@ -147,6 +150,11 @@ impl fmt::Display for Finding {
             Finding::ResultMismatch { execution_id, why } => {
                 write!(f, "execution {execution_id}: stored result {why}")
             }
+            Finding::AuthorityMismatch { table, key, journal, table_value } => write!(
+                f,
+                "table `{table}`, row {key:?}: the journal says {journal}, the table holds {table_value} \
+                 (edited behind the journal's back; `postern audit rederive` rebuilds it)"
+            ),
         }
     }
 }
@@ -215,6 +223,12 @@ pub fn verify_with(
     if findings.is_empty() && scope == VerifyScope::Full {
         findings.extend(check_projection(&conn, tally.last_state)?);
         findings.extend(check_results(&conn, tally.result_digests)?);
+        findings.extend(crate::authority::check(&conn)?.into_iter().map(|m| Finding::AuthorityMismatch {
+            table: m.table.to_owned(),
+            key: m.key,
+            journal: m.journal,
+            table_value: m.table_value,
+        }));
     }
     let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).map(|n| n as u64);
     Ok(VerifyReport {

@@ -7,6 +7,7 @@
 //! * [`audit::verify`] checks a database file offline.
 
 pub mod audit;
+pub mod authority;
 pub mod crash;
 mod incident;
 pub mod journal;
@@ -97,6 +98,13 @@ pub enum StoreError {
         holder.as_deref().map(|h| format!(" ({h})")).unwrap_or_default()
     )]
     InUse { path: PathBuf, holder: Option<String> },
+    #[error(
+        "the tables that grant authority were changed behind the journal's back: {}. Postern trusts \
+         only the journal: see `postern audit verify`, then `postern audit rederive` rebuilds the \
+         tables from the verified journal",
+        .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    AuthorityTampered(Vec<authority::AuthorityMismatch>),
 }
 
 fn sqlite_code(e: &rusqlite::Error) -> Option<rusqlite::ErrorCode> {
@@ -180,6 +188,7 @@ impl ErrorCode for StoreError {
             StoreError::MigrationMismatch { .. } => "migration_mismatch",
             StoreError::WriterStopped => "writer_stopped",
             StoreError::InUse { .. } => "journal_in_use",
+            StoreError::AuthorityTampered(_) => "authority_tampered",
         }
     }
 }
@@ -280,7 +289,7 @@ pub struct Store {
     path: PathBuf,
     /// Held for the life of the store: one writing process per journal. (Declared last, so it is
     /// released only after the writer has finished.)
-    _lock: std::fs::File,
+    _lock: JournalLock,
 }
 
 impl Store {
@@ -314,6 +323,12 @@ impl Store {
         }
         configure_writer(&conn)?;
         schema::migrate(&mut conn, path, now.as_millis())?;
+        // The lock, credentials, tokens, grants and allowlist must be what the journal says:
+        // otherwise nothing starts (`audit rederive` rebuilds them from a verified journal).
+        let tampered = authority::check(&conn)?;
+        if !tampered.is_empty() {
+            return Err(StoreError::AuthorityTampered(tampered));
+        }
         let writer = writer::WriterHandle::spawn(conn, options)?;
         let view = JournalView::open_read_only(path)?;
         let store = Store { writer, view, path: path.to_owned(), _lock: lock };
@@ -323,6 +338,40 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Set once the writer has seen another process commit to the database and the authority
+    /// tables no longer match the journal: from then on this process grants nothing (the
+    /// differences, named by table and row). Never cleared while the process runs.
+    pub fn authority_alarm(&self) -> Option<Vec<authority::AuthorityMismatch>> {
+        self.writer.alarm()
+    }
+
+    /// Rebuilds the authority tables of the journal at `path` from its journal, after checking
+    /// the chain (a broken chain is refused: what it says cannot be trusted either), and journals
+    /// what was changed (`authority_rederived`). Nothing else may hold the journal.
+    pub fn rederive_authority(path: &Path, now: Timestamp) -> Result<Vec<authority::AuthorityMismatch>, StoreError> {
+        let lock = lock_journal(path)?;
+        let report = audit::verify_with(path, None, audit::VerifyScope::ChainOnly, &mut |_, _| {})?;
+        if let Some(finding) = report.findings.first() {
+            return Err(StoreError::Corrupt(format!(
+                "the journal itself does not verify ({finding}); its authority state cannot be trusted"
+            )));
+        }
+        let mut conn = rusqlite::Connection::open(path)?;
+        schema::check_identity(&conn, path, false)?;
+        configure_writer(&conn)?;
+        let changed = authority::rederive(&mut conn)?;
+        drop((conn, lock));
+        if !changed.is_empty() {
+            let (store, _) = Store::open(path, now)?;
+            let detail = serde_json::json!({
+                "changed": changed.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            });
+            store.writer.vault_event("authority_rederived", detail, now)?;
+            store.flush()?;
+        }
+        Ok(changed)
     }
 
     /// Read access to the same database.
@@ -540,7 +589,7 @@ impl Store {
 
 /// Takes the journal's exclusive lock (`<db>.lock`), or says who holds it. The operating system
 /// releases the lock when the holder exits, however it exits, so a crash never leaves it stale.
-fn lock_journal(path: &Path) -> Result<std::fs::File, StoreError> {
+fn lock_journal(path: &Path) -> Result<JournalLock, StoreError> {
     use std::io::{Read, Seek, Write};
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
@@ -554,21 +603,42 @@ fn lock_journal(path: &Path) -> Result<std::fs::File, StoreError> {
         options.mode(0o600);
     }
     let mut file = options.open(&lock_path).map_err(io)?;
+    // The database file itself is locked too (flock, independent of SQLite's own fcntl locks):
+    // deleting `<db>.lock` cannot let a second writer in, since the journal's own inode stays
+    // locked. The `.lock` file only says who holds it.
+    let journal = std::fs::OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(|source| StoreError::Io { path: path.to_owned(), source })?;
+    let in_use = |file: &mut std::fs::File| {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = Some(holder.trim().to_owned()).filter(|h| !h.is_empty());
+        StoreError::InUse { path: path.to_owned(), holder }
+    };
+    match journal.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(in_use(&mut file)),
+        Err(std::fs::TryLockError::Error(e)) => return Err(StoreError::Io { path: path.to_owned(), source: e }),
+    }
     match file.try_lock() {
         Ok(()) => {
             file.set_len(0).map_err(io)?;
             file.rewind().map_err(io)?;
             write!(file, "pid {}", std::process::id()).map_err(io)?;
-            Ok(file)
+            Ok(JournalLock { _journal: journal, _file: file })
         }
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = Some(holder.trim().to_owned()).filter(|h| !h.is_empty());
-            Err(StoreError::InUse { path: path.to_owned(), holder })
-        }
+        Err(std::fs::TryLockError::WouldBlock) => Err(in_use(&mut file)),
         Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
     }
+}
+
+/// Held while a process writes a journal: an exclusive lock on the database file and on
+/// `<db>.lock` (which records the holder's pid).
+#[derive(Debug)]
+struct JournalLock {
+    _journal: std::fs::File,
+    _file: std::fs::File,
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), StoreError> {

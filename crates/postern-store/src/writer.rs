@@ -24,6 +24,13 @@ use std::sync::{
 };
 
 /// How long an MCP session can be resumed after a restart (a week).
+/// How often an idle writer looks for commits by another process.
+const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+fn data_version(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+}
+
 pub const MCP_SESSION_LIFETIME_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 
 /// At most this many MCP sessions are kept (the newest).
@@ -47,6 +54,11 @@ enum Op {
     },
     ForgetMcpSession {
         id: String,
+    },
+    VaultEvent {
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
     },
     Transition {
         id: ExecutionId,
@@ -207,6 +219,7 @@ pub(crate) struct WriterHandle {
     pub(crate) stats: Arc<WriterStats>,
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    alarm: Arc<std::sync::Mutex<Option<Vec<crate::authority::AuthorityMismatch>>>>,
 }
 
 impl Drop for WriterHandle {
@@ -234,7 +247,11 @@ impl WriterHandle {
         let head = load_head(&conn)?;
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(WriterStats::default());
+        let alarm = Arc::new(std::sync::Mutex::new(None));
+        let data_version = data_version(&conn)?;
         let mut writer = Writer {
+            alarm: Arc::clone(&alarm),
+            data_version,
             conn,
             head,
             max_batch: options.max_batch.max(1),
@@ -247,7 +264,7 @@ impl WriterHandle {
             .name("postern-journal-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| StoreError::Corrupt(format!("cannot start the journal writer: {e}")))?;
-        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread) })
+        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread), alarm })
     }
 
     fn submit(&self, op: Op, reply: Responder) -> Result<(), StoreError> {
@@ -435,6 +452,20 @@ impl WriterHandle {
         expect_reply!(self.call(Op::RememberMcpSession { id, initialize, at }), Text).map(drop)
     }
 
+    pub(crate) fn vault_event(
+        &self,
+        event: &'static str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        expect_reply!(self.call(Op::VaultEvent { event, detail, at }), Entry)
+    }
+
+    /// The authority alarm the writer raised, if any (see [`crate::Store::authority_alarm`]).
+    pub(crate) fn alarm(&self) -> Option<Vec<crate::authority::AuthorityMismatch>> {
+        self.alarm.lock().ok().and_then(|a| a.clone())
+    }
+
     pub(crate) fn forget_mcp_session(&self, id: String) -> Result<(), StoreError> {
         expect_reply!(self.call(Op::ForgetMcpSession { id }), Text).map(drop)
     }
@@ -457,6 +488,12 @@ pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
 
 struct Writer {
     conn: Connection,
+    /// Set when another process committed to the database and the authority tables then
+    /// differed from the journal.
+    alarm: Arc<std::sync::Mutex<Option<Vec<crate::authority::AuthorityMismatch>>>>,
+    /// `PRAGMA data_version` as this connection last saw it: it changes only when another
+    /// connection commits (this one's own commits leave it as it is).
+    data_version: i64,
     head: JournalHead,
     max_batch: usize,
     stats: Arc<WriterStats>,
@@ -506,7 +543,14 @@ fn crash_marks(batch: &[Job]) -> Vec<&'static str> {
 
 impl Writer {
     fn run(&mut self, rx: mpsc::Receiver<Job>) {
-        while let Ok(first) = rx.recv() {
+        loop {
+            // Every batch, and every WATCH_INTERVAL while idle: did another process write?
+            self.watch();
+            let first = match rx.recv_timeout(WATCH_INTERVAL) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
             let mut batch = vec![first];
             while batch.len() < self.max_batch {
                 match rx.try_recv() {
@@ -531,6 +575,44 @@ impl Writer {
                     }
                 }
             }
+        }
+    }
+
+    /// Another process committed to the database (nothing but this writer should): if the
+    /// authority tables now differ from the journal, raise the alarm and journal it once.
+    fn watch(&mut self) {
+        let Ok(now) = data_version(&self.conn) else { return };
+        if now == self.data_version {
+            return;
+        }
+        self.data_version = now;
+        self.cache_invalid = true;
+        let Ok(found) = crate::authority::check(&self.conn) else { return };
+        if found.is_empty() {
+            return;
+        }
+        let first = match self.alarm.lock() {
+            Ok(mut alarm) => {
+                let first = alarm.is_none();
+                *alarm = Some(found.clone());
+                first
+            }
+            Err(_) => false,
+        };
+        if first {
+            eprintln!(
+                "postern: the authority tables were changed behind the journal's back; nothing is granted \
+                 until postern restarts on a journal that verifies"
+            );
+            let detail = json!({ "differences": found.iter().map(ToString::to_string).collect::<Vec<_>>() });
+            let at = Timestamp::from_millis(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            );
+            let job =
+                Job { op: Op::VaultEvent { event: "authority_tampered", detail, at }, reply: Responder::Detached };
+            let _ = self.commit_batch(std::slice::from_ref(&job));
         }
     }
 
@@ -652,6 +734,7 @@ impl Writer {
             Op::RememberMcpSession { id, initialize, at } => {
                 self.remember_mcp_session(id, initialize, *at).map(|()| Reply::Text(String::new()))
             }
+            Op::VaultEvent { event, detail, at } => self.vault_row(event, detail.clone(), *at).map(Reply::Entry),
             Op::ForgetMcpSession { id } => {
                 self.conn.prepare_cached("DELETE FROM mcp_sessions WHERE id = ?1")?.execute([id])?;
                 Ok(Reply::Text(String::new()))
@@ -1095,13 +1178,19 @@ impl Writer {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        let spec = serde_json::to_string(spec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let text = serde_json::to_string(spec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let changed = self
             .conn
             .prepare_cached("UPDATE credentials SET spec = ?2 WHERE name = ?1")?
-            .execute(params![name, spec])?;
+            .execute(params![name, text])?;
         if changed == 0 {
             return Err(StoreError::UnknownCredential(name.to_owned()));
+        }
+        // The new spec goes on the row, so the credential can be re-derived from the journal.
+        let mut detail = detail;
+        if let Value::Object(map) = &mut detail {
+            map.insert("name".into(), json!(name));
+            map.insert("spec".into(), spec.clone());
         }
         self.vault_row(event, detail, at)
     }

@@ -1013,3 +1013,49 @@ fn typescript_a_broken_stream_resumes_with_the_recorded_answer() {
 fn python_a_broken_stream_resumes_after_a_gateway_restart() {
     a_broken_stream_resumes_with_the_recorded_answer(Sdk::Python, true);
 }
+
+/// A process of the same user edits what grants authority in the database file while the
+/// gateway runs (here: it plants its own agent token). The gateway notices the commit that is
+/// not its own, grants nothing from then on (`authority_tampered`, journaled), and after a
+/// restart refuses to start, naming the table and row, until `audit rederive` rebuilds the
+/// tables from the verified journal. `audit verify` exits 1 naming it meanwhile.
+#[test]
+fn an_authority_table_edited_behind_the_journal_stops_the_gateway_granting() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("ci-agent");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.http_command(&token));
+    let first = agent.call_and_wait("first", "balance", json!({}));
+    assert_eq!(first["ok"], true, "{first}");
+    let db = gw.path().join("postern.db");
+    let planted = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"attacker-token"));
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("INSERT INTO agents (name, token_sha256, created_at) VALUES ('mine', ?1, 0)", [&planted])
+        .unwrap();
+    let mut n = 0;
+    eventually("the gateway to stop granting", LONG, || {
+        n += 1;
+        let r = agent.call_and_wait(&format!("read-{n}"), "balance", json!({}));
+        r.to_string().contains("authority_tampered").then_some(r)
+    });
+    let refused = agent.call_and_wait("wire", "wire", json!({ "amount": 1 }));
+    assert!(refused.to_string().contains("table `agents`"), "{refused}");
+    assert_eq!(target.posts(), 0, "nothing was sent");
+    drop(agent);
+    let mut gw = gw;
+    gw.signal("TERM");
+    let _ = gw.child.wait();
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 1, "{}{}", verify.stdout, verify.stderr);
+    assert!(verify.stdout.contains("table `agents`, row \"mine\""), "{}", verify.stdout);
+    let start = gw.postern(&["serve", "--port", "0"]);
+    assert_eq!(start.code, 2, "the gateway refuses to start: {}{}", start.stdout, start.stderr);
+    assert!(start.stderr.contains("table `agents`") && start.stderr.contains("audit rederive"), "{}", start.stderr);
+    let rebuilt = gw.postern(&["audit", "rederive"]);
+    assert_eq!(rebuilt.code, 0, "{}{}", rebuilt.stdout, rebuilt.stderr);
+    assert!(rebuilt.stdout.contains("rebuilt: table `agents`"), "{}", rebuilt.stdout);
+    let verify = gw.postern(&["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
+}

@@ -4,6 +4,7 @@
 
 mod admission;
 mod audit_tamper;
+mod authority;
 mod canary;
 mod disk_full;
 mod incident;

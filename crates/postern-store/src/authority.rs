@@ -1,0 +1,261 @@
+//! The state that grants authority — the lock, credentials and SSH hosts (bindings, approve every
+//! use, pinned keys), agent tokens, session grants, the allowlist — re-derived from the journal,
+//! so that a table edited behind the journal's back is noticed: by `audit verify`, by the gateway
+//! when it starts (it refuses to), and while it runs (the writer watches for commits that are
+//! not its own). `rederive` rewrites the tables from a verified chain.
+
+use crate::{JournalRow, StoreError, Stream};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The authority projections, as the journal says they are (or as the tables hold them).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AuthorityState {
+    pub locked: bool,
+    /// Name → `{kind, spec, bindings, approve_every_use}`.
+    pub credentials: BTreeMap<String, Value>,
+    /// Name → (token SHA-256, revoked).
+    pub agents: BTreeMap<String, (String, bool)>,
+    /// Agent run → `authorized` / `revoked`.
+    pub session_grants: BTreeMap<String, String>,
+    /// Actors allowlisted now.
+    pub allowlist: BTreeMap<String, ()>,
+}
+
+/// One difference between a table and the journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthorityMismatch {
+    pub table: &'static str,
+    pub key: String,
+    /// What the journal says (`absent` if it has no such row).
+    pub journal: String,
+    /// What the table holds (`absent` if it has no such row).
+    pub table_value: String,
+}
+
+impl std::fmt::Display for AuthorityMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "table `{}`, row {:?}: the journal says {}, the table holds {}",
+            self.table, self.key, self.journal, self.table_value
+        )
+    }
+}
+
+fn credential(kind: &Value, spec: &Value, bindings: &Value, approve_every_use: bool) -> Value {
+    serde_json::json!({ "kind": kind, "spec": spec, "bindings": bindings, "approve_every_use": approve_every_use })
+}
+
+impl AuthorityState {
+    /// Applies one journal row (rows that grant nothing are ignored).
+    pub fn apply(&mut self, row: &JournalRow) {
+        let d = &row.detail;
+        let name = || d["name"].as_str().unwrap_or_default().to_owned();
+        match (row.stream, row.event.as_str()) {
+            (Stream::Vault, "vault_locked") => self.locked = true,
+            (Stream::Vault, "vault_unlocked") => self.locked = false,
+            (Stream::Vault, "credential_added") => {
+                let approve = d["approve_every_use"].as_bool().unwrap_or(false);
+                self.credentials.insert(name(), credential(&d["kind"], &d["spec"], &d["bindings"], approve));
+            }
+            (Stream::Vault, "credential_removed") => {
+                self.credentials.remove(&name());
+            }
+            (Stream::Vault, "approve_every_use_changed") => {
+                if let Some(c) = self.credentials.get_mut(&name()) {
+                    c["approve_every_use"] = d["approve_every_use"].clone();
+                }
+            }
+            // A spec replaced in place (an SSH host's pinned key) carries the new spec.
+            (Stream::Vault, _) if d.get("spec").is_some() && d.get("kind").is_none() => {
+                if let Some(c) = self.credentials.get_mut(&name()) {
+                    c["spec"] = d["spec"].clone();
+                }
+            }
+            (Stream::Vault, "agent_added") => {
+                self.agents.insert(name(), (d["token_sha256"].as_str().unwrap_or_default().to_owned(), false));
+            }
+            (Stream::Vault, "agent_revoked") => {
+                if let Some(agent) = self.agents.get_mut(&name()) {
+                    agent.1 = true;
+                }
+            }
+            (Stream::Session, "session_authorized" | "session_revoked") => {
+                if let Some(session) = row.session_id {
+                    let standing = if row.event == "session_authorized" { "authorized" } else { "revoked" };
+                    self.session_grants.insert(session.to_string(), standing.to_owned());
+                }
+            }
+            (Stream::Session, "allowlist_added") => {
+                self.allowlist.insert(d["actor"].as_str().unwrap_or_default().to_owned(), ());
+            }
+            (Stream::Session, "allowlist_removed") => {
+                self.allowlist.remove(d["actor"].as_str().unwrap_or_default());
+            }
+            _ => {}
+        }
+    }
+
+    /// The state the journal's vault and session streams build up, in order.
+    pub fn from_journal(conn: &Connection) -> Result<AuthorityState, StoreError> {
+        let mut state = AuthorityState::default();
+        let mut stmt =
+            // The partial index `journal_authority` (migration 6) holds exactly these rows.
+            conn.prepare("SELECT seq, body FROM journal WHERE stream IN ('vault', 'session') ORDER BY seq")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let (seq, body): (i64, String) = (r.get(0)?, r.get(1)?);
+            let row = JournalRow::from_body(body.as_bytes())
+                .map_err(|e| StoreError::Corrupt(format!("journal row {seq}: {e}")))?;
+            state.apply(&row);
+        }
+        Ok(state)
+    }
+
+    /// The state the tables hold.
+    pub fn from_tables(conn: &Connection) -> Result<AuthorityState, StoreError> {
+        let json = |text: String| serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+        let locked = conn
+            .query_row("SELECT locked FROM vault_state WHERE singleton = 1", [], |r| r.get::<_, bool>(0))
+            .optional()?
+            .unwrap_or(false);
+        let mut credentials = BTreeMap::new();
+        let mut stmt = conn.prepare("SELECT name, kind, spec, bindings, approve_every_use FROM credentials")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let kind = Value::String(r.get(1)?);
+            let c = credential(&kind, &json(r.get(2)?), &json(r.get(3)?), r.get(4)?);
+            credentials.insert(r.get(0)?, c);
+        }
+        let mut agents = BTreeMap::new();
+        let mut stmt = conn.prepare("SELECT name, token_sha256, revoked_at IS NOT NULL FROM agents")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            agents.insert(r.get(0)?, (r.get(1)?, r.get(2)?));
+        }
+        let mut session_grants = BTreeMap::new();
+        let mut stmt = conn.prepare("SELECT session_id, standing FROM session_grants")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            session_grants.insert(r.get(0)?, r.get(1)?);
+        }
+        let mut allowlist = BTreeMap::new();
+        let mut stmt = conn.prepare("SELECT actor FROM allowlist WHERE removed_at IS NULL")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            allowlist.insert(r.get(0)?, ());
+        }
+        Ok(AuthorityState { locked, credentials, agents, session_grants, allowlist })
+    }
+
+    /// Every difference, naming the table and row (`self` is the journal's, `tables` the tables').
+    pub fn differences(&self, tables: &AuthorityState) -> Vec<AuthorityMismatch> {
+        let mut out = Vec::new();
+        if self.locked != tables.locked {
+            out.push(AuthorityMismatch {
+                table: "vault_state",
+                key: "locked".into(),
+                journal: self.locked.to_string(),
+                table_value: tables.locked.to_string(),
+            });
+        }
+        compare(&mut out, "credentials", &self.credentials, &tables.credentials, |v| v.to_string());
+        compare(&mut out, "agents", &self.agents, &tables.agents, |(sha, revoked)| {
+            format!("token sha256 {sha}{}", if *revoked { ", revoked" } else { "" })
+        });
+        compare(&mut out, "session_grants", &self.session_grants, &tables.session_grants, String::clone);
+        compare(&mut out, "allowlist", &self.allowlist, &tables.allowlist, |()| "allowlisted".into());
+        out
+    }
+}
+
+fn compare<V: PartialEq>(
+    out: &mut Vec<AuthorityMismatch>,
+    table: &'static str,
+    journal: &BTreeMap<String, V>,
+    tables: &BTreeMap<String, V>,
+    show: impl Fn(&V) -> String,
+) {
+    let shown = |v: Option<&V>| v.map_or_else(|| "absent".to_owned(), &show);
+    for key in journal.keys().chain(tables.keys().filter(|k| !journal.contains_key(*k))) {
+        let (j, t) = (journal.get(key), tables.get(key));
+        if j != t {
+            out.push(AuthorityMismatch { table, key: key.clone(), journal: shown(j), table_value: shown(t) });
+        }
+    }
+}
+
+/// The journal's authority state compared with the tables: every difference.
+pub fn check(conn: &Connection) -> Result<Vec<AuthorityMismatch>, StoreError> {
+    Ok(AuthorityState::from_journal(conn)?.differences(&AuthorityState::from_tables(conn)?))
+}
+
+/// Rewrites the authority tables from the journal (the caller has verified the chain), in one
+/// transaction; returns what it changed.
+pub fn rederive(conn: &mut Connection) -> Result<Vec<AuthorityMismatch>, StoreError> {
+    let tx = conn.transaction()?;
+    let journal = AuthorityState::from_journal(&tx)?;
+    let changed = journal.differences(&AuthorityState::from_tables(&tx)?);
+    if changed.is_empty() {
+        return Ok(changed);
+    }
+    tx.execute(
+        "INSERT INTO vault_state (singleton, locked, changed_at) VALUES (1, ?1, 0)
+         ON CONFLICT (singleton) DO UPDATE SET locked = excluded.locked",
+        [journal.locked],
+    )?;
+    tx.execute("DELETE FROM allowlist", [])?;
+    for actor in journal.allowlist.keys() {
+        tx.execute("INSERT INTO allowlist (actor, added_by, added_at) VALUES (?1, 'rederived', 0)", [actor])?;
+    }
+    tx.execute("DELETE FROM session_grants WHERE session_id NOT IN (SELECT id FROM agent_sessions)", [])?;
+    let existing: Vec<String> =
+        tx.prepare("SELECT session_id FROM session_grants")?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+    for session in existing.iter().filter(|s| !journal.session_grants.contains_key(*s)) {
+        tx.execute("DELETE FROM session_grants WHERE session_id = ?1", [session])?;
+    }
+    for (session, standing) in &journal.session_grants {
+        tx.execute(
+            "INSERT INTO session_grants (session_id, standing, decided_by, updated_at) VALUES (?1, ?2, 'rederived', 0)
+             ON CONFLICT (session_id) DO UPDATE SET standing = excluded.standing",
+            params![session, standing],
+        )?;
+    }
+    // Upserts (keeping each row's `created_at`), and rows the journal does not have removed.
+    let names = |sql: &str| -> Result<Vec<String>, StoreError> {
+        Ok(tx.prepare(sql)?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
+    };
+    for name in names("SELECT name FROM agents")?.iter().filter(|n| !journal.agents.contains_key(*n)) {
+        tx.execute("DELETE FROM agents WHERE name = ?1", [name])?;
+    }
+    for (name, (sha, revoked)) in &journal.agents {
+        tx.execute(
+            "INSERT INTO agents (name, token_sha256, created_at, revoked_at) VALUES (?1, ?2, 0, ?3)
+             ON CONFLICT (name) DO UPDATE SET token_sha256 = excluded.token_sha256,
+                 revoked_at = CASE WHEN ?3 IS NULL THEN NULL ELSE coalesce(agents.revoked_at, 0) END",
+            params![name, sha, revoked.then_some(0)],
+        )?;
+    }
+    for name in names("SELECT name FROM credentials")?.iter().filter(|n| !journal.credentials.contains_key(*n)) {
+        tx.execute("DELETE FROM credentials WHERE name = ?1", [name])?;
+    }
+    for (name, c) in &journal.credentials {
+        tx.execute(
+            "INSERT INTO credentials (name, kind, spec, bindings, approve_every_use, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0)
+             ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, spec = excluded.spec,
+                 bindings = excluded.bindings, approve_every_use = excluded.approve_every_use",
+            params![
+                name,
+                c["kind"].as_str().unwrap_or_default(),
+                c["spec"].to_string(),
+                c["bindings"].to_string(),
+                c["approve_every_use"].as_bool().unwrap_or(false)
+            ],
+        )?;
+    }
+    tx.commit()?;
+    Ok(changed)
+}

@@ -1,0 +1,124 @@
+//! The tables that grant authority, edited behind the journal's back by a process of the same
+//! user with write access to the database file: `audit verify` names the table and row, the
+//! gateway's store refuses to open, a running writer raises the alarm within its watch
+//! interval, `rederive` rebuilds the tables from the verified journal; and deleting the
+//! `.lock` file does not let a second writer in.
+
+use crate::support::*;
+use postern_core::Actor;
+use postern_store::{CredentialRecord, Finding, SessionStart, Store, StoreError, audit::verify};
+use serde_json::json;
+
+/// A journal with one of everything that grants authority: a locked vault, a credential, an
+/// agent token, an authorized agent run, an allowlisted actor.
+fn granted() -> Fixture {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let credential = CredentialRecord {
+        name: "pay".into(),
+        kind: "bearer".into(),
+        spec: json!({ "idempotency_header": null }),
+        bindings: json!([{ "host": "pay.example", "port": null, "path_prefix": "/" }]),
+        approve_every_use: true,
+        created_at: 1,
+    };
+    store.put_credential(credential, at(1)).unwrap();
+    store.add_agent("ci", &"ab".repeat(32), at(2)).unwrap();
+    let s = session(3);
+    let start = SessionStart {
+        id: s,
+        actor: Actor::process("/usr/bin/agent", "abc"),
+        pid: Some(7),
+        process_start: Some(1),
+        transport: "stdio".into(),
+        client: None,
+        at: at(3),
+    };
+    store.start_session(start).unwrap();
+    store.set_session_standing(s, true, "reviewer", json!({}), at(4)).unwrap();
+    store.set_allowlisted("process:/usr/bin/agent@sha256:abc", true, "reviewer", at(5)).unwrap();
+    store.set_locked(true, json!({ "by": "reviewer" }), at(6)).unwrap();
+    fx
+}
+
+/// Each edit an attacker would make, and the table it must be named by.
+const EDITS: &[(&str, &str)] = &[
+    ("UPDATE vault_state SET locked = 0", "vault_state"),
+    (
+        "UPDATE credentials SET bindings = '[{\"host\":\"evil.example\",\"port\":null,\"path_prefix\":\"/\"}]'",
+        "credentials",
+    ),
+    ("UPDATE credentials SET approve_every_use = 0", "credentials"),
+    ("INSERT INTO agents (name, token_sha256, created_at) VALUES ('mine', 'cd', 9)", "agents"),
+    ("UPDATE agents SET revoked_at = NULL, token_sha256 = 'ef'", "agents"),
+    ("UPDATE session_grants SET standing = 'authorized' WHERE 0; DELETE FROM session_grants", "session_grants"),
+    ("INSERT INTO allowlist (actor, added_by, added_at) VALUES ('process:/tmp/evil@sha256:00', 'x', 9)", "allowlist"),
+];
+
+#[test]
+fn every_authority_table_edited_behind_the_journal_is_named_and_refused_until_rederived() {
+    for (sql, table) in EDITS {
+        let fx = granted();
+        assert!(verify(&fx.path, None, &mut |_, _| {}).unwrap().findings.is_empty(), "clean before {sql}");
+        same_user(&fx.path).execute_batch(sql).unwrap();
+        let found = verify(&fx.path, None, &mut |_, _| {}).unwrap().findings;
+        assert!(
+            found.iter().any(|f| matches!(f, Finding::AuthorityMismatch { table: t, .. } if t == table)),
+            "{sql}: {found:?}"
+        );
+        let refused = Store::open(&fx.path, at(100)).map(drop).unwrap_err();
+        assert!(
+            matches!(&refused, StoreError::AuthorityTampered(m) if m.iter().any(|m| m.table == *table)),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains(&format!("table `{table}`")), "{refused}");
+        let changed = Store::rederive_authority(&fx.path, at(200)).unwrap();
+        assert!(changed.iter().any(|m| m.table == *table), "{sql}: {changed:?}");
+        assert!(verify(&fx.path, None, &mut |_, _| {}).unwrap().findings.is_empty(), "{sql}: rebuilt");
+        let (store, _) = Store::open(&fx.path, at(300)).expect("opens again");
+        drop(store);
+        assert_eq!(journaled(&fx.path, "authority_rederived"), 1, "the rebuild is journaled");
+    }
+}
+
+#[test]
+fn a_running_writer_raises_the_alarm_when_another_process_edits_authority() {
+    let fx = granted();
+    let store = fx.open();
+    assert!(store.authority_alarm().is_none());
+    same_user(&fx.path).execute_batch("UPDATE vault_state SET locked = 0").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let alarm = loop {
+        if let Some(alarm) = store.authority_alarm() {
+            break alarm;
+        }
+        assert!(std::time::Instant::now() < deadline, "no alarm");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(alarm[0].table, "vault_state", "{alarm:?}");
+    store.flush().unwrap();
+    assert_eq!(journaled(&fx.path, "authority_tampered"), 1, "the alarm is journaled, once");
+}
+
+#[test]
+fn deleting_the_lock_file_does_not_let_a_second_writer_in() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let mut lock = fx.path.as_os_str().to_owned();
+    lock.push(".lock");
+    std::fs::remove_file(&lock).unwrap();
+    let second = Store::open(&fx.path, at(1)).map(drop).unwrap_err();
+    assert!(matches!(second, StoreError::InUse { .. }), "{second}");
+    drop(store);
+}
+
+/// A plain connection to the database file, as any process of the same user can open.
+fn same_user(path: &std::path::Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    conn
+}
+
+fn journaled(path: &std::path::Path, event: &str) -> i64 {
+    same_user(path).query_row("SELECT count(*) FROM journal WHERE event = ?1", [event], |r| r.get(0)).unwrap()
+}
