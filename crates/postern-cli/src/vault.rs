@@ -99,6 +99,13 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     let secret = read_secret()?;
     vault.add_credential(&credential, &secret, now())?;
     eprintln!("stored credential {:?} in the OS keychain", credential.name);
+    for b in credential.bindings.iter().filter(|b| b.loopback_without_port()) {
+        eprintln!(
+            "warning: {} is a loopback address bound without a port: any program on this machine that listens \
+             on another port of it is sent this credential; bind HOST:PORT (e.g. 127.0.0.1:8080) instead",
+            b.host
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

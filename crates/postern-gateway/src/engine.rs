@@ -591,7 +591,20 @@ impl Engine {
                 )
                 .into());
             }
-            headers.push((name.to_ascii_lowercase(), value.as_str().unwrap_or_default().to_owned()));
+            let value = value.as_str().unwrap_or_default();
+            // Checked here, before anything is journaled: a header the HTTP stack would refuse
+            // must not become an execution that fails after `dispatched`.
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(field_error(&format!("/headers/{name}"), "not a valid HTTP header name".into()).into());
+            }
+            if reqwest::header::HeaderValue::from_str(value).is_err() {
+                return Err(field_error(
+                    &format!("/headers/{name}"),
+                    "not a valid HTTP header value (visible ASCII, no line breaks)".into(),
+                )
+                .into());
+            }
+            headers.push((name.to_ascii_lowercase(), value.to_owned()));
         }
         let bound: Vec<postern_vault::Credential> =
             self.vault.credentials()?.into_iter().filter(|c| c.allows(&url)).collect();

@@ -121,13 +121,28 @@ pub enum UnsafeTarget {
     LinkLocal(String),
 }
 
-/// Link-local addresses (where cloud metadata services live) and the 100.100.100.200-style
-/// metadata range.
+/// Link-local addresses (where cloud metadata services live), the 100.100.100.200-style metadata
+/// range, the IPv6 metadata endpoints (AWS `fd00:ec2::254`, GCP `fd20:ce::254`), and an IPv4
+/// link-local address embedded in IPv6 (v4-mapped, v4-compatible, NAT64 `64:ff9b::/96` and
+/// `64:ff9b:1::/48`, 6to4 `2002::/16`).
 pub fn is_link_local(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_link_local() || v4.octets()[..2] == [100, 100],
         IpAddr::V6(v6) => {
-            (v6.segments()[0] & 0xffc0) == 0xfe80 || v6.to_ipv4_mapped().is_some_and(|v4| is_link_local(IpAddr::V4(v4)))
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                is_link_local(IpAddr::V4(std::net::Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo))))
+            };
+            (s[0] & 0xffc0) == 0xfe80
+                || v6 == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
+                || v6 == std::net::Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)
+                || v6.to_ipv4_mapped().is_some_and(|v4| is_link_local(IpAddr::V4(v4)))
+                // v4-compatible (::a.b.c.d) and NAT64 (64:ff9b::a.b.c.d, 64:ff9b:1::/48).
+                || (s[..6] == [0; 6] && embedded(s[6], s[7]))
+                || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && embedded(s[6], s[7]))
+                || (s[..2] == [0x64, 0xff9b] && s[2] == 1 && embedded(s[6], s[7]))
+                // 6to4: 2002:a.b.c.d::/48
+                || (s[0] == 0x2002 && embedded(s[1], s[2]))
         }
     }
 }
@@ -386,8 +401,21 @@ mod tests {
         let err = allowed_addresses("rebind.example", vec![addr("169.254.169.254:0"), addr("100.100.100.200:0")])
             .unwrap_err();
         assert!(err.contains("rebind.example resolves only to link-local"), "{err}");
-        assert!(is_link_local("::ffff:169.254.1.1".parse().expect("ip")));
-        assert!(!is_link_local("127.0.0.1".parse().expect("ip")));
+        for metadata in [
+            "::ffff:169.254.1.1",
+            "fd00:ec2::254",
+            "fd20:ce::254",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a9fe:a9fe",
+            "::169.254.169.254",
+            "2002:a9fe:a9fe::1",
+            "64:ff9b::6464:64c8",
+        ] {
+            assert!(is_link_local(metadata.parse().expect("ip")), "{metadata}");
+        }
+        for fine in ["127.0.0.1", "::1", "64:ff9b::cb00:7107", "2002:cb00:7107::1", "fd00:ec2::253", "2001:db8::1"] {
+            assert!(!is_link_local(fine.parse().expect("ip")), "{fine}");
+        }
     }
 
     #[test]

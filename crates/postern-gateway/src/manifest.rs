@@ -278,6 +278,12 @@ impl Tool {
         if let Some(h) = spec.headers.keys().find(|h| RESERVED_HEADERS.contains(&h.to_ascii_lowercase().as_str())) {
             return Err(format!("header {h:?} cannot be set in a manifest (credentials come from the vault)"));
         }
+        if let Some((h, _)) = spec.headers.iter().find(|(h, v)| {
+            reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+                || reqwest::header::HeaderValue::from_str(v).is_err()
+        }) {
+            return Err(format!("header {h:?} is not a valid HTTP header name and value"));
+        }
         let input_schema = spec.input_schema.map(to_json).unwrap_or_else(|| serde_json::json!({"type": "object"}));
         let validator = jsonschema::validator_for(&input_schema)
             .map_err(|e| format!("input_schema is not a valid JSON Schema: {e}"))?;
@@ -497,6 +503,16 @@ impl Tool {
     /// Fills in the contract's defaults and checks the arguments against the schema. The error
     /// names the first failing field.
     pub fn validate_arguments(&self, arguments: &Value) -> Result<Value, ArgumentError> {
+        // A journal row holds the arguments a few levels down; JSON nested near the parser's
+        // limit (128) would be accepted here and unreadable there.
+        let depth = json_depth(arguments);
+        if depth > MAX_ARGUMENT_DEPTH {
+            return Err(ArgumentError {
+                tool: self.name.clone(),
+                field: "/".into(),
+                message: format!("arguments nest {depth} levels deep; at most {MAX_ARGUMENT_DEPTH} are accepted"),
+            });
+        }
         let mut args = match arguments {
             Value::Object(map) => map.clone(),
             Value::Null => serde_json::Map::new(),
@@ -568,6 +584,24 @@ impl Tool {
             body: body.map(|b| serde_json::to_vec(&b).unwrap_or_default()),
         })
     }
+}
+
+/// How deeply a call's arguments may nest.
+pub const MAX_ARGUMENT_DEPTH: usize = 64;
+
+/// Nesting depth of a JSON value (a scalar is 0), without recursion.
+fn json_depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|i| (i, d + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|i| (i, d + 1))),
+            _ => {}
+        }
+        deepest = deepest.max(d);
+    }
+    deepest
 }
 
 fn fill(template: &Value, arguments: &Value) -> Value {

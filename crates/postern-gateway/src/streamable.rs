@@ -159,6 +159,22 @@ pub fn loopback_origin(origin: &str) -> bool {
     })
 }
 
+/// A `Host` header naming this machine's loopback endpoint (any port).
+pub fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest
+            .split_once(']')
+            .map(|(h, port)| (h, port))
+            .filter(|(_, p)| p.is_empty() || p.starts_with(':'))
+            .map(|(h, _)| h),
+        None => Some(
+            host.rsplit_once(':')
+                .map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host }),
+        ),
+    };
+    matches!(name, Some("127.0.0.1" | "localhost" | "::1"))
+}
+
 async fn guard(
     State(guard): State<Guard>,
     ConnectInfo(conn): ConnectInfo<PeerConnection>,
@@ -172,6 +188,16 @@ async fn guard(
                 StatusCode::FORBIDDEN,
                 "origin_forbidden",
                 "requests from web pages on other hosts are refused (Origin is not a loopback address)",
+            );
+        }
+    }
+    // A foreign Host (DNS rebinding) is refused before the token is looked at, as Origin is.
+    if let Some(host) = request.headers().get(header::HOST) {
+        if !host.to_str().is_ok_and(loopback_host) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "host_forbidden",
+                "requests for other hosts are refused (Host is not a loopback address)",
             );
         }
     }
@@ -499,6 +525,19 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::loopback_origin;
+
+    #[test]
+    fn only_loopback_hosts_pass() {
+        use super::loopback_host;
+        for ok in ["127.0.0.1:7387", "localhost", "localhost:1", "[::1]:7387", "[::1]", "127.0.0.1"] {
+            assert!(loopback_host(ok), "{ok}");
+        }
+        for bad in
+            ["evil.example", "evil.example:7387", "127.0.0.1.evil.example", "[::2]:1", "localhost.evil:80", "::1"]
+        {
+            assert!(!loopback_host(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn only_loopback_origins_pass() {

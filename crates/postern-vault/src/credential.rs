@@ -58,6 +58,19 @@ impl Binding {
         Ok(Binding { host, path_prefix })
     }
 
+    /// A loopback host with no port: any program on this machine that listens on some other
+    /// port of it would be sent the credential (`vault add` warns).
+    pub fn loopback_without_port(&self) -> bool {
+        let port_pinned =
+            self.host.rsplit_once(':').is_some_and(|(_, p)| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+                && !self.host.ends_with(']');
+        let name = self.host.trim_start_matches('[').split(']').next().unwrap_or(&self.host);
+        let loopback = name == "localhost"
+            || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            || self.host.starts_with("127.");
+        loopback && !port_pinned
+    }
+
     /// Whether `url` is inside this binding: same host (and port, if pinned), and a path equal to
     /// the prefix or below it at a `/` boundary (`/v1` matches `/v1/x`, not `/v10`).
     pub fn allows(&self, url: &url::Url) -> bool {
@@ -247,5 +260,21 @@ mod tests {
             reads_have_effects: true,
         };
         assert_eq!(Credential::from_record(&c.to_record(5)).expect("parse"), c);
+    }
+
+    #[test]
+    fn a_loopback_binding_without_a_port_is_flagged() {
+        for (host, flagged) in [
+            ("127.0.0.1", true),
+            ("localhost", true),
+            ("[::1]", true),
+            ("127.0.0.2", true),
+            ("127.0.0.1:8080", false),
+            ("localhost:3000", false),
+            ("[::1]:9", false),
+            ("api.example", false),
+        ] {
+            assert_eq!(Binding::new(host, None).unwrap().loopback_without_port(), flagged, "{host}");
+        }
     }
 }

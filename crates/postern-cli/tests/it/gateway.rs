@@ -550,6 +550,17 @@ fn http_refuses_foreign_origins_hosts_and_tokens() {
         ),
     );
     assert_eq!(host, 403);
+    // And without a token: refused as a foreign Host (403), before the token is looked at (401).
+    let (host, reply) = raw_http(
+        &addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: evil.example:80\r\nContent-Type: application/json\r\nAccept: \
+             application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert_eq!(host, 403, "{reply}");
+    assert!(reply.contains("host_forbidden"), "{reply}");
 
     // Revoked while the gateway runs (through its control socket): refused at once.
     let run = gw.postern(&["agents", "revoke", "ci"]);

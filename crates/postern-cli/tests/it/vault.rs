@@ -132,3 +132,23 @@ fn a_signed_checkpoint_is_checked_against_the_trusted_key_without_the_keychain()
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("signature does not match the checkpoint's contents"), "{}", run.stderr);
 }
+
+/// A loopback binding without a port sends the credential to any local listener: `vault add`
+/// says so and names the fix; with a port it is quiet.
+#[test]
+fn a_loopback_binding_without_a_port_is_warned_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Some(dir.path());
+    let bare =
+        postern_with(&["vault", "add", "local", "--kind", "bearer", "--host", "127.0.0.1"], d, Some("t0k\n"), &[]);
+    assert_eq!(bare.code, 0, "{}", bare.stderr);
+    assert!(bare.stderr.contains("warning: 127.0.0.1 is a loopback address bound without a port"), "{}", bare.stderr);
+    let pinned = postern_with(
+        &["vault", "add", "pinned", "--kind", "bearer", "--host", "127.0.0.1:8080"],
+        d,
+        Some("t0k\n"),
+        &[],
+    );
+    assert_eq!(pinned.code, 0, "{}", pinned.stderr);
+    assert!(!pinned.stderr.contains("warning"), "{}", pinned.stderr);
+}

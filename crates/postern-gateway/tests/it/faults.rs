@@ -408,3 +408,46 @@ async fn a_secret_in_a_url_or_header_is_journaled_nowhere() {
         }
     }
 }
+
+/// Arguments nested near JSON's parser limit would be journaled and then unreadable: they are
+/// refused before they become an execution, naming the limit; 60 levels still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_arguments_are_refused_before_acceptance() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let nested = |depth: usize| (0..depth).fold(json!(1), |inner, _| json!({ "n": inner }));
+    let url = format!("http://{addr}/v1/tickets");
+    let err = rig
+        .engine
+        .call(call("http_request", json!({ "method": "POST", "url": url, "body": nested(100) }), 1, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&err), "invalid_arguments");
+    assert!(err.to_string().contains("at most 64"), "{err}");
+    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    let ok = rig
+        .engine
+        .call(call("http_request", json!({ "method": "POST", "url": url, "body": nested(60) }), 1, 2))
+        .await
+        .unwrap();
+    assert_eq!(ok.state, ExecutionState::Completed);
+    let record = rig.store.view().execution(ok.execution_id).unwrap().expect("readable");
+    assert!(record.record["arguments"]["body"]["n"].is_object());
+}
+
+/// A header the HTTP stack would refuse is refused with the call, naming it, before the call
+/// becomes an execution (before, it was journaled `dispatched` and then failed as unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_header_is_refused_before_dispatch() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let url = format!("http://{addr}/v1/tickets");
+    for (name, value) in [("X-Trace", "a\r\nInjected: 1"), ("Bad Name", "v"), ("X-Null", "a\u{0}b")] {
+        let args = json!({ "method": "POST", "url": url, "headers": { name: value }, "body": {} });
+        let err = rig.engine.call(call("http_request", args, 1, 1)).await.unwrap_err();
+        assert_eq!(postern_core::ErrorCode::code(&err), "invalid_arguments", "{name}: {err}");
+        assert!(err.to_string().contains(&format!("/headers/{name}")), "{err}");
+    }
+    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert!(rig.store.view().executions_page(&Default::default()).unwrap().is_empty(), "no execution");
+}
