@@ -162,11 +162,7 @@ pub fn loopback_origin(origin: &str) -> bool {
 /// A `Host` header naming this machine's loopback endpoint (any port).
 pub fn loopback_host(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
-        Some(rest) => rest
-            .split_once(']')
-            .map(|(h, port)| (h, port))
-            .filter(|(_, p)| p.is_empty() || p.starts_with(':'))
-            .map(|(h, _)| h),
+        Some(rest) => rest.split_once(']').filter(|(_, p)| p.is_empty() || p.starts_with(':')).map(|(h, _)| h),
         None => Some(
             host.rsplit_once(':')
                 .map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host }),
