@@ -188,14 +188,14 @@ async fn guard(
         }
     }
     // A foreign Host (DNS rebinding) is refused before the token is looked at, as Origin is.
-    if let Some(host) = request.headers().get(header::HOST) {
-        if !host.to_str().is_ok_and(loopback_host) {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "host_forbidden",
-                "requests for other hosts are refused (Host is not a loopback address)",
-            );
-        }
+    if let Some(host) = request.headers().get(header::HOST)
+        && !host.to_str().is_ok_and(loopback_host)
+    {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "host_forbidden",
+            "requests for other hosts are refused (Host is not a loopback address)",
+        );
     }
     let token = request
         .headers()
