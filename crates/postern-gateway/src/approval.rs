@@ -349,7 +349,70 @@ pub fn when(ms: i64) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+/// Executables that run whatever they are given (interpreters, runtimes, shells) or host other
+/// programs (editors whose terminals and extensions run as them): allowlisting one by its hash
+/// would allow every script it ever runs.
+const GENERAL_PURPOSE: &[&str] = &[
+    "node",
+    "nodejs",
+    "deno",
+    "bun",
+    "python",
+    "python2",
+    "python3",
+    "pypy",
+    "pypy3",
+    "ruby",
+    "perl",
+    "php",
+    "java",
+    "lua",
+    "luajit",
+    "Rscript",
+    "julia",
+    "dotnet",
+    "pwsh",
+    "powershell",
+    "osascript",
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "fish",
+    "ksh",
+    "tcsh",
+    "csh",
+    "busybox",
+    "code",
+    "code-insiders",
+    "codium",
+    "cursor",
+    "windsurf",
+    "zed",
+    "vim",
+    "nvim",
+    "emacs",
+    "idea",
+    "pycharm",
+    "webstorm",
+    "electron",
+];
+
+/// Is `executable` an interpreter, runtime, shell or editor (see [`GENERAL_PURPOSE`])?
+pub fn runs_anything(executable: &str) -> bool {
+    let name = executable.rsplit('/').next().unwrap_or(executable);
+    // python3.12, node20, ruby3.3: the family name followed by a version.
+    let family = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    GENERAL_PURPOSE.contains(&name) || GENERAL_PURPOSE.contains(&family)
+}
+
 impl AuthorizationRequest {
+    /// "Always allow" is offered only for an agent that is a program of its own: never for an
+    /// interpreter, runtime, shell or editor, whose hash says nothing about what it runs.
+    pub fn offers_always(&self) -> bool {
+        self.agent.as_ref().is_some_and(|a| !runs_anything(&a.executable))
+    }
+
     pub fn presentation(&self) -> Presentation {
         let mut rows: Vec<(String, String)> = Vec::new();
         let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));
@@ -357,14 +420,18 @@ impl AuthorizationRequest {
             Ask::SessionAuthorization => (
                 "authorize an agent run",
                 Some("A new agent run wants to act through Postern.".to_owned()),
-                vec![
-                    choice('s', "allow this session"),
-                    PresentedChoice {
-                        needs_confirmation: true,
-                        ..choice('a', "always allow this agent (this executable hash)")
-                    },
-                    choice('d', "deny"),
-                ],
+                if self.offers_always() {
+                    vec![
+                        choice('s', "allow this session"),
+                        PresentedChoice {
+                            needs_confirmation: true,
+                            ..choice('a', "always allow this agent (this executable hash)")
+                        },
+                        choice('d', "deny"),
+                    ]
+                } else {
+                    vec![choice('s', "allow this session"), choice('d', "deny")]
+                },
             ),
             Ask::PerUse => {
                 ("approve this call", None, vec![choice('y', "approve this call only"), choice('d', "deny")])
@@ -382,6 +449,14 @@ impl AuthorizationRequest {
         match &self.agent {
             Some(a) => {
                 row("agent", a.executable.clone());
+                if runs_anything(&a.executable) {
+                    row(
+                        "note",
+                        "this is an interpreter, runtime, shell or editor: it runs whatever script it is given, \
+                         so \"always allow\" is not offered (its hash would allow all of them)"
+                            .into(),
+                    );
+                }
                 if !a.sha256.is_empty() {
                     row("sha256", a.sha256.clone());
                 }
@@ -413,7 +488,9 @@ impl AuthorizationRequest {
     pub fn verdict(&self, key: Option<char>, by: &str) -> Authorization {
         let (allowed, grant, reason) = match (self.ask, key) {
             (Ask::SessionAuthorization, Some('s')) => (true, Some(Grant::Session), "allowed this session"),
-            (Ask::SessionAuthorization, Some('a')) => (true, Some(Grant::Always), "always allow this agent"),
+            (Ask::SessionAuthorization, Some('a')) if self.offers_always() => {
+                (true, Some(Grant::Always), "always allow this agent")
+            }
             (Ask::PerUse, Some('y')) => (true, None, "approved this call"),
             (_, Some(_)) => (false, None, "denied by the reviewer"),
             (_, None) => (false, None, "not answered"),
@@ -606,7 +683,22 @@ mod tests {
         }
         let client = &shown.rows.iter().find(|(l, _)| l == "client").expect("client").1;
         assert!(client.starts_with("claude\\r\\u{1b}[2Kagent␠×8/usr/bin/trusted"), "{client}");
-        let always = shown.choices.iter().find(|c| c.key == 'a').expect("always");
+        assert!(shown.choices.iter().all(|c| c.key != 'a'), "node runs anything: no 'always'");
+        assert!(shown.rows.iter().any(|(l, v)| l == "note" && v.contains("interpreter")), "{:?}", shown.rows);
+        assert!(!request.verdict(Some('a'), "t").allowed, "an 'a' that was not offered grants nothing");
+        let own = AuthorizationRequest {
+            agent: request.agent.clone().map(|a| AgentRun { executable: "/opt/agent/bin/claude".into(), ..a }),
+            ..request.clone()
+        };
+        let always = own.presentation().choices.into_iter().find(|c| c.key == 'a').expect("always for a program");
         assert!(always.needs_confirmation, "a permanent answer needs a second step");
+        for runtime in
+            ["/usr/bin/node", "/usr/local/bin/python3.12", "/usr/bin/bash", "/snap/bin/code", "/usr/bin/nvim"]
+        {
+            assert!(runs_anything(runtime), "{runtime}");
+        }
+        for program in ["/opt/agent/bin/claude", "/usr/local/bin/aider-rs", "/usr/bin/goose", "/usr/bin/codex"] {
+            assert!(!runs_anything(program), "{program}");
+        }
     }
 }

@@ -89,24 +89,41 @@ fn is_launcher(path: &Path) -> bool {
     path.file_name().and_then(|n| n.to_str()).is_some_and(|n| LAUNCHERS.contains(&n))
 }
 
-/// Hashes executables once per (path, size, mtime): an agent binary can be 100 MB.
+/// What identifies one version of a file for the hash cache: path, device and inode, size,
+/// and modification *and* change times to the nanosecond. `mtime` can be set back by anyone who
+/// can write the file (`touch -d`); `ctime` cannot, and moves on every write or replacement.
+type FileVersion = (PathBuf, u64, u64, u64, (i64, i64), (i64, i64));
+
+/// Hashes executables once per file version: an agent binary can be 100 MB.
 #[derive(Debug, Default)]
 pub struct ExecutableHashes {
-    cache: Mutex<HashMap<(PathBuf, u64, i64), String>>,
+    cache: Mutex<HashMap<FileVersion, String>>,
 }
 
 impl ExecutableHashes {
     /// SHA-256 of the file the process runs, read through `/proc/<pid>/exe` (the inode the
     /// process actually executes, even if the path was replaced since).
     fn sha256(&self, pid: u32, path: &Path) -> Option<String> {
+        self.hash_file(Path::new(&format!("/proc/{pid}/exe")), path)
+    }
+
+    /// SHA-256 of `file`, cached under `path` and the file's version.
+    fn hash_file(&self, file: &Path, path: &Path) -> Option<String> {
         use std::os::unix::fs::MetadataExt;
-        let proc_exe = format!("/proc/{pid}/exe");
-        let meta = std::fs::metadata(&proc_exe).ok()?;
-        let key = (path.to_path_buf(), meta.size(), meta.mtime());
+        let proc_exe = file;
+        let meta = std::fs::metadata(proc_exe).ok()?;
+        let key = (
+            path.to_path_buf(),
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            (meta.mtime(), meta.mtime_nsec()),
+            (meta.ctime(), meta.ctime_nsec()),
+        );
         if let Some(hash) = self.cache.lock().ok()?.get(&key) {
             return Some(hash.clone());
         }
-        let mut file = std::fs::File::open(&proc_exe).ok()?;
+        let mut file = std::fs::File::open(proc_exe).ok()?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];
         loop {
@@ -241,6 +258,25 @@ fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An executable replaced in place with the same size and its old mtime set back (what
+    /// `touch -d` allows anyone who can write it) is hashed again: its ctime moved.
+    #[test]
+    fn a_replaced_executable_with_its_old_size_and_mtime_is_hashed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("agent");
+        std::fs::write(&exe, b"version A").unwrap();
+        let mtime = std::fs::metadata(&exe).unwrap().modified().unwrap();
+        let hashes = ExecutableHashes::default();
+        let first = hashes.hash_file(&exe, &exe).expect("hashed");
+        assert_eq!(hashes.hash_file(&exe, &exe).expect("cached"), first);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&exe, b"version B").unwrap();
+        std::fs::File::options().write(true).open(&exe).unwrap().set_modified(mtime).unwrap();
+        assert_eq!(std::fs::metadata(&exe).unwrap().modified().unwrap(), mtime, "mtime set back");
+        let second = hashes.hash_file(&exe, &exe).expect("hashed");
+        assert_ne!(second, first, "the replaced file is hashed again, not taken from the cache");
+    }
 
     #[test]
     fn this_process_is_described_by_its_own_executable() {
