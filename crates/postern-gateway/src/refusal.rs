@@ -3,16 +3,20 @@
 //! exist, an HTTP path other than `/mcp` — are refused, and each refusal is journaled
 //! (`request_refused` on the vault stream) as evidence of a possible self-approval attempt.
 //!
-//! Journaling is budgeted per minute, so an agent cannot grow the journal without bound by
-//! trying: beyond the budget refusals are counted, and the count goes into the next row.
+//! Journaling is budgeted per minute and per peer, so an agent cannot grow the journal without
+//! bound by trying, nor hide another peer's real attempt behind its own junk: beyond its budget
+//! a peer's refusals are counted, and the count goes into its next row.
 
 use crate::engine::Clock;
 use postern_store::Store;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 
-/// Rows journaled per minute at most; the rest are counted.
+/// Rows journaled per minute for one peer at most; the rest are counted.
 pub const REFUSALS_PER_MINUTE: u32 = 30;
+
+/// Rows journaled per minute for all peers together at most (many peers cannot flood it either).
+pub const REFUSALS_PER_MINUTE_IN_ALL: u32 = 300;
 
 /// Words that make a refused request look like an attempt to approve, authorize or unlock.
 const APPROVAL_WORDS: [&str; 8] = ["approv", "authoriz", "unlock", "grant", "allow", "review", "consent", "confirm"];
@@ -37,8 +41,17 @@ pub struct Refused {
 #[derive(Debug, Default)]
 struct Budget {
     minute: i64,
+    /// Per peer: rows journaled this minute, refusals counted since its last row.
+    peers: std::collections::HashMap<String, (u32, u64)>,
     used: u32,
-    suppressed: u64,
+}
+
+/// Who a refusal is budgeted to: the actor if known, else the executable, else the pid.
+fn peer_key(peer: &Value) -> String {
+    ["actor", "executable", "pid"]
+        .iter()
+        .find_map(|k| peer.get(*k).filter(|v| !v.is_null()).map(|v| format!("{k}:{v}")))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 pub struct Refusals {
@@ -59,8 +72,8 @@ impl Refusals {
     }
 
     /// Journals `refused` (a synchronous store write: call it off the async workers), unless
-    /// this minute's budget is spent.
-    pub fn record(&self, refused: Refused) {
+    /// this minute's budget is spent; the row written, if one was.
+    pub fn record(&self, refused: Refused) -> Option<postern_store::JournalEntry> {
         let now = (self.clock)();
         let suppressed = {
             let mut b = self.budget.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -68,13 +81,20 @@ impl Refusals {
             if b.minute != minute {
                 b.minute = minute;
                 b.used = 0;
+                // Counts carry over (they go into the peer's next row); this minute's rows reset.
+                b.peers.retain(|_, (_, counted)| *counted > 0);
+                b.peers.values_mut().for_each(|(rows, _)| *rows = 0);
             }
-            if b.used >= REFUSALS_PER_MINUTE {
-                b.suppressed += 1;
-                return;
+            let over_all = b.used >= REFUSALS_PER_MINUTE_IN_ALL;
+            let entry = b.peers.entry(peer_key(&refused.peer)).or_default();
+            if over_all || entry.0 >= REFUSALS_PER_MINUTE {
+                entry.1 += 1;
+                return None;
             }
+            entry.0 += 1;
+            let counted = std::mem::take(&mut entry.1);
             b.used += 1;
-            std::mem::take(&mut b.suppressed)
+            counted
         };
         let attempted: String = refused.attempted.chars().take(200).collect();
         let detail = json!({
@@ -86,16 +106,20 @@ impl Refusals {
             "reason": "not offered here: approvals, unlocking and session grants are only answered in the approver \
                        (the desktop app's dialogs or `postern serve --approver terminal`)",
         });
-        if let Err(e) = self.store.refusal(detail, now) {
-            tracing::warn!(error = %e, "could not journal a refused request");
-        }
         tracing::warn!(interface = refused.interface, attempted = %attempted, "refused a request Postern does not offer");
+        match self.store.refusal(detail, now) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not journal a refused request");
+                None
+            }
+        }
     }
 
     /// [`Refusals::record`] from async code.
     pub async fn record_async(self: &Arc<Self>, refused: Refused) {
         let me = Arc::clone(self);
-        let _ = tokio::task::spawn_blocking(move || me.record(refused)).await;
+        let _ = tokio::task::spawn_blocking(move || drop(me.record(refused))).await;
     }
 }
 
@@ -113,6 +137,43 @@ pub fn local_peer(pid: Option<u32>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One peer spamming refusals spends its own budget only: another peer's attempt in the same
+    /// minute is still journaled, and the spammer's excess is counted into its next row.
+    #[test]
+    fn the_refusal_budget_is_per_peer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(&dir.path().join("postern.db"), postern_core::Timestamp::from_millis(1)).unwrap();
+        let store = Arc::new(store);
+        let minute = Arc::new(std::sync::atomic::AtomicI64::new(60_000));
+        let clock: Clock = {
+            let minute = Arc::clone(&minute);
+            Arc::new(move || postern_core::Timestamp::from_millis(minute.load(std::sync::atomic::Ordering::SeqCst)))
+        };
+        let refusals = Refusals::new(Arc::clone(&store), clock);
+        let refused = |actor: &str| Refused {
+            interface: "control_socket",
+            attempted: "approve".into(),
+            peer: json!({ "actor": actor }),
+        };
+        let mut rows: Vec<(String, i64)> = Vec::new();
+        let mut record = |actor: &str| {
+            if let Some(e) = refusals.record(refused(actor)) {
+                let d = &e.row.detail;
+                rows.push((d["peer"]["actor"].as_str().unwrap().to_owned(), d["suppressed_before"].as_i64().unwrap()));
+            }
+        };
+        for _ in 0..100 {
+            record("agent:spammer");
+        }
+        record("agent:quiet");
+        minute.store(120_000, std::sync::atomic::Ordering::SeqCst);
+        record("agent:spammer");
+        let spam = rows.iter().filter(|(a, _)| a == "agent:spammer").count();
+        assert_eq!(spam, REFUSALS_PER_MINUTE as usize + 1, "{rows:?}");
+        assert!(rows.iter().any(|(a, _)| a == "agent:quiet"), "the quiet peer's attempt is on record");
+        assert_eq!(rows.last().unwrap(), &("agent:spammer".to_owned(), 70), "the excess is counted");
+    }
 
     #[test]
     fn approval_shaped_names_are_recognised() {

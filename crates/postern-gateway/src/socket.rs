@@ -217,13 +217,28 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
     );
     let pending = Arc::new(PendingResponses::default());
     let (read, write) = stream.into_split();
+    let write = Arc::new(tokio::sync::Mutex::new(Some(write)));
+    let flooded = {
+        let (refusals, peer) =
+            (Arc::clone(&gateway.refusals), crate::refusal::local_peer(caller.process.as_ref().map(|p| p.key.pid)));
+        move || {
+            let refused = crate::refusal::Refused {
+                interface: "mcp:stdio",
+                attempted: format!("more than {MAX_QUEUED_REJECTIONS} bad lines unread: connection closed"),
+                peer,
+            };
+            tokio::spawn(async move { refusals.record_async(refused).await });
+        }
+    };
     let transport = LineTransport {
         read: BufReader::new(read),
-        write: Arc::new(tokio::sync::Mutex::new(Some(write))),
+        rejections: rejection_writer(Arc::clone(&write)),
+        write,
         pending: Arc::clone(&pending),
         max: max_message_bytes,
         line: Vec::new(),
         seen: 0,
+        flooded: Some(Box::new(flooded)),
     };
     let handler = PosternMcp::for_connection(gateway, caller, Arc::clone(&pending));
     match handler.serve(transport).await {
@@ -240,11 +255,35 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
 struct LineTransport {
     read: BufReader<OwnedReadHalf>,
     write: Arc<tokio::sync::Mutex<Option<OwnedWriteHalf>>>,
+    /// Answers to bad input, written in order by one task per connection (bounded: a peer that
+    /// sends bad lines without reading the answers is disconnected, not given a task per line).
+    rejections: tokio::sync::mpsc::Sender<Rejection>,
     pending: Arc<PendingResponses>,
     max: usize,
     /// The line being read (kept across cancelled reads) and its length so far.
     line: Vec<u8>,
     seen: usize,
+    /// Journals (once) that this connection was closed for flooding bad input.
+    flooded: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Answers to bad input a connection may owe at once before it is closed for not reading them.
+pub const MAX_QUEUED_REJECTIONS: usize = 64;
+
+/// The one task that writes a connection's answers to bad input, in order; ends with the
+/// connection.
+fn rejection_writer(write: Arc<tokio::sync::Mutex<Option<OwnedWriteHalf>>>) -> tokio::sync::mpsc::Sender<Rejection> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Rejection>(MAX_QUEUED_REJECTIONS);
+    tokio::spawn(async move {
+        while let Some(r) = rx.recv().await {
+            let error = TxJsonRpcMessage::<RoleServer>::error(ErrorData::new(r.code, r.message, Some(r.data)), r.id);
+            if let Err(e) = write_line(&write, &error).await {
+                tracing::debug!(error = %e, "could not send an error response");
+                return;
+            }
+        }
+    });
+    tx
 }
 
 impl Drop for LineTransport {
@@ -326,16 +365,19 @@ impl LineTransport {
         }
     }
 
-    /// Answers bad input in a task of its own: the write must not be cut off half-way when
-    /// `receive` is cancelled, or the stream would carry a torn line.
-    fn reject(&self, r: Rejection) {
-        let write = Arc::clone(&self.write);
-        tokio::spawn(async move {
-            let error = TxJsonRpcMessage::<RoleServer>::error(ErrorData::new(r.code, r.message, Some(r.data)), r.id);
-            if let Err(e) = write_line(&write, &error).await {
-                tracing::debug!(error = %e, "could not send an error response");
-            }
-        });
+    /// Answers bad input through the connection's rejection writer (a task of its own: the
+    /// write must not be cut off half-way when `receive` is cancelled, or the stream would carry
+    /// a torn line). `false` if the peer already owes [`MAX_QUEUED_REJECTIONS`] unread answers:
+    /// the connection is then closed, and that is journaled once.
+    fn reject(&mut self, r: Rejection) -> bool {
+        if self.rejections.try_send(r).is_ok() {
+            return true;
+        }
+        tracing::warn!("a bridge connection sent bad input faster than it reads the answers; closing it");
+        if let Some(journal) = self.flooded.take() {
+            journal();
+        }
+        false
     }
 
     /// Parses the line read into a message, or says what to answer instead (`Ok(None)`: a
@@ -445,23 +487,32 @@ impl Transport<RoleServer> for LineTransport {
         loop {
             match self.read_line().await {
                 Ok(Line::Eof) | Err(_) => return None,
-                Ok(Line::Oversize(size)) => self.reject(Rejection {
-                    code: ErrorCode::INVALID_REQUEST,
-                    message: format!(
-                        "message of {size} bytes exceeds the gateway's limit of {} bytes (postern serve \
-                         --max-message-bytes)",
-                        self.max
-                    ),
-                    id: None,
-                    data: serde_json::json!({ "code": "message_too_large", "bytes": size, "limit": self.max }),
-                }),
+                Ok(Line::Oversize(size)) => {
+                    let rejection = Rejection {
+                        code: ErrorCode::INVALID_REQUEST,
+                        message: format!(
+                            "message of {size} bytes exceeds the gateway's limit of {} bytes (postern serve \
+                             --max-message-bytes)",
+                            self.max
+                        ),
+                        id: None,
+                        data: serde_json::json!({ "code": "message_too_large", "bytes": size, "limit": self.max }),
+                    };
+                    if !self.reject(rejection) {
+                        return None;
+                    }
+                }
                 Ok(Line::Complete) => {
                     let parsed = self.parse();
                     self.line.clear();
                     match parsed {
                         Ok(Some(message)) => return Some(message),
                         Ok(None) => {}
-                        Err(rejection) => self.reject(rejection),
+                        Err(rejection) => {
+                            if !self.reject(rejection) {
+                                return None;
+                            }
+                        }
                     }
                 }
             }

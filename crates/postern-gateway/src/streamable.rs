@@ -88,6 +88,44 @@ struct Guard {
     gateway: Arc<Gateway>,
     follow_ups: Arc<FollowUps>,
     max_message_bytes: usize,
+    sessions: Arc<AgentSessions>,
+}
+
+/// Most MCP sessions one agent token may hold open (a session idle for [`SESSION_IDLE`] no
+/// longer counts: rmcp has closed it by then).
+pub const MAX_SESSIONS_PER_AGENT: usize = 64;
+
+/// How long a session counts without a request (rmcp's own idle timeout is 5 minutes).
+const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(330);
+
+/// The MCP sessions each agent token holds, with when each was last used.
+#[derive(Debug, Default)]
+struct AgentSessions(
+    std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
+);
+
+impl AgentSessions {
+    /// Whether `agent` may open another session.
+    fn may_open(&self, agent: &str) -> bool {
+        let Ok(mut all) = self.0.lock() else { return false };
+        let open = all.entry(agent.to_owned()).or_default();
+        open.retain(|_, used| used.elapsed() < SESSION_IDLE);
+        open.len() < MAX_SESSIONS_PER_AGENT
+    }
+
+    fn used(&self, agent: &str, session: &str) {
+        if let Ok(mut all) = self.0.lock() {
+            all.entry(agent.to_owned()).or_default().insert(session.to_owned(), std::time::Instant::now());
+        }
+    }
+
+    fn ended(&self, agent: &str, session: &str) {
+        if let Ok(mut all) = self.0.lock()
+            && let Some(open) = all.get_mut(agent)
+        {
+            open.remove(session);
+        }
+    }
 }
 
 /// What the guard needs to know of a client's message: its id, its method, the tool a
@@ -238,6 +276,25 @@ async fn guard(
     // has not handed over yet), a call of the same tool may repeat a call whose answer was lost,
     // and a cancellation withdraws its request (the client discards that answer).
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let agent_name = agent.name.clone();
+    match &session {
+        Some(s) if request.method() == axum::http::Method::DELETE => guard.sessions.ended(&agent_name, s),
+        Some(s) => guard.sessions.used(&agent_name, s),
+        None if request.method() == axum::http::Method::POST && !guard.sessions.may_open(&agent_name) => {
+            let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
+            let attempted = format!("a new MCP session beyond {MAX_SESSIONS_PER_AGENT} open for this token");
+            guard.gateway.refusals.record_async(crate::refusal::Refused { interface: "http", attempted, peer }).await;
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_sessions",
+                &format!(
+                    "this agent token already holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
+                     (DELETE /mcp with its Mcp-Session-Id) or let one sit idle for 5 minutes"
+                ),
+            );
+        }
+        None => {}
+    }
     let mut answers = None;
     let mut priming = None;
     if request.method() == axum::http::Method::POST {
@@ -285,8 +342,13 @@ async fn guard(
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone() });
     let response = next.run(request).await;
     // A new session's id comes back on the response to `initialize`.
-    let session =
-        session.or_else(|| response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned));
+    let session = session.or_else(|| {
+        let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if let Some(new) = &new {
+            guard.sessions.used(&agent_name, new);
+        }
+        new
+    });
     let streamed = response.status() == StatusCode::OK
         && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let follow_up = session.map(|session| FollowUp {
@@ -465,7 +527,12 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         Arc::new(sessions),
         config,
     );
-    let state = Guard { gateway, follow_ups: Arc::new(FollowUps::default()), max_message_bytes };
+    let state = Guard {
+        gateway,
+        follow_ups: Arc::new(FollowUps::default()),
+        max_message_bytes,
+        sessions: Arc::new(AgentSessions::default()),
+    };
     let refusals = Arc::clone(&state.gateway.refusals);
     Router::new()
         .nest_service("/mcp", service)

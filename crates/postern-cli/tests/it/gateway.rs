@@ -1070,3 +1070,78 @@ fn an_authority_table_edited_behind_the_journal_stops_the_gateway_granting() {
     let verify = gw.postern(&["audit", "verify"]);
     assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
 }
+
+/// A bridge connection that sends bad lines without reading the answers owes them up to a bound,
+/// then is closed (no task per bad line piles up), journaled once; other agents are served.
+#[test]
+fn a_connection_flooding_bad_input_is_closed_and_journaled_once() {
+    use std::io::Write;
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let path = postern_gateway::socket::socket_path(gw.path());
+    let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+    stream.set_write_timeout(Some(LONG)).unwrap();
+    let junk = b"this is not JSON-RPC\n".repeat(1000);
+    let mut sent = 0;
+    let closed = loop {
+        match stream.write_all(&junk) {
+            Ok(()) => sent += 1000,
+            Err(e) => break e,
+        }
+        assert!(sent < 2_000_000, "the gateway never closed a connection that does not read its answers");
+    };
+    assert!(matches!(closed.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset), "{closed}");
+    let refusals = || -> i64 {
+        rusqlite::Connection::open(gw.path().join("postern.db"))
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM journal WHERE event = 'request_refused' AND body LIKE '%bad lines unread%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    eventually("the refusal in the journal", LONG, || (refusals() > 0).then_some(()));
+    assert_eq!(refusals(), 1, "journaled once");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let read = agent.call_and_wait("read", "balance", json!({}));
+    assert_eq!(read["ok"], true, "other agents are served: {read}");
+}
+
+/// One agent token cannot open MCP sessions without bound: beyond 64 open ones a new session is
+/// refused with 429 `too_many_sessions` (journaled); ending one makes room again.
+#[test]
+fn an_agent_token_holds_a_bounded_number_of_sessions() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let token = gw.add_agent("many");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let mut sessions = Vec::new();
+    for n in 0..postern_gateway::streamable::MAX_SESSIONS_PER_AGENT {
+        let (status, answer) = post_initialize(&addr, &auth);
+        assert_eq!(status, 200, "session {n}: {answer}");
+        let id = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("mcp-session-id: "))
+            .unwrap_or_else(|| panic!("no session id: {answer}"))
+            .trim()
+            .to_owned();
+        sessions.push(id);
+    }
+    let (status, answer) = post_initialize(&addr, &auth);
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains("too_many_sessions"), "{answer}");
+    let (deleted, answer) = raw_http(
+        &addr,
+        &format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Mcp-Session-Id: {}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+             Connection: close\r\n\r\n",
+            sessions[0]
+        ),
+    );
+    assert!(deleted < 300, "{answer}");
+    let (status, answer) = post_initialize(&addr, &auth);
+    assert_eq!(status, 200, "room again after one ended: {answer}");
+}
