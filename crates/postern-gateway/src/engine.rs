@@ -247,6 +247,17 @@ pub enum EngineError {
     Vault(#[from] VaultError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(
+        "Postern did not contact SSH host {host:?} (its key is not pinned yet, and pinning means logging in): {reason}; \
+         nothing was sent. {}",
+        match *reason {
+            "vault_locked" => "Unlock the vault in the approver first.",
+            "approve_every_use_needs_a_pinned_key" => "A host that needs approval for every use must have its key pinned \
+                 before any call: add it again with `postern vault add-ssh --host-key-policy strict --host-key …`.",
+            _ => "This agent run may not act any more.",
+        }
+    )]
+    FirstContactRefused { host: String, reason: &'static str },
     #[error(transparent)]
     Ssh(#[from] crate::ssh::SshError),
     #[error("the engine's worker failed: {0}")]
@@ -275,6 +286,7 @@ impl ErrorCode for EngineError {
             EngineError::UnsafeTarget(_) => "unsafe_target",
             EngineError::Vault(e) => e.code(),
             EngineError::Store(e) => e.code(),
+            EngineError::FirstContactRefused { .. } => "first_contact_refused",
             EngineError::Ssh(e) => e.code(),
             EngineError::Internal(_) => "internal_error",
             EngineError::Joined { code, .. } => code,
@@ -677,6 +689,19 @@ impl Engine {
         if let Some(plan) = &mut p.ssh
             && plan.host.host_key_fingerprint.is_none()
         {
+            // The first contact with an `accept-new` host logs in (to pin the key the record
+            // names) before the call becomes an execution: the rungs that need no person are
+            // decided first, and a host that needs a reviewer for every use is not logged into
+            // before one has approved anything.
+            if let Some(reason) = self.recovery_blocked(&call)? {
+                return Err(EngineError::FirstContactRefused { host: plan.host.name.clone(), reason });
+            }
+            if plan.host.approve_every_use {
+                return Err(EngineError::FirstContactRefused {
+                    host: plan.host.name.clone(),
+                    reason: "approve_every_use_needs_a_pinned_key",
+                });
+            }
             self.pin_first_key(plan).await?;
         }
         let new = self.admission(&p, &call, arguments)?;
@@ -876,6 +901,21 @@ impl Engine {
         decision: RetryDecision,
     ) -> Result<CallOutcome, EngineError> {
         let name = decision.name();
+        // A recovery that would send again (continue a prior that sent nothing, re-send with the
+        // same key, ask the status endpoint, read the marker and run) is an action like any other:
+        // a locked vault or a revoked run stops it, as the ladder stops a new call.
+        let sends = matches!(decision, RetryDecision::VerifyPrior { .. })
+            || (matches!(decision, RetryDecision::ContinuePrior { .. }) && state != ExecutionState::Accepted);
+        if sends && let Some(reason) = self.recovery_blocked(call)? {
+            let detail = json!({ "reason": reason, "not_resent": true, "decision": name });
+            if state == ExecutionState::Authorized {
+                // Nothing was ever sent for it: it ends here, as a new call would.
+                self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
+                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, true, name, None, detail));
+            }
+            self.note(id, "recovery_refused", detail.clone()).await?;
+            return Ok(self.outcome(id, state, true, name, None, detail));
+        }
         match decision {
             RetryDecision::NewExecution => Err(EngineError::Internal("a match cannot decide new_execution".into())),
             RetryDecision::ContinuePrior { .. } => match state {
@@ -909,6 +949,20 @@ impl Engine {
                 self.review(id, state, why, name).await
             }
         }
+    }
+
+    /// Why a recovery may not send anything now: the vault is locked, or the calling run was
+    /// revoked.
+    fn recovery_blocked(&self, call: &Call) -> Result<Option<&'static str>, EngineError> {
+        if self.vault.is_locked()? {
+            return Ok(Some("vault_locked"));
+        }
+        if let Some(session) = call.session
+            && self.store.view().session_standing(session)? == Some(false)
+        {
+            return Ok(Some("run_revoked_or_ended"));
+        }
+        Ok(None)
     }
 
     /// Retry review (design §6): the person behind the approver is shown the original record

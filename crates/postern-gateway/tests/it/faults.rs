@@ -451,3 +451,27 @@ async fn an_invalid_header_is_refused_before_dispatch() {
     assert_eq!(target.requests.load(Ordering::SeqCst), 0);
     assert!(rig.store.view().executions_page(&Default::default()).unwrap().is_empty(), "no execution");
 }
+
+/// A recovery is an action like any other: with the vault locked, a retry of an unknown outcome
+/// re-sends nothing (not even with the same key) and says why, journaled as `recovery_refused`;
+/// once unlocked, the same retry recovers it with one payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_vault_stops_a_recovery_from_sending_again() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
+    let sent = target.requests.load(Ordering::SeqCst);
+    rig.vault.lock("test", postern_core::Timestamp::from_millis(10)).unwrap();
+    let locked = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 2)).await.unwrap();
+    assert_eq!((locked.execution_id, locked.state), (first.execution_id, ExecutionState::OutcomeUnknown));
+    assert_eq!(locked.detail["reason"], "vault_locked", "{locked:?}");
+    assert_eq!(target.requests.load(Ordering::SeqCst), sent, "nothing re-sent while locked");
+    assert!(events(&rig, first.execution_id).contains(&"recovery_refused".to_owned()));
+    rig.vault.unlock("test", postern_core::Timestamp::from_millis(20)).unwrap();
+    let recovered = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 3)).await.unwrap();
+    assert_eq!((recovered.execution_id, recovered.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "one payment");
+}

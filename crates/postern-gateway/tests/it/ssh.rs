@@ -545,3 +545,27 @@ async fn a_secret_argument_in_an_ssh_command_is_journaled_nowhere() {
         assert!(!bytes.windows(20).any(|w| w == &TOKEN.as_bytes()[..20]), "the token in {}", path.display());
     }
 }
+
+/// The first contact with an `accept-new` host logs in to pin its key: the rungs that need no
+/// person are decided before that login (a locked vault contacts nobody), and a host that needs
+/// a reviewer for every use is never logged into before one approves (its key must be pinned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpinned_host_is_not_contacted_before_the_ladder_allows_it() {
+    let sshd = Sshd::start();
+    let r = ssh_rig();
+    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::AcceptNew, None);
+    r.rig.vault.lock("test", Timestamp::from_millis(5)).unwrap();
+    let err = r.engine.call(exec("box", "echo hi")).await.unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&err), "first_contact_refused", "{err}");
+    assert!(err.to_string().contains("vault_locked"), "{err}");
+    assert_eq!(r.rig.vault.ssh_host("box").unwrap().host_key, None, "not logged into, not pinned");
+    r.rig.vault.unlock("test", Timestamp::from_millis(6)).unwrap();
+    r.rig.vault.set_approve_every_use("box", true, Timestamp::from_millis(7)).unwrap();
+    let err = r.engine.call(exec("box", "echo hi")).await.unwrap_err();
+    assert!(err.to_string().contains("approve_every_use_needs_a_pinned_key"), "{err}");
+    assert_eq!(r.rig.vault.ssh_host("box").unwrap().host_key, None);
+    r.rig.vault.set_approve_every_use("box", false, Timestamp::from_millis(8)).unwrap();
+    let out = r.engine.call(exec("box", "echo hi")).await.unwrap();
+    assert_eq!(out.ssh.unwrap().stdout, "hi\n", "with nothing in the way, the first contact pins and runs");
+    assert!(r.rig.vault.ssh_host("box").unwrap().host_key.is_some());
+}
