@@ -121,10 +121,9 @@ pub fn revoke(data_dir: &Path, id: postern_core::SessionId) -> Result<ExitCode, 
         Ok((store, _)) => {
             store.set_session_standing(id, false, "cli", serde_json::json!({}), now())?;
         }
-        Err(e) if crate::serve::held_by_gateway(&e) => crate::serve::via_gateway(
-            data_dir,
-            postern_gateway::control::ControlRequest::RevokeSession { id: id.to_string() },
-        )?,
+        Err(e) if crate::serve::held_by_gateway(&e) => {
+            crate::serve::via_gateway(data_dir, postern_gateway::control::ControlRequest::RevokeSession { id })?
+        }
         Err(e) => return Err(e.into()),
     }
     eprintln!("agent run {id} revoked: its calls are denied, and it is never authorized again");

@@ -260,7 +260,14 @@ pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
     let reply = runtime
         .block_on(postern_gateway::control::request_line(data_dir, line))
         .map_err(|e| anyhow!("the journal is held by a running gateway, and its control socket did not answer: {e}"))?;
-    Err(Failure { code: 1, error: anyhow!("{}", reply.message.unwrap_or_else(|| "the gateway refused".into())) })
+    match reply {
+        postern_gateway::control::ControlReply::Refused { message, .. } => {
+            Err(Failure { code: 1, error: anyhow!("{message}") })
+        }
+        postern_gateway::control::ControlReply::Done => {
+            Err(Failure { code: 1, error: anyhow!("the gateway carried out a request it should have refused") })
+        }
+    }
 }
 
 /// Sends a write command to the gateway that holds the journal (its control socket).
@@ -269,13 +276,15 @@ pub fn via_gateway(data_dir: &Path, request: postern_gateway::control::ControlRe
     let reply = runtime
         .block_on(postern_gateway::control::request(data_dir, &request))
         .map_err(|e| anyhow!("the journal is held by a running gateway, and its control socket did not answer: {e}"))?;
-    if reply.ok {
-        Ok(())
-    } else {
-        let code = match reply.code.as_deref() {
-            Some("unknown_agent" | "duplicate_agent" | "invalid_request") => 2,
-            _ => 1,
-        };
-        Err(Failure { code, error: anyhow!("{}", reply.message.unwrap_or_else(|| "the gateway refused".into())) })
+    use postern_gateway::control::{ControlCode, ControlReply};
+    match reply {
+        ControlReply::Done => Ok(()),
+        ControlReply::Refused { code, message } => {
+            let code = match code {
+                ControlCode::UnknownAgent | ControlCode::DuplicateAgent | ControlCode::InvalidRequest => 2,
+                _ => 1,
+            };
+            Err(Failure { code, error: anyhow!("{message}") })
+        }
     }
 }

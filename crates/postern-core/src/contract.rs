@@ -3,7 +3,7 @@
 //! Every side-effecting tool must carry one; a tool without one is refused when it is loaded,
 //! never guessed at when it is called.
 
-use crate::{ErrorCode, record::Channel};
+use crate::{ErrorCode, channel::Channel};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};

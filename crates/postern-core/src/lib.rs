@@ -5,6 +5,7 @@
 //! See `ARCHITECTURE.md` at the repository root for how the crates fit together.
 
 pub mod canonical;
+pub mod channel;
 pub mod contract;
 pub mod fingerprint;
 pub mod id;
@@ -15,6 +16,7 @@ pub mod retry;
 pub mod time;
 
 pub use canonical::{CanonicalError, canonical_bytes};
+pub use channel::Channel;
 pub use contract::{
     AttachWindow, ContractError, ReplayClass, ReplayContract, ScopePolicy, StatusQuery, effective_contract,
 };
@@ -23,7 +25,7 @@ pub use id::{ExecutionId, IdError, SessionId};
 pub use ladder::{LadderDecision, LadderInput, Rung, SessionStanding, decide_ladder};
 pub use lifecycle::{ExecutionState, IllegalTransition};
 pub use record::{
-    ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, HttpAction, IntentScope, RecordError, SshAction,
+    ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, RecordError, SshAction,
 };
 pub use retry::{IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry};
 pub use time::Timestamp;

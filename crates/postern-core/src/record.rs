@@ -7,38 +7,17 @@
 use crate::{
     ErrorCode,
     canonical::{CanonicalError, canonical_bytes},
+    channel::Channel,
     contract::ReplayContract,
     fingerprint::{Fingerprint, FingerprintKey},
     id::SessionId,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
 /// Version of the record layout; bumping it deliberately changes every fingerprint.
 pub const RECORD_VERSION: u32 = 1;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Channel {
-    Http,
-    Ssh,
-}
-
-impl Channel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Channel::Http => "http",
-            Channel::Ssh => "ssh",
-        }
-    }
-}
-
-impl fmt::Display for Channel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Who asked: derived from the kernel (process path + executable hash) or from an agent token,
 /// never from what the client claims about itself.

@@ -33,17 +33,80 @@ pub enum ControlRequest {
     #[serde(rename = "vault.lock")]
     LockVault { by: String },
     #[serde(rename = "sessions.revoke")]
-    RevokeSession { id: String },
+    RevokeSession { id: postern_core::SessionId },
 }
 
-/// The answer: `ok`, or a machine-readable code and a message.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ControlReply {
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+/// The operations the control socket offers, by their `op` tag. [`ControlRequest::op`] maps
+/// every request to one (an exhaustive match: a new request cannot be left out), and a test
+/// checks that the tags agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControlOp {
+    #[serde(rename = "agents.add")]
+    AddAgent,
+    #[serde(rename = "agents.revoke")]
+    RevokeAgent,
+    #[serde(rename = "vault.lock")]
+    LockVault,
+    #[serde(rename = "sessions.revoke")]
+    RevokeSession,
+}
+
+impl ControlOp {
+    /// Whether `op` names an operation the socket offers.
+    pub fn offered(op: &str) -> bool {
+        serde_json::from_value::<ControlOp>(serde_json::Value::String(op.to_owned())).is_ok()
+    }
+}
+
+impl ControlRequest {
+    pub fn op(&self) -> ControlOp {
+        match self {
+            ControlRequest::AddAgent { .. } => ControlOp::AddAgent,
+            ControlRequest::RevokeAgent { .. } => ControlOp::RevokeAgent,
+            ControlRequest::LockVault { .. } => ControlOp::LockVault,
+            ControlRequest::RevokeSession { .. } => ControlOp::RevokeSession,
+        }
+    }
+}
+
+/// Why a control request was not carried out, for the caller to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlCode {
+    /// Not something the socket offers (approvals, unlocking, grants): journaled.
+    NotOffered,
+    /// Not a well-formed request.
+    InvalidRequest,
+    UnknownAgent,
+    DuplicateAgent,
+    UnknownSession,
+    SessionRevoked,
+    /// The journal cannot take the write (disk full, I/O error, read-only).
+    JournalUnwritable,
+    /// Anything else; the message says what.
+    Failed,
+}
+
+impl ControlCode {
+    fn of(e: &postern_store::StoreError) -> ControlCode {
+        use postern_store::StoreError as E;
+        match e {
+            E::UnknownAgent(_) => ControlCode::UnknownAgent,
+            E::DuplicateAgent(_) => ControlCode::DuplicateAgent,
+            E::UnknownSession(_) => ControlCode::UnknownSession,
+            E::SessionRevoked(_) => ControlCode::SessionRevoked,
+            e if e.is_unwritable() => ControlCode::JournalUnwritable,
+            _ => ControlCode::Failed,
+        }
+    }
+}
+
+/// The answer: done, or refused with a code and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ControlReply {
+    Done,
+    Refused { code: ControlCode, message: String },
 }
 
 pub fn control_path(data_dir: &Path) -> PathBuf {
@@ -56,21 +119,17 @@ pub fn bind(data_dir: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
 }
 
 fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestamp) -> ControlReply {
-    use postern_core::ErrorCode as _;
     let done = match request {
         ControlRequest::AddAgent { name, token_sha256 } => store.add_agent(&name, &token_sha256, now).map(|_| ()),
         ControlRequest::RevokeAgent { name } => store.revoke_agent(&name, now).map(|_| ()),
         ControlRequest::LockVault { by } => store.set_locked(true, json!({ "by": by }), now).map(|_| ()),
-        ControlRequest::RevokeSession { id } => match id.parse::<postern_core::SessionId>() {
-            Ok(id) => store.set_session_standing(id, false, "cli", json!({}), now).map(|_| ()),
-            Err(e) => {
-                return ControlReply { ok: false, code: Some("invalid_request".into()), message: Some(e.to_string()) };
-            }
-        },
+        ControlRequest::RevokeSession { id } => {
+            store.set_session_standing(id, false, "cli", json!({}), now).map(|_| ())
+        }
     };
     match done {
-        Ok(()) => ControlReply { ok: true, code: None, message: None },
-        Err(e) => ControlReply { ok: false, code: Some(e.code().into()), message: Some(e.to_string()) },
+        Ok(()) => ControlReply::Done,
+        Err(e) => ControlReply::Refused { code: ControlCode::of(&e), message: e.to_string() },
     }
 }
 
@@ -103,11 +162,7 @@ pub async fn serve(
                         let store = Arc::clone(&store);
                         let now = clock();
                         tokio::task::spawn_blocking(move || apply(&store, request, now)).await.unwrap_or_else(|e| {
-                            ControlReply {
-                                ok: false,
-                                code: Some("internal_error".into()),
-                                message: Some(e.to_string()),
-                            }
+                            ControlReply::Refused { code: ControlCode::Failed, message: e.to_string() }
                         })
                     }
                     Err(e) => {
@@ -118,21 +173,19 @@ pub async fn serve(
                         let refused = Refused { interface: "control_socket", attempted, peer: peer.clone() };
                         refusals.record_async(refused).await;
                         match op {
-                            Some(op) if !KNOWN_OPS.contains(&op.as_str()) => ControlReply {
-                                ok: false,
-                                code: Some("not_offered".into()),
-                                message: Some(format!(
+                            Some(op) if !ControlOp::offered(&op) => ControlReply::Refused {
+                                code: ControlCode::NotOffered,
+                                message: format!(
                                     "{op:?} is not offered over the control socket: any process of this user can \
                                      reach it, so it can only add or revoke agents, revoke agent runs and lock the \
                                      vault. Approvals, unlocking and session grants are answered in the approver \
                                      (the desktop app, or `postern serve --approver terminal`). This attempt was \
                                      journaled."
-                                )),
+                                ),
                             },
-                            _ => ControlReply {
-                                ok: false,
-                                code: Some("invalid_request".into()),
-                                message: Some(format!("not a control request: {e}")),
+                            _ => ControlReply::Refused {
+                                code: ControlCode::InvalidRequest,
+                                message: format!("not a control request: {e}"),
                             },
                         }
                     }
@@ -146,9 +199,6 @@ pub async fn serve(
         });
     }
 }
-
-/// The operations the control socket offers (the `op` tags of [`ControlRequest`]).
-const KNOWN_OPS: [&str; 4] = ["agents.add", "agents.revoke", "vault.lock", "sessions.revoke"];
 
 /// The client side: sends one request to the gateway serving `data_dir`.
 pub async fn request(data_dir: &Path, request: &ControlRequest) -> std::io::Result<ControlReply> {
@@ -165,4 +215,31 @@ pub async fn request_line(data_dir: &Path, mut line: Vec<u8>) -> std::io::Result
     let mut answer = String::new();
     BufReader::new(read).read_line(&mut answer).await?;
     serde_json::from_str(&answer).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each request's `op` tag is the tag of its [`ControlOp`], so the offered list cannot drift
+    /// from the requests the socket understands.
+    #[test]
+    fn every_request_is_offered_under_its_own_tag() {
+        let session: postern_core::SessionId = "ses_01ARZ3NDEKTSV4RRFFQ69G5FAV".parse().unwrap();
+        for request in [
+            ControlRequest::AddAgent { name: "a".into(), token_sha256: "00".into() },
+            ControlRequest::RevokeAgent { name: "a".into() },
+            ControlRequest::LockVault { by: "cli".into() },
+            ControlRequest::RevokeSession { id: session },
+        ] {
+            let tag = serde_json::to_value(&request).unwrap()["op"].clone();
+            assert_eq!(tag, serde_json::to_value(request.op()).unwrap());
+            assert!(ControlOp::offered(tag.as_str().unwrap()));
+        }
+        for not in ["vault.unlock", "approvals.grant", "sessions.authorize", ""] {
+            assert!(!ControlOp::offered(not), "{not}");
+        }
+        // A malformed id is refused by the request's type, not passed along as text.
+        assert!(serde_json::from_str::<ControlRequest>(r#"{"op":"sessions.revoke","id":"nope"}"#).is_err());
+    }
 }

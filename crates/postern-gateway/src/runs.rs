@@ -261,8 +261,4 @@ impl AgentRuns {
             Err(_) => end(),
         }
     }
-
-    pub fn live_count(&self) -> usize {
-        self.live.lock().map(|l| l.len()).unwrap_or(0)
-    }
 }

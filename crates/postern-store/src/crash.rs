@@ -10,6 +10,8 @@ pub const ENABLED: bool = cfg!(feature = "failpoints");
 #[cfg(feature = "failpoints")]
 pub fn point(name: &str) {
     if fail::eval(name, |_| ()).is_some() {
+        // Printed, not logged: the process aborts on the next line, and only fault-test builds
+        // have crash points at all.
         eprintln!("postern: crash point {name} reached: aborting");
         std::process::abort();
     }

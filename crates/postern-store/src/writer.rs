@@ -570,7 +570,7 @@ impl Writer {
                     }
                     Responder::Detached => {
                         if let Err(e) = reply {
-                            eprintln!("postern: journaling a read-only execution failed: {e}");
+                            tracing::error!(error = %e, "journaling a read-only execution failed");
                         }
                     }
                 }
@@ -600,9 +600,10 @@ impl Writer {
             Err(_) => false,
         };
         if first {
-            eprintln!(
-                "postern: the authority tables were changed behind the journal's back; nothing is granted \
-                 until postern restarts on a journal that verifies"
+            tracing::error!(
+                differences = ?found.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "the authority tables were changed behind the journal's back; nothing is granted until postern \
+                 restarts on a journal that verifies"
             );
             let detail = json!({ "differences": found.iter().map(ToString::to_string).collect::<Vec<_>>() });
             let at = Timestamp::from_millis(
