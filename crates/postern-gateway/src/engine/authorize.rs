@@ -1,0 +1,285 @@
+//! The approval ladder in motion: the rungs decided by `postern-core`, the person asked when a
+//! rung says so (one question per run, joined by concurrent calls), every question and answer
+//! journaled.
+
+use super::*;
+
+impl Engine {
+    /// The approval ladder (design §6): the pure decision in `postern_core::decide_ladder`,
+    /// the approver asked only where it says so, one session-authorization question per run.
+    pub(super) async fn authorize(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        admitted: bool,
+        lead: Option<&Lead<'_>>,
+    ) -> Result<Authorization, EngineError> {
+        let decided = |allowed: bool, rung: Rung, reason: &str| Authorization {
+            allowed,
+            rung: rung.as_str().into(),
+            by: "postern".into(),
+            reason: reason.into(),
+            grant: None,
+            timed_out: false,
+        };
+        let mut decision = decide_ladder(self.ladder_input(p, call)?);
+        // One question per run: calls of a new run wait for the first one's answer, then see it.
+        let gate = match (decision, call.session) {
+            (LadderDecision::AskSessionAuthorization, Some(session)) => {
+                let mut gates = self.session_gates.lock().await;
+                Some(Arc::clone(gates.entry(session).or_default()))
+            }
+            _ => None,
+        };
+        let _held = match &gate {
+            Some(g) => {
+                let held = g.lock().await;
+                decision = decide_ladder(self.ladder_input(p, call)?);
+                Some(held)
+            }
+            None => None,
+        };
+        let ask = match decision {
+            LadderDecision::Deny { rung: rung @ Rung::VaultLocked } => {
+                return Ok(decided(false, rung, "the vault is locked"));
+            }
+            LadderDecision::Deny { rung } => {
+                return Ok(decided(
+                    false,
+                    rung,
+                    "this agent run was revoked or has ended; a new run must be authorized",
+                ));
+            }
+            LadderDecision::Run { rung: rung @ Rung::Allowlist } => {
+                // Recorded on the run, so the journal shows why nobody was asked.
+                if let Some(session) = call.session {
+                    self.grant_session(session, "allowlist", json!({ "actor": call.actor.as_str() })).await?;
+                }
+                return Ok(decided(true, rung, "this agent is on the allowlist"));
+            }
+            LadderDecision::Run { rung } => return Ok(decided(true, rung, "allowed")),
+            LadderDecision::AskPerUse => Ask::PerUse,
+            LadderDecision::AskSessionAuthorization => Ask::SessionAuthorization,
+        };
+        let body = match &p.ssh {
+            // For SSH the "body" is the command, where it runs, and as whom.
+            Some(plan) => {
+                Some(crate::approval::body_preview(ssh_shown(p, plan).as_bytes(), &p.secrets, BODY_PREVIEW_BYTES))
+            }
+            None => p.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES)),
+        };
+        let request = AuthorizationRequest {
+            ask,
+            execution_id: id,
+            session: call.session,
+            tool: p.tool.name.clone(),
+            actor: call.actor.as_str().to_owned(),
+            agent: self.agent_run(call)?,
+            method: p.method.clone(),
+            target: p.shown_url.clone(),
+            credential: credential_shown(p),
+            body_preview: body.as_ref().map(|(preview, _)| preview.clone()),
+            body_full: body.and_then(|(_, full)| full),
+            timeout_ms: self.approval_timeout.as_millis() as u64,
+            withdrawn: Withdrawal::default(),
+        };
+        let rung_asked = match ask {
+            Ask::PerUse => Rung::ApproveEveryUse,
+            Ask::SessionAuthorization => Rung::SessionAuthorization,
+        };
+        let verdict = if self.approver.may_block() {
+            // A person is asked: the question and the answer are records of their own (when the
+            // execution is already journaled; otherwise the `authorized`/`denied` row carries it).
+            if admitted {
+                self.note(
+                    id,
+                    "approval_requested",
+                    json!({ "ask": ask, "rung": rung_asked.as_str(), "shown": &request }),
+                )
+                .await?;
+            }
+            let approver = Arc::clone(&self.approver);
+            let asked = request.clone();
+            let (verdict, event) =
+                match self.ask_person(request.withdrawn.clone(), move || approver.authorize(&asked)).await? {
+                    Asked::Answered(v) if v.allowed => (v, "approval_granted"),
+                    // The approver's own clock ran out first.
+                    Asked::Answered(v) if v.timed_out => (v, "approval_timed_out"),
+                    Asked::Answered(v) => (v, "approval_denied"),
+                    Asked::TimedOut => (
+                        Authorization {
+                            allowed: false,
+                            rung: rung_asked.as_str().into(),
+                            by: "timeout".into(),
+                            reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
+                            grant: None,
+                            timed_out: true,
+                        },
+                        "approval_timed_out",
+                    ),
+                    Asked::Locked => (
+                        Authorization {
+                            allowed: false,
+                            rung: Rung::VaultLocked.as_str().into(),
+                            by: "postern".into(),
+                            reason: "the vault was locked while this request waited for a reviewer".into(),
+                            grant: None,
+                            timed_out: false,
+                        },
+                        "approval_withdrawn",
+                    ),
+                };
+            if admitted {
+                self.note(id, event, json!({ "ask": ask, "rung": rung_asked.as_str(), "decision": &verdict })).await?;
+            }
+            verdict
+        } else {
+            self.approver.authorize(&request)
+        };
+        if let Some(lead) = lead {
+            // Answered: a later retry is decided from the journal, not joined to this question.
+            lead.close();
+        }
+        // A refused run stays refused: its later calls are denied without asking again. (A
+        // question nobody answered, or one withdrawn by the lock, is not a refusal.)
+        let refused = !verdict.allowed && !verdict.timed_out && verdict.rung != Rung::VaultLocked.as_str();
+        if let (Ask::SessionAuthorization, true, Some(session)) = (ask, refused, call.session) {
+            let (by, at, detail) = (verdict.by.clone(), self.now(), json!({ "reason": verdict.reason }));
+            self.on_store(move |store| store.set_session_standing(session, false, &by, detail, at)).await?;
+        }
+        if let (Ask::SessionAuthorization, true, Some(session)) = (ask, verdict.allowed, call.session) {
+            self.grant_session(session, &verdict.by, json!({ "grant": verdict.grant, "reason": verdict.reason }))
+                .await?;
+            if verdict.grant == Some(Grant::Always) {
+                let (actor, by, at) = (call.actor.as_str().to_owned(), verdict.by.clone(), self.now());
+                self.on_store(move |store| store.set_allowlisted(&actor, true, &by, at)).await?;
+            }
+        }
+        // The run's standing is on record now: later calls read it, and the gate is not kept
+        // for the life of the gateway (waiters still hold their handle and re-read the standing).
+        if let (Some(_), Some(session)) = (&gate, call.session) {
+            self.session_gates.lock().await.remove(&session);
+        }
+        Ok(verdict)
+    }
+
+    pub(super) fn ladder_input(&self, p: &Prepared<'_>, call: &Call) -> Result<LadderInput, EngineError> {
+        let view = self.store.view();
+        let session = match call.session {
+            // A call without an agent run (`postern call`) comes from the person at the terminal.
+            None => SessionStanding::Authorized,
+            Some(s) => match view.session_standing(s)? {
+                Some(true) => SessionStanding::Authorized,
+                Some(false) => SessionStanding::Revoked,
+                None => SessionStanding::New,
+            },
+        };
+        let allowlisted = session == SessionStanding::New && view.allowlisted(call.actor.as_str())?;
+        Ok(LadderInput {
+            vault_locked: self.vault.is_locked()?,
+            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use)
+                || p.ssh.as_ref().is_some_and(|s| s.host.approve_every_use),
+            session,
+            actor_allowlisted: allowlisted,
+        })
+    }
+
+    pub(super) async fn grant_session(&self, session: SessionId, by: &str, detail: Value) -> Result<(), EngineError> {
+        let (by, at) = (by.to_owned(), self.now());
+        self.on_store(move |store| store.set_session_standing(session, true, &by, detail, at)).await?;
+        Ok(())
+    }
+
+    /// Puts a question to the person behind the approver: on a blocking thread, under the
+    /// approval timeout, withdrawn at once if the vault is locked meanwhile.
+    pub(super) async fn ask_person<T: Send + 'static>(
+        &self,
+        withdrawn: Withdrawal,
+        ask: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Asked<T>, EngineError> {
+        let mut answer = tokio::task::spawn_blocking(ask);
+        let deadline = tokio::time::sleep(self.approval_timeout);
+        tokio::pin!(deadline);
+        let mut lock_check = tokio::time::interval(LOCK_CHECK_INTERVAL);
+        let asked = loop {
+            tokio::select! {
+                joined = &mut answer => break Asked::Answered(joined.map_err(|e| EngineError::Internal(e.to_string()))?),
+                () = &mut deadline => break Asked::TimedOut,
+                _ = lock_check.tick() => if self.vault.is_locked()? { break Asked::Locked },
+            }
+        };
+        if !matches!(asked, Asked::Answered(_)) {
+            withdrawn.withdraw();
+        }
+        self.touch();
+        Ok(asked)
+    }
+
+    /// The agent run behind a call, as a reviewer is shown it.
+    pub(super) fn agent_run(&self, call: &Call) -> Result<Option<AgentRun>, EngineError> {
+        let Some(session) = call.session else { return Ok(None) };
+        let Some(run) = self.store.view().session(session)? else { return Ok(None) };
+        let (executable, sha256) = match run.actor.strip_prefix("process:").and_then(|a| a.rsplit_once("@sha256:")) {
+            Some((exe, hash)) => (exe.to_owned(), hash.to_owned()),
+            None => (run.actor.clone(), String::new()),
+        };
+        Ok(Some(AgentRun {
+            executable,
+            sha256,
+            pid: run.pid,
+            process_started_at: run
+                .process_start
+                .and_then(|t| u64::try_from(t).ok())
+                .and_then(crate::identity::process_started_at_ms),
+            transport: run.transport,
+            client: run.client,
+        }))
+    }
+
+    pub(super) async fn authorize_and_run(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+        lead: Option<&Lead<'_>>,
+    ) -> Result<CallOutcome, EngineError> {
+        let verdict = self.authorize(p, call, id, true, lead).await?;
+        let detail = verdict_detail(&verdict);
+        if !verdict.allowed {
+            self.transition(id, ExecutionState::Denied, detail.clone()).await?;
+            return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
+        }
+        if call.cancel.is_cancelled() {
+            let steps =
+                vec![(ExecutionState::Authorized, detail), (ExecutionState::FailedBeforeDispatch, cancelled_detail())];
+            self.store.transition_steps_async(id, steps, self.now()).await?;
+            return Ok(self.outcome(
+                id,
+                ExecutionState::FailedBeforeDispatch,
+                attached,
+                decision,
+                None,
+                cancelled_detail(),
+            ));
+        }
+        // `authorized` and `dispatched` are journaled together, in one fsync.
+        self.dispatch_after(p, id, decision, attached, vec![(ExecutionState::Authorized, detail)], Attempt::First).await
+    }
+}
+
+fn ssh_shown(p: &Prepared<'_>, plan: &SshPlan) -> String {
+    let command = p.shown_command(plan);
+    match &plan.working_dir {
+        Some(dir) => format!("$ cd {dir} && {command}"),
+        None => format!("$ {command}"),
+    }
+}
+
+/// How often an open question checks whether the vault was locked (then it is withdrawn).
+const LOCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How much of a request body a reviewer is shown.
+const BODY_PREVIEW_BYTES: usize = 2048;

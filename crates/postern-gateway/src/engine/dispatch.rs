@@ -1,0 +1,321 @@
+//! Sending: the wire request built (credential injected, marker wrapped), `dispatched` made
+//! durable first, the outcome observed and classified, and journaled before the answer.
+
+use super::*;
+
+impl Engine {
+    /// A read-only call: authorized in memory, sent, then journaled as a whole in one
+    /// transaction that does not wait for the disk (design: a retry of a read is harmless).
+    pub(super) async fn read_only(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        new: NewExecution,
+    ) -> Result<CallOutcome, EngineError> {
+        let id = new.id;
+        let verdict = self.authorize(p, call, id, false, None).await?;
+        let auth = verdict_detail(&verdict);
+        if !verdict.allowed {
+            self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;
+            return Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth));
+        }
+        let out = self.outgoing(p, id)?;
+        let dispatched = json!({ "target": p.shown_url, "method": p.method });
+        let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
+        let Observation { state, result, ssh, detail, completion } = self.send(p, out, Attempt::First).await?;
+        if completion.is_none() {
+            steps.push((state, detail.clone()));
+        }
+        self.store.record_read_only_detached(new, steps, completion)?;
+        Ok(CallOutcome { read_only: true, ssh, ..self.outcome(id, state, false, "new_execution", result, detail) })
+    }
+
+    pub(super) fn completion(&self, result: &HttpResult, elapsed: Duration) -> Result<Completion, EngineError> {
+        Ok(Completion {
+            outcome: json!({ "http_status": result.status, "elapsed_ms": elapsed.as_millis() as u64,
+                             "truncated": result.truncated, "secret_echoed": result.secret_echoed }),
+            result: serde_json::to_vec(result).map_err(|e| EngineError::Internal(e.to_string()))?,
+            at: self.now(),
+        })
+    }
+
+    /// What goes out for execution `id`: the HTTP request with its credential and idempotency
+    /// key, or the SSH command (wrapped in the marker protocol for `ssh_marker` tools) with the
+    /// host's key.
+    pub(super) fn outgoing(&self, p: &Prepared<'_>, id: ExecutionId) -> Result<Wire, EngineError> {
+        if let Some(plan) = &p.ssh {
+            let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+            let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
+            let command = if marker {
+                crate::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
+            } else {
+                crate::ssh::plain_command(id, plan.working_dir.as_deref(), &plan.command)
+            };
+            let kill = crate::ssh::kill_command(marker.then_some(plan.host.marker_root.as_str()), id);
+            return Ok(Wire::Ssh(SshOutgoing {
+                host: plan.host.clone(),
+                key,
+                passphrase,
+                command,
+                kill,
+                timeout: p.tool.timeout,
+                marker,
+            }));
+        }
+        let credential = match &p.credential {
+            None => None,
+            Some(c) => Some(http::InjectedCredential::new(&c.kind, self.vault.secret_of(c)?)),
+        };
+        Ok(Wire::Http(Outgoing {
+            method: p.method.clone(),
+            url: p.url.clone(),
+            headers: p.headers.clone(),
+            body: p.body.clone(),
+            credential,
+            idempotency: p.tool.contract.idempotency_header.clone().map(|h| (h, id.to_string())),
+            timeout: p.tool.timeout,
+        }))
+    }
+
+    /// Sends what `outgoing` built and maps what happened to a state (one mapping per channel).
+    pub(super) async fn send(
+        &self,
+        p: &Prepared<'_>,
+        wire: Wire,
+        attempt: Attempt,
+    ) -> Result<Observation, EngineError> {
+        match wire {
+            Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await, attempt),
+            Wire::Ssh(out) => self.observe_ssh(p, ssh_send(out).await),
+        }
+    }
+
+    pub(super) fn observe_ssh(&self, p: &Prepared<'_>, sent: crate::ssh::SshSent) -> Result<Observation, EngineError> {
+        use crate::ssh::SshSent;
+        Ok(match sent {
+            SshSent::Finished { result, .. }
+                if result.exit_status == Some(125) && result.stderr.contains("postern-marker: exists") =>
+            {
+                // Someone already created this execution's marker: it ran (or runs) elsewhere.
+                Observation {
+                    state: ExecutionState::OutcomeUnknown,
+                    result: None,
+                    ssh: None,
+                    detail: json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
+                    completion: None,
+                }
+            }
+            // Timed out, or the channel closed without an exit status: the command may have run
+            // to any point. Unknown, not completed; the marker (or a reviewer) decides.
+            SshSent::Finished { result, elapsed } if result.exit_status.is_none() && result.exit_signal.is_none() => {
+                Observation {
+                    state: ExecutionState::OutcomeUnknown,
+                    result: None,
+                    ssh: None,
+                    detail: json!({
+                        "reason": if result.timed_out.is_some() { "ssh_timed_out" } else { "ssh_no_exit_status" },
+                        "explanation": "the remote command gave no exit status; it may have run partly or entirely",
+                        "exit_signal": result.exit_signal, "timed_out": result.timed_out,
+                        "elapsed_ms": elapsed.as_millis() as u64,
+                        "recovery": p.tool.contract.class.as_str(),
+                    }),
+                    completion: None,
+                }
+            }
+            SshSent::Finished { result, elapsed } => Observation {
+                state: ExecutionState::Completed,
+                completion: Some(Completion {
+                    outcome: json!({ "exit_status": result.exit_status, "exit_signal": result.exit_signal,
+                                     "truncated": result.truncated, "timed_out": result.timed_out,
+                                     "elapsed_ms": elapsed.as_millis() as u64 }),
+                    result: serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?,
+                    at: self.now(),
+                }),
+                result: None,
+                ssh: Some(result),
+                detail: json!({}),
+            },
+            SshSent::NotSent { code, reason } => Observation {
+                state: ExecutionState::FailedBeforeDispatch,
+                result: None,
+                ssh: None,
+                detail: json!({ "reason": reason, "code": code }),
+                completion: None,
+            },
+            SshSent::Unknown { reason } => Observation {
+                state: ExecutionState::OutcomeUnknown,
+                result: None,
+                ssh: None,
+                detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                completion: None,
+            },
+        })
+    }
+
+    pub(super) async fn dispatch(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+    ) -> Result<CallOutcome, EngineError> {
+        self.dispatch_after(p, id, decision, attached, vec![], Attempt::First).await
+    }
+
+    /// Journals `before` and `dispatched` durably in one transaction, then sends, then journals
+    /// what was observed.
+    pub(super) async fn dispatch_after(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        decision: &str,
+        attached: bool,
+        mut before: Vec<(ExecutionState, Value)>,
+        attempt: Attempt,
+    ) -> Result<CallOutcome, EngineError> {
+        let out = match self.outgoing(p, id) {
+            Ok(out) => out,
+            Err(EngineError::Vault(e @ VaultError::Locked)) => {
+                // Locked between authorization and dispatch: nothing was sent.
+                let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
+                before.push((ExecutionState::FailedBeforeDispatch, detail.clone()));
+                self.store.transition_steps_async(id, before, self.now()).await?;
+                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, attached, decision, None, detail));
+            }
+            Err(e) => return Err(e),
+        };
+        before.push((ExecutionState::Dispatched, dispatched_detail(p, &out)));
+        self.store.transition_steps_async(id, before, self.now()).await?;
+        self.send_and_observe(p, id, out, decision, attached, attempt).await
+    }
+
+    /// Sends a request whose `dispatched` row is already durable, and journals what happened.
+    pub(super) async fn send_and_observe(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        out: Wire,
+        decision: &str,
+        attached: bool,
+        attempt: Attempt,
+    ) -> Result<CallOutcome, EngineError> {
+        postern_store::crash::point("engine::dispatched::before_send");
+        let Observation { state, result, ssh, detail, completion } = self.send(p, out, attempt).await?;
+        postern_store::crash::point("engine::observed::before_journal");
+        self.journal_observation(id, state, detail.clone(), completion).await?;
+        postern_store::crash::point("engine::journaled::before_answer");
+        Ok(CallOutcome { ssh, ..self.outcome(id, state, attached, decision, result, detail) })
+    }
+
+    /// Journals what a sent request's attempt observed. If the journal cannot be written right
+    /// now (a full disk, an I/O error), the observation is kept and written as soon as the disk
+    /// accepts it, by a task that retries with backoff; meanwhile the execution stays
+    /// `dispatched` (a retry waits for it; a restart makes it `outcome_unknown`, verified through
+    /// its contract), and the caller is told it was sent and must not be repeated.
+    pub(super) async fn journal_observation(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        detail: Value,
+        completion: Option<Completion>,
+    ) -> Result<(), EngineError> {
+        let at = self.now();
+        let write = move |store: Arc<Store>, detail: Value, completion: Option<Completion>| async move {
+            match completion {
+                Some(c) => store.complete_async(id, c).await.map(drop),
+                None => store.transition_steps_async(id, vec![(state, detail)], at).await.map(drop),
+            }
+        };
+        match write(Arc::clone(&self.store), detail.clone(), completion.clone()).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unwritable() => {
+                tracing::error!(execution = %id, error = %e, "the outcome of a sent request cannot be journaled yet; retrying");
+                let store = Arc::clone(&self.store);
+                tokio::spawn(async move {
+                    let mut wait = Duration::from_millis(250);
+                    loop {
+                        tokio::time::sleep(wait).await;
+                        match write(Arc::clone(&store), detail.clone(), completion.clone()).await {
+                            Ok(()) => {
+                                tracing::info!(execution = %id, "the outcome was journaled once the disk accepted it");
+                                return;
+                            }
+                            Err(e) if e.is_unwritable() => wait = (wait * 2).min(Duration::from_secs(5)),
+                            Err(e) => {
+                                tracing::error!(execution = %id, error = %e, "the outcome could not be journaled");
+                                return;
+                            }
+                        }
+                    }
+                });
+                Err(EngineError::OutcomeNotJournaled { id, source: e })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// What a send phase observed, as the state it leads to (one mapping for every path).
+    pub(super) fn observe(&self, p: &Prepared<'_>, sent: Sent, attempt: Attempt) -> Result<Observation, EngineError> {
+        Ok(match sent {
+            Sent::Response { result, .. }
+                if attempt == Attempt::SameKeyResend && inconclusive_resend_status(result.status) =>
+            {
+                Observation {
+                    state: ExecutionState::OutcomeUnknown,
+                    result: None,
+                    ssh: None,
+                    detail: json!({
+                        "reason": "same_key_resend_inconclusive",
+                        "http_status": result.status,
+                        "explanation": "the target's answer to the re-send with the same idempotency key says nothing \
+                                        certain about the original request (in flight, key conflict, or a server \
+                                        error); the outcome stays unknown — retry later",
+                        "recovery": p.tool.contract.class.as_str(),
+                    }),
+                    completion: None,
+                }
+            }
+            Sent::Response { result, elapsed } => Observation {
+                state: ExecutionState::Completed,
+                completion: Some(self.completion(&result, elapsed)?),
+                result: Some(result),
+                ssh: None,
+                detail: json!({}),
+            },
+            Sent::NotSent { reason } => Observation {
+                state: ExecutionState::FailedBeforeDispatch,
+                result: None,
+                ssh: None,
+                detail: json!({ "reason": reason }),
+                completion: None,
+            },
+            Sent::Unknown { reason } => Observation {
+                state: ExecutionState::OutcomeUnknown,
+                result: None,
+                ssh: None,
+                detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                completion: None,
+            },
+        })
+    }
+}
+
+/// One SSH execution: connect (host key, authentication), run, disconnect. Every failure before
+/// the `exec` request is `NotSent`.
+async fn ssh_send(out: SshOutgoing) -> crate::ssh::SshSent {
+    use postern_core::ErrorCode as _;
+    let connection = match crate::ssh::connect(&out.host, &out.key, out.passphrase.as_ref()).await {
+        Ok(c) => c,
+        Err(e) => return crate::ssh::SshSent::NotSent { code: e.code(), reason: e.to_string() },
+    };
+    let sent = connection.exec(&out.command, out.timeout, crate::ssh::DEFAULT_OUTPUT_CAP, Some(&out.kill)).await;
+    connection.close().await;
+    sent
+}
+
+/// An answer to a same-key re-send that says nothing certain about the original request: still
+/// in flight (409), key reused with another payload (422), too early or rate limited (425, 429),
+/// request timeout (408), or a server error. Only a replayed or fresh 2xx/4xx settles it.
+fn inconclusive_resend_status(status: u16) -> bool {
+    matches!(status, 408 | 409 | 422 | 425 | 429) || status >= 500
+}

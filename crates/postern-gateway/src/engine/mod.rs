@@ -1,0 +1,635 @@
+//! The engine: one call travels accept → authorize → dispatch → observe → deliver, and every
+//! retry is decided from the journal (design §3–§4), never from the transport.
+
+mod authorize;
+mod dispatch;
+mod prepare;
+mod recover;
+
+pub use crate::approval::{
+    AgentRun, Approver, Ask, Authorization, AuthorizationRequest, DEFAULT_APPROVAL_TIMEOUT, Grant, LockOnlyApprover,
+    RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict, TimelineStep, Withdrawal,
+};
+use crate::{
+    http::{self, HttpResult, Outgoing, Sent},
+    manifest::{ArgumentError, Manifest, Tool},
+    redaction::CallSecrets,
+};
+use postern_core::{
+    ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState,
+    FingerprintKey, HttpAction, IntentScope, LadderDecision, LadderInput, RecordError, RetryDecision, ReviewReason,
+    Rung, SessionId, SessionStanding, Timestamp, Verification, decide_ladder,
+};
+use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
+use postern_vault::{Sensitive, Vault, VaultError};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+/// The `authorized` / `denied` row's detail for a verdict.
+fn verdict_detail(v: &Authorization) -> Value {
+    let mut detail = json!({ "rung": v.rung, "by": v.by, "reason": v.reason });
+    if v.timed_out {
+        detail["code"] = json!("approval_timed_out");
+    }
+    detail
+}
+
+/// The credential a reviewer is told about: its name, or the SSH host whose key is used.
+fn credential_shown(p: &Prepared<'_>) -> Option<String> {
+    match &p.ssh {
+        Some(plan) => Some(format!(
+            "ssh key of host {} ({})",
+            plan.host.name,
+            plan.host.host_key_fingerprint.as_deref().unwrap_or("key not pinned yet")
+        )),
+        None => p.credential.as_ref().map(|c| c.name.clone()),
+    }
+}
+
+/// How a question put to a person ended.
+enum Asked<T> {
+    Answered(T),
+    /// Nobody answered within the approval timeout.
+    TimedOut,
+    /// The vault was locked while the question was open.
+    Locked,
+}
+
+/// What a call that joined another call's pending request receives: the same outcome.
+type Shared = Option<Result<CallOutcome, (&'static str, String)>>;
+
+/// Calls waiting for a person (an approval, a retry review), by execution: a retry of the same
+/// execution joins the open request instead of raising a second one.
+#[derive(Default)]
+struct OpenRequests {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<ExecutionId, (u64, tokio::sync::watch::Receiver<Shared>)>>,
+}
+
+/// Either lead the handling of an execution (others join you) or join whoever leads it.
+enum Turn<'a> {
+    Lead(Lead<'a>),
+    Join(tokio::sync::watch::Receiver<Shared>),
+}
+
+/// The leader's handle: [`Lead::close`] once the person has answered (later retries are decided
+/// afresh from the journal), [`Lead::finish`] hands the outcome to everyone who joined.
+struct Lead<'a> {
+    requests: &'a OpenRequests,
+    id: ExecutionId,
+    token: u64,
+    tx: tokio::sync::watch::Sender<Shared>,
+}
+
+impl OpenRequests {
+    fn turn(&self, id: ExecutionId) -> Turn<'_> {
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, rx)) = open.get(&id) {
+            return Turn::Join(rx.clone());
+        }
+        let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        open.insert(id, (token, rx));
+        Turn::Lead(Lead { requests: self, id, token, tx })
+    }
+}
+
+impl Lead<'_> {
+    fn close(&self) {
+        let mut open = self.requests.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if open.get(&self.id).is_some_and(|(token, _)| *token == self.token) {
+            open.remove(&self.id);
+        }
+    }
+
+    fn finish(self, result: &Result<CallOutcome, EngineError>) {
+        self.close();
+        let shared = match result {
+            Ok(outcome) => Ok(outcome.clone()),
+            Err(e) => Err((e.code(), e.to_string())),
+        };
+        let _ = self.tx.send(Some(shared));
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// One tool call as the gateway hands it to the engine.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub tool: String,
+    pub arguments: Value,
+    pub actor: Actor,
+    pub intent_scope: IntentScope,
+    pub session: Option<SessionId>,
+    /// Protocol correlation (JSON-RPC id, MCP session): evidence only.
+    pub correlation: Value,
+    /// Raised by the client's `notifications/cancelled`.
+    pub cancel: CancelSignal,
+}
+
+/// A client's request to cancel a call. Honoured until the `dispatched` row is written; after
+/// that the side effect may be under way, so the engine journals the request and carries on
+/// (design: cancelling never pretends to undo).
+#[derive(Debug, Clone, Default)]
+pub struct CancelSignal(Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelSignal {
+    pub fn cancel(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn cancelled_detail() -> Value {
+    json!({ "reason": "cancelled", "message": "the client cancelled the call before it was sent" })
+}
+
+/// Where a call ended up.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallOutcome {
+    pub execution_id: ExecutionId,
+    pub state: ExecutionState,
+    /// The call was recognised as a retry of an earlier execution.
+    pub attached: bool,
+    /// A read-only execution: journaled without waiting for the disk, never attached to, so its
+    /// delivery is not tracked (a retry sends it again anyway).
+    #[serde(skip)]
+    pub read_only: bool,
+    /// The retry decision that was taken (`new_execution` for a fresh call).
+    pub decision: String,
+    pub result: Option<HttpResult>,
+    /// An SSH execution's result (exit status, output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<crate::ssh::SshResult>,
+    /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
+    pub detail: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    #[error(transparent)]
+    Arguments(#[from] ArgumentError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("credential {credential:?} may not be sent to {url} (see its --host bindings)")]
+    CredentialNotBound { credential: String, url: String },
+    #[error(transparent)]
+    UnsafeTarget(#[from] http::UnsafeTarget),
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "Postern did not contact SSH host {host:?} (its key is not pinned yet, and pinning means logging in): {reason}; \
+         nothing was sent. {}",
+        match *reason {
+            "vault_locked" => "Unlock the vault in the approver first.",
+            "approve_every_use_needs_a_pinned_key" => "A host that needs approval for every use must have its key pinned \
+                 before any call: add it again with `postern vault add-ssh --host-key-policy strict --host-key …`.",
+            _ => "This agent run may not act any more.",
+        }
+    )]
+    FirstContactRefused { host: String, reason: &'static str },
+    #[error(transparent)]
+    Ssh(#[from] crate::ssh::SshError),
+    #[error("the engine's worker failed: {0}")]
+    Internal(String),
+    #[error("the request this call joined failed: {message}")]
+    Joined { code: &'static str, message: String },
+    /// The request was sent and answered, but the journal cannot record that yet.
+    #[error(
+        "execution {id} WAS SENT, but its outcome cannot be journaled yet: {source} Do not repeat \
+         the call: Postern records the outcome as soon as the disk accepts writes; then execution_status \
+         with execution_id {id} (or a repeat of this call, which is matched to it) returns the result"
+    )]
+    OutcomeNotJournaled { id: ExecutionId, source: StoreError },
+    /// A tool read-only by its verb uses a credential whose reads have effects.
+    #[error("{0} (its credential says reads through it have effects; add a contract in the tool manifest)")]
+    Contract(#[from] postern_core::ContractError),
+}
+
+impl ErrorCode for EngineError {
+    fn code(&self) -> &'static str {
+        match self {
+            EngineError::UnknownTool(_) => "unknown_tool",
+            EngineError::Arguments(e) => e.code(),
+            EngineError::Record(e) => e.code(),
+            EngineError::CredentialNotBound { .. } => "credential_not_bound",
+            EngineError::UnsafeTarget(_) => "unsafe_target",
+            EngineError::Vault(e) => e.code(),
+            EngineError::Store(e) => e.code(),
+            EngineError::FirstContactRefused { .. } => "first_contact_refused",
+            EngineError::Ssh(e) => e.code(),
+            EngineError::Internal(_) => "internal_error",
+            EngineError::Joined { code, .. } => code,
+            EngineError::Contract(e) => e.code(),
+            EngineError::OutcomeNotJournaled { .. } => "outcome_not_journaled",
+        }
+    }
+}
+
+/// The wall clock, as a parameter so tests can move time.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        Timestamp::from_millis(ms)
+    })
+}
+
+pub struct Engine {
+    store: Arc<Store>,
+    vault: Arc<Vault>,
+    key: FingerprintKey,
+    manifest: Arc<Manifest>,
+    approver: Arc<dyn Approver>,
+    approval_timeout: Duration,
+    /// One session-authorization question at a time per agent run.
+    session_gates: tokio::sync::Mutex<std::collections::HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Calls waiting for a person, joinable by their retries.
+    open_requests: OpenRequests,
+    /// When the last call arrived or the last question was answered (ms), for the idle lock.
+    last_activity: std::sync::atomic::AtomicI64,
+    http: reqwest::Client,
+    clock: Clock,
+    body_cap: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("tools", &self.manifest.tools().count()).finish_non_exhaustive()
+    }
+}
+
+/// Which send of an execution this is: the first (or a re-send after a proof that nothing ran),
+/// or a recovery re-send with the same idempotency key, whose answer speaks for the original
+/// only when it is final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attempt {
+    First,
+    SameKeyResend,
+}
+
+/// The outcome of one send, before it is journaled.
+struct Observation {
+    state: ExecutionState,
+    result: Option<HttpResult>,
+    ssh: Option<crate::ssh::SshResult>,
+    detail: Value,
+    completion: Option<Completion>,
+}
+
+/// A manifest tool, or a built-in one made for this call.
+enum ToolRef<'a> {
+    Manifest(&'a Tool),
+    Builtin(Box<Tool>),
+}
+
+impl std::ops::Deref for ToolRef<'_> {
+    type Target = Tool;
+    fn deref(&self) -> &Tool {
+        match self {
+            ToolRef::Manifest(t) => t,
+            ToolRef::Builtin(t) => t,
+        }
+    }
+}
+
+/// Everything a call needs after validation.
+struct Prepared<'a> {
+    tool: ToolRef<'a>,
+    /// For SSH: `ssh://account@address:port`, for display and the `dispatched` row.
+    url: url::Url,
+    method: String,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
+    credential: Option<postern_vault::Credential>,
+    ssh: Option<SshPlan>,
+    /// The secret values this call carries (the contract's `secret_fields`; for `http_request`,
+    /// headers and query parameters named like secrets): masked in all Postern writes or shows.
+    secrets: CallSecrets,
+    /// `url` with its secrets masked: what records, journal rows and reviewers see.
+    shown_url: String,
+}
+
+impl Prepared<'_> {
+    /// An SSH command as records, journal rows and reviewers see it.
+    fn shown_command(&self, plan: &SshPlan) -> String {
+        self.secrets.mask(&plan.command)
+    }
+}
+
+/// An SSH call after validation: where, as whom, what.
+struct SshPlan {
+    host: postern_vault::SshHost,
+    command: String,
+    working_dir: Option<String>,
+}
+
+/// What goes out for one execution.
+enum Wire {
+    Http(Outgoing),
+    Ssh(SshOutgoing),
+}
+
+struct SshOutgoing {
+    host: postern_vault::SshHost,
+    key: Sensitive<String>,
+    passphrase: Option<Sensitive<String>>,
+    /// The remote command, wrapped (marker protocol, or `cd` + command).
+    command: String,
+    /// Ends the command on timeout, by the pid its wrapper recorded.
+    kill: String,
+    timeout: Duration,
+    marker: bool,
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<Store>,
+        vault: Arc<Vault>,
+        manifest: Arc<Manifest>,
+        approver: Arc<dyn Approver>,
+        clock: Clock,
+    ) -> Result<Self, EngineError> {
+        let key = vault.fingerprint_key()?;
+        Ok(Engine {
+            store,
+            vault,
+            key,
+            manifest,
+            approver,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+            open_requests: OpenRequests::default(),
+            last_activity: std::sync::atomic::AtomicI64::new(clock().as_millis()),
+            http: http::client(),
+            clock,
+            body_cap: http::DEFAULT_BODY_CAP,
+        })
+    }
+
+    /// How long a reviewer has to answer (default 120 s); then the call is denied with
+    /// `approval_timed_out`.
+    pub fn with_approval_timeout(mut self, timeout: Duration) -> Self {
+        self.approval_timeout = timeout;
+        self
+    }
+
+    /// Caps stored response bodies at `bytes` (default 8 MiB); longer bodies are truncated and
+    /// flagged.
+    pub fn with_body_cap(mut self, bytes: usize) -> Self {
+        self.body_cap = bytes;
+        self
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    async fn transition(&self, id: ExecutionId, to: ExecutionState, detail: Value) -> Result<(), EngineError> {
+        self.store.transition_steps_async(id, vec![(to, detail)], self.now()).await?;
+        Ok(())
+    }
+
+    /// Handles one call end to end. Errors are reserved for calls that never became an
+    /// execution (unknown tool, invalid arguments, unsafe target, …); every execution's fate —
+    /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
+    pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
+        self.touch();
+        // Another process changed what grants authority behind the journal's back: nothing is
+        // granted any more (before the lock, credentials or grants are even read).
+        if let Some(found) = self.store.authority_alarm() {
+            return Err(StoreError::AuthorityTampered(found).into());
+        }
+        let (mut p, arguments) = self.prepare(&call)?;
+        if let Some(plan) = &mut p.ssh
+            && plan.host.host_key_fingerprint.is_none()
+        {
+            // The first contact with an `accept-new` host logs in (to pin the key the record
+            // names) before the call becomes an execution: the rungs that need no person are
+            // decided first, and a host that needs a reviewer for every use is not logged into
+            // before one has approved anything.
+            if let Some(reason) = self.recovery_blocked(&call)? {
+                return Err(EngineError::FirstContactRefused { host: plan.host.name.clone(), reason });
+            }
+            if plan.host.approve_every_use {
+                return Err(EngineError::FirstContactRefused {
+                    host: plan.host.name.clone(),
+                    reason: "approve_every_use_needs_a_pinned_key",
+                });
+            }
+            self.pin_first_key(plan).await?;
+        }
+        let new = self.admission(&p, &call, arguments)?;
+        if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {
+            return self.read_only(&p, &call, new).await;
+        }
+        if !self.approver.may_block()
+            && let Ok(out) = self.outgoing(&p, new.id)
+        {
+            // A non-interactive approver decides before admission; the verdict is applied in the
+            // admission's own durable transaction, and only if this is a new execution. A retry
+            // is decided from the journal as always.
+            let id = new.id;
+            let verdict = self.authorize(&p, &call, id, false, None).await?;
+            let auth = verdict_detail(&verdict);
+            let cancelled = call.cancel.is_cancelled();
+            let steps = if verdict.allowed && cancelled {
+                vec![
+                    (ExecutionState::Authorized, auth.clone()),
+                    (ExecutionState::FailedBeforeDispatch, cancelled_detail()),
+                ]
+            } else if verdict.allowed {
+                vec![
+                    (ExecutionState::Authorized, auth.clone()),
+                    (ExecutionState::Dispatched, dispatched_detail(&p, &out)),
+                ]
+            } else {
+                vec![(ExecutionState::Denied, auth.clone())]
+            };
+            return match self.store.admit_and_start_async(new, steps).await? {
+                Admission::Accepted { .. } if verdict.allowed && cancelled => Ok(self.outcome(
+                    id,
+                    ExecutionState::FailedBeforeDispatch,
+                    false,
+                    "new_execution",
+                    None,
+                    cancelled_detail(),
+                )),
+                Admission::Accepted { .. } if verdict.allowed => {
+                    self.send_and_observe(&p, id, out, "new_execution", false, Attempt::First).await
+                }
+                Admission::Accepted { .. } => {
+                    Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth))
+                }
+                Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
+            };
+        }
+        match self.store.admit_async(new).await? {
+            Admission::Accepted { id } => match self.open_requests.turn(id) {
+                Turn::Lead(lead) => {
+                    let result = self.authorize_and_run(&p, &call, id, "new_execution", false, Some(&lead)).await;
+                    lead.finish(&result);
+                    result
+                }
+                // A fresh ID cannot have an open request; answer from the journal regardless.
+                Turn::Join(rx) => Self::join(rx).await,
+            },
+            Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
+        }
+    }
+
+    /// Marks the gateway as in use (for the idle lock).
+    fn touch(&self) {
+        self.last_activity.store(self.now().as_millis(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Locks the vault once `idle` has passed without a call or an answer; an unlock starts the
+    /// count again. Runs until the task is dropped.
+    pub async fn idle_lock(&self, idle: Duration) {
+        let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+        let mut baseline = self.last_activity().as_millis();
+        let mut was_locked = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(250).min(idle));
+        loop {
+            tick.tick().await;
+            let Ok(locked) = self.vault.is_locked() else { continue };
+            let now = self.now().as_millis();
+            if was_locked && !locked {
+                baseline = now;
+            }
+            was_locked = locked;
+            baseline = baseline.max(self.last_activity().as_millis());
+            if !locked && now.saturating_sub(baseline) >= idle_ms {
+                let by = format!("idle-lock: {} s without activity", idle.as_secs());
+                match self.vault.lock(&by, self.now()) {
+                    Ok(()) => tracing::info!(idle_s = idle.as_secs(), "vault locked after idle period"),
+                    Err(e) => tracing::warn!(error = %e, "the idle lock could not lock the vault"),
+                }
+            }
+        }
+    }
+
+    /// When a call last arrived or a question was last answered.
+    pub fn last_activity(&self) -> Timestamp {
+        Timestamp::from_millis(self.last_activity.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn current_state(&self, id: ExecutionId) -> Result<ExecutionState, EngineError> {
+        let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        current.state.parse().map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))
+    }
+
+    fn outcome(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        attached: bool,
+        decision: &str,
+        result: Option<HttpResult>,
+        detail: Value,
+    ) -> CallOutcome {
+        CallOutcome {
+            execution_id: id,
+            state,
+            attached,
+            read_only: false,
+            decision: decision.into(),
+            result,
+            ssh: None,
+            detail,
+        }
+    }
+
+    /// Journals an event about execution `id` that does not change its state.
+    async fn note(&self, id: ExecutionId, event: &'static str, detail: Value) -> Result<(), EngineError> {
+        let at = self.now();
+        self.on_store(move |store| store.note(id, event, detail, at)).await?;
+        Ok(())
+    }
+
+    /// Runs a synchronous store write (it waits for the writer thread) off the async workers.
+    async fn on_store<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let store = Arc::clone(&self.store);
+        Ok(tokio::task::spawn_blocking(move || write(&store))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??)
+    }
+
+    /// Keeps a Streamable HTTP session's `initialize` parameters so it survives a restart.
+    pub async fn remember_mcp_session(&self, id: String, initialize: String) -> Result<(), EngineError> {
+        let at = self.now();
+        self.on_store(move |store| store.remember_mcp_session(&id, &initialize, at)).await
+    }
+
+    /// Forgets a Streamable HTTP session its client ended.
+    pub async fn forget_mcp_session(&self, id: String) -> Result<(), EngineError> {
+        self.on_store(move |store| store.forget_mcp_session(&id)).await
+    }
+
+    /// Journals that a client resumed its broken stream and is being handed execution `id`'s
+    /// answer (evidence for an investigator; delivery is settled as for any answer).
+    pub async fn stream_resumed(&self, id: ExecutionId, detail: Value) -> Result<(), EngineError> {
+        self.note(id, "stream_resumed", detail).await
+    }
+
+    /// Journals a cancellation that arrived once the execution was past the point of no return
+    /// (dispatched or later): evidence only, the state stays what was observed.
+    pub async fn cancel_requested(&self, id: ExecutionId, reason: Option<String>) -> Result<(), EngineError> {
+        let at = self.now();
+        let detail = json!({ "reason": reason, "effect": "none: the request had already been sent" });
+        self.on_store(move |store| store.note(id, "cancel_requested", detail, at)).await?;
+        Ok(())
+    }
+
+    /// The journal the engine writes to (read side), for status lookups.
+    pub fn view(&self) -> &postern_store::JournalView {
+        self.store.view()
+    }
+
+    /// Records whether the outcome reached the agent (where the transport can tell).
+    pub async fn delivered(&self, id: ExecutionId, reached_agent: bool) -> Result<(), EngineError> {
+        let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        let to =
+            if reached_agent { ExecutionState::ResultDelivered } else { ExecutionState::CompletedResultNotDelivered };
+        let state: ExecutionState = current
+            .state
+            .parse()
+            .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+        if state.transition(to).is_ok() {
+            self.transition(id, to, json!({})).await?;
+        }
+        Ok(())
+    }
+}
+
+fn dispatched_detail(p: &Prepared<'_>, out: &Wire) -> Value {
+    match out {
+        Wire::Http(out) => json!({ "target": p.shown_url, "method": p.method,
+                                   "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),
+        Wire::Ssh(out) => json!({ "target": p.shown_url, "method": p.method, "host": out.host.name,
+                                  "host_key": out.host.host_key_fingerprint, "marker": out.marker }),
+    }
+}

@@ -1,0 +1,589 @@
+//! A retry matched an earlier execution: attach to it, verify it through its replay contract
+//! (same-key re-send, status query, SSH marker), or put it to a reviewer — never send blindly.
+
+use super::*;
+
+impl Engine {
+    /// A retry matched `prior`. If a call for it is already waiting for a person, this one joins
+    /// it (one prompt, one decision for both). Otherwise, with a person reviewing retries, an
+    /// uncertain or undelivered prior goes to them with its record; else the replay contract
+    /// decides.
+    pub(super) async fn on_match(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        prior: postern_core::PriorExecution,
+        decision: RetryDecision,
+    ) -> Result<CallOutcome, EngineError> {
+        let lead = match self.open_requests.turn(prior.id) {
+            Turn::Join(rx) => return Self::join(rx).await,
+            Turn::Lead(lead) => lead,
+        };
+        let result = if self.approver.reviews_retries() && reviewed_by_a_person(prior.state) {
+            self.retry_review(p, call, &prior, decision, &lead).await
+        } else {
+            self.act_on(p, call, prior.id, prior.state, decision).await
+        };
+        lead.finish(&result);
+        result
+    }
+
+    /// Waits for the call this one joined, and answers with its outcome.
+    pub(super) async fn join(mut rx: tokio::sync::watch::Receiver<Shared>) -> Result<CallOutcome, EngineError> {
+        let shared = match rx.wait_for(Option::is_some).await {
+            Ok(value) => value.clone(),
+            Err(_) => None,
+        };
+        match shared {
+            Some(Ok(outcome)) => Ok(CallOutcome { attached: true, ..outcome }),
+            Some(Err((code, message))) => Err(EngineError::Joined { code, message }),
+            None => Err(EngineError::Joined {
+                code: "internal_error",
+                message: "the call this retry joined ended without an outcome".into(),
+            }),
+        }
+    }
+
+    pub(super) async fn act_on(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        id: ExecutionId,
+        state: ExecutionState,
+        decision: RetryDecision,
+    ) -> Result<CallOutcome, EngineError> {
+        let name = decision.name();
+        // A recovery that would send again (continue a prior that sent nothing, re-send with the
+        // same key, ask the status endpoint, read the marker and run) is an action like any other:
+        // a locked vault or a revoked run stops it, as the ladder stops a new call.
+        let sends = matches!(decision, RetryDecision::VerifyPrior { .. })
+            || (matches!(decision, RetryDecision::ContinuePrior { .. }) && state != ExecutionState::Accepted);
+        if sends && let Some(reason) = self.recovery_blocked(call)? {
+            let detail = json!({ "reason": reason, "not_resent": true, "decision": name });
+            if state == ExecutionState::Authorized {
+                // Nothing was ever sent for it: it ends here, as a new call would.
+                self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
+                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, true, name, None, detail));
+            }
+            self.note(id, "recovery_refused", detail.clone()).await?;
+            return Ok(self.outcome(id, state, true, name, None, detail));
+        }
+        match decision {
+            RetryDecision::NewExecution => Err(EngineError::Internal("a match cannot decide new_execution".into())),
+            RetryDecision::ContinuePrior { .. } => match state {
+                ExecutionState::Accepted => self.authorize_and_run(p, call, id, name, true, None).await,
+                // Authorized, or verified not executed: nothing was sent, carry on with this one.
+                _ => self.dispatch(p, id, name, true).await,
+            },
+            RetryDecision::WaitForPrior { .. } => {
+                self.wait_for(id, p.tool.timeout + Duration::from_secs(5), name).await
+            }
+            RetryDecision::VerifyPrior { verification: Verification::ResendWithSameKey { .. }, .. } => {
+                self.dispatch_after(p, id, name, true, vec![], Attempt::SameKeyResend).await
+            }
+            RetryDecision::VerifyPrior { verification: Verification::QueryStatus { query }, .. } => {
+                self.query_status(p, id, &query, name).await
+            }
+            RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
+                self.read_marker(p, id, state, name).await
+            }
+            RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name).await,
+            RetryDecision::ReturnPriorDenial { .. } => {
+                Ok(self.outcome(id, ExecutionState::Denied, true, name, None, json!({})))
+            }
+            RetryDecision::NeedsReview { reason, .. } => {
+                let why = match reason {
+                    ReviewReason::OutcomeUnknownIrreversible => {
+                        "the first attempt's outcome is unknown and this tool is irreversible; Postern did not re-send it"
+                    }
+                    ReviewReason::AwaitingReview => "the first attempt is waiting for a reviewer",
+                };
+                self.review(id, state, why, name).await
+            }
+        }
+    }
+
+    /// Why a recovery may not send anything now: the vault is locked, or the calling run was
+    /// revoked.
+    pub(super) fn recovery_blocked(&self, call: &Call) -> Result<Option<&'static str>, EngineError> {
+        if self.vault.is_locked()? {
+            return Ok(Some("vault_locked"));
+        }
+        if let Some(session) = call.session
+            && self.store.view().session_standing(session)? == Some(false)
+        {
+            return Ok(Some("run_revoked_or_ended"));
+        }
+        Ok(None)
+    }
+
+    /// Retry review (design §6): the person behind the approver is shown the original record
+    /// and chooses. Nothing is sent unless they choose "dispatch anew" with a reason, or "check
+    /// status" where the contract has a safe route.
+    pub(super) async fn retry_review(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        prior: &postern_core::PriorExecution,
+        decision: RetryDecision,
+        lead: &Lead<'_>,
+    ) -> Result<CallOutcome, EngineError> {
+        let id = prior.id;
+        let request = self.review_request(p, prior, &decision)?;
+        self.note(id, "retry_review_requested", json!({ "shown": &request })).await?;
+        let approver = Arc::clone(&self.approver);
+        let asked = request.clone();
+        let answer = self.ask_person(request.withdrawn.clone(), move || approver.review_retry(&asked)).await?;
+        lead.close();
+        let denied = |code: &str, by: &str, reason: String| json!({ "rung": "retry_review", "code": code, "by": by, "reason": reason });
+        let verdict = match answer {
+            Asked::Answered(Some(v)) if request.choices.contains(&v.answer.choice()) => v,
+            Asked::Answered(Some(v)) => ReviewVerdict {
+                answer: ReviewAnswer::Deny {
+                    reason: format!("{:?} was not one of the offered choices", v.answer.choice()),
+                },
+                by: v.by,
+            },
+            Asked::Answered(None) | Asked::TimedOut => {
+                let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
+                let detail = denied("approval_timed_out", "timeout", reason);
+                self.note(id, "retry_review_timed_out", detail.clone()).await?;
+                return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+            }
+            Asked::Locked => {
+                let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
+                let detail = denied("vault_locked", "postern", reason);
+                self.note(id, "retry_review_withdrawn", detail.clone()).await?;
+                return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+            }
+        };
+        if let ReviewAnswer::DispatchAnew { reason } = &verdict.answer
+            && reason.trim().is_empty()
+        {
+            let detail = denied("reason_required", &verdict.by, "dispatch anew needs a typed reason".into());
+            self.note(id, "retry_review_decided", json!({ "decision": &verdict, "effect": detail })).await?;
+            return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+        }
+        self.note(id, "retry_review_decided", json!({ "decision": &verdict })).await?;
+        match verdict.answer {
+            ReviewAnswer::ReturnRecordedResult => {
+                let state = self.current_state(id)?;
+                match state {
+                    ExecutionState::Dispatched => {
+                        self.wait_for(id, p.tool.timeout + Duration::from_secs(5), "return_recorded_result").await
+                    }
+                    ExecutionState::Completed
+                    | ExecutionState::CompletedResultNotDelivered
+                    | ExecutionState::ResultDelivered => self.stored(id, state, "return_recorded_result").await,
+                    other => {
+                        let detail = json!({ "reason": request.known_outcome, "returned": "recorded_state" });
+                        Ok(self.outcome(id, other, true, "return_recorded_result", None, detail))
+                    }
+                }
+            }
+            ReviewAnswer::CheckStatus => match (&decision, &prior.contract.status_query) {
+                (RetryDecision::VerifyPrior { .. }, _) => self.act_on(p, call, id, prior.state, decision).await,
+                (_, Some(query)) => self.query_status(p, id, query, "check_status").await,
+                _ => Err(EngineError::Internal("check status was offered without a route".into())),
+            },
+            ReviewAnswer::DispatchAnew { reason } => self.dispatch_anew(p, call, id, &verdict.by, reason.trim()).await,
+            ReviewAnswer::Deny { reason } => Ok(self.outcome(
+                id,
+                prior.state,
+                true,
+                "retry_denied",
+                None,
+                denied("retry_denied", &verdict.by, reason),
+            )),
+        }
+    }
+
+    /// What the reviewer of a retry is shown: the original record, never the retry's guesses.
+    pub(super) fn review_request(
+        &self,
+        p: &Prepared<'_>,
+        prior: &postern_core::PriorExecution,
+        decision: &RetryDecision,
+    ) -> Result<RetryReviewRequest, EngineError> {
+        let view = self.store.view();
+        let id = prior.id;
+        let summary = view.execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        let entries = view.timeline(id)?;
+        let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+        let authorized_by =
+            entries.iter().rev().find(|e| e.row.event == "authorized").and_then(|e| text(&e.row.detail, "by"));
+        let timeline = entries
+            .iter()
+            .map(|e| {
+                let d = &e.row.detail;
+                let summary = match e.row.event.as_str() {
+                    "authorized" | "denied" => {
+                        format!("by {} ({})", text(d, "by").unwrap_or_default(), text(d, "rung").unwrap_or_default())
+                    }
+                    "dispatched" => {
+                        format!("{} {}", text(d, "method").unwrap_or_default(), text(d, "target").unwrap_or_default())
+                    }
+                    "completed" => d["outcome"].get("http_status").map_or_else(String::new, |s| format!("HTTP {s}")),
+                    "approval_requested" => format!("asked: {}", text(d, "ask").unwrap_or_default()),
+                    "approval_granted" | "approval_denied" | "approval_timed_out" | "approval_withdrawn" => {
+                        format!("by {}", d["decision"]["by"].as_str().unwrap_or_default())
+                    }
+                    _ => text(d, "reason").unwrap_or_default(),
+                };
+                TimelineStep { at: e.row.at.as_millis(), event: e.row.event.clone(), summary }
+            })
+            .collect();
+        let status =
+            view.result(id)?.and_then(|r| serde_json::from_slice::<HttpResult>(&r.body).ok()).map(|r| r.status);
+        let last_reason = entries.iter().rev().find_map(|e| text(&e.row.detail, "reason"));
+        let class = prior.contract.class;
+        let verifiable = matches!(decision, RetryDecision::VerifyPrior { .. })
+            || (prior.state == ExecutionState::NeedsReview && prior.contract.status_query.is_some());
+        let (known_outcome, why_not_resent) = match prior.state {
+            ExecutionState::Dispatched => (
+                format!("sent; no response yet (the original may still be running at {})", p.shown_url),
+                "the original is still in flight: sending again could perform the action twice".to_owned(),
+            ),
+            ExecutionState::Completed
+            | ExecutionState::CompletedResultNotDelivered
+            | ExecutionState::ResultDelivered => (
+                format!(
+                    "completed{}; the result is on record but did not reach the agent",
+                    status.map_or_else(String::new, |s| format!(" with HTTP {s}"))
+                ),
+                "the original completed: its result is on record, and sending again would repeat the action".to_owned(),
+            ),
+            state => (
+                format!("unknown ({state}): {}", last_reason.unwrap_or_else(|| "no response was observed".into())),
+                if verifiable {
+                    format!(
+                        "the outcome is unknown; the replay contract ({}) can verify it without repeating the action — choose check status",
+                        class.as_str()
+                    )
+                } else {
+                    format!(
+                        "the outcome is unknown and the replay contract ({}) offers no safe way to verify it: a second send could repeat the action",
+                        class.as_str()
+                    )
+                },
+            ),
+        };
+        let mut choices = vec![ReviewChoice::ReturnRecordedResult];
+        if verifiable && matches!(prior.state, ExecutionState::OutcomeUnknown | ExecutionState::NeedsReview) {
+            choices.push(ReviewChoice::CheckStatus);
+        }
+        choices.extend([ReviewChoice::DispatchAnew, ReviewChoice::Deny]);
+        Ok(RetryReviewRequest {
+            execution_id: id,
+            session: summary.session_id.as_deref().and_then(|s| s.parse().ok()),
+            tool: summary.tool,
+            actor: summary.actor,
+            method: p.method.clone(),
+            target: p.shown_url.clone(),
+            credential: credential_shown(p),
+            replay_contract: class.as_str().to_owned(),
+            state: prior.state,
+            accepted_at: summary.accepted_at,
+            authorized_by,
+            first_dispatched_at: summary.first_dispatched_at,
+            known_outcome,
+            why_not_resent,
+            timeline,
+            choices,
+            timeout_ms: self.approval_timeout.as_millis() as u64,
+            withdrawn: Withdrawal::default(),
+        })
+    }
+
+    /// "Dispatch anew": a new execution, linked to the original and carrying the reviewer's
+    /// reason. The ladder's hard rungs still hold (a locked vault, a revoked run).
+    pub(super) async fn dispatch_anew(
+        &self,
+        p: &Prepared<'_>,
+        call: &Call,
+        prior: ExecutionId,
+        by: &str,
+        reason: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let input = self.ladder_input(p, call)?;
+        let refused = if input.vault_locked {
+            Some((Rung::VaultLocked, "the vault is locked"))
+        } else if input.session == SessionStanding::Revoked {
+            Some((Rung::SessionAuthorization, "this agent run was revoked or has ended"))
+        } else {
+            None
+        };
+        if let Some((rung, why)) = refused {
+            let detail = json!({ "rung": rung.as_str(), "by": "postern", "reason": why });
+            return Ok(self.outcome(prior, self.current_state(prior)?, true, "retry_denied", None, detail));
+        }
+        let (_, arguments) = self.prepare(call)?;
+        let new = self.admission(p, call, arguments)?;
+        let id = new.id;
+        let out = self.outgoing(p, id)?;
+        let anew = json!({ "prior": prior, "by": by, "reason": reason });
+        let steps = vec![
+            (
+                ExecutionState::Authorized,
+                json!({ "rung": "retry_review", "by": by, "reason": reason, "dispatched_anew_of": prior }),
+            ),
+            (ExecutionState::Dispatched, dispatched_detail(p, &out)),
+        ];
+        self.store.admit_anew_async(new, anew, steps).await?;
+        self.send_and_observe(p, id, out, "dispatched_anew", false, Attempt::First).await
+    }
+
+    pub(super) async fn query_status(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        query: &postern_core::StatusQuery,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let url = url::Url::parse(&query.url_template.replace("{execution_id}", &id.to_string()))
+            .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
+        http::check_target(&url)?;
+        let credential = match &p.credential {
+            Some(c) if c.allows(&url) => Some(http::InjectedCredential::new(&c.kind, self.vault.secret_of(c)?)),
+            _ => None,
+        };
+        let out = Outgoing {
+            method: query.method.clone(),
+            url,
+            headers: vec![],
+            body: None,
+            credential,
+            idempotency: None,
+            timeout: p.tool.timeout,
+        };
+        match http::send(&self.http, out, self.body_cap).await {
+            Sent::Response { result, .. } if (200..300).contains(&result.status) => {
+                let bytes = serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?;
+                let completion = Completion {
+                    outcome: json!({ "verified_by": "status_query", "http_status": result.status }),
+                    result: bytes,
+                    at: self.now(),
+                };
+                self.store.complete_async(id, completion).await?;
+                Ok(self.outcome(id, ExecutionState::Completed, true, decision, Some(result), json!({})))
+            }
+            Sent::Response { result, .. } if result.status == 404 => {
+                let detail = json!({ "verified_by": "status_query", "http_status": 404 });
+                self.transition(id, ExecutionState::NotExecuted, detail).await?;
+                // Proven not executed: the same execution may now be dispatched.
+                self.dispatch(p, id, decision, true).await
+            }
+            other => {
+                let why = format!("the status query could not tell ({other:?})");
+                self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
+            }
+        }
+    }
+
+    /// Recovery through the marker protocol: a fresh connection reads what the host recorded
+    /// for the execution. Finished → completed with its exit status; no directory → proven not
+    /// executed, dispatched again (the same execution, the same marker); started and still
+    /// running → unchanged, reported; started and the wrapper gone → a person must decide.
+    pub(super) async fn read_marker(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        state: ExecutionState,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        use crate::ssh::Marker;
+        let Some(plan) = &p.ssh else {
+            return self.review(id, state, "an ssh_marker contract on a tool that is not SSH", decision).await;
+        };
+        let unreadable =
+            |why: String| json!({ "reason": format!("the marker could not be read: {why}"), "recovery": "ssh_marker" });
+        let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+        let probe = crate::ssh::marker_probe(&plan.host.marker_root, id);
+        let answer = match crate::ssh::connect(&plan.host, &key, passphrase.as_ref()).await {
+            Ok(connection) => {
+                let sent = connection.exec(&probe, Duration::from_secs(15), 4096, None).await;
+                connection.close().await;
+                sent
+            }
+            Err(e) => return Ok(self.outcome(id, state, true, decision, None, unreadable(e.to_string()))),
+        };
+        let line = match answer {
+            crate::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
+            other => return Ok(self.outcome(id, state, true, decision, None, unreadable(format!("{other:?}")))),
+        };
+        let Some(marker) = crate::ssh::parse_marker(&line) else {
+            return Ok(self.outcome(
+                id,
+                state,
+                true,
+                decision,
+                None,
+                unreadable(format!("unexpected answer {line:?}")),
+            ));
+        };
+        match marker {
+            Marker::Finished { exit_status, finished_at } => {
+                let result = crate::ssh::SshResult {
+                    exit_status: Some(exit_status),
+                    exit_signal: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    truncated: false,
+                    timed_out: None,
+                    from_marker: true,
+                };
+                let completion = Completion {
+                    outcome: json!({ "verified_by": "ssh_marker", "exit_status": exit_status, "finished_at": finished_at,
+                                     "output": "lost with the connection; the exit status is the marker's" }),
+                    result: serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?,
+                    at: self.now(),
+                };
+                self.store.complete_async(id, completion).await?;
+                let detail = json!({ "verified_by": "ssh_marker" });
+                Ok(CallOutcome {
+                    ssh: Some(result),
+                    ..self.outcome(id, ExecutionState::Completed, true, decision, None, detail)
+                })
+            }
+            Marker::Absent => {
+                let detail = json!({ "verified_by": "ssh_marker", "marker": "absent" });
+                self.transition(id, ExecutionState::NotExecuted, detail).await?;
+                // Proven not started: the same execution may now be dispatched (its marker makes
+                // a second start impossible).
+                self.dispatch(p, id, decision, true).await
+            }
+            Marker::Running { pid, started_at } => {
+                let detail = json!({
+                    "reason": format!("still running on the host (pid {pid}); ask again later"),
+                    "verified_by": "ssh_marker", "started_at": started_at,
+                });
+                Ok(self.outcome(id, state, true, decision, None, detail))
+            }
+            Marker::Died { pid, started_at } => {
+                let why = format!(
+                    "the command started (pid {pid}) and its wrapper died without recording an exit status; it may \
+                     have done part of its work"
+                );
+                let mut out = self.review(id, state, &why, decision).await?;
+                out.detail["started_at"] = json!(started_at);
+                Ok(out)
+            }
+            Marker::Created => {
+                self.review(id, state, "the marker was created but the command's start was not recorded", decision)
+                    .await
+            }
+        }
+    }
+
+    pub(super) async fn review(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        why: &str,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let detail = json!({ "reason": why });
+        if state == ExecutionState::OutcomeUnknown {
+            self.transition(id, ExecutionState::NeedsReview, detail.clone()).await?;
+        }
+        Ok(self.outcome(id, ExecutionState::NeedsReview, true, decision, None, detail))
+    }
+
+    pub(super) async fn stored(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let stored = self.store.view().result(id)?;
+        let (mut result, mut ssh) = (None, None);
+        if let Some(r) = stored {
+            match serde_json::from_slice::<HttpResult>(&r.body) {
+                Ok(http) => result = Some(http),
+                Err(_) => {
+                    ssh = Some(
+                        serde_json::from_slice::<crate::ssh::SshResult>(&r.body)
+                            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?,
+                    );
+                }
+            }
+        }
+        Ok(CallOutcome {
+            ssh,
+            ..self.outcome(id, state, true, decision, result, json!({ "returned": "stored_result" }))
+        })
+    }
+
+    /// Waits (bounded) for a dispatched execution to leave `dispatched`, then reports it.
+    pub(super) async fn wait_for(
+        &self,
+        id: ExecutionId,
+        limit: Duration,
+        decision: &str,
+    ) -> Result<CallOutcome, EngineError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+            let state: ExecutionState = current
+                .state
+                .parse()
+                .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+            if state != ExecutionState::Dispatched || tokio::time::Instant::now() >= deadline {
+                return match state {
+                    ExecutionState::Completed
+                    | ExecutionState::CompletedResultNotDelivered
+                    | ExecutionState::ResultDelivered => self.stored(id, state, decision).await,
+                    other => Ok(self.outcome(id, other, true, decision, None, json!({ "waited_for": id }))),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What a call that reached execution `id` (with retry decision `decision`) is answered with,
+    /// read from the journal: `None` while it is in flight (accepted, authorized, dispatched). A
+    /// client resuming a broken stream gets this ([`crate::resumption`]), not a new execution.
+    pub async fn answer_on_record(&self, id: ExecutionId, decision: &str) -> Result<Option<CallOutcome>, EngineError> {
+        let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
+        let state: ExecutionState = current
+            .state
+            .parse()
+            .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+        let attached = decision != RetryDecision::NewExecution.name();
+        let read_only = current.contract["class"] == "read_only";
+        let outcome = match state {
+            ExecutionState::Accepted | ExecutionState::Authorized | ExecutionState::Dispatched => return Ok(None),
+            ExecutionState::Completed
+            | ExecutionState::CompletedResultNotDelivered
+            | ExecutionState::ResultDelivered => {
+                CallOutcome { detail: json!({ "returned": "on_record" }), ..self.stored(id, state, decision).await? }
+            }
+            other => {
+                // Why it is in this state: the row that put it there.
+                let why = self
+                    .store
+                    .view()
+                    .timeline(id)?
+                    .into_iter()
+                    .rev()
+                    .find(|e| e.row.state == Some(other))
+                    .map_or(Value::Null, |e| e.row.detail);
+                self.outcome(id, other, attached, decision, None, why)
+            }
+        };
+        Ok(Some(CallOutcome { attached, read_only, ..outcome }))
+    }
+}
+
+/// The prior states a person reviews when a retry matches them (design §6); `accepted` joins
+/// the pending approval instead, `denied` returns the same denial.
+fn reviewed_by_a_person(state: ExecutionState) -> bool {
+    matches!(
+        state,
+        ExecutionState::Dispatched
+            | ExecutionState::OutcomeUnknown
+            | ExecutionState::NeedsReview
+            | ExecutionState::Completed
+            | ExecutionState::CompletedResultNotDelivered
+    )
+}
