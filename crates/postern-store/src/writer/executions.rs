@@ -1,0 +1,344 @@
+//! The writer's SQL for executions: admission (retry lookup and acceptance in one transaction),
+//! lifecycle transitions and results, read-only executions in one step, crash recovery.
+
+use super::*;
+
+impl Writer {
+    /// Keeps the state of a live execution in memory; finished ones are dropped, and the cache is
+    /// bounded (a miss only costs one read).
+    pub(super) fn remember(&mut self, id: ExecutionId, state: ExecutionState, session: Option<SessionId>) {
+        if state.is_terminal() {
+            self.states.remove(&id);
+            return;
+        }
+        if self.states.len() >= 65_536 {
+            self.states.clear();
+        }
+        self.states.insert(id, (state, session));
+    }
+
+    pub(super) fn find_prior(&self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
+        let found = self
+            .conn
+            .prepare_cached(
+                "SELECT id, state, accepted_at, contract FROM executions
+                 WHERE fingerprint = ?1 AND actor = ?2 AND intent_scope = ?3
+                 ORDER BY accepted_at DESC, id DESC LIMIT 1",
+            )?
+            .query_row(params![new.fingerprint.to_string(), new.actor.as_str(), new.intent_scope.as_str()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+            })
+            .optional()?;
+        let Some((id, state, accepted_at, contract)) = found else {
+            return Ok(None);
+        };
+        Ok(Some(PriorExecution {
+            id: id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))?,
+            fingerprint: new.fingerprint,
+            actor: Actor::from_recorded(new.actor.as_str()),
+            intent_scope: IntentScope::from_recorded(new.intent_scope.as_str()),
+            state: state.parse().map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?,
+            accepted_at: Timestamp::from_millis(accepted_at),
+            contract: serde_json::from_str::<ReplayContract>(&contract)
+                .map_err(|e| StoreError::Corrupt(format!("execution {id}: contract: {e}")))?,
+        }))
+    }
+
+    pub(super) fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
+        self.admit_with(new, None)
+    }
+
+    /// Admission; with `anew` (a reviewer's "dispatch anew" for a retry), retry matching is
+    /// skipped and `anew` is recorded on the `accepted` row.
+    pub(super) fn admit_with(&mut self, new: &NewExecution, anew: Option<&Value>) -> Result<Admission, StoreError> {
+        let prior = if anew.is_some() { None } else { self.find_prior(new)? };
+        let incoming =
+            IncomingIntent { fingerprint: &new.fingerprint, actor: &new.actor, intent_scope: &new.intent_scope };
+        let decision = decide_retry(prior.as_ref(), &incoming, new.at);
+        if let (Some(prior), false) = (prior.as_ref(), decision == RetryDecision::NewExecution) {
+            let session_id = self.execution_session(prior.id)?;
+            self.append(Draft {
+                at: new.at,
+                stream: Stream::Activity,
+                event: "retry_received".into(),
+                execution_id: Some(prior.id),
+                session_id,
+                state: Some(prior.state),
+                result_sha256: None,
+                detail: json!({
+                    "decision": decision,
+                    "correlation": with_unsafe_integers_as_strings(&new.correlation),
+                    "fingerprint": new.fingerprint,
+                    "attempted_execution_id": new.id,
+                }),
+            })?;
+            return Ok(Admission::Matched { prior: prior.clone(), decision });
+        }
+        let contract = serde_json::to_string(&new.contract).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let record = serde_json::to_string(&new.record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let inserted = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO executions (id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
+                                         accepted_at, updated_at, contract, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'accepted', ?8, ?8, ?9, ?10)
+                 ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![
+                new.id.to_string(),
+                new.fingerprint.to_string(),
+                new.actor.as_str(),
+                new.intent_scope.as_str(),
+                new.session_id.map(|s| s.to_string()),
+                new.tool,
+                new.channel.as_str(),
+                new.at.as_millis(),
+                contract,
+                record,
+            ])?;
+        if inserted == 0 {
+            return Err(StoreError::DuplicateExecution(new.id));
+        }
+        self.remember(new.id, ExecutionState::Accepted, new.session_id);
+        let mut detail = json!({
+            "tool": new.tool,
+            "channel": new.channel,
+            "actor": new.actor,
+            "intent_scope": new.intent_scope,
+            "fingerprint": new.fingerprint,
+            "record": new.record,
+            "contract": new.contract,
+            "correlation": with_unsafe_integers_as_strings(&new.correlation),
+        });
+        if let Some(prior) = &prior {
+            // A related execution exists but does not attach (outside its window, delivered, …):
+            // say so, so a reviewer can see why this was treated as a new intent.
+            detail["related_prior"] = json!({"execution_id": prior.id, "state": prior.state});
+        }
+        if let Some(anew) = anew {
+            detail["dispatched_anew"] = anew.clone();
+        }
+        self.append(Draft {
+            at: new.at,
+            stream: Stream::Activity,
+            event: ExecutionState::Accepted.as_str().into(),
+            execution_id: Some(new.id),
+            session_id: new.session_id,
+            state: Some(ExecutionState::Accepted),
+            result_sha256: None,
+            detail,
+        })?;
+        Ok(Admission::Accepted { id: new.id })
+    }
+
+    pub(super) fn execution_session(&mut self, id: ExecutionId) -> Result<Option<SessionId>, StoreError> {
+        Ok(self.execution_state(id)?.1)
+    }
+
+    pub(super) fn execution_state(
+        &mut self,
+        id: ExecutionId,
+    ) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
+        if self.cache_invalid {
+            self.states.clear();
+            self.cache_invalid = false;
+        }
+        if let Some(cached) = self.states.get(&id) {
+            return Ok(*cached);
+        }
+        let (state, session): (String, Option<String>) = self
+            .conn
+            .prepare_cached("SELECT state, session_id FROM executions WHERE id = ?1")?
+            .query_row([id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?
+            .ok_or(StoreError::UnknownExecution(id))?;
+        let state = state.parse().map_err(|e| StoreError::Corrupt(format!("execution {id}: {e}")))?;
+        let session = session
+            .map(|s| s.parse().map_err(|e| StoreError::Corrupt(format!("execution {id}: session: {e}"))))
+            .transpose()?;
+        Ok((state, session))
+    }
+
+    pub(super) fn transition(
+        &mut self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.transition_with_result(id, to, detail, at, None)
+    }
+
+    /// An event about an execution that does not change its state (e.g. `cancel_requested`
+    /// after dispatch): evidence in the chain, the state column unchanged.
+    pub(super) fn note(
+        &mut self,
+        id: ExecutionId,
+        event: &str,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let (state, session_id) = self.execution_state(id)?;
+        self.append(Draft {
+            at,
+            stream: Stream::Activity,
+            event: event.into(),
+            execution_id: Some(id),
+            session_id,
+            state: Some(state),
+            result_sha256: None,
+            detail,
+        })
+    }
+
+    pub(super) fn transition_with_result(
+        &mut self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+        result_sha256: Option<String>,
+    ) -> Result<JournalEntry, StoreError> {
+        let (from, session_id) = self.execution_state(id)?;
+        let next = from.transition(to)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE executions SET state = ?2, updated_at = ?3,
+                        first_dispatched_at = COALESCE(first_dispatched_at, CASE WHEN ?2 = 'dispatched' THEN ?3 END)
+                 WHERE id = ?1",
+            )?
+            .execute(params![id.to_string(), next.as_str(), at.as_millis()])?;
+        self.remember(id, next, session_id);
+        self.append(Draft {
+            at,
+            stream: Stream::Activity,
+            event: next.as_str().into(),
+            execution_id: Some(id),
+            session_id,
+            state: Some(next),
+            result_sha256,
+            detail,
+        })
+    }
+
+    pub(super) fn complete(&mut self, id: ExecutionId, completion: &Completion) -> Result<JournalEntry, StoreError> {
+        let sha = hex::encode(Sha256::digest(&completion.result));
+        let detail = json!({ "outcome": completion.outcome, "result_bytes": completion.result.len() });
+        let entry =
+            self.transition_with_result(id, ExecutionState::Completed, detail, completion.at, Some(sha.clone()))?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO results (execution_id, journal_seq, recorded_at, sha256, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![id.to_string(), entry.row.seq as i64, completion.at.as_millis(), sha, completion.result])?;
+        Ok(entry)
+    }
+
+    pub(super) fn steps(
+        &mut self,
+        id: ExecutionId,
+        steps: &[(ExecutionState, Value)],
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        let mut last = None;
+        for (state, detail) in steps {
+            last = Some(self.transition(id, *state, detail.clone(), at)?);
+        }
+        last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))
+    }
+
+    pub(super) fn admit_and_start(
+        &mut self,
+        new: &NewExecution,
+        steps: &[(ExecutionState, Value)],
+    ) -> Result<Admission, StoreError> {
+        let admission = self.admit(new)?;
+        if let Admission::Accepted { id } = admission
+            && !steps.is_empty()
+        {
+            self.steps(id, steps, new.at)?;
+        }
+        Ok(admission)
+    }
+
+    pub(super) fn admit_anew(
+        &mut self,
+        new: &NewExecution,
+        anew: &Value,
+        steps: &[(ExecutionState, Value)],
+    ) -> Result<JournalEntry, StoreError> {
+        let Admission::Accepted { id } = self.admit_with(new, Some(anew))? else {
+            return Err(StoreError::Corrupt("an admission without matching matched a prior".into()));
+        };
+        self.steps(id, steps, new.at)
+    }
+
+    pub(super) fn read_only(
+        &mut self,
+        new: &NewExecution,
+        steps: &[(ExecutionState, Value)],
+        completion: Option<&Completion>,
+    ) -> Result<JournalEntry, StoreError> {
+        match self.admit(new)? {
+            Admission::Accepted { .. } => {}
+            Admission::Matched { .. } => {
+                return Err(StoreError::Corrupt(
+                    "a read-only execution matched a prior; read-only calls never attach".into(),
+                ));
+            }
+        }
+        let mut last = self.steps(new.id, steps, new.at)?;
+        if let Some(completion) = completion {
+            last = self.complete(new.id, completion)?;
+        }
+        Ok(last)
+    }
+
+    /// What the last process left unsettled, in one pass over the executions: a dispatch with no
+    /// observed outcome becomes `outcome_unknown`; a side-effecting result whose delivery was
+    /// never confirmed becomes `completed_result_not_delivered` (whether the agent saw it is
+    /// uncertain, and uncertain resolves to "not delivered"). Read-only executions are never
+    /// tracked for delivery and are left as they are.
+    pub(super) fn recover(&mut self, now: Timestamp) -> Result<Recovery, StoreError> {
+        let unsettled: Vec<(String, String, Option<i64>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT id, state, first_dispatched_at FROM executions
+                 WHERE state = 'dispatched'
+                    OR (state = 'completed' AND json_extract(contract, '$.class') <> 'read_only')
+                 ORDER BY id",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut recovery = Recovery::default();
+        for (id, state, dispatched_at) in unsettled {
+            let id: ExecutionId = id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id: {e}")))?;
+            if state == "dispatched" {
+                self.transition(
+                    id,
+                    ExecutionState::OutcomeUnknown,
+                    json!({
+                        "reason": "gateway_restarted_while_dispatched",
+                        "explanation": "Postern stopped while this action was dispatched; bytes may have reached the target and no outcome was observed.",
+                        "first_dispatched_at": dispatched_at,
+                    }),
+                    now,
+                )?;
+                recovery.outcome_unknown.push(id);
+            } else {
+                self.transition(
+                    id,
+                    ExecutionState::CompletedResultNotDelivered,
+                    json!({
+                        "reason": "gateway_restarted_before_delivery",
+                        "explanation": "Postern stopped after this action completed and before the agent confirmed \
+                                        receiving the result; a retry is answered with the stored result.",
+                    }),
+                    now,
+                )?;
+                recovery.undelivered.push(id);
+            }
+        }
+        Ok(recovery)
+    }
+}
