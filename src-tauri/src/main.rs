@@ -11,9 +11,10 @@ mod tray;
 
 use dialogs::{DialogApprover, Questions};
 use postern_core::Timestamp;
-use postern_gateway::{Engine, Manifest, engine::system_clock, mcp::Gateway, runs::AgentRuns, serve};
+use postern_gateway::{Engine, Manifest, engine::system_clock};
+use postern_host::{Host, HostConfig};
 use postern_store::Store;
-use postern_vault::{OsKeychain, Vault};
+use postern_vault::Vault;
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tauri::Manager;
 
@@ -35,45 +36,25 @@ pub fn now() -> Timestamp {
     system_clock()()
 }
 
-/// The same data directory as the CLI: `POSTERN_DATA_DIR`, else the OS data directory.
-fn data_dir() -> Result<PathBuf, String> {
-    if let Some(dir) = std::env::var_os("POSTERN_DATA_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    directories::ProjectDirs::from("", "", "postern")
-        .map(|d| d.data_dir().to_owned())
-        .ok_or_else(|| "no home directory: set POSTERN_DATA_DIR".into())
-}
-
-/// The same tool manifest as `postern serve`: `POSTERN_TOOLS`, else `tools.toml` in the config
-/// directory; none → the built-in tools only. A manifest with problems is not served (the
+/// The tool manifest `postern-host` finds (`POSTERN_TOOLS`, else `tools.toml` in the config
+/// directory; none → the built-in tools only). A manifest with problems is not served (the
 /// built-ins are), and its problems are shown in the Tools view with file and line.
-fn manifest() -> (Manifest, String, Vec<ipc::ManifestProblem>) {
-    let empty = || Manifest::parse("", std::path::Path::new("(none)")).unwrap_or_else(|_| fail("empty manifest"));
-    let path = match std::env::var_os("POSTERN_TOOLS") {
-        Some(p) => PathBuf::from(p),
-        None => match directories::ProjectDirs::from("", "", "postern") {
-            Some(d) => d.config_dir().join("tools.toml"),
-            None => return (empty(), "(none)".into(), vec![]),
-        },
-    };
-    let shown = path.display().to_string();
-    let problem = |line: usize, tool: Option<String>, message: String| ipc::ManifestProblem {
-        file: shown.clone(),
+fn manifest(explicit: Option<&std::path::Path>) -> (Manifest, String, Vec<ipc::ManifestProblem>) {
+    let problem = |file: &str, line: usize, tool: Option<String>, message: String| ipc::ManifestProblem {
+        file: file.to_owned(),
         line: u32::try_from(line).unwrap_or(u32::MAX),
         tool,
         message,
     };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return (empty(), shown.clone(), vec![problem(1, None, format!("cannot read it: {e}"))]),
-    };
-    match Manifest::parse(&text, &path) {
-        Ok(m) => (m, shown, vec![]),
-        Err(errors) => {
-            let problems = errors.into_iter().map(|e| problem(e.line, e.tool, e.message)).collect();
-            (empty(), shown.clone(), problems)
+    match postern_host::load_manifest(explicit) {
+        Ok(loaded) => {
+            let shown = loaded.path.display().to_string();
+            let problems = loaded.problems.into_iter().map(|e| problem(&shown, e.line, e.tool, e.message)).collect();
+            (loaded.manifest, shown, problems)
+        }
+        Err(e) => {
+            let shown = explicit.map_or_else(|| "(none)".to_owned(), |p| p.display().to_string());
+            (Manifest::default(), shown.clone(), vec![problem(&shown, 1, None, e.to_string())])
         }
     }
 }
@@ -109,22 +90,15 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
         )
         .init();
-    let data_dir = data_dir().unwrap_or_else(|e| fail(&e));
-    std::fs::create_dir_all(&data_dir).unwrap_or_else(|e| fail(&format!("create {}: {e}", data_dir.display())));
-    let (manifest, manifest_path, manifest_errors) = manifest();
+    // The app's idle lock defaults to 900 s (it can unlock again); a bad POSTERN_* value stops it.
+    let config = HostConfig::from_env(Some(Duration::from_secs(900))).unwrap_or_else(|e| fail(&e.to_string()));
+    let (manifest, manifest_path, manifest_errors) = manifest(config.tools.as_deref());
     for e in &manifest_errors {
         tracing::error!(file = %e.file, line = e.line, "tool manifest: {}", e.message);
     }
-    let (store, recovery) = Store::open(&data_dir.join("postern.db"), now()).unwrap_or_else(|e| fail(&e.to_string()));
-    let store = Arc::new(store);
-    let keychain = OsKeychain::connect().unwrap_or_else(|e| fail(&e.to_string()));
-    let vault =
-        Arc::new(Vault::open(Arc::clone(&store), Arc::new(keychain), now()).unwrap_or_else(|e| fail(&e.to_string())));
+    let host = Host::open(config).unwrap_or_else(|e| fail(&e.to_string()));
+    let (store, vault, data_dir) = (Arc::clone(&host.store), Arc::clone(&host.vault), host.config.data_dir.clone());
     let questions = Arc::new(Questions::default());
-    let port = std::env::var("POSTERN_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(postern_gateway::streamable::DEFAULT_PORT);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut stop_tx = Some(stop_tx);
     let mut stop_rx = Some(stop_rx);
@@ -156,26 +130,13 @@ fn main() {
         .setup(move |app| {
             let handle = app.handle().clone();
             let approver = Arc::new(DialogApprover::new(handle.clone(), Arc::clone(&questions)));
-            let engine = Arc::new(
-                Engine::new(Arc::clone(&store), Arc::clone(&vault), Arc::new(manifest), approver, system_clock())?
-                    .with_approval_timeout(Duration::from_secs(120)),
-            );
-            let runs = AgentRuns::new(Arc::clone(&store), system_clock());
-            let hashes = postern_gateway::identity::ExecutableHashes::default();
-            runs.adopt_open(&hashes)?;
-            let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&store), system_clock(), runs);
-            let options = serve::ServeOptions {
-                data_dir: data_dir.clone(),
-                http_port: Some(port),
-                max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
-                drain: Duration::from_secs(35),
-            };
-            let bound = tauri::async_runtime::block_on(serve::bind(gateway, options))?;
-            let endpoints = bound.endpoints.clone();
+            let engine = host.engine(manifest, approver)?;
+            let serving = tauri::async_runtime::block_on(host.bind(Arc::clone(&engine)))?;
+            let endpoints = serving.endpoints.clone();
             tracing::info!(
                 socket = %endpoints.socket.display(),
                 http = %endpoints.http.map(|a| format!("http://{a}/mcp")).unwrap_or_else(|| "off".into()),
-                recovered = recovery.outcome_unknown.len(),
+                recovered = host.recovery.outcome_unknown.len(),
                 "postern app ready"
             );
             app.manage(Arc::new(App {
@@ -190,11 +151,17 @@ fn main() {
                 http: endpoints.http.map(|a| format!("http://{a}/mcp")),
             }));
             let stop = stop_rx.take().ok_or("set up twice")?;
-            let idle = Arc::clone(&engine);
-            tauri::async_runtime::spawn(async move { idle.idle_lock(Duration::from_secs(900)).await });
-            let task = tauri::async_runtime::spawn(bound.run(async move {
-                let _ = stop.await;
-            }));
+            // Serves with the idle lock; on exit drains executions in flight and flushes the journal.
+            let task = tauri::async_runtime::spawn(async move {
+                if let Err(e) = serving
+                    .run(async move {
+                        let _ = stop.await;
+                    })
+                    .await
+                {
+                    tracing::error!(error = %e, "the gateway stopped with an error");
+                }
+            });
             *task_slot.lock().map_err(|_| "poisoned")? = Some(task);
             let watched = Arc::clone(&store);
             tauri::async_runtime::spawn(async move { watch_uncertain(watched).await });

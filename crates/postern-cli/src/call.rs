@@ -4,7 +4,7 @@
 use crate::{Failure, audit::now, location, render};
 use anyhow::{Context, anyhow};
 use postern_core::{Actor, IntentScope, SessionId};
-use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest, engine::system_clock};
+use postern_gateway::{Call, Engine, LockOnlyApprover, engine::system_clock};
 use postern_store::Store;
 use postern_vault::{OsKeychain, Vault};
 use std::{path::Path, process::ExitCode, sync::Arc};
@@ -40,13 +40,8 @@ fn actor() -> Actor {
 }
 
 pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
-    let tools = args.tools.clone().map_or_else(location::tools_file, Ok)?;
-    let manifest = Manifest::load(&tools).map_err(|errors| {
-        for e in &errors {
-            eprintln!("{e}");
-        }
-        Failure { code: 2, error: anyhow!("the tool manifest {} has {} problem(s)", tools.display(), errors.len()) }
-    })?;
+    // The same lookup as `serve`: without a manifest, the built-in tools.
+    let manifest = crate::serve::manifest(args.tools.as_deref())?;
     let arguments: serde_json::Value =
         serde_json::from_str(&args.args).map_err(|e| Failure { code: 2, error: anyhow!("--args is not JSON: {e}") })?;
     let (store, _) = Store::open(&location::database(data_dir), now())?;

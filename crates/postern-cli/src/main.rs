@@ -207,7 +207,16 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
         let error: anyhow::Error = e.into();
         // Anything the store says about the input file is "unusable input"; so are credential
         // definitions the vault refuses.
-        let code = if let Some(e) = error.downcast_ref::<postern_store::StoreError>() {
+        // The host wraps the store's and the vault's errors: judge them the same way.
+        let store_error = error.downcast_ref::<postern_store::StoreError>().or_else(|| match error.downcast_ref() {
+            Some(postern_host::HostError::Store(e)) => Some(e),
+            _ => None,
+        });
+        let code = if let Some(postern_host::HostError::Setting { .. } | postern_host::HostError::Manifest { .. }) =
+            error.downcast_ref::<postern_host::HostError>()
+        {
+            2
+        } else if let Some(e) = store_error {
             if e.code() == "database_error" || e.is_unwritable() { 1 } else { 2 }
         } else if let Some(e) = error.downcast_ref::<postern_vault::VaultError>() {
             match e.code() {

@@ -1,20 +1,11 @@
 //! `postern serve` (the gateway, headless) and `postern mcp` (the stdio bridge an agent
 //! launches: `claude mcp add postern -- postern mcp`).
 
-use crate::{Failure, audit::now, location};
+use crate::Failure;
 use anyhow::{Context, anyhow};
 use postern_core::ErrorCode as _;
-use postern_gateway::{
-    Engine, LockOnlyApprover, Manifest,
-    engine::system_clock,
-    mcp::Gateway,
-    runs::AgentRuns,
-    serve::{self, ServeOptions},
-    socket,
-    terminal::TerminalApprover,
-};
-use postern_store::Store;
-use postern_vault::{OsKeychain, Vault};
+use postern_gateway::{LockOnlyApprover, Manifest, engine::system_clock, socket, terminal::TerminalApprover};
+use postern_host::{Host, HostConfig};
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 
 #[derive(clap::Args, Debug)]
@@ -55,20 +46,20 @@ pub enum ApproverKind {
     Terminal,
 }
 
-fn manifest(explicit: Option<std::path::PathBuf>) -> Result<Manifest, Failure> {
-    let path = explicit.clone().map_or_else(location::tools_file, Ok)?;
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        // The embedded default: no manifest tools, only the built-ins.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => String::new(),
-        Err(e) => return Err(anyhow!("cannot read the tool manifest {}: {e}", path.display()).into()),
-    };
-    Manifest::parse(&text, &path).map_err(|errors| {
-        for e in &errors {
+/// The tool manifest `serve` and `call` use: one with problems is refused, each problem printed
+/// with its file and line (the desktop app serves the built-ins instead and shows them).
+pub fn manifest(explicit: Option<&Path>) -> Result<Manifest, Failure> {
+    let loaded = postern_host::load_manifest(explicit)?;
+    if !loaded.problems.is_empty() {
+        for e in &loaded.problems {
             eprintln!("{e}");
         }
-        Failure { code: 2, error: anyhow!("the tool manifest {} has {} problem(s)", path.display(), errors.len()) }
-    })
+        return Err(Failure {
+            code: 2,
+            error: anyhow!("the tool manifest {} has {} problem(s)", loaded.path.display(), loaded.problems.len()),
+        });
+    }
+    Ok(loaded.manifest)
 }
 
 async fn shutdown_signal() {
@@ -94,72 +85,43 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
         )
         .init();
-    let manifest = manifest(args.tools)?;
-    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
-    let (store, recovery) = Store::open(&location::database(data_dir), now()).map_err(|e| {
-        if e.code() == "journal_in_use" {
-            Failure {
-                code: 1,
-                error: anyhow!(
-                    "{e}\nA Postern gateway is already serving {}; agents connect to it with `postern mcp`.",
-                    data_dir.display()
-                ),
-            }
-        } else {
-            e.into()
-        }
-    })?;
-    let store = Arc::new(store);
-    let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(OsKeychain::connect()?), now())?);
+    let manifest = manifest(args.tools.as_deref())?;
+    let mut config = HostConfig::new(data_dir.to_owned());
+    config.tools = args.tools.clone();
+    config.http_port = (!args.no_http).then_some(args.port);
+    config.max_message_bytes = args.max_message_bytes;
+    config.drain = Duration::from_secs(args.drain_seconds);
+    config.approval_timeout = Duration::from_secs(args.approval_timeout);
+    let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });
+    config.idle_lock = (idle_lock > 0).then(|| Duration::from_secs(idle_lock));
+    let host = Host::open(config)?;
     let approver: Arc<dyn postern_gateway::Approver> = match args.approver {
         ApproverKind::None => Arc::new(LockOnlyApprover),
         ApproverKind::Terminal => {
-            let terminal = TerminalApprover::open(Arc::clone(&vault), system_clock())?;
+            let terminal = TerminalApprover::open(Arc::clone(&host.vault), system_clock())?;
             terminal.spawn_console();
             terminal
         }
     };
-    let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });
-    let engine = Arc::new(
-        Engine::new(Arc::clone(&store), Arc::clone(&vault), Arc::new(manifest), approver, system_clock())?
-            .with_approval_timeout(Duration::from_secs(args.approval_timeout)),
-    );
+    let engine = host.engine(manifest, approver)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     runtime.block_on(async {
-        let runs = AgentRuns::new(Arc::clone(&store), system_clock());
-        let hashes = postern_gateway::identity::ExecutableHashes::default();
-        let (adopted, ended) = runs.adopt_open(&hashes)?;
-        let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&store), system_clock(), runs);
-        let options = ServeOptions {
-            data_dir: data_dir.to_owned(),
-            http_port: (!args.no_http).then_some(args.port),
-            max_message_bytes: args.max_message_bytes,
-            drain: Duration::from_secs(args.drain_seconds),
-        };
-        let bound = serve::bind(gateway, options).await?;
-        let idle = (idle_lock > 0).then(|| {
-            let engine = Arc::clone(&engine);
-            tokio::spawn(async move { engine.idle_lock(Duration::from_secs(idle_lock)).await })
-        });
+        let serving = host.bind(Arc::clone(&engine)).await?;
         tracing::info!(
-            socket = %bound.endpoints.socket.display(),
-            http = %bound.endpoints.http.map(|a| format!("http://{a}/mcp")).unwrap_or_else(|| "off".into()),
+            socket = %serving.endpoints.socket.display(),
+            http = %serving.endpoints.http.map(|a| format!("http://{a}/mcp")).unwrap_or_else(|| "off".into()),
             tools = engine.manifest().tools().count(),
-            recovered = recovery.outcome_unknown.len(),
-            runs_adopted = adopted,
-            runs_ended = ended,
+            recovered = host.recovery.outcome_unknown.len(),
+            runs_adopted = serving.adopted,
+            runs_ended = serving.ended,
             approver = ?args.approver,
             idle_lock_s = idle_lock,
             "postern gateway ready"
         );
-        bound.run(shutdown_signal()).await;
-        if let Some(idle) = idle {
-            idle.abort();
-        }
+        serving.run(shutdown_signal()).await?;
         Ok::<(), Failure>(())
     })?;
-    store.flush()?;
-    tracing::info!("journal flushed; goodbye");
+    tracing::info!("goodbye");
     Ok(ExitCode::SUCCESS)
 }
 

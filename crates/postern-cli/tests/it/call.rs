@@ -94,3 +94,24 @@ fn call_runs_a_tool_and_the_same_scope_is_one_intent() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("unknown tool \"nope\""), "{}", run.stderr);
 }
+
+/// `call` finds its manifest the way `serve` does (one lookup, in `postern-host`): with no
+/// `tools.toml`, the built-in tools are there; a manifest named explicitly must exist.
+#[test]
+fn call_without_a_manifest_has_the_built_in_tools() {
+    let (base, posts) = counting_server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = tempfile::tempdir().expect("config home");
+    let env = [("XDG_CONFIG_HOME", config.path().to_str().expect("utf-8"))];
+    let args = format!(r#"{{"method":"POST","url":"{base}/v1/orders","body":{{"sku":"A-1"}}}}"#);
+    let run = postern_with(&["call", "http_request", "--args", &args, "--json"], Some(dir.path()), None, &env);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let out: Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(out["state"], "completed", "{out}");
+    assert_eq!(posts.load(Ordering::SeqCst), 1);
+    let missing = dir.path().join("missing.toml");
+    let named = ["call", "http_request", "--args", &args, "--tools", missing.to_str().expect("utf-8")];
+    let run = postern_with(&named, Some(dir.path()), None, &env);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("cannot read the tool manifest"), "{}", run.stderr);
+}

@@ -1,0 +1,349 @@
+//! The one place a running Postern is put together: where its data and its tool manifest are,
+//! every knob with its default (parsed once, a bad value an error naming it), the store (with the
+//! "another gateway holds it" hint), the vault, the engine, the agent runs and the endpoints, and
+//! how it stops (drain the executions in flight, flush the journal). `postern serve` and the
+//! desktop app differ only in the approver and the UI.
+
+use postern_core::{ErrorCode, Timestamp};
+use postern_gateway::{
+    Approver, Engine, EngineError, Manifest,
+    engine::system_clock,
+    manifest::ManifestError,
+    mcp::Gateway,
+    runs::AgentRuns,
+    serve::{self, BoundGateway, Endpoints, ServeError, ServeOptions},
+};
+use postern_store::{Recovery, Store, StoreError};
+use postern_vault::{OsKeychain, Vault, VaultError};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+/// Why Postern could not be put together or started.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{0}")]
+    Location(String),
+    #[error("{variable}={value:?} is not valid: {problem}")]
+    Setting { variable: &'static str, value: String, problem: String },
+    #[error("cannot create {}: {source}", path.display())]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot read the tool manifest {}: {source}", path.display())]
+    Manifest { path: PathBuf, source: std::io::Error },
+    #[error("{source}\nA Postern gateway is already serving {}; agents connect to it with `postern mcp`.", data_dir.display())]
+    InUse { data_dir: PathBuf, source: StoreError },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+impl ErrorCode for HostError {
+    fn code(&self) -> &'static str {
+        match self {
+            HostError::Location(_) => "no_home_directory",
+            HostError::Setting { .. } => "invalid_setting",
+            HostError::DataDir { .. } => "data_dir_unusable",
+            HostError::Manifest { .. } => "manifest_unreadable",
+            HostError::InUse { .. } => "journal_in_use",
+            HostError::Store(e) => e.code(),
+            HostError::Vault(e) => e.code(),
+            HostError::Engine(e) => e.code(),
+            HostError::Serve(_) => "cannot_listen",
+        }
+    }
+}
+
+/// The OS data directory (XDG on Linux), for when none is given.
+pub fn default_data_dir() -> Result<PathBuf, HostError> {
+    directories::ProjectDirs::from("", "", "postern")
+        .map(|d| d.data_dir().to_owned())
+        .ok_or_else(|| HostError::Location("cannot determine a home directory; set POSTERN_DATA_DIR".into()))
+}
+
+/// The default tool manifest: `tools.toml` in the OS config directory.
+pub fn default_tools_file() -> Result<PathBuf, HostError> {
+    directories::ProjectDirs::from("", "", "postern")
+        .map(|d| d.config_dir().join("tools.toml"))
+        .ok_or_else(|| HostError::Location("cannot determine a home directory; set POSTERN_TOOLS".into()))
+}
+
+/// The journal's database in `data_dir`.
+pub fn database(data_dir: &Path) -> PathBuf {
+    data_dir.join("postern.db")
+}
+
+/// A tool manifest as loaded: what is served, from where, and what is wrong with it.
+#[derive(Debug)]
+pub struct ManifestLoad {
+    /// The manifest's tools, or only the built-ins when it has problems or does not exist.
+    pub manifest: Manifest,
+    pub path: PathBuf,
+    /// Its problems, each with file and line (none: it is served as written).
+    pub problems: Vec<ManifestError>,
+}
+
+/// The tool manifest: `explicit` if given (then it must exist), else the default file (missing:
+/// the built-in tools only).
+pub fn load_manifest(explicit: Option<&Path>) -> Result<ManifestLoad, HostError> {
+    let path = match explicit {
+        Some(p) => p.to_owned(),
+        None => default_tools_file()?,
+    };
+    let builtins = || Manifest::default();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => String::new(),
+        Err(source) => return Err(HostError::Manifest { path, source }),
+    };
+    Ok(match Manifest::parse(&text, &path) {
+        Ok(manifest) => ManifestLoad { manifest, path, problems: vec![] },
+        Err(problems) => ManifestLoad { manifest: builtins(), path, problems },
+    })
+}
+
+/// Every knob of a running Postern.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    pub data_dir: PathBuf,
+    /// The tool manifest named explicitly (`None`: the default file).
+    pub tools: Option<PathBuf>,
+    /// Streamable HTTP on 127.0.0.1 (`Some(0)`: any free port; `None`: off).
+    pub http_port: Option<u16>,
+    pub max_message_bytes: usize,
+    /// How long a stop waits for executions in flight.
+    pub drain: Duration,
+    /// How long a reviewer has to answer.
+    pub approval_timeout: Duration,
+    /// Lock the vault after this long without activity (`None`: never).
+    pub idle_lock: Option<Duration>,
+}
+
+impl HostConfig {
+    /// Defaults for `data_dir`: HTTP on the default port, 4 MiB messages, 35 s drain, 120 s to
+    /// answer, no idle lock.
+    pub fn new(data_dir: PathBuf) -> HostConfig {
+        HostConfig {
+            data_dir,
+            tools: None,
+            http_port: Some(postern_gateway::streamable::DEFAULT_PORT),
+            max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
+            drain: Duration::from_secs(35),
+            approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
+            idle_lock: None,
+        }
+    }
+
+    /// For a process configured by its environment (the desktop app): `POSTERN_DATA_DIR`,
+    /// `POSTERN_TOOLS`, `POSTERN_PORT`, `POSTERN_APPROVAL_TIMEOUT` and `POSTERN_IDLE_LOCK` (seconds;
+    /// 0: never), over `idle_lock` as the default. A value that does not parse is an error
+    /// naming the variable, never silently the default.
+    pub fn from_env(idle_lock: Option<Duration>) -> Result<HostConfig, HostError> {
+        HostConfig::from_lookup(idle_lock, |name| std::env::var(name).ok())
+    }
+
+    /// [`HostConfig::from_env`] over any source of variables.
+    pub fn from_lookup(
+        idle_lock: Option<Duration>,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<HostConfig, HostError> {
+        let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let number = |name: &'static str| -> Result<Option<u64>, HostError> {
+            var(name)
+                .map(|v| {
+                    v.parse::<u64>().map_err(|e| HostError::Setting {
+                        variable: name,
+                        value: v,
+                        problem: e.to_string(),
+                    })
+                })
+                .transpose()
+        };
+        let data_dir = match var("POSTERN_DATA_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => default_data_dir()?,
+        };
+        let mut config = HostConfig::new(data_dir);
+        config.tools = var("POSTERN_TOOLS").map(PathBuf::from);
+        if let Some(port) = number("POSTERN_PORT")? {
+            let port = u16::try_from(port).map_err(|_| HostError::Setting {
+                variable: "POSTERN_PORT",
+                value: port.to_string(),
+                problem: "a port is at most 65535".into(),
+            })?;
+            config.http_port = Some(port);
+        }
+        if let Some(s) = number("POSTERN_APPROVAL_TIMEOUT")? {
+            config.approval_timeout = Duration::from_secs(s);
+        }
+        config.idle_lock = match number("POSTERN_IDLE_LOCK")? {
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+            None => idle_lock,
+        };
+        Ok(config)
+    }
+}
+
+/// The journal and the vault of one data directory, opened by the one process that may write it.
+#[derive(Debug)]
+pub struct Host {
+    pub config: HostConfig,
+    pub store: Arc<Store>,
+    pub vault: Arc<Vault>,
+    /// What opening the journal recovered from the last process.
+    pub recovery: Recovery,
+}
+
+fn now() -> Timestamp {
+    system_clock()()
+}
+
+impl Host {
+    /// Creates the data directory if needed, opens the journal (saying so when another gateway
+    /// holds it) and the vault (the OS keychain).
+    pub fn open(config: HostConfig) -> Result<Host, HostError> {
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|source| HostError::DataDir { path: config.data_dir.clone(), source })?;
+        let (store, recovery) = match Store::open(&database(&config.data_dir), now()) {
+            Ok(opened) => opened,
+            Err(e @ StoreError::InUse { .. }) => {
+                return Err(HostError::InUse { data_dir: config.data_dir.clone(), source: e });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let store = Arc::new(store);
+        let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(OsKeychain::connect()?), now())?);
+        Ok(Host { config, store, vault, recovery })
+    }
+
+    /// The engine serving `manifest`, asking `approver`.
+    pub fn engine(&self, manifest: Manifest, approver: Arc<dyn Approver>) -> Result<Arc<Engine>, HostError> {
+        let engine = Engine::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.vault),
+            Arc::new(manifest),
+            approver,
+            system_clock(),
+        )?
+        .with_approval_timeout(self.config.approval_timeout);
+        Ok(Arc::new(engine))
+    }
+
+    /// Adopts the agent runs the last process left open and binds the endpoints (the MCP socket,
+    /// the control socket, Streamable HTTP).
+    pub async fn bind(&self, engine: Arc<Engine>) -> Result<Serving, HostError> {
+        let runs = AgentRuns::new(Arc::clone(&self.store), system_clock());
+        let hashes = postern_gateway::identity::ExecutableHashes::default();
+        let (adopted, ended) = runs.adopt_open(&hashes)?;
+        let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&self.store), system_clock(), runs);
+        let options = ServeOptions {
+            data_dir: self.config.data_dir.clone(),
+            http_port: self.config.http_port,
+            max_message_bytes: self.config.max_message_bytes,
+            drain: self.config.drain,
+        };
+        let bound = serve::bind(gateway, options).await?;
+        Ok(Serving {
+            endpoints: bound.endpoints.clone(),
+            adopted,
+            ended,
+            bound,
+            engine,
+            store: Arc::clone(&self.store),
+            idle_lock: self.config.idle_lock,
+        })
+    }
+}
+
+/// A bound gateway, ready to run.
+pub struct Serving {
+    pub endpoints: Endpoints,
+    /// Agent runs of the last process adopted (their process lives) and ended (it is gone).
+    pub adopted: usize,
+    pub ended: usize,
+    bound: BoundGateway,
+    engine: Arc<Engine>,
+    store: Arc<Store>,
+    idle_lock: Option<Duration>,
+}
+
+impl std::fmt::Debug for Serving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serving").field("endpoints", &self.endpoints).finish_non_exhaustive()
+    }
+}
+
+impl Serving {
+    /// Serves until `shutdown` resolves (with the idle lock, if configured), lets executions in
+    /// flight finish and be journaled, then flushes the journal.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), HostError> {
+        let idle = self.idle_lock.map(|idle| {
+            let engine = Arc::clone(&self.engine);
+            tokio::spawn(async move { engine.idle_lock(idle).await })
+        });
+        self.bound.run(shutdown).await;
+        if let Some(idle) = idle {
+            idle.abort();
+        }
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.flush())
+            .await
+            .map_err(|e| HostError::Store(StoreError::Corrupt(e.to_string())))??;
+        tracing::info!("journal flushed");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The desktop app takes its knobs from the environment: a value that does not parse is an
+    /// error naming the variable, never silently the default (the app used to ignore a bad
+    /// `POSTERN_PORT` and hard-code its approval timeout and idle lock).
+    #[test]
+    fn settings_from_the_environment_parse_or_say_which_is_wrong() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
+        };
+        let config = HostConfig::from_lookup(
+            Some(Duration::from_secs(900)),
+            env(&[("POSTERN_DATA_DIR", "/tmp/p"), ("POSTERN_PORT", "0"), ("POSTERN_APPROVAL_TIMEOUT", "30")]),
+        )
+        .unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/p"));
+        assert_eq!(config.http_port, Some(0));
+        assert_eq!(config.approval_timeout, Duration::from_secs(30));
+        assert_eq!(config.idle_lock, Some(Duration::from_secs(900)), "the caller's default");
+        let off = HostConfig::from_lookup(
+            Some(Duration::from_secs(900)),
+            env(&[("POSTERN_DATA_DIR", "/tmp/p"), ("POSTERN_IDLE_LOCK", "0")]),
+        );
+        assert_eq!(off.unwrap().idle_lock, None);
+        for (variable, bad) in [("POSTERN_PORT", "80a"), ("POSTERN_PORT", "70000"), ("POSTERN_IDLE_LOCK", "-1")] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![("POSTERN_DATA_DIR", "/tmp/p"), (variable, bad)].into_boxed_slice());
+            let err = HostConfig::from_lookup(None, env(pairs)).unwrap_err();
+            assert!(err.to_string().starts_with(&format!("{variable}=")), "{err}");
+            assert_eq!(err.code(), "invalid_setting");
+        }
+    }
+
+    #[test]
+    fn a_named_manifest_must_exist_the_default_may_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("tools.toml");
+        assert!(matches!(load_manifest(Some(&missing)), Err(HostError::Manifest { .. })));
+        std::fs::write(&missing, "[[tool]]\nname = \"x\"\n").unwrap();
+        let loaded = load_manifest(Some(&missing)).unwrap();
+        assert_eq!(loaded.problems.len(), 1, "{:?}", loaded.problems);
+        assert_eq!(loaded.manifest.tools().count(), 0, "only the built-ins are served");
+    }
+}
