@@ -1,10 +1,9 @@
 //! `postern agents …`: bearer tokens for agents that reach Postern over Streamable HTTP. A token
 //! is shown once, when it is created; Postern keeps only its SHA-256.
 
-use crate::{Failure, audit::now, location, render};
+use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
 use postern_gateway::control::ControlRequest;
-use postern_store::Store;
 use sha2::{Digest, Sha256};
 use std::{path::Path, process::ExitCode};
 
@@ -29,16 +28,10 @@ pub fn add(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
     let mut random = [0u8; 32];
     getrandom::fill(&mut random).map_err(|e| Failure { code: 1, error: anyhow!("no randomness from the OS: {e}") })?;
     let token = format!("{TOKEN_PREFIX}{}", hex::encode(random));
-    match Store::open(&location::database(data_dir), now()) {
-        Ok((store, _)) => {
-            store.add_agent(name, &token_sha256(&token), now())?;
-        }
-        Err(e) if crate::serve::held_by_gateway(&e) => crate::serve::via_gateway(
-            data_dir,
-            ControlRequest::AddAgent { name: name.into(), token_sha256: token_sha256(&token) },
-        )?,
-        Err(e) => return Err(e.into()),
-    }
+    crate::serve::perform(
+        data_dir,
+        ControlRequest::AddAgent { name: name.into(), token_sha256: token_sha256(&token) },
+    )?;
     eprintln!("agent {name:?} added. Its token is printed below once; Postern keeps only a hash of it.");
     eprintln!("Give it to the agent's MCP client as an HTTP header:  Authorization: Bearer <token>");
     println!("{token}");
@@ -70,15 +63,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
 }
 
 pub fn revoke(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
-    match Store::open(&location::database(data_dir), now()) {
-        Ok((store, _)) => {
-            store.revoke_agent(name, now())?;
-        }
-        Err(e) if crate::serve::held_by_gateway(&e) => {
-            crate::serve::via_gateway(data_dir, ControlRequest::RevokeAgent { name: name.into() })?
-        }
-        Err(e) => return Err(e.into()),
-    }
+    crate::serve::perform(data_dir, ControlRequest::RevokeAgent { name: name.into() })?;
     eprintln!("agent {name:?} revoked: its token no longer authenticates");
     Ok(ExitCode::SUCCESS)
 }

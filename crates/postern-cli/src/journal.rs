@@ -117,15 +117,7 @@ pub fn activity(
 
 /// `postern sessions revoke ID`: directly, or through a running gateway's control socket.
 pub fn revoke(data_dir: &Path, id: postern_core::SessionId) -> Result<ExitCode, Failure> {
-    match postern_store::Store::open(&location::database(data_dir), now()) {
-        Ok((store, _)) => {
-            store.set_session_standing(id, false, "cli", serde_json::json!({}), now())?;
-        }
-        Err(e) if crate::serve::held_by_gateway(&e) => {
-            crate::serve::via_gateway(data_dir, postern_gateway::control::ControlRequest::RevokeSession { id })?
-        }
-        Err(e) => return Err(e.into()),
-    }
+    crate::serve::perform(data_dir, postern_gateway::control::ControlRequest::RevokeSession { id })?;
     eprintln!("agent run {id} revoked: its calls are denied, and it is never authorized again");
     Ok(ExitCode::SUCCESS)
 }

@@ -232,14 +232,12 @@ pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
     }
 }
 
-/// Sends a write command to the gateway that holds the journal (its control socket).
-pub fn via_gateway(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<(), Failure> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
-    let reply = runtime
-        .block_on(postern_gateway::control::request(data_dir, &request))
-        .map_err(|e| anyhow!("the journal is held by a running gateway, and its control socket did not answer: {e}"))?;
+/// Performs a write operation on `data_dir`: on the journal itself, or — when a gateway holds
+/// it — through that gateway's control socket (the route is chosen once, in `postern-host`).
+pub fn perform(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<(), Failure> {
     use postern_gateway::control::{ControlCode, ControlReply};
-    match reply {
+    let now = crate::audit::now();
+    match postern_host::operations::Route::of(data_dir, now)?.perform(request, now) {
         ControlReply::Done => Ok(()),
         ControlReply::Refused { code, message } => {
             let code = match code {

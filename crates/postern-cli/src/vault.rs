@@ -307,10 +307,7 @@ pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
         && crate::serve::held_by_gateway(&e)
     {
         if locked {
-            crate::serve::via_gateway(
-                data_dir,
-                postern_gateway::control::ControlRequest::LockVault { by: "cli".into() },
-            )?;
+            crate::serve::perform(data_dir, postern_gateway::control::ControlRequest::LockVault { by: "cli".into() })?;
             eprintln!("vault locked: every action is denied until it is unlocked in the approver");
             return Ok(ExitCode::SUCCESS);
         }

@@ -118,7 +118,9 @@ pub fn bind(data_dir: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
     crate::socket::bind_at(&control_path(data_dir))
 }
 
-fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestamp) -> ControlReply {
+/// Carries out `request` on `store` (what the socket does for a caller, and what a command does
+/// itself when no gateway holds the journal).
+pub fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestamp) -> ControlReply {
     let done = match request {
         ControlRequest::AddAgent { name, token_sha256 } => store.add_agent(&name, &token_sha256, now).map(|_| ()),
         ControlRequest::RevokeAgent { name } => store.revoke_agent(&name, now).map(|_| ()),
