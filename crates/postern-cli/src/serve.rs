@@ -3,7 +3,6 @@
 
 use crate::Failure;
 use anyhow::{Context, anyhow};
-use postern_core::ErrorCode as _;
 use postern_gateway::{LockOnlyApprover, Manifest, engine::system_clock, socket, terminal::TerminalApprover};
 use postern_host::{Host, HostConfig};
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
@@ -207,11 +206,6 @@ pub fn bridge(data_dir: &Path) -> Result<ExitCode, Failure> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Whether an error means "a gateway holds this journal".
-pub fn held_by_gateway(e: &postern_store::StoreError) -> bool {
-    e.code() == "journal_in_use"
 }
 
 /// Asks the running gateway for `op`, which its control socket does not offer: the gateway

@@ -300,26 +300,39 @@ pub fn ssh_gc(data_dir: &Path, name: &str, days: u32) -> Result<ExitCode, Failur
 }
 
 pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
-    // A running gateway holds the journal: ask it to lock. Unlocking is not offered over its
-    // socket (any process of this user, an agent included, can reach it): the gateway refuses,
-    // journals the attempt, and says where to unlock instead.
-    if let Err(e) = Store::open(&location::database(data_dir), now())
-        && crate::serve::held_by_gateway(&e)
-    {
-        if locked {
-            crate::serve::perform(data_dir, postern_gateway::control::ControlRequest::LockVault { by: "cli".into() })?;
-            eprintln!("vault locked: every action is denied until it is unlocked in the approver");
-            return Ok(ExitCode::SUCCESS);
+    use postern_host::operations::Route;
+    match Route::of(data_dir, now())? {
+        // A running gateway holds the journal: ask it to lock. Unlocking is not offered over
+        // its socket (any process of this user, an agent included, can reach it): the gateway
+        // refuses, journals the attempt, and says where to unlock instead.
+        Route::Gateway(_) if !locked => {
+            crate::serve::refused_by_gateway(data_dir, "vault.unlock")?;
+            Ok(ExitCode::SUCCESS)
         }
-        crate::serve::refused_by_gateway(data_dir, "vault.unlock")?;
+        route @ Route::Gateway(_) => {
+            route_lock(&route)?;
+            eprintln!("vault locked: every action is denied until it is unlocked in the approver");
+            Ok(ExitCode::SUCCESS)
+        }
+        Route::Local(store) => {
+            drop(store);
+            let vault = open(data_dir)?;
+            if locked {
+                vault.lock("cli", now())?;
+                eprintln!("vault locked: every action is denied until `postern vault unlock`");
+            } else {
+                vault.unlock("cli", now())?;
+                eprintln!("vault unlocked");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
-    let vault = open(data_dir)?;
-    if locked {
-        vault.lock("cli", now())?;
-        eprintln!("vault locked: every action is denied until `postern vault unlock`");
-    } else {
-        vault.unlock("cli", now())?;
-        eprintln!("vault unlocked");
+}
+
+fn route_lock(route: &postern_host::operations::Route) -> Result<(), Failure> {
+    use postern_gateway::control::{ControlReply, ControlRequest};
+    match route.perform(ControlRequest::LockVault { by: "cli".into() }, now()) {
+        ControlReply::Done => Ok(()),
+        ControlReply::Refused { message, .. } => Err(Failure { code: 1, error: anyhow!("{message}") }),
     }
-    Ok(ExitCode::SUCCESS)
 }
