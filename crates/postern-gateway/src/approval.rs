@@ -92,9 +92,9 @@ pub enum Grant {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Authorization {
     pub allowed: bool,
-    /// Which rung decided: `vault_locked`, `approve_every_use`, `session_authorization`,
-    /// `allowlist`, `run`.
-    pub rung: String,
+    /// Which rung decided (journaled as `vault_locked`, `approve_every_use`,
+    /// `session_authorization`, `allowlist`, `run`).
+    pub rung: postern_core::Rung,
     pub by: String,
     pub reason: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -240,7 +240,7 @@ impl Approver for LockOnlyApprover {
         match r.ask {
             Ask::PerUse => Authorization {
                 allowed: false,
-                rung: "approve_every_use".into(),
+                rung: postern_core::Rung::ApproveEveryUse,
                 by: "postern".into(),
                 reason: "this credential needs a reviewer's approval and no approver is running".into(),
                 grant: None,
@@ -248,7 +248,7 @@ impl Approver for LockOnlyApprover {
             },
             Ask::SessionAuthorization => Authorization {
                 allowed: true,
-                rung: "session_authorization".into(),
+                rung: postern_core::Rung::SessionAuthorization,
                 by: "policy:no-reviewer".into(),
                 reason: "no reviewer is running; agent runs are authorized by policy".into(),
                 grant: Some(Grant::Session),
@@ -498,8 +498,8 @@ impl AuthorizationRequest {
         Authorization {
             allowed,
             rung: match self.ask {
-                Ask::SessionAuthorization => "session_authorization".into(),
-                Ask::PerUse => "approve_every_use".into(),
+                Ask::SessionAuthorization => postern_core::Rung::SessionAuthorization,
+                Ask::PerUse => postern_core::Rung::ApproveEveryUse,
             },
             by: by.to_owned(),
             reason: reason.into(),

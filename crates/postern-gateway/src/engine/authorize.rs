@@ -17,7 +17,7 @@ impl Engine {
     ) -> Result<Authorization, EngineError> {
         let decided = |allowed: bool, rung: Rung, reason: &str| Authorization {
             allowed,
-            rung: rung.as_str().into(),
+            rung,
             by: "postern".into(),
             reason: reason.into(),
             grant: None,
@@ -110,7 +110,7 @@ impl Engine {
                     Asked::TimedOut => (
                         Authorization {
                             allowed: false,
-                            rung: rung_asked.as_str().into(),
+                            rung: rung_asked,
                             by: "timeout".into(),
                             reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
                             grant: None,
@@ -121,7 +121,7 @@ impl Engine {
                     Asked::Locked => (
                         Authorization {
                             allowed: false,
-                            rung: Rung::VaultLocked.as_str().into(),
+                            rung: Rung::VaultLocked,
                             by: "postern".into(),
                             reason: "the vault was locked while this request waited for a reviewer".into(),
                             grant: None,
@@ -143,7 +143,7 @@ impl Engine {
         }
         // A refused run stays refused: its later calls are denied without asking again. (A
         // question nobody answered, or one withdrawn by the lock, is not a refusal.)
-        let refused = !verdict.allowed && !verdict.timed_out && verdict.rung != Rung::VaultLocked.as_str();
+        let refused = !verdict.allowed && !verdict.timed_out && verdict.rung != Rung::VaultLocked;
         if let (Ask::SessionAuthorization, true, Some(session)) = (ask, refused, call.session) {
             let (by, at, detail) = (verdict.by.clone(), self.now(), json!({ "reason": verdict.reason }));
             self.on_store(move |store| store.set_session_standing(session, false, &by, detail, at)).await?;

@@ -91,8 +91,8 @@ impl Approver for Reviewer {
         Authorization {
             allowed: allow,
             rung: match request.ask {
-                Ask::PerUse => "approve_every_use".into(),
-                Ask::SessionAuthorization => "session_authorization".into(),
+                Ask::PerUse => postern_core::Rung::ApproveEveryUse,
+                Ask::SessionAuthorization => postern_core::Rung::SessionAuthorization,
             },
             by: "reviewer:test".into(),
             reason: if allow { "approved" } else { "refused" }.into(),
