@@ -2,7 +2,8 @@
 //! focused, always-on-top window showing the same presentation as the terminal approver, with a
 //! notification and the tray's count. The answer comes back over IPC from that window only.
 
-use crate::ipc::{ApprovalView, ChoiceView, TimelineRow};
+use crate::views::{ApprovalView, ChoiceView, Reply, TimelineRow};
+use crate::windows::{show_window, window_label};
 use postern_gateway::{
     Approver, Authorization, AuthorizationRequest, RetryReviewRequest, ReviewVerdict,
     approval::{Presentation, Withdrawal},
@@ -16,17 +17,10 @@ use std::{
     },
     time::{Duration, Instant},
 };
-use tauri::{AppHandle, Emitter, Manager, WebviewUrl, WebviewWindowBuilder};
+use tauri::{AppHandle, Emitter, Manager};
 
 /// Who answered, as journaled.
 const BY: &str = "desktop";
-
-/// An answer from an approval window.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub key: char,
-    pub reason: Option<String>,
-}
 
 struct Question {
     view: ApprovalView,
@@ -121,31 +115,6 @@ pub struct DialogApprover {
 impl std::fmt::Debug for DialogApprover {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DialogApprover").finish_non_exhaustive()
-    }
-}
-
-/// The window label of question `id`.
-pub fn window_label(id: &str) -> String {
-    format!("approval-{id}")
-}
-
-/// Opens (or focuses) the window of question `id`.
-pub fn show_window(app: &AppHandle, id: &str, title: &str) {
-    let label = window_label(id);
-    if let Some(w) = app.get_webview_window(&label) {
-        let _ = w.set_focus();
-        return;
-    }
-    let url = WebviewUrl::App(format!("index.html#/approval/{id}").into());
-    let built = WebviewWindowBuilder::new(app, &label, url)
-        .title(format!("Postern — {title}"))
-        .inner_size(680.0, 600.0)
-        .always_on_top(true)
-        .focused(true)
-        .center()
-        .build();
-    if let Err(e) = built {
-        tracing::warn!(error = %e, "could not open the approval window");
     }
 }
 

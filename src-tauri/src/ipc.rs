@@ -2,7 +2,8 @@
 //! declared here once and exported to TypeScript (`ui/src/lib/bindings/`, by ts-rs, when the
 //! tests run); every error crosses as an [`IpcError`] — a machine-readable code and a message.
 
-use crate::{App, dialogs::Reply};
+use crate::views::{ApprovalView, TimelineRow};
+use crate::{App, views::Reply};
 use postern_core::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -27,46 +28,6 @@ impl<E: ErrorCode + std::fmt::Display> From<E> for IpcError {
     fn from(e: E) -> Self {
         IpcError { code: e.code().into(), message: e.to_string() }
     }
-}
-
-/// One open approval question, as its window shows it.
-#[derive(Debug, Clone, Serialize, TS)]
-#[ts(export, export_to = "../../ui/src/lib/bindings/")]
-pub struct ApprovalView {
-    pub id: String,
-    /// `session_authorization`, `per_use` or `retry_review`.
-    pub kind: String,
-    pub execution_id: String,
-    pub title: String,
-    pub intro: Option<String>,
-    /// Label and value, in order (the same rows the terminal approver prints).
-    pub rows: Vec<[String; 2]>,
-    pub timeline: Vec<TimelineRow>,
-    pub choices: Vec<ChoiceView>,
-    /// What the rows cut short (the whole request body), shown when the reviewer expands it.
-    pub details: Option<String>,
-    /// ms since the epoch.
-    pub asked_at: f64,
-    pub deadline: f64,
-}
-
-#[derive(Debug, Clone, Serialize, TS)]
-#[ts(export, export_to = "../../ui/src/lib/bindings/")]
-pub struct TimelineRow {
-    pub at: f64,
-    pub event: String,
-    pub summary: String,
-}
-
-#[derive(Debug, Clone, Serialize, TS)]
-#[ts(export, export_to = "../../ui/src/lib/bindings/")]
-pub struct ChoiceView {
-    /// The keyboard shortcut, one letter.
-    pub key: String,
-    pub label: String,
-    pub needs_reason: bool,
-    /// A permanent answer: the dialog asks for a second, deliberate step (no single key).
-    pub needs_confirmation: bool,
 }
 
 /// The Activity view's filters; absent fields mean "any".
@@ -281,7 +242,7 @@ pub fn answer_approval(
     reason: Option<String>,
 ) -> Result<(), IpcError> {
     // Only the question's own window answers it (not the main window, not another question's).
-    if window.label() != crate::dialogs::window_label(&id) {
+    if window.label() != crate::windows::window_label(&id) {
         return Err(IpcError::new("approval_wrong_window", "a question is answered only in its own window"));
     }
     let mut chars = key.chars();
@@ -298,7 +259,7 @@ pub fn answer_approval(
 #[tauri::command]
 pub fn open_approval(handle: tauri::AppHandle, app: State<'_>, id: String) -> Result<(), IpcError> {
     let view = app.questions.get(&id).ok_or_else(|| IpcError::new("approval_closed", "no longer open"))?;
-    crate::dialogs::show_window(&handle, &id, &view.title);
+    crate::windows::show_window(&handle, &id, &view.title);
     Ok(())
 }
 

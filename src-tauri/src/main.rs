@@ -8,6 +8,8 @@ mod dialogs;
 mod ipc;
 mod notify;
 mod tray;
+mod views;
+mod windows;
 
 use dialogs::{DialogApprover, Questions};
 use postern_core::Timestamp;

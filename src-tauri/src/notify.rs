@@ -24,7 +24,7 @@ pub fn approval_needed(app: &AppHandle, id: &str, title: &str) {
     std::thread::spawn(move || {
         handle.wait_for_action(|action| {
             if action == "default" {
-                crate::dialogs::show_window(&app, &id, &title);
+                crate::windows::show_window(&app, &id, &title);
             }
         });
     });
