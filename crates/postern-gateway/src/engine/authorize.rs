@@ -185,6 +185,17 @@ impl Engine {
         })
     }
 
+    /// What the ladder's hard rungs say before something is sent without a question of its
+    /// own (a recovery, the first contact with an unpinned host): `vault_locked`,
+    /// `run_revoked_or_ended`, or nothing. The same `decide_ladder` as every call.
+    pub(super) fn ladder_denies(&self, p: &Prepared<'_>, call: &Call) -> Result<Option<&'static str>, EngineError> {
+        Ok(match decide_ladder(self.ladder_input(p, call)?) {
+            LadderDecision::Deny { rung: Rung::VaultLocked } => Some("vault_locked"),
+            LadderDecision::Deny { .. } => Some("run_revoked_or_ended"),
+            _ => None,
+        })
+    }
+
     pub(super) async fn grant_session(&self, session: SessionId, by: &str, detail: Value) -> Result<(), EngineError> {
         let (by, at) = (by.to_owned(), self.now());
         self.on_store(move |store| store.set_session_standing(session, true, &by, detail, at)).await?;

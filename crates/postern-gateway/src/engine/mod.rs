@@ -421,23 +421,27 @@ impl Engine {
             return Err(StoreError::AuthorityTampered(found).into());
         }
         let (mut p, arguments) = self.prepare(&call)?;
-        if let Some(plan) = &mut p.ssh
-            && plan.host.host_key_fingerprint.is_none()
+        if let Some(host) =
+            p.ssh.as_ref().filter(|s| s.host.host_key_fingerprint.is_none()).map(|s| s.host.name.clone())
         {
             // The first contact with an `accept-new` host logs in (to pin the key the record
             // names) before the call becomes an execution: the rungs that need no person are
             // decided first, and a host that needs a reviewer for every use is not logged into
             // before one has approved anything.
-            if let Some(reason) = self.recovery_blocked(&call)? {
-                return Err(EngineError::FirstContactRefused { host: plan.host.name.clone(), reason });
+            let refused = match self.ladder_denies(&p, &call)? {
+                Some(reason) => Some(reason),
+                None => p
+                    .ssh
+                    .as_ref()
+                    .is_some_and(|s| s.host.approve_every_use)
+                    .then_some("approve_every_use_needs_a_pinned_key"),
+            };
+            if let Some(reason) = refused {
+                return Err(EngineError::FirstContactRefused { host, reason });
             }
-            if plan.host.approve_every_use {
-                return Err(EngineError::FirstContactRefused {
-                    host: plan.host.name.clone(),
-                    reason: "approve_every_use_needs_a_pinned_key",
-                });
+            if let Some(plan) = &mut p.ssh {
+                self.pin_first_key(plan).await?;
             }
-            self.pin_first_key(plan).await?;
         }
         let new = self.admission(&p, &call, arguments)?;
         if p.tool.contract.class == postern_core::ReplayClass::ReadOnly {

@@ -58,7 +58,7 @@ impl Engine {
         // a locked vault or a revoked run stops it, as the ladder stops a new call.
         let sends = matches!(decision, RetryDecision::VerifyPrior { .. })
             || (matches!(decision, RetryDecision::ContinuePrior { .. }) && state != ExecutionState::Accepted);
-        if sends && let Some(reason) = self.recovery_blocked(call)? {
+        if sends && let Some(reason) = self.ladder_denies(p, call)? {
             let detail = json!({ "reason": reason, "not_resent": true, "decision": name });
             if state == ExecutionState::Authorized {
                 // Nothing was ever sent for it: it ends here, as a new call would.
@@ -101,20 +101,6 @@ impl Engine {
                 self.review(id, state, why, name).await
             }
         }
-    }
-
-    /// Why a recovery may not send anything now: the vault is locked, or the calling run was
-    /// revoked.
-    pub(super) fn recovery_blocked(&self, call: &Call) -> Result<Option<&'static str>, EngineError> {
-        if self.vault.is_locked()? {
-            return Ok(Some("vault_locked"));
-        }
-        if let Some(session) = call.session
-            && self.store.view().session_standing(session)? == Some(false)
-        {
-            return Ok(Some("run_revoked_or_ended"));
-        }
-        Ok(None)
     }
 
     /// Retry review (design §6): the person behind the approver is shown the original record
