@@ -30,6 +30,7 @@ use postern_core::{
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use writer::WriteKind;
 
 /// Why a file cannot be used as a Postern database. Nothing is written to such a file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -332,7 +333,7 @@ impl Store {
         let writer = writer::WriterHandle::spawn(conn, options)?;
         let view = JournalView::open_read_only(path)?;
         let store = Store { writer, view, path: path.to_owned(), _lock: lock };
-        let recovery = store.writer.recover(now)?;
+        let recovery = store.writer.call(WriteKind::DURABLE, move |w| w.recover(now))?;
         Ok((store, recovery))
     }
 
@@ -368,7 +369,7 @@ impl Store {
             let detail = serde_json::json!({
                 "changed": changed.iter().map(ToString::to_string).collect::<Vec<_>>(),
             });
-            store.writer.vault_event("authority_rederived", detail, now)?;
+            store.writer.call(WriteKind::DURABLE, move |w| w.vault_row("authority_rederived", detail, now))?;
             store.flush()?;
         }
         Ok(changed)
@@ -383,7 +384,7 @@ impl Store {
     /// the core retry decision, and either accepts a new execution or journals the retry on the
     /// prior — atomically, so two identical concurrent calls can never both be accepted.
     pub fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
-        self.writer.admit(new)
+        self.writer.call(WriteKind::ORDERED, move |w| w.admit(&new))
     }
 
     /// Moves an execution to `to` (checked against the lifecycle) and journals it.
@@ -394,7 +395,8 @@ impl Store {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.transition(id, to, detail, at)
+        let kind = if to == ExecutionState::Dispatched { WriteKind::step("dispatched") } else { WriteKind::DURABLE };
+        self.writer.call(kind, move |w| w.transition(id, to, detail, at))
     }
 
     /// Returns once every write queued before this call (including detached ones) is committed.
@@ -404,7 +406,7 @@ impl Store {
 
     /// [`Store::admit`] for async callers: the task awaits the writer without blocking a thread.
     pub async fn admit_async(&self, new: NewExecution) -> Result<Admission, StoreError> {
-        self.writer.admit_async(new).await
+        self.writer.call_async(WriteKind::ORDERED, move |w| w.admit(&new)).await
     }
 
     /// Admission as in [`Store::admit`]; if it accepts a new execution, `steps` (e.g. `authorized`
@@ -415,13 +417,14 @@ impl Store {
         new: NewExecution,
         steps: Vec<(ExecutionState, Value)>,
     ) -> Result<Admission, StoreError> {
-        self.writer.admit_and_start_async(new, steps).await
+        self.writer.call_async(WriteKind::steps(&steps), move |w| w.admit_and_start(&new, &steps)).await
     }
 
     /// Turns a credential's (or SSH host's) "approve every use" on or off, journaled on the vault
     /// stream (`approve_every_use_changed`).
     pub fn set_approve_every_use(&self, name: &str, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.approve_every_use(name.to_owned(), on, at)
+        let name = name.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.set_approve_every_use(&name, on, at))
     }
 
     /// Replaces a credential's spec (e.g. pins an SSH host key), journaled as `event` on the
@@ -434,14 +437,15 @@ impl Store {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.update_spec(name.to_owned(), spec, event, detail, at)
+        let name = name.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at))
     }
 
     /// Journals a refused request for something not offered where an agent can reach it (an
     /// approval or unlock over the control socket, an MCP method, an HTTP path): `request_refused`
     /// on the vault stream, with what was attempted and by whom.
     pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.refusal(detail, at)
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row("request_refused", detail, at))
     }
 
     /// A new execution for a retry a reviewer chose to "dispatch anew": no retry matching (the
@@ -453,7 +457,7 @@ impl Store {
         anew: Value,
         steps: Vec<(ExecutionState, Value)>,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.admit_anew_async(new, anew, steps).await
+        self.writer.call_async(WriteKind::steps(&steps), move |w| w.admit_anew(&new, &anew, &steps)).await
     }
 
     /// Several transitions of one execution in one durable transaction (e.g. `authorized` and
@@ -464,12 +468,12 @@ impl Store {
         steps: Vec<(ExecutionState, Value)>,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.steps_async(id, steps, at).await
+        self.writer.call_async(WriteKind::steps(&steps), move |w| w.steps(id, &steps, at)).await
     }
 
     /// [`Store::complete`] for async callers.
     pub async fn complete_async(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
-        self.writer.complete_async(id, completion).await
+        self.writer.call_async(WriteKind::step("completed"), move |w| w.complete(id, &completion)).await
     }
 
     /// Journals a whole read-only execution (accepted, its steps, its completion) in one
@@ -483,12 +487,12 @@ impl Store {
         steps: Vec<(ExecutionState, Value)>,
         completion: Option<Completion>,
     ) -> Result<(), StoreError> {
-        self.writer.read_only_detached(new, steps, completion)
+        self.writer.detached(WriteKind::ORDERED, move |w| w.read_only(&new, &steps, completion.as_ref()))
     }
 
     /// Journals `completed` with its outcome and stores the result in the same transaction.
     pub fn complete(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
-        self.writer.complete(id, completion)
+        self.writer.call(WriteKind::step("completed"), move |w| w.complete(id, &completion))
     }
 
     /// Journals an event about execution `id` that leaves its state as it is (e.g. a client's
@@ -500,7 +504,7 @@ impl Store {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.note(id, event, detail, at)
+        self.writer.call(WriteKind::DURABLE, move |w| w.note(id, event, detail, at))
     }
 
     /// A reviewer authorized (`true`) or revoked (`false`) agent run `id`; journaled on the
@@ -513,7 +517,8 @@ impl Store {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.session_standing(id, authorized, by.to_owned(), detail, at)
+        let by = by.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.session_standing(id, authorized, &by, detail, at))
     }
 
     /// Adds an actor to (or removes it from) the reviewer's "always allow" list.
@@ -524,56 +529,64 @@ impl Store {
         by: &str,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.allowlist(actor.to_owned(), allowed, by.to_owned(), at)
+        let (actor, by) = (actor.to_owned(), by.to_owned());
+        self.writer.call(WriteKind::DURABLE, move |w| w.allowlist(&actor, allowed, &by, at))
     }
 
     pub fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {
-        self.writer.start_session(start)
+        self.writer.call(WriteKind::DURABLE, move |w| w.start_session(&start))
     }
 
     pub fn end_session(&self, id: SessionId, reason: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.end_session(id, reason.to_owned(), at)
+        let reason = reason.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.end_session(id, &reason, at))
     }
 
     /// This installation's id (created on first call with `candidate`), which namespaces its
     /// keychain items.
     pub fn installation_id(&self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
-        self.writer.installation_id(candidate.to_owned(), at)
+        let candidate = candidate.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.installation_id(&candidate, at))
     }
 
     /// Records a credential's metadata and journals it (the secret goes to the keychain).
     pub fn put_credential(&self, record: CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.put_credential(record, at)
+        self.writer.call(WriteKind::DURABLE, move |w| w.put_credential(&record, at))
     }
 
     pub fn remove_credential(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.remove_credential(name.to_owned(), at)
+        let name = name.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.remove_credential(&name, at))
     }
 
     /// Registers an agent by the SHA-256 (hex) of its token, and journals it.
     pub fn add_agent(&self, name: &str, token_sha256: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.add_agent(name.to_owned(), token_sha256.to_owned(), at)
+        let (name, token_sha256) = (name.to_owned(), token_sha256.to_owned());
+        self.writer.call(WriteKind::DURABLE, move |w| w.add_agent(&name, &token_sha256, at))
     }
 
     /// Revokes an active agent's token, and journals it.
     pub fn revoke_agent(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.revoke_agent(name.to_owned(), at)
+        let name = name.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.revoke_agent(&name, at))
     }
 
     /// Keeps Streamable HTTP session `id`'s `initialize` parameters (JSON), so the session
     /// survives a gateway restart. Not journaled: transport state, not evidence.
     pub fn remember_mcp_session(&self, id: &str, initialize: &str, at: Timestamp) -> Result<(), StoreError> {
-        self.writer.remember_mcp_session(id.to_owned(), initialize.to_owned(), at)
+        let (id, initialize) = (id.to_owned(), initialize.to_owned());
+        self.writer.call(WriteKind::DURABLE, move |w| w.remember_mcp_session(&id, &initialize, at))
     }
 
     /// Forgets MCP session `id` (its client ended it).
     pub fn forget_mcp_session(&self, id: &str) -> Result<(), StoreError> {
-        self.writer.forget_mcp_session(id.to_owned())
+        let id = id.to_owned();
+        self.writer.call(WriteKind::DURABLE, move |w| w.forget_mcp_session(&id))
     }
 
     /// Locks or unlocks the vault and journals who/why in `detail`.
     pub fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.set_locked(locked, detail, at)
+        self.writer.call(WriteKind::DURABLE, move |w| w.set_locked(locked, detail, at))
     }
 
     /// What the writer has committed so far (for benchmarks and status displays).
@@ -583,7 +596,7 @@ impl Store {
 
     /// Records the current journal head as a checkpoint and returns it for export.
     pub fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
-        self.writer.checkpoint(at)
+        self.writer.call(WriteKind::DURABLE, move |w| w.checkpoint(at))
     }
 }
 

@@ -6,7 +6,7 @@ use super::*;
 impl Writer {
     /// Keeps the state of a live execution in memory; finished ones are dropped, and the cache is
     /// bounded (a miss only costs one read).
-    pub(super) fn remember(&mut self, id: ExecutionId, state: ExecutionState, session: Option<SessionId>) {
+    pub(crate) fn remember(&mut self, id: ExecutionId, state: ExecutionState, session: Option<SessionId>) {
         if state.is_terminal() {
             self.states.remove(&id);
             return;
@@ -17,7 +17,7 @@ impl Writer {
         self.states.insert(id, (state, session));
     }
 
-    pub(super) fn find_prior(&self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
+    pub(crate) fn find_prior(&self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
         let found = self
             .conn
             .prepare_cached(
@@ -44,13 +44,13 @@ impl Writer {
         }))
     }
 
-    pub(super) fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
+    pub(crate) fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
         self.admit_with(new, None)
     }
 
     /// Admission; with `anew` (a reviewer's "dispatch anew" for a retry), retry matching is
     /// skipped and `anew` is recorded on the `accepted` row.
-    pub(super) fn admit_with(&mut self, new: &NewExecution, anew: Option<&Value>) -> Result<Admission, StoreError> {
+    pub(crate) fn admit_with(&mut self, new: &NewExecution, anew: Option<&Value>) -> Result<Admission, StoreError> {
         let prior = if anew.is_some() { None } else { self.find_prior(new)? };
         let incoming =
             IncomingIntent { fingerprint: &new.fingerprint, actor: &new.actor, intent_scope: &new.intent_scope };
@@ -131,11 +131,11 @@ impl Writer {
         Ok(Admission::Accepted { id: new.id })
     }
 
-    pub(super) fn execution_session(&mut self, id: ExecutionId) -> Result<Option<SessionId>, StoreError> {
+    pub(crate) fn execution_session(&mut self, id: ExecutionId) -> Result<Option<SessionId>, StoreError> {
         Ok(self.execution_state(id)?.1)
     }
 
-    pub(super) fn execution_state(
+    pub(crate) fn execution_state(
         &mut self,
         id: ExecutionId,
     ) -> Result<(ExecutionState, Option<SessionId>), StoreError> {
@@ -159,7 +159,7 @@ impl Writer {
         Ok((state, session))
     }
 
-    pub(super) fn transition(
+    pub(crate) fn transition(
         &mut self,
         id: ExecutionId,
         to: ExecutionState,
@@ -171,7 +171,7 @@ impl Writer {
 
     /// An event about an execution that does not change its state (e.g. `cancel_requested`
     /// after dispatch): evidence in the chain, the state column unchanged.
-    pub(super) fn note(
+    pub(crate) fn note(
         &mut self,
         id: ExecutionId,
         event: &str,
@@ -191,7 +191,7 @@ impl Writer {
         })
     }
 
-    pub(super) fn transition_with_result(
+    pub(crate) fn transition_with_result(
         &mut self,
         id: ExecutionId,
         to: ExecutionState,
@@ -221,7 +221,7 @@ impl Writer {
         })
     }
 
-    pub(super) fn complete(&mut self, id: ExecutionId, completion: &Completion) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn complete(&mut self, id: ExecutionId, completion: &Completion) -> Result<JournalEntry, StoreError> {
         let sha = hex::encode(Sha256::digest(&completion.result));
         let detail = json!({ "outcome": completion.outcome, "result_bytes": completion.result.len() });
         let entry =
@@ -234,7 +234,7 @@ impl Writer {
         Ok(entry)
     }
 
-    pub(super) fn steps(
+    pub(crate) fn steps(
         &mut self,
         id: ExecutionId,
         steps: &[(ExecutionState, Value)],
@@ -247,7 +247,7 @@ impl Writer {
         last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))
     }
 
-    pub(super) fn admit_and_start(
+    pub(crate) fn admit_and_start(
         &mut self,
         new: &NewExecution,
         steps: &[(ExecutionState, Value)],
@@ -261,7 +261,7 @@ impl Writer {
         Ok(admission)
     }
 
-    pub(super) fn admit_anew(
+    pub(crate) fn admit_anew(
         &mut self,
         new: &NewExecution,
         anew: &Value,
@@ -273,7 +273,7 @@ impl Writer {
         self.steps(id, steps, new.at)
     }
 
-    pub(super) fn read_only(
+    pub(crate) fn read_only(
         &mut self,
         new: &NewExecution,
         steps: &[(ExecutionState, Value)],
@@ -299,7 +299,7 @@ impl Writer {
     /// never confirmed becomes `completed_result_not_delivered` (whether the agent saw it is
     /// uncertain, and uncertain resolves to "not delivered"). Read-only executions are never
     /// tracked for delivery and are left as they are.
-    pub(super) fn recover(&mut self, now: Timestamp) -> Result<Recovery, StoreError> {
+    pub(crate) fn recover(&mut self, now: Timestamp) -> Result<Recovery, StoreError> {
         let unsettled: Vec<(String, String, Option<i64>)> = self
             .conn
             .prepare_cached(

@@ -40,164 +40,114 @@ pub const MCP_SESSION_LIFETIME_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 /// At most this many MCP sessions are kept (the newest).
 pub const MCP_SESSIONS_KEPT: i64 = 10_000;
 
-enum Op {
-    Admit(Box<NewExecution>),
-    AddAgent {
-        name: String,
-        token_sha256: String,
-        at: Timestamp,
-    },
-    RevokeAgent {
-        name: String,
-        at: Timestamp,
-    },
-    RememberMcpSession {
-        id: String,
-        initialize: String,
-        at: Timestamp,
-    },
-    ForgetMcpSession {
-        id: String,
-    },
-    VaultEvent {
-        event: &'static str,
-        detail: Value,
-        at: Timestamp,
-    },
-    Transition {
-        id: ExecutionId,
-        to: ExecutionState,
-        detail: Value,
-        at: Timestamp,
-    },
-    Complete {
-        id: ExecutionId,
-        completion: Completion,
-    },
-    SessionStanding {
-        id: SessionId,
-        authorized: bool,
-        by: String,
-        detail: Value,
-        at: Timestamp,
-    },
-    Allowlist {
-        actor: String,
-        add: bool,
-        by: String,
-        at: Timestamp,
-    },
-    Note {
-        id: ExecutionId,
-        event: &'static str,
-        detail: Value,
-        at: Timestamp,
-    },
-    StartSession(Box<SessionStart>),
-    EndSession {
-        id: SessionId,
-        reason: String,
-        at: Timestamp,
-    },
-    Checkpoint {
-        at: Timestamp,
-    },
-    Recover {
-        now: Timestamp,
-    },
-    InstallationId {
-        candidate: String,
-        at: Timestamp,
-    },
-    PutCredential {
-        record: Box<CredentialRecord>,
-        at: Timestamp,
-    },
-    RemoveCredential {
-        name: String,
-        at: Timestamp,
-    },
-    SetLocked {
-        locked: bool,
-        detail: Value,
-        at: Timestamp,
-    },
-    Steps {
-        id: ExecutionId,
-        steps: Vec<(ExecutionState, Value)>,
-        at: Timestamp,
-    },
-    /// Writes nothing; answered once everything queued before it is committed.
-    Barrier,
-    /// Admission, and for a new execution the given first steps, in one durable transaction.
-    AdmitAndStart {
-        new: Box<NewExecution>,
-        steps: Vec<(ExecutionState, Value)>,
-    },
-    /// A credential's "approve every use" flag changed.
-    ApproveEveryUse {
-        name: String,
-        on: bool,
-        at: Timestamp,
-    },
-    /// A credential's spec changed (e.g. an SSH host key pinned).
-    UpdateSpec {
-        name: String,
-        spec: Value,
-        event: &'static str,
-        detail: Value,
-        at: Timestamp,
-    },
-    /// A refused attempt to approve, unlock or authorize from outside the approver's channel.
-    Refusal {
-        detail: Value,
-        at: Timestamp,
-    },
-    /// A reviewer chose "dispatch anew" for a retry: a new execution without retry matching,
-    /// with its first steps, in one durable transaction.
-    AdmitAnew {
-        new: Box<NewExecution>,
-        anew: Value,
-        steps: Vec<(ExecutionState, Value)>,
-    },
-    ReadOnly {
-        new: Box<NewExecution>,
-        steps: Vec<(ExecutionState, Value)>,
-        completion: Option<Completion>,
-    },
+/// How a write is committed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WriteKind {
+    /// Must it be on disk before its caller hears back? Acceptance is ordered by the single
+    /// writer but needs no fsync of its own: nothing has left the machine yet, and the fsync of
+    /// the `dispatched` row (same WAL, written later) makes it durable too. Read-only executions
+    /// are journaled without waiting for the disk: a retry of them is harmless.
+    durable: bool,
+    /// The lifecycle step it makes durable, naming its crash points (`failpoints` builds).
+    mark: Option<&'static str>,
 }
 
-impl Op {
-    /// Must this operation be on disk before its caller hears back? Acceptance is ordered by the
-    /// single writer but needs no fsync of its own: nothing has left the machine yet, and the
-    /// fsync of the `dispatched` row (same WAL, written later) makes it durable too. Read-only
-    /// executions are journaled without waiting for the disk: a retry of them is harmless.
-    fn durable(&self) -> bool {
-        !matches!(self, Op::Admit(_) | Op::ReadOnly { .. } | Op::Barrier)
+impl WriteKind {
+    /// On disk before the caller hears back.
+    pub(crate) const DURABLE: WriteKind = WriteKind { durable: true, mark: None };
+    /// Committed in order, made durable by the next durable write.
+    pub(crate) const ORDERED: WriteKind = WriteKind { durable: false, mark: None };
+
+    /// Durable, and the commit of lifecycle step `mark` (`dispatched`, `completed`).
+    pub(crate) const fn step(mark: &'static str) -> WriteKind {
+        WriteKind { durable: true, mark: Some(mark) }
+    }
+
+    /// Durable; marked `dispatched` if `steps` dispatch.
+    pub(crate) fn steps(steps: &[(ExecutionState, Value)]) -> WriteKind {
+        if steps.iter().any(|(s, _)| *s == ExecutionState::Dispatched) {
+            WriteKind::step("dispatched")
+        } else {
+            WriteKind::DURABLE
+        }
     }
 }
 
-enum Reply {
-    Admission(Box<Admission>),
-    Entry(JournalEntry),
-    Checkpoint(Checkpoint),
-    Recovery(Recovery),
-    Text(String),
-}
-
-/// Who is waiting for a job's outcome.
-enum Responder {
+/// Who is waiting for a write's outcome.
+enum Responder<R> {
     /// A thread blocked on the reply.
-    Sync(mpsc::SyncSender<Result<Reply, StoreError>>),
+    Sync(mpsc::SyncSender<Result<R, StoreError>>),
     /// A task awaiting the reply (no thread is blocked while the writer works).
-    Async(tokio::sync::oneshot::Sender<Result<Reply, StoreError>>),
-    /// Nobody: a failure is reported on stderr.
+    Async(tokio::sync::oneshot::Sender<Result<R, StoreError>>),
+    /// Nobody: a failure is logged.
     Detached,
 }
 
-struct Job {
-    op: Op,
-    reply: Responder,
+/// One write as the writer thread sees it: applied inside the batch's transaction (in its own
+/// savepoint), answered once the batch is committed or has failed. Each domain's operation is a
+/// `Store` method that hands the writer a closure over its SQL (`executions.rs`, `vault.rs`,
+/// `sessions.rs`): adding an operation is that method plus its SQL.
+trait Task: Send {
+    fn kind(&self) -> WriteKind;
+    /// Runs the write and keeps its outcome; `Err` when it failed (it is then rolled back).
+    fn apply(&mut self, writer: &mut Writer) -> Result<(), &StoreError>;
+    /// Tells the caller: the kept outcome, or `failed` (the whole batch was undone).
+    fn answer(self: Box<Self>, failed: Option<&rusqlite::Error>);
+}
+
+struct Write<R, F> {
+    kind: WriteKind,
+    work: Option<F>,
+    outcome: Option<Result<R, StoreError>>,
+    reply: Responder<R>,
+}
+
+impl<R, F> Task for Write<R, F>
+where
+    R: Send,
+    F: FnOnce(&mut Writer) -> Result<R, StoreError> + Send,
+{
+    fn kind(&self) -> WriteKind {
+        self.kind
+    }
+
+    fn apply(&mut self, writer: &mut Writer) -> Result<(), &StoreError> {
+        let outcome = match self.work.take() {
+            Some(work) => work(writer),
+            None => Err(StoreError::Corrupt("a write was applied twice".into())),
+        };
+        match self.outcome.insert(outcome) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn answer(self: Box<Self>, failed: Option<&rusqlite::Error>) {
+        let outcome = match failed {
+            Some(e) => Err(StoreError::Sqlite(clone_sqlite_error(e))),
+            None => self.outcome.unwrap_or(Err(StoreError::WriterStopped)),
+        };
+        // The caller may have given up waiting; the write itself stands.
+        match self.reply {
+            Responder::Sync(tx) => drop(tx.send(outcome)),
+            Responder::Async(tx) => drop(tx.send(outcome)),
+            Responder::Detached => {
+                if let Err(e) = outcome {
+                    tracing::error!(error = %e, "a write nobody waits for failed");
+                }
+            }
+        }
+    }
+}
+
+type Job = Box<dyn Task>;
+
+fn job<R, F>(kind: WriteKind, work: F, reply: Responder<R>) -> Job
+where
+    R: Send + 'static,
+    F: FnOnce(&mut Writer) -> Result<R, StoreError> + Send + 'static,
+{
+    Box::new(Write { kind, work: Some(work), outcome: None, reply })
 }
 
 /// Counters of what the writer committed: `operations / transactions` is the group-commit
@@ -237,15 +187,6 @@ impl Drop for WriterHandle {
     }
 }
 
-macro_rules! expect_reply {
-    ($result:expr, $variant:ident) => {
-        match $result? {
-            Reply::$variant(v) => Ok(v),
-            _ => Err(StoreError::Corrupt("writer answered with the wrong reply kind".into())),
-        }
-    };
-}
-
 impl WriterHandle {
     pub(crate) fn spawn(conn: Connection, options: StoreOptions) -> Result<Self, StoreError> {
         let head = load_head(&conn)?;
@@ -271,207 +212,51 @@ impl WriterHandle {
         Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread), alarm })
     }
 
-    fn submit(&self, op: Op, reply: Responder) -> Result<(), StoreError> {
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
         let tx = self.tx.as_ref().ok_or(StoreError::WriterStopped)?;
-        tx.send(Job { op, reply }).map_err(|_| StoreError::WriterStopped)
+        tx.send(job).map_err(|_| StoreError::WriterStopped)
     }
 
-    fn call(&self, op: Op) -> Result<Reply, StoreError> {
+    /// Has the writer run `work` in its next transaction and waits (blocking this thread) until
+    /// that transaction is committed.
+    pub(crate) fn call<R, F>(&self, kind: WriteKind, work: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Writer) -> Result<R, StoreError> + Send + 'static,
+    {
         let (reply, rx) = mpsc::sync_channel(1);
-        self.submit(op, Responder::Sync(reply))?;
+        self.submit(job(kind, work, Responder::Sync(reply)))?;
         rx.recv().map_err(|_| StoreError::WriterStopped)?
     }
 
-    pub(crate) fn flush(&self) -> Result<(), StoreError> {
-        expect_reply!(self.call(Op::Barrier), Text).map(|_| ())
-    }
-
-    async fn call_async(&self, op: Op) -> Result<Reply, StoreError> {
+    /// [`WriterHandle::call`] for a task: it awaits the commit without blocking a thread.
+    pub(crate) async fn call_async<R, F>(&self, kind: WriteKind, work: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Writer) -> Result<R, StoreError> + Send + 'static,
+    {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        self.submit(op, Responder::Async(reply))?;
+        self.submit(job(kind, work, Responder::Async(reply)))?;
         rx.await.map_err(|_| StoreError::WriterStopped)?
     }
 
-    pub(crate) async fn admit_async(&self, new: NewExecution) -> Result<Admission, StoreError> {
-        expect_reply!(self.call_async(Op::Admit(Box::new(new))).await, Admission).map(|a| *a)
+    /// Queues `work` and returns at once; nobody waits for it (a failure is logged).
+    pub(crate) fn detached<R, F>(&self, kind: WriteKind, work: F) -> Result<(), StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Writer) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.submit(job(kind, work, Responder::Detached))
     }
 
-    pub(crate) async fn steps_async(
-        &self,
-        id: ExecutionId,
-        steps: Vec<(ExecutionState, Value)>,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call_async(Op::Steps { id, steps, at }).await, Entry)
-    }
-
-    pub(crate) async fn admit_and_start_async(
-        &self,
-        new: NewExecution,
-        steps: Vec<(ExecutionState, Value)>,
-    ) -> Result<Admission, StoreError> {
-        expect_reply!(self.call_async(Op::AdmitAndStart { new: Box::new(new), steps }).await, Admission).map(|a| *a)
-    }
-
-    pub(crate) fn approve_every_use(&self, name: String, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::ApproveEveryUse { name, on, at }), Entry)
-    }
-
-    pub(crate) fn update_spec(
-        &self,
-        name: String,
-        spec: Value,
-        event: &'static str,
-        detail: Value,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::UpdateSpec { name, spec, event, detail, at }), Entry)
-    }
-
-    pub(crate) fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::Refusal { detail, at }), Entry)
-    }
-
-    pub(crate) async fn admit_anew_async(
-        &self,
-        new: NewExecution,
-        anew: Value,
-        steps: Vec<(ExecutionState, Value)>,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call_async(Op::AdmitAnew { new: Box::new(new), anew, steps }).await, Entry)
-    }
-
-    pub(crate) async fn complete_async(
-        &self,
-        id: ExecutionId,
-        completion: Completion,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call_async(Op::Complete { id, completion }).await, Entry)
-    }
-
-    pub(crate) fn read_only_detached(
-        &self,
-        new: NewExecution,
-        steps: Vec<(ExecutionState, Value)>,
-        completion: Option<Completion>,
-    ) -> Result<(), StoreError> {
-        self.submit(Op::ReadOnly { new: Box::new(new), steps, completion }, Responder::Detached)
-    }
-
-    pub(crate) fn admit(&self, new: NewExecution) -> Result<Admission, StoreError> {
-        expect_reply!(self.call(Op::Admit(Box::new(new))), Admission).map(|a| *a)
-    }
-
-    pub(crate) fn transition(
-        &self,
-        id: ExecutionId,
-        to: ExecutionState,
-        detail: Value,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::Transition { id, to, detail, at }), Entry)
-    }
-
-    pub(crate) fn complete(&self, id: ExecutionId, completion: Completion) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::Complete { id, completion }), Entry)
-    }
-
-    pub(crate) fn session_standing(
-        &self,
-        id: SessionId,
-        authorized: bool,
-        by: String,
-        detail: Value,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::SessionStanding { id, authorized, by, detail, at }), Entry)
-    }
-
-    pub(crate) fn allowlist(
-        &self,
-        actor: String,
-        add: bool,
-        by: String,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::Allowlist { actor, add, by, at }), Entry)
-    }
-
-    pub(crate) fn note(
-        &self,
-        id: ExecutionId,
-        event: &'static str,
-        detail: Value,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::Note { id, event, detail, at }), Entry)
-    }
-
-    pub(crate) fn start_session(&self, start: SessionStart) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::StartSession(Box::new(start))), Entry)
-    }
-
-    pub(crate) fn end_session(&self, id: SessionId, reason: String, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::EndSession { id, reason, at }), Entry)
-    }
-
-    pub(crate) fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
-        expect_reply!(self.call(Op::Checkpoint { at }), Checkpoint)
-    }
-
-    pub(crate) fn recover(&self, now: Timestamp) -> Result<Recovery, StoreError> {
-        expect_reply!(self.call(Op::Recover { now }), Recovery)
-    }
-
-    pub(crate) fn installation_id(&self, candidate: String, at: Timestamp) -> Result<String, StoreError> {
-        expect_reply!(self.call(Op::InstallationId { candidate, at }), Text)
-    }
-
-    pub(crate) fn put_credential(&self, record: CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::PutCredential { record: Box::new(record), at }), Entry)
-    }
-
-    pub(crate) fn remove_credential(&self, name: String, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::RemoveCredential { name, at }), Entry)
-    }
-
-    pub(crate) fn add_agent(
-        &self,
-        name: String,
-        token_sha256: String,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::AddAgent { name, token_sha256, at }), Entry)
-    }
-
-    pub(crate) fn revoke_agent(&self, name: String, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::RevokeAgent { name, at }), Entry)
-    }
-
-    pub(crate) fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::SetLocked { locked, detail, at }), Entry)
-    }
-
-    pub(crate) fn remember_mcp_session(&self, id: String, initialize: String, at: Timestamp) -> Result<(), StoreError> {
-        expect_reply!(self.call(Op::RememberMcpSession { id, initialize, at }), Text).map(drop)
-    }
-
-    pub(crate) fn vault_event(
-        &self,
-        event: &'static str,
-        detail: Value,
-        at: Timestamp,
-    ) -> Result<JournalEntry, StoreError> {
-        expect_reply!(self.call(Op::VaultEvent { event, detail, at }), Entry)
+    /// Returns once everything queued before it is committed.
+    pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        self.call(WriteKind::ORDERED, |_| Ok(()))
     }
 
     /// The authority alarm the writer raised, if any (see [`crate::Store::authority_alarm`]).
     pub(crate) fn alarm(&self) -> Option<Vec<crate::authority::AuthorityMismatch>> {
         self.alarm.lock().ok().and_then(|a| a.clone())
-    }
-
-    pub(crate) fn forget_mcp_session(&self, id: String) -> Result<(), StoreError> {
-        expect_reply!(self.call(Op::ForgetMcpSession { id }), Text).map(drop)
     }
 }
 
@@ -490,7 +275,7 @@ pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
     }
 }
 
-struct Writer {
+pub(crate) struct Writer {
     conn: Connection,
     /// Set when another process committed to the database and the authority tables then
     /// differed from the journal.
@@ -527,17 +312,7 @@ fn crash_marks(batch: &[Job]) -> Vec<&'static str> {
         return Vec::new();
     }
     let mut marks = Vec::new();
-    for job in batch {
-        let mark = match &job.op {
-            Op::Transition { to: ExecutionState::Dispatched, .. } => "dispatched",
-            Op::Steps { steps, .. } | Op::AdmitAndStart { steps, .. } | Op::AdmitAnew { steps, .. }
-                if steps.iter().any(|(s, _)| *s == ExecutionState::Dispatched) =>
-            {
-                "dispatched"
-            }
-            Op::Complete { .. } => "completed",
-            _ => continue,
-        };
+    for mark in batch.iter().filter_map(|job| job.kind().mark) {
         if !marks.contains(&mark) {
             marks.push(mark);
         }
@@ -562,22 +337,9 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let replies = self.commit_batch(&batch);
-            for (job, reply) in batch.into_iter().zip(replies) {
-                // The caller may have given up waiting; the write itself stands.
-                match job.reply {
-                    Responder::Sync(tx) => {
-                        let _ = tx.send(reply);
-                    }
-                    Responder::Async(tx) => {
-                        let _ = tx.send(reply);
-                    }
-                    Responder::Detached => {
-                        if let Err(e) = reply {
-                            tracing::error!(error = %e, "journaling a read-only execution failed");
-                        }
-                    }
-                }
+            let failed = self.commit_batch(&mut batch);
+            for job in batch {
+                job.answer(failed.as_ref());
             }
         }
     }
@@ -615,44 +377,70 @@ impl Writer {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             );
-            let job =
-                Job { op: Op::VaultEvent { event: "authority_tampered", detail, at }, reply: Responder::Detached };
-            let _ = self.commit_batch(std::slice::from_ref(&job));
+            let mut batch =
+                [job(WriteKind::DURABLE, move |w| w.vault_row("authority_tampered", detail, at), Responder::Detached)];
+            let failed = self.commit_batch(&mut batch);
+            for job in batch {
+                job.answer(failed.as_ref());
+            }
         }
     }
 
     /// Applies every job in one transaction. A job that fails is rolled back to its own
-    /// savepoint and reported; the others still commit. If the commit fails, all fail.
-    fn commit_batch(&mut self, batch: &[Job]) -> Vec<Result<Reply, StoreError>> {
+    /// savepoint (and answers its error); the others still commit. If the transaction as a whole
+    /// fails, that failure is returned and every job answers it.
+    fn commit_batch(&mut self, batch: &mut [Job]) -> Option<rusqlite::Error> {
         let head_before = self.head;
         // A batch is fsynced if any of its operations must be durable (which also makes every
         // earlier unsynced commit durable: the WAL is written in order).
-        let durable = batch.iter().any(|job| job.op.durable());
+        let durable = batch.iter().any(|job| job.kind().durable);
         if durable != self.synchronous_full {
             let mode = if durable { "FULL" } else { "NORMAL" };
             if let Err(e) = self.conn.pragma_update(None, "synchronous", mode) {
-                return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
+                return Some(e);
             }
             self.synchronous_full = durable;
         }
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
-            return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
+            return Some(e);
         }
-        let mut replies = Vec::with_capacity(batch.len());
-        for job in batch {
+        for job in batch.iter_mut() {
             let head_at_savepoint = self.head;
-            let result = self.statement("SAVEPOINT op").and_then(|()| {
-                let r = self.apply(&job.op);
-                if r.is_err() && !self.conn.is_autocommit() {
-                    self.statement("ROLLBACK TO op")?;
-                    self.cache_invalid = true;
+            let mut failure = None;
+            let savepoint = self.statement("SAVEPOINT op").and_then(|()| {
+                if let Err(e) = job.apply(self) {
+                    failure = Some(match e {
+                        StoreError::Sqlite(e) => clone_sqlite_error(e),
+                        e => rusqlite::Error::SqliteFailure(
+                            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                            Some(e.to_string()),
+                        ),
+                    });
+                    if !self.conn.is_autocommit() {
+                        self.statement("ROLLBACK TO op")?;
+                        self.cache_invalid = true;
+                    }
                 }
                 if !self.conn.is_autocommit() {
                     self.statement("RELEASE op")?;
                 }
-                r
+                Ok(())
             });
-            if result.is_err() {
+            if let Err(e) = savepoint {
+                // The savepoint itself could not be taken or released: nothing this batch wrote
+                // can be trusted to be what its jobs asked for.
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.cache_invalid = true;
+                self.head = head_before;
+                return Some(match e {
+                    StoreError::Sqlite(e) => e,
+                    e => rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                        Some(e.to_string()),
+                    ),
+                });
+            }
+            if failure.is_some() {
                 self.head = head_at_savepoint;
             }
             if self.conn.is_autocommit() {
@@ -662,20 +450,13 @@ impl Writer {
                 // transaction (each savepoint would then commit on its own).
                 self.cache_invalid = true;
                 self.head = head_before;
-                let cause = match &result {
-                    Err(StoreError::Sqlite(e)) => clone_sqlite_error(e),
-                    Err(e) => rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
-                        Some(e.to_string()),
-                    ),
-                    Ok(_) => rusqlite::Error::SqliteFailure(
+                return Some(failure.unwrap_or_else(|| {
+                    rusqlite::Error::SqliteFailure(
                         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
                         Some("the transaction was rolled back".into()),
-                    ),
-                };
-                return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&cause)))).collect();
+                    )
+                }));
             }
-            replies.push(result);
         }
         let marks = crash_marks(batch);
         for mark in &marks {
@@ -685,63 +466,20 @@ impl Writer {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.cache_invalid = true;
             self.head = head_before;
-            return batch.iter().map(|_| Err(StoreError::Sqlite(clone_sqlite_error(&e)))).collect();
+            return Some(e);
         }
         for mark in &marks {
             crate::crash::point(&format!("store::commit::after::{mark}"));
         }
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        replies
+        None
     }
 
     /// Runs a fixed statement through the statement cache (no SQL parsing per operation).
     fn statement(&self, sql: &str) -> Result<(), StoreError> {
         self.conn.prepare_cached(sql)?.execute([])?;
         Ok(())
-    }
-
-    fn apply(&mut self, op: &Op) -> Result<Reply, StoreError> {
-        match op {
-            Op::Admit(new) => self.admit(new).map(|a| Reply::Admission(Box::new(a))),
-            Op::Transition { id, to, detail, at } => self.transition(*id, *to, detail.clone(), *at).map(Reply::Entry),
-            Op::SessionStanding { id, authorized, by, detail, at } => {
-                self.session_standing(*id, *authorized, by, detail.clone(), *at).map(Reply::Entry)
-            }
-            Op::Allowlist { actor, add, by, at } => self.allowlist(actor, *add, by, *at).map(Reply::Entry),
-            Op::Note { id, event, detail, at } => self.note(*id, event, detail.clone(), *at).map(Reply::Entry),
-            Op::Complete { id, completion } => self.complete(*id, completion).map(Reply::Entry),
-            Op::StartSession(start) => self.start_session(start).map(Reply::Entry),
-            Op::EndSession { id, reason, at } => self.end_session(*id, reason, *at).map(Reply::Entry),
-            Op::Checkpoint { at } => self.checkpoint(*at).map(Reply::Checkpoint),
-            Op::Recover { now } => self.recover(*now).map(Reply::Recovery),
-            Op::InstallationId { candidate, at } => self.installation_id(candidate, *at).map(Reply::Text),
-            Op::PutCredential { record, at } => self.put_credential(record, *at).map(Reply::Entry),
-            Op::RemoveCredential { name, at } => self.remove_credential(name, *at).map(Reply::Entry),
-            Op::SetLocked { locked, detail, at } => self.set_locked(*locked, detail.clone(), *at).map(Reply::Entry),
-            Op::Steps { id, steps, at } => self.steps(*id, steps, *at).map(Reply::Entry),
-            Op::Barrier => Ok(Reply::Text(String::new())),
-            Op::AddAgent { name, token_sha256, at } => self.add_agent(name, token_sha256, *at).map(Reply::Entry),
-            Op::RevokeAgent { name, at } => self.revoke_agent(name, *at).map(Reply::Entry),
-            Op::RememberMcpSession { id, initialize, at } => {
-                self.remember_mcp_session(id, initialize, *at).map(|()| Reply::Text(String::new()))
-            }
-            Op::VaultEvent { event, detail, at } => self.vault_row(event, detail.clone(), *at).map(Reply::Entry),
-            Op::ForgetMcpSession { id } => {
-                self.conn.prepare_cached("DELETE FROM mcp_sessions WHERE id = ?1")?.execute([id])?;
-                Ok(Reply::Text(String::new()))
-            }
-            Op::AdmitAndStart { new, steps } => self.admit_and_start(new, steps).map(|a| Reply::Admission(Box::new(a))),
-            Op::ApproveEveryUse { name, on, at } => self.set_approve_every_use(name, *on, *at).map(Reply::Entry),
-            Op::UpdateSpec { name, spec, event, detail, at } => {
-                self.update_spec(name, spec, event, detail.clone(), *at).map(Reply::Entry)
-            }
-            Op::Refusal { detail, at } => self.vault_row("request_refused", detail.clone(), *at).map(Reply::Entry),
-            Op::AdmitAnew { new, anew, steps } => self.admit_anew(new, anew, steps).map(Reply::Entry),
-            Op::ReadOnly { new, steps, completion } => {
-                self.read_only(new, steps, completion.as_ref()).map(Reply::Entry)
-            }
-        }
     }
 
     fn append(&mut self, draft: Draft) -> Result<JournalEntry, StoreError> {
@@ -770,7 +508,7 @@ impl Writer {
         Ok(JournalEntry { row, row_hash: HashHex(hash) })
     }
 
-    fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpoint, StoreError> {
+    pub(crate) fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpoint, StoreError> {
         let cp = Checkpoint::new(self.head, at);
         self.conn
             .prepare_cached("INSERT INTO checkpoints (journal_size, head_hash, created_at) VALUES (?1, ?2, ?3)")?

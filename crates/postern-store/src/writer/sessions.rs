@@ -4,7 +4,7 @@
 use super::*;
 
 impl Writer {
-    pub(super) fn start_session(&mut self, s: &SessionStart) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn start_session(&mut self, s: &SessionStart) -> Result<JournalEntry, StoreError> {
         let inserted = self
             .conn
             .prepare_cached(
@@ -38,7 +38,7 @@ impl Writer {
         })
     }
 
-    pub(super) fn end_session(
+    pub(crate) fn end_session(
         &mut self,
         id: SessionId,
         reason: &str,
@@ -70,7 +70,7 @@ impl Writer {
     }
 
     /// A reviewer authorized or revoked an agent run. A revoked run stays revoked.
-    pub(super) fn session_standing(
+    pub(crate) fn session_standing(
         &mut self,
         id: SessionId,
         authorized: bool,
@@ -114,7 +114,7 @@ impl Writer {
         })
     }
 
-    pub(super) fn allowlist(
+    pub(crate) fn allowlist(
         &mut self,
         actor: &str,
         add: bool,
@@ -151,7 +151,7 @@ impl Writer {
 
     /// Keeps an MCP session's `initialize` parameters, and forgets sessions older than
     /// [`MCP_SESSION_LIFETIME_MS`] and all but the newest [`MCP_SESSIONS_KEPT`].
-    pub(super) fn remember_mcp_session(&mut self, id: &str, initialize: &str, at: Timestamp) -> Result<(), StoreError> {
+    pub(crate) fn remember_mcp_session(&mut self, id: &str, initialize: &str, at: Timestamp) -> Result<(), StoreError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO mcp_sessions (id, initialize, created_at) VALUES (?1, ?2, ?3)
@@ -164,6 +164,11 @@ impl Writer {
                     OR id IN (SELECT id FROM mcp_sessions ORDER BY created_at DESC LIMIT -1 OFFSET ?2)",
             )?
             .execute(params![at.as_millis() - MCP_SESSION_LIFETIME_MS, MCP_SESSIONS_KEPT])?;
+        Ok(())
+    }
+
+    pub(crate) fn forget_mcp_session(&mut self, id: &str) -> Result<(), StoreError> {
+        self.conn.prepare_cached("DELETE FROM mcp_sessions WHERE id = ?1")?.execute([id])?;
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 use super::*;
 
 impl Writer {
-    pub(super) fn installation_id(&mut self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
+    pub(crate) fn installation_id(&mut self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO installation (singleton, id, created_at) VALUES (1, ?1, ?2) ON CONFLICT DO NOTHING",
@@ -13,7 +13,7 @@ impl Writer {
         Ok(self.conn.prepare_cached("SELECT id FROM installation")?.query_row([], |r| r.get(0))?)
     }
 
-    pub(super) fn vault_row(&mut self, event: &str, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn vault_row(&mut self, event: &str, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
         self.append(Draft {
             at,
             stream: Stream::Vault,
@@ -26,7 +26,7 @@ impl Writer {
         })
     }
 
-    pub(super) fn put_credential(&mut self, c: &CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn put_credential(&mut self, c: &CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let json = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Corrupt(e.to_string()));
         let inserted = self
             .conn
@@ -45,7 +45,7 @@ impl Writer {
         self.vault_row("credential_added", detail, at)
     }
 
-    pub(super) fn set_approve_every_use(
+    pub(crate) fn set_approve_every_use(
         &mut self,
         name: &str,
         on: bool,
@@ -61,7 +61,7 @@ impl Writer {
         self.vault_row("approve_every_use_changed", json!({ "name": name, "approve_every_use": on }), at)
     }
 
-    pub(super) fn update_spec(
+    pub(crate) fn update_spec(
         &mut self,
         name: &str,
         spec: &Value,
@@ -86,7 +86,7 @@ impl Writer {
         self.vault_row(event, detail, at)
     }
 
-    pub(super) fn remove_credential(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn remove_credential(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let removed = self.conn.prepare_cached("DELETE FROM credentials WHERE name = ?1")?.execute([name])?;
         if removed == 0 {
             return Err(StoreError::UnknownCredential(name.to_owned()));
@@ -94,7 +94,7 @@ impl Writer {
         self.vault_row("credential_removed", json!({ "name": name }), at)
     }
 
-    pub(super) fn add_agent(
+    pub(crate) fn add_agent(
         &mut self,
         name: &str,
         token_sha256: &str,
@@ -112,7 +112,7 @@ impl Writer {
         self.vault_row("agent_added", json!({ "name": name, "token_sha256": token_sha256 }), at)
     }
 
-    pub(super) fn revoke_agent(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn revoke_agent(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let revoked = self
             .conn
             .prepare_cached("UPDATE agents SET revoked_at = ?2 WHERE name = ?1 AND revoked_at IS NULL")?
@@ -123,7 +123,7 @@ impl Writer {
         self.vault_row("agent_revoked", json!({ "name": name }), at)
     }
 
-    pub(super) fn set_locked(
+    pub(crate) fn set_locked(
         &mut self,
         locked: bool,
         detail: Value,
