@@ -124,9 +124,7 @@ impl DialogApprover {
     }
 
     fn now_ms() -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        postern_host::now().as_millis()
     }
 
     /// Opens the question's window, notifies, then waits for a reply (or the deadline, or the

@@ -12,8 +12,7 @@ mod views;
 mod windows;
 
 use dialogs::{DialogApprover, Questions};
-use postern_core::Timestamp;
-use postern_gateway::{Engine, Manifest, engine::system_clock};
+use postern_gateway::{Engine, Manifest};
 use postern_host::{Host, HostConfig};
 use postern_store::Store;
 use postern_vault::Vault;
@@ -34,9 +33,7 @@ pub struct App {
     pub http: Option<String>,
 }
 
-pub fn now() -> Timestamp {
-    system_clock()()
-}
+pub use postern_host::now;
 
 /// The tool manifest `postern-host` finds (`POSTERN_TOOLS`, else `tools.toml` in the config
 /// directory; none → the built-in tools only). A manifest with problems is not served (the

@@ -3,7 +3,7 @@
 use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use postern_core::Timestamp;
+use postern_host::now;
 use postern_store::{Checkpoint, Store, audit};
 use std::{path::Path, process::ExitCode, time::Instant};
 
@@ -118,11 +118,8 @@ pub fn verify(
 }
 
 pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failure> {
-    let (store, _) = Store::open(&location::database(data_dir), now())?;
-    let store = std::sync::Arc::new(store);
-    let keychain = postern_vault::OsKeychain::connect()?;
-    let vault = postern_vault::Vault::open(std::sync::Arc::clone(&store), std::sync::Arc::new(keychain), now())?;
-    let cp = vault.sign_checkpoint(store.checkpoint(now())?)?;
+    let host = postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned()))?;
+    let cp = host.vault.sign_checkpoint(host.store.checkpoint(now())?)?;
     let text = serde_json::to_string_pretty(&cp).context("encode checkpoint")? + "\n";
     match out {
         Some(path) => {
@@ -152,12 +149,4 @@ pub fn rederive(data_dir: &Path) -> Result<ExitCode, Failure> {
         println!("{} row(s) rebuilt from the journal (journaled as authority_rederived)", changed.len());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The wall clock, read here in the binary: the libraries take time as a parameter.
-pub fn now() -> Timestamp {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    Timestamp::from_millis(ms)
 }

@@ -1,12 +1,11 @@
 //! `postern call TOOL --args JSON`: run one tool through the engine without an agent — the same
 //! path an MCP call takes (journal, retry matching, vault, HTTP channel).
 
-use crate::{Failure, audit::now, location, render};
+use crate::{Failure, render};
 use anyhow::{Context, anyhow};
 use postern_core::{Actor, IntentScope, SessionId};
-use postern_gateway::{Call, Engine, LockOnlyApprover, engine::system_clock};
-use postern_store::Store;
-use postern_vault::{OsKeychain, Vault};
+use postern_gateway::{Call, LockOnlyApprover};
+use postern_host::{Host, HostConfig, now};
 use std::{path::Path, process::ExitCode, sync::Arc};
 
 #[derive(clap::Args, Debug)]
@@ -44,10 +43,7 @@ pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
     let manifest = crate::serve::manifest(args.tools.as_deref())?;
     let arguments: serde_json::Value =
         serde_json::from_str(&args.args).map_err(|e| Failure { code: 2, error: anyhow!("--args is not JSON: {e}") })?;
-    let (store, _) = Store::open(&location::database(data_dir), now())?;
-    let store = Arc::new(store);
-    let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(OsKeychain::connect()?), now())?);
-    let engine = Engine::new(store, vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock())?;
+    let engine = Host::open(HostConfig::new(data_dir.to_owned()))?.engine(manifest, Arc::new(LockOnlyApprover))?;
     let mut random = [0u8; 16];
     getrandom_fill(&mut random)?;
     let session = SessionId::from_parts(now(), u128::from_le_bytes(random));

@@ -1,9 +1,9 @@
 //! `postern status`, `activity`, `sessions` and `execution show`: reading the journals.
 
-use crate::{Failure, audit::now, location, render};
+use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
 use postern_core::{ExecutionId, SessionId};
-use postern_store::{ActivityFilter, JournalEntry, JournalView, Store, StoreError, Unusable};
+use postern_store::{ActivityFilter, JournalEntry, JournalView, StoreError, Unusable};
 use serde_json::json;
 use std::{path::Path, process::ExitCode};
 
@@ -29,7 +29,7 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
 
 pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
     let db = location::database(data_dir);
-    let (store, recovery) = Store::open(&db, now())?;
+    let (store, recovery) = postern_host::open_journal(data_dir, postern_host::now())?;
     let head = store.view().head()?;
     let states = store.view().state_counts()?;
     let sessions = store.view().sessions()?;

@@ -208,17 +208,22 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
         // Anything the store says about the input file is "unusable input"; so are credential
         // definitions the vault refuses.
         // The host wraps the store's and the vault's errors: judge them the same way.
-        let store_error = error.downcast_ref::<postern_store::StoreError>().or_else(|| match error.downcast_ref() {
+        let host_error = error.downcast_ref::<postern_host::HostError>();
+        let store_error = error.downcast_ref::<postern_store::StoreError>().or(match host_error {
             Some(postern_host::HostError::Store(e)) => Some(e),
             _ => None,
         });
+        let vault_error = error.downcast_ref::<postern_vault::VaultError>().or(match host_error {
+            Some(postern_host::HostError::Vault(e)) => Some(e),
+            _ => None,
+        });
         let code = if let Some(postern_host::HostError::Setting { .. } | postern_host::HostError::Manifest { .. }) =
-            error.downcast_ref::<postern_host::HostError>()
+            host_error
         {
             2
         } else if let Some(e) = store_error {
             if e.code() == "database_error" || e.is_unwritable() { 1 } else { 2 }
-        } else if let Some(e) = error.downcast_ref::<postern_vault::VaultError>() {
+        } else if let Some(e) = vault_error {
             match e.code() {
                 "invalid_credential" | "empty_secret" | "duplicate_credential" | "unknown_credential" => 2,
                 _ => 1,

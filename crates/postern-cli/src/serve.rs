@@ -230,7 +230,7 @@ pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
 /// it — through that gateway's control socket (the route is chosen once, in `postern-host`).
 pub fn perform(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<(), Failure> {
     use postern_gateway::control::{ControlCode, ControlReply};
-    let now = crate::audit::now();
+    let now = postern_host::now();
     match postern_host::operations::Route::of(data_dir, now)?.perform(request, now) {
         ControlReply::Done => Ok(()),
         ControlReply::Refused { code, message } => {

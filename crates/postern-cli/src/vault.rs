@@ -2,17 +2,15 @@
 //! hidden prompt or standard input, never from the command line (argv is visible to every
 //! process on the machine and lands in shell history).
 
-use crate::{Failure, audit::now, location, render};
+use crate::{Failure, render};
 use anyhow::{Context, anyhow};
-use postern_store::Store;
-use postern_vault::{Binding, Credential, CredentialKind, HostKeyPolicy, OsKeychain, Sensitive, SshHost, Vault};
+use postern_host::now;
+use postern_vault::{Binding, Credential, CredentialKind, HostKeyPolicy, Sensitive, SshHost, Vault};
 use std::{io::Read, path::Path, process::ExitCode, sync::Arc};
 
 /// Opens the journal (creating it if needed) and the vault on the OS keychain.
-pub fn open(data_dir: &Path) -> Result<Vault, Failure> {
-    let (store, _) = Store::open(&location::database(data_dir), now())?;
-    let keychain = OsKeychain::connect()?;
-    Ok(Vault::open(Arc::new(store), Arc::new(keychain), now())?)
+pub fn open(data_dir: &Path) -> Result<Arc<Vault>, Failure> {
+    Ok(postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned()))?.vault)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]

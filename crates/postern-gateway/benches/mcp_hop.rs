@@ -9,13 +9,7 @@
 
 use axum::{Router, routing::get};
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::{
-    Call,
-    engine::system_clock,
-    mcp::Gateway,
-    runs::AgentRuns,
-    serve::{self, ServeOptions},
-};
+use postern_gateway::Call;
 use serde_json::{Value, json};
 use sha2::Digest;
 use std::{
@@ -177,23 +171,26 @@ fn main() {
         let app = Router::new().route("/r", get(|| async { axum::Json(json!({"ok": true})) }));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         let base = format!("http://{addr}");
-        let (dir, store, engine) = common::engine(&format!(
-            "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
+        let manifest = postern_gateway::Manifest::parse(
+            &format!(
+                "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n"
-        ));
+            ),
+            std::path::Path::new("bench.toml"),
+        )
+        .expect("manifest");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = postern_host::HostConfig::new(dir.path().to_owned());
+        config.http_port = Some(0);
+        config.drain = Duration::from_secs(5);
+        let host = common::host(config);
+        let store = Arc::clone(&host.store);
+        let engine = host.engine(manifest, Arc::new(postern_gateway::LockOnlyApprover)).expect("engine");
         let token = "pst_bench".to_owned();
         store
             .add_agent("bench", &hex::encode(sha2::Sha256::digest(token.as_bytes())), Timestamp::from_millis(3))
             .expect("agent");
-        let runs = AgentRuns::new(Arc::clone(&store), system_clock());
-        let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&store), system_clock(), runs);
-        let options = ServeOptions {
-            data_dir: dir.path().to_owned(),
-            http_port: Some(0),
-            max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
-            drain: Duration::from_secs(5),
-        };
-        let bound = serve::bind(gateway, options).await.expect("bind gateway");
+        let bound = host.bind(Arc::clone(&engine)).await.expect("bind gateway");
         let socket = bound.endpoints.socket.clone();
         let http_url = format!("http://{}/mcp", bound.endpoints.http.expect("http"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -10,9 +10,8 @@ mod common;
 mod sshd;
 
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest, engine::system_clock};
-use postern_store::Store;
-use postern_vault::{HostKeyPolicy, MemoryKeychain, Sensitive, SshHost, Vault};
+use postern_gateway::{Call, LockOnlyApprover, Manifest};
+use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use serde_json::json;
 use std::{
     sync::Arc,
@@ -25,11 +24,8 @@ fn main() {
     let sshd = sshd::Sshd::start();
     let markers = tempfile::tempdir().expect("tempdir");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).expect("store");
-    let store = Arc::new(store);
-    let vault = Arc::new(
-        Vault::open(Arc::clone(&store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(2)).expect("vault"),
-    );
+    let postern = common::host(postern_host::HostConfig::new(dir.path().to_owned()));
+    let vault = Arc::clone(&postern.vault);
     let (_, fingerprint) = postern_gateway::ssh::host_key(&sshd.host_key()).expect("host key");
     let host = SshHost {
         name: "box".into(),
@@ -49,10 +45,7 @@ fn main() {
         std::path::Path::new("bench.toml"),
     )
     .expect("manifest");
-    let engine = Arc::new(
-        Engine::new(Arc::clone(&store), vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock())
-            .expect("engine"),
-    );
+    let engine = postern.engine(manifest, Arc::new(LockOnlyApprover)).expect("engine");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
 
     // OpenSSH's client, a new connection per call like Postern's.

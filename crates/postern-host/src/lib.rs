@@ -16,7 +16,7 @@ use postern_gateway::{
     serve::{self, BoundGateway, Endpoints, ServeError, ServeOptions},
 };
 use postern_store::{Recovery, Store, StoreError};
-use postern_vault::{OsKeychain, Vault, VaultError};
+use postern_vault::{OsKeychain, SecretStore, Vault, VaultError};
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
@@ -30,8 +30,6 @@ pub enum HostError {
     Location(String),
     #[error("{variable}={value:?} is not valid: {problem}")]
     Setting { variable: &'static str, value: String, problem: String },
-    #[error("cannot create {}: {source}", path.display())]
-    DataDir { path: PathBuf, source: std::io::Error },
     #[error("cannot read the tool manifest {}: {source}", path.display())]
     Manifest { path: PathBuf, source: std::io::Error },
     #[error("{source}\nA Postern gateway is already serving {}; agents connect to it with `postern mcp`.", data_dir.display())]
@@ -51,7 +49,6 @@ impl ErrorCode for HostError {
         match self {
             HostError::Location(_) => "no_home_directory",
             HostError::Setting { .. } => "invalid_setting",
-            HostError::DataDir { .. } => "data_dir_unusable",
             HostError::Manifest { .. } => "manifest_unreadable",
             HostError::InUse { .. } => "journal_in_use",
             HostError::Store(e) => e.code(),
@@ -119,6 +116,8 @@ pub struct HostConfig {
     /// Streamable HTTP on 127.0.0.1 (`Some(0)`: any free port; `None`: off).
     pub http_port: Option<u16>,
     pub max_message_bytes: usize,
+    /// Most bytes of a target's answer kept in a result (the rest is cut, and the result says so).
+    pub body_cap: usize,
     /// How long a stop waits for executions in flight.
     pub drain: Duration,
     /// How long a reviewer has to answer.
@@ -129,13 +128,14 @@ pub struct HostConfig {
 
 impl HostConfig {
     /// Defaults for `data_dir`: HTTP on the default port, 4 MiB messages, 35 s drain, 120 s to
-    /// answer, no idle lock.
+    /// answer, 8 MiB kept of a target's answer, no idle lock.
     pub fn new(data_dir: PathBuf) -> HostConfig {
         HostConfig {
             data_dir,
             tools: None,
             http_port: Some(postern_gateway::streamable::DEFAULT_PORT),
             max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
+            body_cap: postern_gateway::http::DEFAULT_BODY_CAP,
             drain: Duration::from_secs(35),
             approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
             idle_lock: None,
@@ -203,25 +203,36 @@ pub struct Host {
     pub recovery: Recovery,
 }
 
-fn now() -> Timestamp {
+/// The wall clock, read by the shells: the libraries take time as a parameter.
+pub fn now() -> Timestamp {
     system_clock()()
+}
+
+/// Opens the journal of `data_dir` (creating the directory, private to this user, and the
+/// database if needed; `now` stamps what recovery writes), saying so when a running gateway
+/// holds it.
+pub fn open_journal(data_dir: &Path, now: Timestamp) -> Result<(Arc<Store>, Recovery), HostError> {
+    match Store::open(&database(data_dir), now) {
+        Ok((store, recovery)) => Ok((Arc::new(store), recovery)),
+        Err(e @ StoreError::InUse { .. }) => Err(HostError::InUse { data_dir: data_dir.to_owned(), source: e }),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl Host {
     /// Creates the data directory if needed, opens the journal (saying so when another gateway
     /// holds it) and the vault (the OS keychain).
     pub fn open(config: HostConfig) -> Result<Host, HostError> {
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|source| HostError::DataDir { path: config.data_dir.clone(), source })?;
-        let (store, recovery) = match Store::open(&database(&config.data_dir), now()) {
-            Ok(opened) => opened,
-            Err(e @ StoreError::InUse { .. }) => {
-                return Err(HostError::InUse { data_dir: config.data_dir.clone(), source: e });
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let store = Arc::new(store);
-        let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(OsKeychain::connect()?), now())?);
+        let keychain = Arc::new(OsKeychain::connect()?);
+        Host::open_with(config, keychain, now())
+    }
+
+    /// [`Host::open`] with the secrets in `keychain` (benches and unit tests may keep them in
+    /// memory; everything that runs for a user uses the OS keychain), `now` stamping what opening
+    /// writes.
+    pub fn open_with(config: HostConfig, keychain: Arc<dyn SecretStore>, now: Timestamp) -> Result<Host, HostError> {
+        let (store, recovery) = open_journal(&config.data_dir, now)?;
+        let vault = Arc::new(Vault::open(Arc::clone(&store), keychain, now)?);
         Ok(Host { config, store, vault, recovery })
     }
 
@@ -234,7 +245,8 @@ impl Host {
             approver,
             system_clock(),
         )?
-        .with_approval_timeout(self.config.approval_timeout);
+        .with_approval_timeout(self.config.approval_timeout)
+        .with_body_cap(self.config.body_cap);
         Ok(Arc::new(engine))
     }
 
@@ -336,6 +348,21 @@ mod tests {
             assert!(err.to_string().starts_with(&format!("{variable}=")), "{err}");
             assert_eq!(err.code(), "invalid_setting");
         }
+    }
+
+    /// The data directory holds the journal, the control socket and the agents' socket: created
+    /// private to this user, whoever opens it first (`serve`, the app or any command).
+    #[cfg(unix)]
+    #[test]
+    fn a_new_data_directory_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("a/postern");
+        let (store, _) = open_journal(&data_dir, Timestamp::from_millis(1)).unwrap();
+        assert_eq!(std::fs::metadata(&data_dir).unwrap().permissions().mode() & 0o777, 0o700);
+        let held = open_journal(&data_dir, Timestamp::from_millis(2)).unwrap_err();
+        assert_eq!(held.code(), "journal_in_use", "{held}");
+        drop(store);
     }
 
     #[test]

@@ -3,17 +3,20 @@
 //! itself when no gateway holds it, else the running gateway's control socket. Operations that
 //! grant authority (unlocking, approvals, grants) are not among them: the socket refuses them.
 
-use crate::{HostError, database};
+use crate::HostError;
 use postern_core::Timestamp;
 use postern_gateway::control::{self, ControlCode, ControlReply, ControlRequest};
-use postern_store::{Store, StoreError};
-use std::path::{Path, PathBuf};
+use postern_store::Store;
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 /// Where an operation goes.
 #[derive(Debug)]
 pub enum Route {
     /// No gateway holds the journal: this process opens it.
-    Local(Box<Store>),
+    Local(Arc<Store>),
     /// A gateway holds it: its control socket in this data directory.
     Gateway(PathBuf),
 }
@@ -21,10 +24,10 @@ pub enum Route {
 impl Route {
     /// The route for `data_dir`: the journal if it can be opened, the gateway if one holds it.
     pub fn of(data_dir: &Path, now: Timestamp) -> Result<Route, HostError> {
-        match Store::open(&database(data_dir), now) {
-            Ok((store, _)) => Ok(Route::Local(Box::new(store))),
-            Err(StoreError::InUse { .. }) => Ok(Route::Gateway(data_dir.to_owned())),
-            Err(e) => Err(e.into()),
+        match crate::open_journal(data_dir, now) {
+            Ok((store, _)) => Ok(Route::Local(store)),
+            Err(HostError::InUse { .. }) => Ok(Route::Gateway(data_dir.to_owned())),
+            Err(e) => Err(e),
         }
     }
 

@@ -4,7 +4,7 @@ use postern_core::{
     ActionRequest, ActionTarget, Actor, AttachWindow, CanonicalAction, Channel, ExecutionId, ExecutionState,
     FingerprintKey, HttpAction, IntentScope, ReplayClass, ReplayContract, SessionId, Timestamp,
 };
-use postern_store::{Completion, NewExecution, SessionStart, Store};
+use postern_store::{Completion, NewExecution, SessionStart};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -119,7 +119,7 @@ fn new_execution(id: ExecutionId, amount: u64, t: Timestamp) -> NewExecution {
 /// A journal with one agent session, `n` delivered payments, and one payment left dispatched.
 pub fn journal(n: u128) -> Journal {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(&dir.path().join("postern.db"), at(0)).expect("open");
+    let (store, _) = postern_host::open_journal(dir.path(), at(0)).expect("open");
     store
         .start_session(SessionStart {
             id: session(),

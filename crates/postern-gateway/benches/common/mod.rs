@@ -3,9 +3,9 @@
 #![allow(dead_code)] // each bench uses its own subset
 
 use postern_core::Timestamp;
-use postern_gateway::{Engine, LockOnlyApprover, Manifest, engine::system_clock};
+use postern_gateway::{Engine, LockOnlyApprover, Manifest};
 use postern_store::Store;
-use postern_vault::{MemoryKeychain, Vault};
+use postern_vault::MemoryKeychain;
 use std::{sync::Arc, time::Duration};
 
 pub struct Figures {
@@ -25,16 +25,17 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// A host (a fresh journal in a temporary directory, an in-memory keychain), put together the
+/// way `postern serve` is.
+pub fn host(config: postern_host::HostConfig) -> postern_host::Host {
+    postern_host::Host::open_with(config, Arc::new(MemoryKeychain::default()), Timestamp::from_millis(1)).expect("host")
+}
+
 /// An engine with `manifest` over a fresh journal in a temporary directory (in-memory keychain).
 pub fn engine(manifest: &str) -> (tempfile::TempDir, Arc<Store>, Arc<Engine>) {
     let manifest = Manifest::parse(manifest, std::path::Path::new("bench.toml")).expect("manifest");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).expect("store");
-    let store = Arc::new(store);
-    let vault = Arc::new(
-        Vault::open(Arc::clone(&store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(2)).expect("vault"),
-    );
-    let engine = Engine::new(Arc::clone(&store), vault, Arc::new(manifest), Arc::new(LockOnlyApprover), system_clock())
-        .expect("engine");
-    (dir, store, Arc::new(engine))
+    let host = host(postern_host::HostConfig::new(dir.path().to_owned()));
+    let engine = host.engine(manifest, Arc::new(LockOnlyApprover)).expect("engine");
+    (dir, Arc::clone(&host.store), engine)
 }

@@ -320,6 +320,7 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
     let dir = rig.dir;
     drop(rig.vault);
     drop(rig.store);
+    drop(rig.host);
     // Let the target finish the request it received.
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     assert_eq!(target.payments.load(Ordering::SeqCst), 1);
@@ -350,8 +351,15 @@ async fn a_stalled_connection_times_out_as_unknown_not_as_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_are_never_followed_and_large_bodies_are_capped_and_flagged() {
     let (target, addr) = start_target().await;
-    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
-    let engine = rig.engine.with_body_cap(1_000);
+    let mut rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    rig.host.config.body_cap = 1_000;
+    let engine = rig
+        .host
+        .engine(
+            manifest(&format!("http://{addr}"), &format!("http://{addr}")),
+            Arc::new(postern_gateway::LockOnlyApprover),
+        )
+        .unwrap();
     let url = format!("http://{addr}/v1/redirect");
     let moved = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
     let result = moved.result.unwrap();

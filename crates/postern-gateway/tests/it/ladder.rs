@@ -4,7 +4,7 @@ use crate::support::{call, manifest, rig, start_target};
 use postern_core::{Actor, ExecutionState, SessionId, Timestamp};
 use postern_gateway::{
     Approver, Ask, Authorization, AuthorizationRequest, Engine, Grant, RetryReviewRequest, ReviewAnswer, ReviewChoice,
-    ReviewVerdict, engine::system_clock,
+    ReviewVerdict,
 };
 use postern_store::SessionStart;
 use serde_json::json;
@@ -142,17 +142,10 @@ fn ladder_at(
 ) -> Ladder {
     let (base, status_base) = (format!("http://{via}"), format!("http://{direct}"));
     let addr = direct;
-    let rig = rig(manifest(&base, &status_base));
-    let engine = Engine::new(
-        Arc::clone(&rig.store),
-        Arc::clone(&rig.vault),
-        Arc::new(manifest(&base, &status_base)),
-        reviewer,
-        system_clock(),
-    )
-    .unwrap()
-    .with_approval_timeout(timeout);
-    Ladder { rig, engine: Arc::new(engine), target, addr }
+    let mut rig = rig(manifest(&base, &status_base));
+    rig.host.config.approval_timeout = timeout;
+    let engine = rig.host.engine(manifest(&base, &status_base), reviewer).unwrap();
+    Ladder { rig, engine, target, addr }
 }
 
 fn start_run(l: &Ladder, n: u128) -> SessionId {

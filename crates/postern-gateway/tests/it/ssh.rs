@@ -7,7 +7,7 @@ use crate::{
     support::{call, open_rig},
 };
 use postern_core::{ExecutionState, Timestamp};
-use postern_gateway::{Engine, LockOnlyApprover, Manifest, engine::system_clock};
+use postern_gateway::{Engine, LockOnlyApprover, Manifest};
 use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use serde_json::json;
 use std::{
@@ -66,14 +66,7 @@ fn ssh_rig() -> SshRig {
 
 /// An engine serving the SSH manifest on `rig`'s journal and vault.
 fn ssh_engine(rig: &crate::support::Rig) -> Arc<Engine> {
-    let engine = Engine::new(
-        Arc::clone(&rig.store),
-        Arc::clone(&rig.vault),
-        Arc::new(manifest()),
-        Arc::new(LockOnlyApprover),
-        system_clock(),
-    );
-    Arc::new(engine.unwrap())
+    rig.host.engine(manifest(), Arc::new(LockOnlyApprover)).unwrap()
 }
 
 impl SshRig {
@@ -428,6 +421,7 @@ async fn a_restart_while_dispatched_recovers_through_the_marker() {
     drop(rig.engine);
     drop(rig.vault);
     drop(rig.store);
+    drop(rig.host);
 
     let restarted = open_rig(dir, manifest());
     let engine = ssh_engine(&restarted);

@@ -9,7 +9,7 @@ use axum::{
     routing::{get, post},
 };
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest, engine::system_clock};
+use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest};
 use postern_store::Store;
 use postern_vault::{Binding, Credential, CredentialKind, OsKeychain, Sensitive, Vault};
 use serde_json::{Value, json};
@@ -230,9 +230,10 @@ impl FaultProxy {
 
 pub struct Rig {
     pub dir: tempfile::TempDir,
+    pub host: postern_host::Host,
     pub store: Arc<Store>,
     pub vault: Arc<Vault>,
-    pub engine: Engine,
+    pub engine: Arc<Engine>,
 }
 
 pub fn manifest(base: &str, status_base: &str) -> Manifest {
@@ -299,19 +300,11 @@ pub fn rig(manifest: Manifest) -> Rig {
 /// Opens (or reopens, running crash recovery) the store in `dir` with the real keychain.
 /// (The test keyring is a throwaway one per test run, so credentials are not cleaned up.)
 pub fn open_rig(dir: tempfile::TempDir, manifest: Manifest) -> Rig {
-    let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(1)).unwrap();
-    let store = Arc::new(store);
     let keychain = OsKeychain::connect().unwrap_or_else(|e| panic!("run through scripts/test.sh: {e}"));
-    let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(keychain), Timestamp::from_millis(2)).unwrap());
-    let engine = Engine::new(
-        Arc::clone(&store),
-        Arc::clone(&vault),
-        Arc::new(manifest),
-        Arc::new(LockOnlyApprover),
-        system_clock(),
-    )
-    .unwrap();
-    Rig { dir, store, vault, engine }
+    let config = postern_host::HostConfig::new(dir.path().to_owned());
+    let host = postern_host::Host::open_with(config, Arc::new(keychain), Timestamp::from_millis(1)).unwrap();
+    let engine = host.engine(manifest, Arc::new(LockOnlyApprover)).unwrap();
+    Rig { store: Arc::clone(&host.store), vault: Arc::clone(&host.vault), dir, host, engine }
 }
 
 pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Call {
