@@ -24,5 +24,5 @@ pub use approval::{
     AgentRun, Approver, Ask, Authorization, AuthorizationRequest, Grant, LockOnlyApprover, RetryReviewRequest,
     ReviewAnswer, ReviewChoice, ReviewVerdict,
 };
-pub use engine::{Call, CallOutcome, CancelSignal, Engine, EngineError};
+pub use engine::{Call, CallOutcome, CancelSignal, Decision, Engine, EngineError};
 pub use manifest::{Manifest, ManifestError, Tool};

@@ -456,7 +456,7 @@ fn explain(o: &CallOutcome) -> (String, bool) {
         String::new()
     };
     let reason = o.detail.get("reason").and_then(Value::as_str).unwrap_or("");
-    if o.decision == "retry_denied" {
+    if o.decision == crate::engine::Decision::RetryDenied {
         return (
             format!(
                 "RETRY REFUSED: this call repeats execution {id} ({}), which is on record; a reviewer was asked and \

@@ -142,6 +142,12 @@ pub async fn resume(
             answers,
         );
     };
+    // The journal names how the request was decided; a spelling this version does not know is
+    // not guessed at.
+    let decision = match decision.parse::<crate::engine::Decision>() {
+        Ok(decision) => decision,
+        Err(e) => return error_stream(&jsonrpc_id, "journal_unreadable", &e.to_string(), answers),
+    };
     answers.tool = Some(tool);
     let detail = json!({ "correlation": {
         "transport": caller.transport.as_str(),
@@ -160,7 +166,7 @@ pub async fn resume(
             if tx.is_closed() {
                 return;
             }
-            let frame = match engine.answer_on_record(id, &decision).await {
+            let frame = match engine.answer_on_record(id, decision).await {
                 Ok(Some(outcome)) => {
                     if has_result(outcome.state) && !outcome.read_only {
                         ticket.carries(outcome.execution_id);

@@ -62,12 +62,14 @@ impl Engine {
             LadderDecision::AskPerUse => Ask::PerUse,
             LadderDecision::AskSessionAuthorization => Ask::SessionAuthorization,
         };
-        let body = match &p.ssh {
+        let body = match &p.target {
             // For SSH the "body" is the command, where it runs, and as whom.
-            Some(plan) => {
+            Target::Ssh(plan) => {
                 Some(crate::approval::body_preview(ssh_shown(p, plan).as_bytes(), &p.secrets, BODY_PREVIEW_BYTES))
             }
-            None => p.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES)),
+            Target::Http(plan) => {
+                plan.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES))
+            }
         };
         let request = AuthorizationRequest {
             ask,
@@ -76,7 +78,7 @@ impl Engine {
             tool: p.tool.name.clone(),
             actor: call.actor.as_str().to_owned(),
             agent: self.agent_run(call)?,
-            method: p.method.clone(),
+            method: p.method().to_owned(),
             target: p.shown_url.clone(),
             credential: credential_shown(p),
             body_preview: body.as_ref().map(|(preview, _)| preview.clone()),
@@ -178,8 +180,7 @@ impl Engine {
         let allowlisted = session == SessionStanding::New && view.allowlisted(call.actor.as_str())?;
         Ok(LadderInput {
             vault_locked: self.vault.is_locked()?,
-            approve_every_use: p.credential.as_ref().is_some_and(|c| c.approve_every_use)
-                || p.ssh.as_ref().is_some_and(|s| s.host.approve_every_use),
+            approve_every_use: p.approve_every_use(),
             session,
             actor_allowlisted: allowlisted,
         })
@@ -253,7 +254,7 @@ impl Engine {
         p: &Prepared<'_>,
         call: &Call,
         id: ExecutionId,
-        decision: &str,
+        decision: Decision,
         attached: bool,
         lead: Option<&Lead<'_>>,
     ) -> Result<CallOutcome, EngineError> {

@@ -17,17 +17,21 @@ impl Engine {
         let auth = verdict_detail(&verdict);
         if !verdict.allowed {
             self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;
-            return Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth));
+            return Ok(self.outcome(id, ExecutionState::Denied, false, Decision::NewExecution, None, auth));
         }
         let out = self.outgoing(p, id)?;
-        let dispatched = json!({ "target": p.shown_url, "method": p.method });
+        let dispatched = json!({ "target": p.shown_url, "method": p.method() });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
         let Observation { state, result, ssh, detail, completion } = self.send(p, out, Attempt::First).await?;
         if completion.is_none() {
             steps.push((state, detail.clone()));
         }
         self.store.record_read_only_detached(new, steps, completion)?;
-        Ok(CallOutcome { read_only: true, ssh, ..self.outcome(id, state, false, "new_execution", result, detail) })
+        Ok(CallOutcome {
+            read_only: true,
+            ssh,
+            ..self.outcome(id, state, false, Decision::NewExecution, result, detail)
+        })
     }
 
     pub(super) fn completion(&self, result: &HttpResult, elapsed: Duration) -> Result<Completion, EngineError> {
@@ -43,37 +47,43 @@ impl Engine {
     /// key, or the SSH command (wrapped in the marker protocol for `ssh_marker` tools) with the
     /// host's key.
     pub(super) fn outgoing(&self, p: &Prepared<'_>, id: ExecutionId) -> Result<Wire, EngineError> {
-        if let Some(plan) = &p.ssh {
-            let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
-            let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
-            let command = if marker {
-                crate::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
-            } else {
-                crate::ssh::plain_command(id, plan.working_dir.as_deref(), &plan.command)
-            };
-            let kill = crate::ssh::kill_command(marker.then_some(plan.host.marker_root.as_str()), id);
-            return Ok(Wire::Ssh(SshOutgoing {
-                host: plan.host.clone(),
-                key,
-                passphrase,
-                command,
-                kill,
-                timeout: p.tool.timeout,
-                marker,
-            }));
-        }
-        let credential = match &p.credential {
+        let plan = match &p.target {
+            Target::Http(plan) => plan,
+            Target::Ssh(plan) => return self.outgoing_ssh(p, plan, id),
+        };
+        let credential = match &plan.credential {
             None => None,
             Some(c) => Some(http::InjectedCredential::new(&c.kind, self.vault.secret_of(c)?)),
         };
         Ok(Wire::Http(Outgoing {
-            method: p.method.clone(),
-            url: p.url.clone(),
-            headers: p.headers.clone(),
-            body: p.body.clone(),
+            method: plan.method.clone(),
+            url: plan.url.clone(),
+            headers: plan.headers.clone(),
+            body: plan.body.clone(),
             credential,
             idempotency: p.tool.contract.idempotency_header.clone().map(|h| (h, id.to_string())),
             timeout: p.tool.timeout,
+        }))
+    }
+
+    /// The SSH command (wrapped in the marker protocol for `ssh_marker` tools) with the host's key.
+    fn outgoing_ssh(&self, p: &Prepared<'_>, plan: &SshPlan, id: ExecutionId) -> Result<Wire, EngineError> {
+        let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+        let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
+        let command = if marker {
+            crate::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
+        } else {
+            crate::ssh::plain_command(id, plan.working_dir.as_deref(), &plan.command)
+        };
+        let kill = crate::ssh::kill_command(marker.then_some(plan.host.marker_root.as_str()), id);
+        Ok(Wire::Ssh(SshOutgoing {
+            host: plan.host.clone(),
+            key,
+            passphrase,
+            command,
+            kill,
+            timeout: p.tool.timeout,
+            marker,
         }))
     }
 
@@ -156,7 +166,7 @@ impl Engine {
         &self,
         p: &Prepared<'_>,
         id: ExecutionId,
-        decision: &str,
+        decision: Decision,
         attached: bool,
     ) -> Result<CallOutcome, EngineError> {
         self.dispatch_after(p, id, decision, attached, vec![], Attempt::First).await
@@ -168,7 +178,7 @@ impl Engine {
         &self,
         p: &Prepared<'_>,
         id: ExecutionId,
-        decision: &str,
+        decision: Decision,
         attached: bool,
         mut before: Vec<(ExecutionState, Value)>,
         attempt: Attempt,
@@ -195,7 +205,7 @@ impl Engine {
         p: &Prepared<'_>,
         id: ExecutionId,
         out: Wire,
-        decision: &str,
+        decision: Decision,
         attached: bool,
         attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {

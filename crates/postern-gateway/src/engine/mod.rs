@@ -2,6 +2,7 @@
 //! retry is decided from the journal (design §3–§4), never from the transport.
 
 mod authorize;
+mod call;
 mod dispatch;
 mod prepare;
 mod recover;
@@ -15,14 +16,15 @@ use crate::{
     manifest::{ArgumentError, Manifest, Tool},
     redaction::CallSecrets,
 };
+use call::cancelled_detail;
+pub use call::{Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
 use postern_core::{
-    ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState,
-    FingerprintKey, HttpAction, IntentScope, LadderDecision, LadderInput, RecordError, RetryDecision, ReviewReason,
-    Rung, SessionId, SessionStanding, Timestamp, Verification, decide_ladder,
+    ActionRequest, ActionTarget, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState, FingerprintKey,
+    HttpAction, IntentScope, LadderDecision, LadderInput, RecordError, RetryDecision, ReviewReason, Rung, SessionId,
+    SessionStanding, Timestamp, Verification, decide_ladder,
 };
 use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
 use postern_vault::{Sensitive, Vault, VaultError};
-use serde::Serialize;
 use serde_json::{Value, json};
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -37,13 +39,13 @@ fn verdict_detail(v: &Authorization) -> Value {
 
 /// The credential a reviewer is told about: its name, or the SSH host whose key is used.
 fn credential_shown(p: &Prepared<'_>) -> Option<String> {
-    match &p.ssh {
-        Some(plan) => Some(format!(
+    match &p.target {
+        Target::Ssh(plan) => Some(format!(
             "ssh key of host {} ({})",
             plan.host.name,
             plan.host.host_key_fingerprint.as_deref().unwrap_or("key not pinned yet")
         )),
-        None => p.credential.as_ref().map(|c| c.name.clone()),
+        Target::Http(plan) => plan.credential.as_ref().map(|c| c.name.clone()),
     }
 }
 
@@ -116,126 +118,6 @@ impl Lead<'_> {
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-/// One tool call as the gateway hands it to the engine.
-#[derive(Debug, Clone)]
-pub struct Call {
-    pub tool: String,
-    pub arguments: Value,
-    pub actor: Actor,
-    pub intent_scope: IntentScope,
-    pub session: Option<SessionId>,
-    /// Protocol correlation (JSON-RPC id, MCP session): evidence only.
-    pub correlation: Value,
-    /// Raised by the client's `notifications/cancelled`.
-    pub cancel: CancelSignal,
-}
-
-/// A client's request to cancel a call. Honoured until the `dispatched` row is written; after
-/// that the side effect may be under way, so the engine journals the request and carries on
-/// (design: cancelling never pretends to undo).
-#[derive(Debug, Clone, Default)]
-pub struct CancelSignal(Arc<std::sync::atomic::AtomicBool>);
-
-impl CancelSignal {
-    pub fn cancel(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-fn cancelled_detail() -> Value {
-    json!({ "reason": "cancelled", "message": "the client cancelled the call before it was sent" })
-}
-
-/// Where a call ended up.
-#[derive(Debug, Clone, Serialize)]
-pub struct CallOutcome {
-    pub execution_id: ExecutionId,
-    pub state: ExecutionState,
-    /// The call was recognised as a retry of an earlier execution.
-    pub attached: bool,
-    /// A read-only execution: journaled without waiting for the disk, never attached to, so its
-    /// delivery is not tracked (a retry sends it again anyway).
-    #[serde(skip)]
-    pub read_only: bool,
-    /// The retry decision that was taken (`new_execution` for a fresh call).
-    pub decision: String,
-    pub result: Option<HttpResult>,
-    /// An SSH execution's result (exit status, output).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ssh: Option<crate::ssh::SshResult>,
-    /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
-    pub detail: Value,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("unknown tool {0:?}")]
-    UnknownTool(String),
-    #[error(transparent)]
-    Arguments(#[from] ArgumentError),
-    #[error(transparent)]
-    Record(#[from] RecordError),
-    #[error("credential {credential:?} may not be sent to {url} (see its --host bindings)")]
-    CredentialNotBound { credential: String, url: String },
-    #[error(transparent)]
-    UnsafeTarget(#[from] http::UnsafeTarget),
-    #[error(transparent)]
-    Vault(#[from] VaultError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(
-        "Postern did not contact SSH host {host:?} (its key is not pinned yet, and pinning means logging in): {reason}; \
-         nothing was sent. {}",
-        match *reason {
-            "vault_locked" => "Unlock the vault in the approver first.",
-            "approve_every_use_needs_a_pinned_key" => "A host that needs approval for every use must have its key pinned \
-                 before any call: add it again with `postern vault add-ssh --host-key-policy strict --host-key …`.",
-            _ => "This agent run may not act any more.",
-        }
-    )]
-    FirstContactRefused { host: String, reason: &'static str },
-    #[error(transparent)]
-    Ssh(#[from] crate::ssh::SshError),
-    #[error("the engine's worker failed: {0}")]
-    Internal(String),
-    #[error("the request this call joined failed: {message}")]
-    Joined { code: &'static str, message: String },
-    /// The request was sent and answered, but the journal cannot record that yet.
-    #[error(
-        "execution {id} WAS SENT, but its outcome cannot be journaled yet: {source} Do not repeat \
-         the call: Postern records the outcome as soon as the disk accepts writes; then execution_status \
-         with execution_id {id} (or a repeat of this call, which is matched to it) returns the result"
-    )]
-    OutcomeNotJournaled { id: ExecutionId, source: StoreError },
-    /// A tool read-only by its verb uses a credential whose reads have effects.
-    #[error("{0} (its credential says reads through it have effects; add a contract in the tool manifest)")]
-    Contract(#[from] postern_core::ContractError),
-}
-
-impl ErrorCode for EngineError {
-    fn code(&self) -> &'static str {
-        match self {
-            EngineError::UnknownTool(_) => "unknown_tool",
-            EngineError::Arguments(e) => e.code(),
-            EngineError::Record(e) => e.code(),
-            EngineError::CredentialNotBound { .. } => "credential_not_bound",
-            EngineError::UnsafeTarget(_) => "unsafe_target",
-            EngineError::Vault(e) => e.code(),
-            EngineError::Store(e) => e.code(),
-            EngineError::FirstContactRefused { .. } => "first_contact_refused",
-            EngineError::Ssh(e) => e.code(),
-            EngineError::Internal(_) => "internal_error",
-            EngineError::Joined { code, .. } => code,
-            EngineError::Contract(e) => e.code(),
-            EngineError::OutcomeNotJournaled { .. } => "outcome_not_journaled",
-        }
     }
 }
 
@@ -312,18 +194,20 @@ impl std::ops::Deref for ToolRef<'_> {
 /// Everything a call needs after validation.
 struct Prepared<'a> {
     tool: ToolRef<'a>,
-    /// For SSH: `ssh://account@address:port`, for display and the `dispatched` row.
-    url: url::Url,
-    method: String,
-    headers: Vec<(String, String)>,
-    body: Option<Vec<u8>>,
-    credential: Option<postern_vault::Credential>,
-    ssh: Option<SshPlan>,
+    /// Where the call goes and what it carries, per channel.
+    target: Target,
     /// The secret values this call carries (the contract's `secret_fields`; for `http_request`,
     /// headers and query parameters named like secrets): masked in all Postern writes or shows.
     secrets: CallSecrets,
-    /// `url` with its secrets masked: what records, journal rows and reviewers see.
+    /// Where the call goes, with its secrets masked: the HTTP URL, or
+    /// `ssh://account@address:port/`. What records, journal rows and reviewers see.
     shown_url: String,
+}
+
+/// A call's destination, one variant per channel (an upstream MCP server will be a third).
+enum Target {
+    Http(HttpPlan),
+    Ssh(SshPlan),
 }
 
 impl Prepared<'_> {
@@ -331,6 +215,56 @@ impl Prepared<'_> {
     fn shown_command(&self, plan: &SshPlan) -> String {
         self.secrets.mask(&plan.command)
     }
+
+    /// The verb journaled and shown: the HTTP method, or `EXEC` for an SSH command.
+    fn method(&self) -> &str {
+        match &self.target {
+            Target::Http(plan) => &plan.method,
+            Target::Ssh(_) => "EXEC",
+        }
+    }
+
+    fn channel(&self) -> Channel {
+        match &self.target {
+            Target::Http(_) => Channel::Http,
+            Target::Ssh(_) => Channel::Ssh,
+        }
+    }
+
+    /// Does the credential (or SSH host) this call uses need a reviewer for every use?
+    fn approve_every_use(&self) -> bool {
+        match &self.target {
+            Target::Http(plan) => plan.credential.as_ref().is_some_and(|c| c.approve_every_use),
+            Target::Ssh(plan) => plan.host.approve_every_use,
+        }
+    }
+
+    /// The credential an HTTP call injects (none for SSH: the host's key is not a credential
+    /// reference of the record).
+    fn credential(&self) -> Option<&postern_vault::Credential> {
+        match &self.target {
+            Target::Http(plan) => plan.credential.as_ref(),
+            Target::Ssh(_) => None,
+        }
+    }
+
+    /// An SSH call to a host whose key is not pinned yet (`accept-new`, first contact).
+    fn unpinned_host(&mut self) -> Option<&mut SshPlan> {
+        match &mut self.target {
+            Target::Ssh(plan) if plan.host.host_key_fingerprint.is_none() => Some(plan),
+            _ => None,
+        }
+    }
+}
+
+/// An HTTP call after validation: the request as it will be sent (before its credential and
+/// idempotency key are added).
+struct HttpPlan {
+    url: url::Url,
+    method: String,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
+    credential: Option<postern_vault::Credential>,
 }
 
 /// An SSH call after validation: where, as whom, what.
@@ -421,25 +355,19 @@ impl Engine {
             return Err(StoreError::AuthorityTampered(found).into());
         }
         let (mut p, arguments) = self.prepare(&call)?;
-        if let Some(host) =
-            p.ssh.as_ref().filter(|s| s.host.host_key_fingerprint.is_none()).map(|s| s.host.name.clone())
-        {
+        if let Some(host) = p.unpinned_host().map(|plan| plan.host.name.clone()) {
             // The first contact with an `accept-new` host logs in (to pin the key the record
             // names) before the call becomes an execution: the rungs that need no person are
             // decided first, and a host that needs a reviewer for every use is not logged into
             // before one has approved anything.
             let refused = match self.ladder_denies(&p, &call)? {
                 Some(reason) => Some(reason),
-                None => p
-                    .ssh
-                    .as_ref()
-                    .is_some_and(|s| s.host.approve_every_use)
-                    .then_some("approve_every_use_needs_a_pinned_key"),
+                None => p.approve_every_use().then_some("approve_every_use_needs_a_pinned_key"),
             };
             if let Some(reason) = refused {
                 return Err(EngineError::FirstContactRefused { host, reason });
             }
-            if let Some(plan) = &mut p.ssh {
+            if let Some(plan) = p.unpinned_host() {
                 self.pin_first_key(plan).await?;
             }
         }
@@ -475,15 +403,15 @@ impl Engine {
                     id,
                     ExecutionState::FailedBeforeDispatch,
                     false,
-                    "new_execution",
+                    Decision::NewExecution,
                     None,
                     cancelled_detail(),
                 )),
                 Admission::Accepted { .. } if verdict.allowed => {
-                    self.send_and_observe(&p, id, out, "new_execution", false, Attempt::First).await
+                    self.send_and_observe(&p, id, out, Decision::NewExecution, false, Attempt::First).await
                 }
                 Admission::Accepted { .. } => {
-                    Ok(self.outcome(id, ExecutionState::Denied, false, "new_execution", None, auth))
+                    Ok(self.outcome(id, ExecutionState::Denied, false, Decision::NewExecution, None, auth))
                 }
                 Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
             };
@@ -491,7 +419,8 @@ impl Engine {
         match self.store.admit_async(new).await? {
             Admission::Accepted { id } => match self.open_requests.turn(id) {
                 Turn::Lead(lead) => {
-                    let result = self.authorize_and_run(&p, &call, id, "new_execution", false, Some(&lead)).await;
+                    let result =
+                        self.authorize_and_run(&p, &call, id, Decision::NewExecution, false, Some(&lead)).await;
                     lead.finish(&result);
                     result
                 }
@@ -548,20 +477,11 @@ impl Engine {
         id: ExecutionId,
         state: ExecutionState,
         attached: bool,
-        decision: &str,
+        decision: Decision,
         result: Option<HttpResult>,
         detail: Value,
     ) -> CallOutcome {
-        CallOutcome {
-            execution_id: id,
-            state,
-            attached,
-            read_only: false,
-            decision: decision.into(),
-            result,
-            ssh: None,
-            detail,
-        }
+        CallOutcome { execution_id: id, state, attached, read_only: false, decision, result, ssh: None, detail }
     }
 
     /// Journals an event about execution `id` that does not change its state.
@@ -631,9 +551,9 @@ impl Engine {
 
 fn dispatched_detail(p: &Prepared<'_>, out: &Wire) -> Value {
     match out {
-        Wire::Http(out) => json!({ "target": p.shown_url, "method": p.method,
+        Wire::Http(out) => json!({ "target": p.shown_url, "method": p.method(),
                                    "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),
-        Wire::Ssh(out) => json!({ "target": p.shown_url, "method": p.method, "host": out.host.name,
+        Wire::Ssh(out) => json!({ "target": p.shown_url, "method": p.method(), "host": out.host.name,
                                   "host_key": out.host.host_key_fingerprint, "marker": out.marker }),
     }
 }

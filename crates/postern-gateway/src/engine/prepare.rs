@@ -52,12 +52,13 @@ impl Engine {
         let prepared = Prepared {
             tool: ToolRef::Manifest(tool),
             shown_url: secrets.mask(url.as_str()),
-            url,
-            method: rendered.method,
-            headers: rendered.headers,
-            body: rendered.body,
-            credential,
-            ssh: None,
+            target: Target::Http(HttpPlan {
+                url,
+                method: rendered.method,
+                headers: rendered.headers,
+                body: rendered.body,
+                credential,
+            }),
             secrets,
         };
         Ok((prepared, arguments))
@@ -88,12 +89,7 @@ impl Engine {
         let prepared = Prepared {
             tool,
             shown_url: url.to_string(),
-            url,
-            method: "EXEC".into(),
-            headers: vec![],
-            body: None,
-            credential: None,
-            ssh: Some(SshPlan { host, command, working_dir }),
+            target: Target::Ssh(SshPlan { host, command, working_dir }),
             secrets,
         };
         Ok((prepared, arguments))
@@ -198,12 +194,7 @@ impl Engine {
         let shown_url = secrets.mask(url.as_str());
         let prepared = Prepared {
             tool: ToolRef::Builtin(Box::new(tool)),
-            url,
-            method,
-            headers,
-            body,
-            credential,
-            ssh: None,
+            target: Target::Http(HttpPlan { url, method, headers, body, credential }),
             secrets,
             shown_url,
         };
@@ -222,17 +213,17 @@ impl Engine {
             postern_core::contract::ScopePolicy::Durable => IntentScope::durable(),
             postern_core::contract::ScopePolicy::AgentRun => call.intent_scope.clone(),
         };
-        let target = match &p.ssh {
-            Some(plan) => ActionTarget::Ssh(postern_core::SshAction {
+        let target = match &p.target {
+            Target::Ssh(plan) => ActionTarget::Ssh(postern_core::SshAction {
                 host_key_fingerprint: plan.host.host_key_fingerprint.clone().unwrap_or_default(),
                 account: plan.host.account.clone(),
                 working_dir: plan.working_dir.clone(),
                 command: p.shown_command(plan),
             }),
-            None => ActionTarget::Http(HttpAction {
-                method: p.method.clone(),
+            Target::Http(plan) => ActionTarget::Http(HttpAction {
+                method: plan.method.clone(),
                 url: p.shown_url.clone(),
-                headers: p.headers.iter().map(|(k, v)| (k.clone(), p.secrets.mask(v))).collect(),
+                headers: plan.headers.iter().map(|(k, v)| (k.clone(), p.secrets.mask(v))).collect(),
             }),
         };
         // Secrets the agent put elsewhere in its arguments (a URL, a header of `http_request`)
@@ -243,7 +234,7 @@ impl Engine {
                 actor: call.actor.clone(),
                 tool: p.tool.name.clone(),
                 target,
-                credential_ref: p.credential.as_ref().map(|c| c.name.clone()),
+                credential_ref: p.credential().map(|c| c.name.clone()),
                 arguments,
                 intent_scope: intent_scope.clone(),
             },
@@ -260,7 +251,7 @@ impl Engine {
             intent_scope,
             session_id: call.session,
             tool: p.tool.name.clone(),
-            channel: if p.ssh.is_some() { Channel::Ssh } else { Channel::Http },
+            channel: p.channel(),
             contract: p.tool.contract.clone(),
             record: action.record().clone(),
             correlation: call.correlation.clone(),

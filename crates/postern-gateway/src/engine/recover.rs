@@ -52,7 +52,7 @@ impl Engine {
         state: ExecutionState,
         decision: RetryDecision,
     ) -> Result<CallOutcome, EngineError> {
-        let name = decision.name();
+        let name = Decision::from(&decision);
         // A recovery that would send again (continue a prior that sent nothing, re-send with the
         // same key, ask the status endpoint, read the marker and run) is an action like any other:
         // a locked vault or a revoked run stops it, as the ladder stops a new call.
@@ -134,13 +134,13 @@ impl Engine {
                 let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
                 let detail = denied("approval_timed_out", "timeout", reason);
                 self.note(id, "retry_review_timed_out", detail.clone()).await?;
-                return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+                return Ok(self.outcome(id, prior.state, true, Decision::RetryDenied, None, detail));
             }
             Asked::Locked => {
                 let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
                 let detail = denied("vault_locked", "postern", reason);
                 self.note(id, "retry_review_withdrawn", detail.clone()).await?;
-                return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+                return Ok(self.outcome(id, prior.state, true, Decision::RetryDenied, None, detail));
             }
         };
         if let ReviewAnswer::DispatchAnew { reason } = &verdict.answer
@@ -148,7 +148,7 @@ impl Engine {
         {
             let detail = denied("reason_required", &verdict.by, "dispatch anew needs a typed reason".into());
             self.note(id, "retry_review_decided", json!({ "decision": &verdict, "effect": detail })).await?;
-            return Ok(self.outcome(id, prior.state, true, "retry_denied", None, detail));
+            return Ok(self.outcome(id, prior.state, true, Decision::RetryDenied, None, detail));
         }
         self.note(id, "retry_review_decided", json!({ "decision": &verdict })).await?;
         match verdict.answer {
@@ -156,20 +156,20 @@ impl Engine {
                 let state = self.current_state(id)?;
                 match state {
                     ExecutionState::Dispatched => {
-                        self.wait_for(id, p.tool.timeout + Duration::from_secs(5), "return_recorded_result").await
+                        self.wait_for(id, p.tool.timeout + Duration::from_secs(5), Decision::ReturnRecordedResult).await
                     }
                     ExecutionState::Completed
                     | ExecutionState::CompletedResultNotDelivered
-                    | ExecutionState::ResultDelivered => self.stored(id, state, "return_recorded_result").await,
+                    | ExecutionState::ResultDelivered => self.stored(id, state, Decision::ReturnRecordedResult).await,
                     other => {
                         let detail = json!({ "reason": request.known_outcome, "returned": "recorded_state" });
-                        Ok(self.outcome(id, other, true, "return_recorded_result", None, detail))
+                        Ok(self.outcome(id, other, true, Decision::ReturnRecordedResult, None, detail))
                     }
                 }
             }
             ReviewAnswer::CheckStatus => match (&decision, &prior.contract.status_query) {
                 (RetryDecision::VerifyPrior { .. }, _) => self.act_on(p, call, id, prior.state, decision).await,
-                (_, Some(query)) => self.query_status(p, id, query, "check_status").await,
+                (_, Some(query)) => self.query_status(p, id, query, Decision::CheckStatus).await,
                 _ => Err(EngineError::Internal("check status was offered without a route".into())),
             },
             ReviewAnswer::DispatchAnew { reason } => self.dispatch_anew(p, call, id, &verdict.by, reason.trim()).await,
@@ -177,7 +177,7 @@ impl Engine {
                 id,
                 prior.state,
                 true,
-                "retry_denied",
+                Decision::RetryDenied,
                 None,
                 denied("retry_denied", &verdict.by, reason),
             )),
@@ -264,7 +264,7 @@ impl Engine {
             session: summary.session_id.as_deref().and_then(|s| s.parse().ok()),
             tool: summary.tool,
             actor: summary.actor,
-            method: p.method.clone(),
+            method: p.method().to_owned(),
             target: p.shown_url.clone(),
             credential: credential_shown(p),
             replay_contract: class.as_str().to_owned(),
@@ -301,7 +301,7 @@ impl Engine {
         };
         if let Some((rung, why)) = refused {
             let detail = json!({ "rung": rung.as_str(), "by": "postern", "reason": why });
-            return Ok(self.outcome(prior, self.current_state(prior)?, true, "retry_denied", None, detail));
+            return Ok(self.outcome(prior, self.current_state(prior)?, true, Decision::RetryDenied, None, detail));
         }
         let (_, arguments) = self.prepare(call)?;
         let new = self.admission(p, call, arguments)?;
@@ -316,7 +316,7 @@ impl Engine {
             (ExecutionState::Dispatched, dispatched_detail(p, &out)),
         ];
         self.store.admit_anew_async(new, anew, steps).await?;
-        self.send_and_observe(p, id, out, "dispatched_anew", false, Attempt::First).await
+        self.send_and_observe(p, id, out, Decision::DispatchedAnew, false, Attempt::First).await
     }
 
     pub(super) async fn query_status(
@@ -324,12 +324,12 @@ impl Engine {
         p: &Prepared<'_>,
         id: ExecutionId,
         query: &postern_core::StatusQuery,
-        decision: &str,
+        decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         let url = url::Url::parse(&query.url_template.replace("{execution_id}", &id.to_string()))
             .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
         http::check_target(&url)?;
-        let credential = match &p.credential {
+        let credential = match p.credential() {
             Some(c) if c.allows(&url) => Some(http::InjectedCredential::new(&c.kind, self.vault.secret_of(c)?)),
             _ => None,
         };
@@ -375,10 +375,10 @@ impl Engine {
         p: &Prepared<'_>,
         id: ExecutionId,
         state: ExecutionState,
-        decision: &str,
+        decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         use crate::ssh::Marker;
-        let Some(plan) = &p.ssh else {
+        let Target::Ssh(plan) = &p.target else {
             return self.review(id, state, "an ssh_marker contract on a tool that is not SSH", decision).await;
         };
         let unreadable =
@@ -466,7 +466,7 @@ impl Engine {
         id: ExecutionId,
         state: ExecutionState,
         why: &str,
-        decision: &str,
+        decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         let detail = json!({ "reason": why });
         if state == ExecutionState::OutcomeUnknown {
@@ -479,7 +479,7 @@ impl Engine {
         &self,
         id: ExecutionId,
         state: ExecutionState,
-        decision: &str,
+        decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         let stored = self.store.view().result(id)?;
         let (mut result, mut ssh) = (None, None);
@@ -505,7 +505,7 @@ impl Engine {
         &self,
         id: ExecutionId,
         limit: Duration,
-        decision: &str,
+        decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
@@ -529,13 +529,17 @@ impl Engine {
     /// What a call that reached execution `id` (with retry decision `decision`) is answered with,
     /// read from the journal: `None` while it is in flight (accepted, authorized, dispatched). A
     /// client resuming a broken stream gets this ([`crate::resumption`]), not a new execution.
-    pub async fn answer_on_record(&self, id: ExecutionId, decision: &str) -> Result<Option<CallOutcome>, EngineError> {
+    pub async fn answer_on_record(
+        &self,
+        id: ExecutionId,
+        decision: Decision,
+    ) -> Result<Option<CallOutcome>, EngineError> {
         let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
         let state: ExecutionState = current
             .state
             .parse()
             .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
-        let attached = decision != RetryDecision::NewExecution.name();
+        let attached = decision != Decision::NewExecution;
         let read_only = current.contract["class"] == "read_only";
         let outcome = match state {
             ExecutionState::Accepted | ExecutionState::Authorized | ExecutionState::Dispatched => return Ok(None),

@@ -22,7 +22,7 @@ async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_ef
     let retry = rig.engine.call(call("create_payment", json!({"amount": 1250}), 1, 2)).await.unwrap();
     assert_eq!(retry.execution_id, first.execution_id, "the retry is the first execution");
     assert!(retry.attached);
-    assert_eq!(retry.decision, "verify_prior");
+    assert_eq!(retry.decision, postern_gateway::Decision::VerifyPrior);
     assert_eq!(retry.state, ExecutionState::Completed);
     let result = retry.result.unwrap();
     assert_eq!(result.status, 201);

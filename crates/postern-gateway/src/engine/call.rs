@@ -1,0 +1,242 @@
+//! What a call is and what becomes of it: the engine's vocabulary towards the transports (a
+//! `Call` in; a `CallOutcome` with its `Decision`, or an `EngineError` with a machine-readable
+//! code, out).
+
+use crate::{http, http::HttpResult, manifest::ArgumentError};
+use postern_core::{Actor, ErrorCode, ExecutionId, ExecutionState, IntentScope, RecordError, RetryDecision, SessionId};
+use postern_store::StoreError;
+use postern_vault::VaultError;
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// How the engine decided a call: a fresh execution, one of the retry decisions (every retry is
+/// decided from the record), or what a reviewer or the record settled for it. Journaled and
+/// shown in its snake_case spelling; an unknown spelling is an error, never a default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    NewExecution,
+    ContinuePrior,
+    WaitForPrior,
+    VerifyPrior,
+    ReturnStoredResult,
+    ReturnPriorDenial,
+    NeedsReview,
+    /// A reviewer refused a retry, or the recovery it needed was refused.
+    RetryDenied,
+    /// A reviewer had a retry sent anew, as a new execution.
+    DispatchedAnew,
+    /// A reviewer had the recorded result (or state) returned for a retry.
+    ReturnRecordedResult,
+    /// A reviewer had the target's status endpoint asked about a retry's prior.
+    CheckStatus,
+}
+
+impl Decision {
+    const ALL: [Decision; 11] = [
+        Decision::NewExecution,
+        Decision::ContinuePrior,
+        Decision::WaitForPrior,
+        Decision::VerifyPrior,
+        Decision::ReturnStoredResult,
+        Decision::ReturnPriorDenial,
+        Decision::NeedsReview,
+        Decision::RetryDenied,
+        Decision::DispatchedAnew,
+        Decision::ReturnRecordedResult,
+        Decision::CheckStatus,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::NewExecution => "new_execution",
+            Decision::ContinuePrior => "continue_prior",
+            Decision::WaitForPrior => "wait_for_prior",
+            Decision::VerifyPrior => "verify_prior",
+            Decision::ReturnStoredResult => "return_stored_result",
+            Decision::ReturnPriorDenial => "return_prior_denial",
+            Decision::NeedsReview => "needs_review",
+            Decision::RetryDenied => "retry_denied",
+            Decision::DispatchedAnew => "dispatched_anew",
+            Decision::ReturnRecordedResult => "return_recorded_result",
+            Decision::CheckStatus => "check_status",
+        }
+    }
+}
+
+impl From<&RetryDecision> for Decision {
+    fn from(d: &RetryDecision) -> Decision {
+        match d {
+            RetryDecision::NewExecution => Decision::NewExecution,
+            RetryDecision::ContinuePrior { .. } => Decision::ContinuePrior,
+            RetryDecision::WaitForPrior { .. } => Decision::WaitForPrior,
+            RetryDecision::VerifyPrior { .. } => Decision::VerifyPrior,
+            RetryDecision::ReturnStoredResult { .. } => Decision::ReturnStoredResult,
+            RetryDecision::ReturnPriorDenial { .. } => Decision::ReturnPriorDenial,
+            RetryDecision::NeedsReview { .. } => Decision::NeedsReview,
+        }
+    }
+}
+
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A decision spelling Postern does not know (a journal written by a newer version, or edited).
+#[derive(Debug, thiserror::Error)]
+#[error("unknown decision {0:?}")]
+pub struct UnknownDecision(pub String);
+
+impl std::str::FromStr for Decision {
+    type Err = UnknownDecision;
+    fn from_str(s: &str) -> Result<Decision, UnknownDecision> {
+        Decision::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| UnknownDecision(s.to_owned()))
+    }
+}
+
+/// One tool call as the gateway hands it to the engine.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub tool: String,
+    pub arguments: Value,
+    pub actor: Actor,
+    pub intent_scope: IntentScope,
+    pub session: Option<SessionId>,
+    /// Protocol correlation (JSON-RPC id, MCP session): evidence only.
+    pub correlation: Value,
+    /// Raised by the client's `notifications/cancelled`.
+    pub cancel: CancelSignal,
+}
+
+/// A client's request to cancel a call. Honoured until the `dispatched` row is written; after
+/// that the side effect may be under way, so the engine journals the request and carries on
+/// (design: cancelling never pretends to undo).
+#[derive(Debug, Clone, Default)]
+pub struct CancelSignal(Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelSignal {
+    pub fn cancel(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+pub(super) fn cancelled_detail() -> Value {
+    json!({ "reason": "cancelled", "message": "the client cancelled the call before it was sent" })
+}
+
+/// Where a call ended up.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallOutcome {
+    pub execution_id: ExecutionId,
+    pub state: ExecutionState,
+    /// The call was recognised as a retry of an earlier execution.
+    pub attached: bool,
+    /// A read-only execution: journaled without waiting for the disk, never attached to, so its
+    /// delivery is not tracked (a retry sends it again anyway).
+    #[serde(skip)]
+    pub read_only: bool,
+    /// How the call was decided (`new_execution` for a fresh call).
+    pub decision: Decision,
+    pub result: Option<HttpResult>,
+    /// An SSH execution's result (exit status, output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<crate::ssh::SshResult>,
+    /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
+    pub detail: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    #[error(transparent)]
+    Arguments(#[from] ArgumentError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("credential {credential:?} may not be sent to {url} (see its --host bindings)")]
+    CredentialNotBound { credential: String, url: String },
+    #[error(transparent)]
+    UnsafeTarget(#[from] http::UnsafeTarget),
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "Postern did not contact SSH host {host:?} (its key is not pinned yet, and pinning means logging in): {reason}; \
+         nothing was sent. {}",
+        match *reason {
+            "vault_locked" => "Unlock the vault in the approver first.",
+            "approve_every_use_needs_a_pinned_key" => "A host that needs approval for every use must have its key pinned \
+                 before any call: add it again with `postern vault add-ssh --host-key-policy strict --host-key …`.",
+            _ => "This agent run may not act any more.",
+        }
+    )]
+    FirstContactRefused { host: String, reason: &'static str },
+    #[error(transparent)]
+    Ssh(#[from] crate::ssh::SshError),
+    #[error("the engine's worker failed: {0}")]
+    Internal(String),
+    #[error("the request this call joined failed: {message}")]
+    Joined { code: &'static str, message: String },
+    /// The request was sent and answered, but the journal cannot record that yet.
+    #[error(
+        "execution {id} WAS SENT, but its outcome cannot be journaled yet: {source} Do not repeat \
+         the call: Postern records the outcome as soon as the disk accepts writes; then execution_status \
+         with execution_id {id} (or a repeat of this call, which is matched to it) returns the result"
+    )]
+    OutcomeNotJournaled { id: ExecutionId, source: StoreError },
+    /// A tool read-only by its verb uses a credential whose reads have effects.
+    #[error("{0} (its credential says reads through it have effects; add a contract in the tool manifest)")]
+    Contract(#[from] postern_core::ContractError),
+}
+
+impl ErrorCode for EngineError {
+    fn code(&self) -> &'static str {
+        match self {
+            EngineError::UnknownTool(_) => "unknown_tool",
+            EngineError::Arguments(e) => e.code(),
+            EngineError::Record(e) => e.code(),
+            EngineError::CredentialNotBound { .. } => "credential_not_bound",
+            EngineError::UnsafeTarget(_) => "unsafe_target",
+            EngineError::Vault(e) => e.code(),
+            EngineError::Store(e) => e.code(),
+            EngineError::FirstContactRefused { .. } => "first_contact_refused",
+            EngineError::Ssh(e) => e.code(),
+            EngineError::Internal(_) => "internal_error",
+            EngineError::Joined { code, .. } => code,
+            EngineError::Contract(e) => e.code(),
+            EngineError::OutcomeNotJournaled { .. } => "outcome_not_journaled",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_decision_reads_back_and_matches_the_core_names() {
+        for d in Decision::ALL {
+            assert_eq!(d.as_str().parse::<Decision>().unwrap(), d);
+            assert_eq!(serde_json::to_value(d).unwrap(), json!(d.as_str()));
+        }
+        let prior = ExecutionId::from_parts(postern_core::Timestamp::from_millis(1), 1);
+        for retry in [
+            RetryDecision::NewExecution,
+            RetryDecision::ContinuePrior { prior },
+            RetryDecision::WaitForPrior { prior },
+            RetryDecision::ReturnStoredResult { prior },
+            RetryDecision::ReturnPriorDenial { prior },
+        ] {
+            assert_eq!(Decision::from(&retry).as_str(), retry.name());
+        }
+        assert!("retry".parse::<Decision>().is_err(), "an unknown spelling is an error");
+    }
+}
