@@ -10,6 +10,7 @@ mod journal;
 mod location;
 mod render;
 mod serve;
+mod terminal;
 mod vault;
 
 use clap::{Parser, Subcommand};

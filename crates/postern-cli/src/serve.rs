@@ -2,8 +2,9 @@
 //! launches: `claude mcp add postern -- postern mcp`).
 
 use crate::Failure;
+use crate::terminal::TerminalApprover;
 use anyhow::{Context, anyhow};
-use postern_gateway::{LockOnlyApprover, Manifest, engine::system_clock, socket, terminal::TerminalApprover};
+use postern_gateway::{LockOnlyApprover, Manifest, engine::system_clock, socket};
 use postern_host::{Host, HostConfig};
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 

@@ -199,7 +199,7 @@ pub struct ReviewVerdict {
 
 /// Answers what the ladder asks (per-use approval, session authorization) and, where a person
 /// is present, reviews retries of uncertain executions. The desktop app's dialogs and the
-/// terminal prompt ([`crate::terminal::TerminalApprover`]) ask a person; [`LockOnlyApprover`]
+/// terminal prompt (`postern serve --approver terminal`) ask a person; [`LockOnlyApprover`]
 /// is the headless policy.
 pub trait Approver: Send + Sync + std::fmt::Debug {
     fn authorize(&self, request: &AuthorizationRequest) -> Authorization;
@@ -341,6 +341,19 @@ pub struct PresentedChoice {
 
 fn choice(key: char, label: &str) -> PresentedChoice {
     PresentedChoice { key, label: label.to_owned(), needs_reason: false, needs_confirmation: false }
+}
+
+/// The choice a typed line makes: only a line holding exactly one of `keys` (either case,
+/// surrounding blanks ignored) answers; anything else — several lines read at once, a word that
+/// starts with a key, a key among other characters — answers nothing.
+pub fn pick<'k>(line: &str, keys: &'k [(char, &'k str)]) -> Option<(char, &'k str)> {
+    let answer = line.trim().to_ascii_lowercase();
+    let mut chars = answer.chars();
+    let (first, rest) = (chars.next()?, chars.next());
+    if rest.is_some() {
+        return None;
+    }
+    keys.iter().find(|(k, _)| *k == first).map(|(k, label)| (*k, *label))
 }
 
 /// A time in ms since the epoch as RFC 3339 (UTC, milliseconds).
@@ -699,6 +712,31 @@ mod tests {
         }
         for program in ["/opt/agent/bin/claude", "/usr/local/bin/aider-rs", "/usr/bin/goose", "/usr/bin/codex"] {
             assert!(!runs_anything(program), "{program}");
+        }
+    }
+
+    // The terminal approver's key picking.
+
+    use proptest::prelude::*;
+
+    const KEYS: [(char, &str); 3] = [('a', "allow once"), ('s', "allow for this run"), ('d', "deny")];
+
+    #[test]
+    fn only_a_line_holding_one_key_answers() {
+        assert_eq!(pick("a\n", &KEYS), Some(('a', "allow once")));
+        assert_eq!(pick("  D \r\n", &KEYS), Some(('d', "deny")));
+        for line in ["", "\n", "allow", "as", "a\ns\n", "x", "aa", "a d"] {
+            assert_eq!(pick(line, &KEYS), None, "{line:?}");
+        }
+    }
+
+    proptest! {
+        /// Whatever arrives on the terminal (type-ahead, pasted text, escape sequences, invalid
+        /// UTF-8 decoded lossily), it answers only if, trimmed, it is exactly one key.
+        #[test]
+        fn hostile_input_answers_only_when_it_is_exactly_a_key(line in "\\PC{0,40}|[asdASD \t\r\n\u{1b}\\[]{0,6}") {
+            let expected = KEYS.iter().find(|(k, _)| line.trim().to_ascii_lowercase() == k.to_string()).copied();
+            prop_assert_eq!(pick(&line, &KEYS), expected);
         }
     }
 }

@@ -18,7 +18,6 @@ pub mod socket;
 pub mod ssh;
 pub mod streamable;
 pub mod template;
-pub mod terminal;
 
 pub use approval::{
     AgentRun, Approver, Ask, Authorization, AuthorizationRequest, Grant, LockOnlyApprover, RetryReviewRequest,

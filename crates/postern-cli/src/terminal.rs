@@ -6,10 +6,11 @@
 //! a person or by anything that can write to the terminal's input — answers a question nobody
 //! has read. Between questions the terminal takes three commands: `lock`, `unlock`, `status`.
 
-use crate::approval::{
-    Approver, Authorization, AuthorizationRequest, Presentation, RetryReviewRequest, ReviewVerdict, Withdrawal, when,
+use postern_gateway::approval::{
+    Approver, Authorization, AuthorizationRequest, Presentation, RetryReviewRequest, ReviewVerdict, Withdrawal, pick,
+    when,
 };
-use crate::engine::Clock;
+use postern_gateway::engine::Clock;
 use postern_vault::Vault;
 use std::{
     fs::File,
@@ -237,19 +238,6 @@ impl Approver for TerminalApprover {
     }
 }
 
-/// The choice a typed line makes: only a line holding exactly one of `keys` (either case,
-/// surrounding blanks ignored) answers; anything else — several lines read at once, a word that
-/// starts with a key, a key among other characters — answers nothing.
-pub fn pick<'k>(line: &str, keys: &'k [(char, &'k str)]) -> Option<(char, &'k str)> {
-    let answer = line.trim().to_ascii_lowercase();
-    let mut chars = answer.chars();
-    let (first, rest) = (chars.next()?, chars.next());
-    if rest.is_some() {
-        return None;
-    }
-    keys.iter().find(|(k, _)| *k == first).map(|(k, label)| (*k, *label))
-}
-
 /// Waits for a line until `deadline`, checking `withdrawn` between polls.
 fn wait_line(tty: &mut File, deadline: Instant, withdrawn: &Withdrawal) -> Input {
     loop {
@@ -305,31 +293,4 @@ fn text(p: &Presentation, timeout_ms: u64) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pick;
-    use proptest::prelude::*;
-
-    const KEYS: [(char, &str); 3] = [('a', "allow once"), ('s', "allow for this run"), ('d', "deny")];
-
-    #[test]
-    fn only_a_line_holding_one_key_answers() {
-        assert_eq!(pick("a\n", &KEYS), Some(('a', "allow once")));
-        assert_eq!(pick("  D \r\n", &KEYS), Some(('d', "deny")));
-        for line in ["", "\n", "allow", "as", "a\ns\n", "x", "aa", "a d"] {
-            assert_eq!(pick(line, &KEYS), None, "{line:?}");
-        }
-    }
-
-    proptest! {
-        /// Whatever arrives on the terminal (type-ahead, pasted text, escape sequences, invalid
-        /// UTF-8 decoded lossily), it answers only if, trimmed, it is exactly one key.
-        #[test]
-        fn hostile_input_answers_only_when_it_is_exactly_a_key(line in "\\PC{0,40}|[asdASD \t\r\n\u{1b}\\[]{0,6}") {
-            let expected = KEYS.iter().find(|(k, _)| line.trim().to_ascii_lowercase() == k.to_string()).copied();
-            prop_assert_eq!(pick(&line, &KEYS), expected);
-        }
-    }
 }
