@@ -2,8 +2,8 @@
 //! declared here once and exported to TypeScript (`ui/src/lib/bindings/`, by ts-rs, when the
 //! tests run); every error crosses as an [`IpcError`] — a machine-readable code and a message.
 
-use crate::views::{ApprovalView, TimelineRow};
-use crate::{App, views::Reply};
+use crate::App;
+use crate::views::{ApprovalView, Reply, TimelineRow};
 use postern_core::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -148,6 +148,29 @@ pub struct ManifestProblem {
     pub message: String,
 }
 
+/// The tool manifest `postern-host` finds (`POSTERN_TOOLS`, else `tools.toml` in the config
+/// directory; none → the built-in tools only). A manifest with problems is not served (the
+/// built-ins are), and its problems are shown in the Tools view with file and line.
+pub fn manifest(explicit: Option<&std::path::Path>) -> (postern_gateway::Manifest, String, Vec<ManifestProblem>) {
+    let problem = |file: &str, line: usize, tool: Option<String>, message: String| ManifestProblem {
+        file: file.to_owned(),
+        line: u32::try_from(line).unwrap_or(u32::MAX),
+        tool,
+        message,
+    };
+    match postern_host::load_manifest(explicit) {
+        Ok(loaded) => {
+            let shown = loaded.path.display().to_string();
+            let problems = loaded.problems.into_iter().map(|e| problem(&shown, e.line, e.tool, e.message)).collect();
+            (loaded.manifest, shown, problems)
+        }
+        Err(e) => {
+            let shown = explicit.map_or_else(|| "(none)".to_owned(), |p| p.display().to_string());
+            (postern_gateway::Manifest::default(), shown.clone(), vec![problem(&shown, 1, None, e.to_string())])
+        }
+    }
+}
+
 /// Credentials and SSH hosts: names, kinds, where they may go; never a secret.
 #[derive(Debug, Clone, Serialize, TS)]
 #[ts(export, export_to = "../../ui/src/lib/bindings/")]
@@ -218,6 +241,31 @@ pub struct AuditView {
     pub head: String,
     pub findings: Vec<String>,
     pub elapsed_ms: f64,
+}
+
+/// Every command the windows may invoke (`capabilities/default.json` grants them).
+pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static {
+    tauri::generate_handler![
+        pending_approvals,
+        approval,
+        answer_approval,
+        open_approval,
+        executions,
+        execution_detail,
+        sessions,
+        revoke_session,
+        lock_vault,
+        unlock_vault,
+        tools,
+        vault,
+        add_credential,
+        add_ssh_host,
+        remove_credential,
+        set_approve_every_use,
+        audit_verify,
+        audit_checkpoint,
+        status,
+    ]
 }
 
 type State<'a> = tauri::State<'a, Arc<App>>;

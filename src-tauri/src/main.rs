@@ -12,7 +12,7 @@ mod views;
 mod windows;
 
 use dialogs::{DialogApprover, Questions};
-use postern_gateway::{Engine, Manifest};
+use postern_gateway::Engine;
 use postern_host::{Host, HostConfig};
 use postern_store::Store;
 use postern_vault::Vault;
@@ -35,63 +35,16 @@ pub struct App {
 
 pub use postern_host::now;
 
-/// The tool manifest `postern-host` finds (`POSTERN_TOOLS`, else `tools.toml` in the config
-/// directory; none → the built-in tools only). A manifest with problems is not served (the
-/// built-ins are), and its problems are shown in the Tools view with file and line.
-fn manifest(explicit: Option<&std::path::Path>) -> (Manifest, String, Vec<ipc::ManifestProblem>) {
-    let problem = |file: &str, line: usize, tool: Option<String>, message: String| ipc::ManifestProblem {
-        file: file.to_owned(),
-        line: u32::try_from(line).unwrap_or(u32::MAX),
-        tool,
-        message,
-    };
-    match postern_host::load_manifest(explicit) {
-        Ok(loaded) => {
-            let shown = loaded.path.display().to_string();
-            let problems = loaded.problems.into_iter().map(|e| problem(&shown, e.line, e.tool, e.message)).collect();
-            (loaded.manifest, shown, problems)
-        }
-        Err(e) => {
-            let shown = explicit.map_or_else(|| "(none)".to_owned(), |p| p.display().to_string());
-            (Manifest::default(), shown.clone(), vec![problem(&shown, 1, None, e.to_string())])
-        }
-    }
-}
-
-/// Notifies when executions become `outcome_unknown` or `needs_review`: every 2 s it reads only
-/// the journal rows appended since the last look (never a scan of all executions).
-async fn watch_uncertain(store: Arc<Store>) {
-    let head = |store: &Store| store.view().head().map_or(0, |h| h.size);
-    let mut seen = head(&store);
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = head(&store);
-        if now > seen {
-            let new = store.view().events_after(seen, &["outcome_unknown", "needs_review"]).unwrap_or(0);
-            if new > 0 {
-                notify::needs_review(new);
-            }
-            seen = now;
-        }
-    }
-}
-
 fn fail(message: &str) -> ! {
     eprintln!("postern-app: {message}");
     std::process::exit(1);
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("POSTERN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
-        )
-        .init();
+    postern_host::init_logging();
     // The app's idle lock defaults to 900 s (it can unlock again); a bad POSTERN_* value stops it.
     let config = HostConfig::from_env(Some(Duration::from_secs(900))).unwrap_or_else(|e| fail(&e.to_string()));
-    let (manifest, manifest_path, manifest_errors) = manifest(config.tools.as_deref());
+    let (manifest, manifest_path, manifest_errors) = ipc::manifest(config.tools.as_deref());
     for e in &manifest_errors {
         tracing::error!(file = %e.file, line = e.line, "tool manifest: {}", e.message);
     }
@@ -105,27 +58,7 @@ fn main() {
     let task_slot = Arc::clone(&gateway_task);
 
     let app = tauri::Builder::default()
-        .invoke_handler(tauri::generate_handler![
-            ipc::pending_approvals,
-            ipc::approval,
-            ipc::answer_approval,
-            ipc::open_approval,
-            ipc::executions,
-            ipc::execution_detail,
-            ipc::sessions,
-            ipc::revoke_session,
-            ipc::lock_vault,
-            ipc::unlock_vault,
-            ipc::tools,
-            ipc::vault,
-            ipc::add_credential,
-            ipc::add_ssh_host,
-            ipc::remove_credential,
-            ipc::set_approve_every_use,
-            ipc::audit_verify,
-            ipc::audit_checkpoint,
-            ipc::status,
-        ])
+        .invoke_handler(ipc::handler())
         .setup(move |app| {
             let handle = app.handle().clone();
             let approver = Arc::new(DialogApprover::new(handle.clone(), Arc::clone(&questions)));
@@ -163,7 +96,7 @@ fn main() {
             });
             *task_slot.lock().map_err(|_| "poisoned")? = Some(task);
             let watched = Arc::clone(&store);
-            tauri::async_runtime::spawn(async move { watch_uncertain(watched).await });
+            tauri::async_runtime::spawn(async move { notify::watch_uncertain(watched).await });
             if let Err(e) = tray::install(&handle) {
                 tracing::warn!(error = %e, "no tray icon (is there a tray host?)");
             }

@@ -41,3 +41,21 @@ pub fn needs_review(new: u64) {
     );
     let _ = show("Postern: an outcome needs review", &body);
 }
+
+/// Notifies when executions become `outcome_unknown` or `needs_review`: every 2 s it reads only
+/// the journal rows appended since the last look (never a scan of all executions).
+pub async fn watch_uncertain(store: std::sync::Arc<postern_store::Store>) {
+    let head = |store: &postern_store::Store| store.view().head().map_or(0, |h| h.size);
+    let mut seen = head(&store);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        let now = head(&store);
+        if now > seen {
+            let new = store.view().events_after(seen, &["outcome_unknown", "needs_review"]).unwrap_or(0);
+            if new > 0 {
+                needs_review(new);
+            }
+            seen = now;
+        }
+    }
+}

@@ -28,7 +28,7 @@ pub fn add(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
     let mut random = [0u8; 32];
     getrandom::fill(&mut random).map_err(|e| Failure { code: 1, error: anyhow!("no randomness from the OS: {e}") })?;
     let token = format!("{TOKEN_PREFIX}{}", hex::encode(random));
-    crate::serve::perform(
+    crate::route::perform(
         data_dir,
         ControlRequest::AddAgent { name: name.into(), token_sha256: token_sha256(&token) },
     )?;
@@ -63,7 +63,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
 }
 
 pub fn revoke(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
-    crate::serve::perform(data_dir, ControlRequest::RevokeAgent { name: name.into() })?;
+    crate::route::perform(data_dir, ControlRequest::RevokeAgent { name: name.into() })?;
     eprintln!("agent {name:?} revoked: its token no longer authenticates");
     Ok(ExitCode::SUCCESS)
 }

@@ -117,7 +117,7 @@ pub fn activity(
 
 /// `postern sessions revoke ID`: directly, or through a running gateway's control socket.
 pub fn revoke(data_dir: &Path, id: postern_core::SessionId) -> Result<ExitCode, Failure> {
-    crate::serve::perform(data_dir, postern_gateway::control::ControlRequest::RevokeSession { id })?;
+    crate::route::perform(data_dir, postern_gateway::control::ControlRequest::RevokeSession { id })?;
     eprintln!("agent run {id} revoked: its calls are denied, and it is never authorized again");
     Ok(ExitCode::SUCCESS)
 }

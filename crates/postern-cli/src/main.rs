@@ -5,10 +5,12 @@
 
 mod agents;
 mod audit;
+mod bridge;
 mod call;
 mod journal;
 mod location;
 mod render;
+mod route;
 mod serve;
 mod terminal;
 mod vault;
@@ -240,7 +242,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let data_dir = location::data_dir(cli.data_dir)?;
     match cli.command {
         Command::Serve(args) => serve::serve(&data_dir, args),
-        Command::Mcp => serve::bridge(&data_dir),
+        Command::Mcp => bridge::bridge(&data_dir),
         Command::Status { json } => journal::status(&data_dir, json),
         Command::Audit { command: AuditCommand::Verify { db, checkpoint, pubkey, chain_only, json } } => {
             let db = db.unwrap_or_else(|| location::database(&data_dir));

@@ -304,7 +304,7 @@ pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
         // its socket (any process of this user, an agent included, can reach it): the gateway
         // refuses, journals the attempt, and says where to unlock instead.
         Route::Gateway(_) if !locked => {
-            crate::serve::refused_by_gateway(data_dir, "vault.unlock")?;
+            crate::route::refused_by_gateway(data_dir, "vault.unlock")?;
             Ok(ExitCode::SUCCESS)
         }
         route @ Route::Gateway(_) => {

@@ -203,6 +203,21 @@ pub struct Host {
     pub recovery: Recovery,
 }
 
+/// Logs to stderr, filtered by `POSTERN_LOG` (default: `info`, rmcp's own chatter only on
+/// errors), in colour only on a terminal without `NO_COLOR`. Stdout stays free: `postern mcp`
+/// and `--json` outputs own it.
+pub fn init_logging() {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("POSTERN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error")),
+        )
+        .init();
+}
+
 /// The wall clock, read by the shells: the libraries take time as a parameter.
 pub fn now() -> Timestamp {
     system_clock()()

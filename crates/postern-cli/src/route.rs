@@ -1,0 +1,41 @@
+//! A write command's route, chosen once by `postern-host`: the journal itself, or the running
+//! gateway's control socket — with the same output either way.
+
+use crate::Failure;
+use anyhow::{Context, anyhow};
+use std::path::Path;
+
+/// Asks the running gateway for `op`, which its control socket does not offer: the gateway
+/// journals the attempt and answers where to do it instead, which becomes this command's error.
+pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let line = serde_json::to_vec(&serde_json::json!({ "op": op, "by": "cli" })).context("encode")?;
+    let reply = runtime
+        .block_on(postern_gateway::control::request_line(data_dir, line))
+        .map_err(|e| anyhow!("the journal is held by a running gateway, and its control socket did not answer: {e}"))?;
+    match reply {
+        postern_gateway::control::ControlReply::Refused { message, .. } => {
+            Err(Failure { code: 1, error: anyhow!("{message}") })
+        }
+        postern_gateway::control::ControlReply::Done => {
+            Err(Failure { code: 1, error: anyhow!("the gateway carried out a request it should have refused") })
+        }
+    }
+}
+
+/// Performs a write operation on `data_dir`: on the journal itself, or — when a gateway holds
+/// it — through that gateway's control socket (the route is chosen once, in `postern-host`).
+pub fn perform(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<(), Failure> {
+    use postern_gateway::control::{ControlCode, ControlReply};
+    let now = postern_host::now();
+    match postern_host::operations::Route::of(data_dir, now)?.perform(request, now) {
+        ControlReply::Done => Ok(()),
+        ControlReply::Refused { code, message } => {
+            let code = match code {
+                ControlCode::UnknownAgent | ControlCode::DuplicateAgent | ControlCode::InvalidRequest => 2,
+                _ => 1,
+            };
+            Err(Failure { code, error: anyhow!("{message}") })
+        }
+    }
+}
