@@ -380,6 +380,69 @@ mod tests {
         drop(store);
     }
 
+    /// Whoever stops a host (`postern serve` on a signal, the app on exit) gets every write that
+    /// was queued before the stop on disk: read-only executions are journaled without waiting,
+    /// and the app used to exit without flushing them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_host_has_written_everything_queued() {
+        use postern_core::{
+            ActionRequest, ActionTarget, Actor, CanonicalAction, Channel, ExecutionId, FingerprintKey, HttpAction,
+            IntentScope, ReplayContract,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = HostConfig::new(dir.path().to_owned());
+        config.http_port = None;
+        config.drain = Duration::from_millis(100);
+        let keychain = Arc::new(postern_vault::MemoryKeychain::default());
+        let host = Host::open_with(config, keychain, Timestamp::from_millis(1)).unwrap();
+        let engine = host.engine(Manifest::default(), Arc::new(postern_gateway::LockOnlyApprover)).unwrap();
+        let serving = host.bind(engine).await.unwrap();
+        let before = host.store.view().head().unwrap().size;
+        let key = FingerprintKey::from_bytes([7; 32]);
+        let contract = ReplayContract::read_only();
+        const QUEUED: u64 = 2_000;
+        for i in 0..QUEUED {
+            let request = ActionRequest {
+                actor: Actor::token_agent("reader"),
+                tool: "read".into(),
+                target: ActionTarget::Http(HttpAction {
+                    method: "GET".into(),
+                    url: format!("https://api.example/items/{i}"),
+                    headers: vec![],
+                }),
+                credential_ref: None,
+                arguments: serde_json::json!({ "i": i }),
+                intent_scope: IntentScope::durable(),
+            };
+            let action = CanonicalAction::build(&request, &contract, &key).unwrap();
+            let at = Timestamp::from_millis(10 + i as i64);
+            let new = postern_store::NewExecution {
+                id: ExecutionId::from_parts(at, u128::from(i)),
+                fingerprint: action.fingerprint(&key),
+                actor: request.actor,
+                intent_scope: request.intent_scope,
+                session_id: None,
+                tool: request.tool,
+                channel: Channel::Http,
+                contract: contract.clone(),
+                record: action.record().clone(),
+                correlation: serde_json::json!({}),
+                at,
+            };
+            let steps = vec![
+                (postern_core::ExecutionState::Authorized, serde_json::json!({})),
+                (postern_core::ExecutionState::Dispatched, serde_json::json!({})),
+            ];
+            let completion =
+                postern_store::Completion { outcome: serde_json::json!({ "http_status": 200 }), result: vec![], at };
+            host.store.record_read_only_detached(new, steps, Some(completion)).unwrap();
+        }
+        serving.run(async {}).await.unwrap();
+        let view = postern_store::JournalView::open_read_only(&database(dir.path())).unwrap();
+        // accepted, authorized, dispatched, completed: four rows each.
+        assert_eq!(view.head().unwrap().size, before + 4 * QUEUED, "every queued row is written when run returns");
+    }
+
     #[test]
     fn a_named_manifest_must_exist_the_default_may_not() {
         let dir = tempfile::tempdir().unwrap();

@@ -1145,3 +1145,16 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
     let (status, answer) = post_initialize(&addr, &auth);
     assert_eq!(status, 200, "room again after one ended: {answer}");
 }
+
+/// A port that does not parse stops `serve` with an error naming it, before anything starts (the
+/// app reads the same variable through `HostConfig::from_env`, which refuses it the same way).
+#[test]
+fn a_bad_port_is_an_error_not_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["80a", "70000"] {
+        let run = crate::support::postern_with(&["serve"], Some(dir.path()), None, &[("POSTERN_PORT", bad)]);
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        assert!(run.stderr.contains(bad) && run.stderr.contains("--port"), "{}", run.stderr);
+    }
+    assert!(!dir.path().join("postern.db").exists(), "nothing was opened");
+}
