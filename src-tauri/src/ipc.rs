@@ -567,9 +567,20 @@ pub fn audit_checkpoint(app: State<'_>) -> Result<String, IpcError> {
     serde_json::to_string_pretty(&checkpoint).map_err(|e| IpcError::new("internal_error", e.to_string()))
 }
 
+/// The host-key policy the window chose; anything else is an error, never quietly `strict`.
+fn host_key_policy(policy: &str) -> Result<postern_vault::HostKeyPolicy, IpcError> {
+    use postern_vault::HostKeyPolicy;
+    [HostKeyPolicy::Strict, HostKeyPolicy::AcceptNew].into_iter().find(|p| p.as_str() == policy).ok_or_else(|| {
+        IpcError::new(
+            "invalid_host_key_policy",
+            format!("host key policy {policy:?} is neither \"strict\" nor \"accept-new\""),
+        )
+    })
+}
+
 #[tauri::command]
 pub fn add_ssh_host(app: State<'_>, host: NewSshHost) -> Result<(), IpcError> {
-    use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
+    use postern_vault::{Sensitive, SshHost};
     let NewSshHost { name, address, port, account, policy, host_key, private_key, passphrase, approve_every_use } =
         host;
     let key = Sensitive::new(private_key);
@@ -582,10 +593,7 @@ pub fn add_ssh_host(app: State<'_>, host: NewSshHost) -> Result<(), IpcError> {
         address,
         port,
         account,
-        policy: match policy.as_str() {
-            "accept-new" => HostKeyPolicy::AcceptNew,
-            _ => HostKeyPolicy::Strict,
-        },
+        policy: host_key_policy(&policy)?,
         host_key: pinned.as_ref().and_then(|(k, _)| k.to_openssh().ok()),
         host_key_fingerprint: pinned.map(|(_, f)| f),
         marker_root: postern_vault::DEFAULT_MARKER_ROOT.into(),
@@ -593,4 +601,18 @@ pub fn add_ssh_host(app: State<'_>, host: NewSshHost) -> Result<(), IpcError> {
     };
     app.vault.add_ssh_host(&host, &key, passphrase.as_ref(), crate::now())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_host_key_policy_is_an_error_not_strict() {
+        assert_eq!(host_key_policy("strict").unwrap(), postern_vault::HostKeyPolicy::Strict);
+        assert_eq!(host_key_policy("accept-new").unwrap(), postern_vault::HostKeyPolicy::AcceptNew);
+        for bad in ["", "Strict", "accept_new", "trust-everything"] {
+            assert_eq!(host_key_policy(bad).unwrap_err().code, "invalid_host_key_policy", "{bad:?}");
+        }
+    }
 }
