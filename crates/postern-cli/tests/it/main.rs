@@ -6,6 +6,7 @@ mod agents;
 mod approvals;
 mod audit;
 mod call;
+mod faults;
 mod gateway;
 mod gateway_support;
 mod journal;
