@@ -44,6 +44,12 @@ impl Actor {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A process actor's executable path and SHA-256 (hex), read back from its one spelling;
+    /// `None` for a token agent or anything else.
+    pub fn process_parts(&self) -> Option<(&str, &str)> {
+        self.0.strip_prefix("process:").and_then(|a| a.rsplit_once("@sha256:"))
+    }
 }
 
 /// The set of calls inside which a matching fingerprint counts as a retry.
@@ -336,6 +342,15 @@ impl ErrorCode for RecordError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_actor_reads_back_into_its_parts() {
+        let actor = Actor::process("/opt/my agent@v2/bin/node", "ab12");
+        assert_eq!(actor.process_parts(), Some(("/opt/my agent@v2/bin/node", "ab12")));
+        assert_eq!(Actor::from_recorded(actor.as_str()).process_parts(), actor.process_parts());
+        assert_eq!(Actor::token_agent("ci").process_parts(), None);
+        assert_eq!(Actor::from_recorded("cli:uid=1000").process_parts(), None);
+    }
     use crate::{
         canonical::MAX_SAFE_INTEGER,
         contract::{AttachWindow, ReplayClass},

@@ -232,7 +232,8 @@ impl Engine {
     pub(super) fn agent_run(&self, call: &Call) -> Result<Option<AgentRun>, EngineError> {
         let Some(session) = call.session else { return Ok(None) };
         let Some(run) = self.store.view().session(session)? else { return Ok(None) };
-        let (executable, sha256) = match run.actor.strip_prefix("process:").and_then(|a| a.rsplit_once("@sha256:")) {
+        let actor = postern_core::Actor::from_recorded(run.actor.as_str());
+        let (executable, sha256) = match actor.process_parts() {
             Some((exe, hash)) => (exe.to_owned(), hash.to_owned()),
             None => (run.actor.clone(), String::new()),
         };
