@@ -2,6 +2,9 @@
 //! a read-only tool (GET) and an `idempotency_key` tool (POST, durable journal), at concurrency
 //! 1 and 64. Prints p50/p99 latency and calls/s side by side, and the ratios.
 //!
+//! Both tools inject a bearer credential bound to 127.0.0.1, read from the OS keychain when it
+//! is reachable (as on a user's machine); the direct client sends the same header.
+//!
 //! Run: `cargo bench -p postern-gateway --bench engine` (`POSTERN_BENCH_CALLS` to change N).
 
 use axum::{
@@ -73,10 +76,11 @@ fn main() {
             .route("/w", post(|| async { (axum::http::StatusCode::CREATED, axum::Json(json!({"id": 1}))) }));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         let base = format!("http://{addr}");
+        let credential = common::CREDENTIAL;
         let (_dir, _store, engine) = common::engine(&format!(
-            "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
+            "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\ncredential = \"{credential}\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n\n\
-                 [[tool]]\nname = \"write\"\nmethod = \"POST\"\nurl = \"{base}/w\"\n\
+                 [[tool]]\nname = \"write\"\nmethod = \"POST\"\nurl = \"{base}/w\"\ncredential = \"{credential}\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n\
                  contract = {{ class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\" }}\n"
         ));
@@ -96,11 +100,14 @@ fn main() {
                     let url = url.clone();
                     async move {
                         let req = if method == "GET" { c.get(&url) } else { c.post(&url).body("{\"n\":1}") };
+                        // The same header the engine injects from the credential.
+                        let req = req.bearer_auth("bench-secret-token");
                         req.send().await.expect("send").bytes().await.expect("body");
                     }
                 })
                 .await;
                 let e = Arc::clone(&engine);
+                let written = common::bytes_written();
                 let through_engine = run(concurrency, calls, move |n| {
                     let e = Arc::clone(&e);
                     async move {
@@ -119,6 +126,13 @@ fn main() {
                 })
                 .await;
                 show(&format!("{tool} ({method}), concurrency {concurrency}"), &direct, &through_engine);
+                if let (Some(before), Some(after)) = (written, common::bytes_written()) {
+                    println!(
+                        "{:<34} {:.1} KiB written to disk per call",
+                        "",
+                        (after - before) as f64 / calls as f64 / 1024.0
+                    );
+                }
             }
         }
     });

@@ -173,8 +173,9 @@ fn main() {
         let base = format!("http://{addr}");
         let manifest = postern_gateway::Manifest::parse(
             &format!(
-                "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\n\
-                 input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n"
+                "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\ncredential = \"{}\"\n\
+                 input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n",
+                common::CREDENTIAL
             ),
             std::path::Path::new("bench.toml"),
         )
@@ -207,7 +208,7 @@ fn main() {
                 run(concurrency, calls, || async { reqwest::Client::builder().no_proxy().build().expect("client") }, {
                     let url = url.clone();
                     move |c: &mut reqwest::Client, _| {
-                        let req = c.get(&url);
+                        let req = c.get(&url).bearer_auth("bench-secret-token");
                         async move {
                             req.send().await.expect("send").bytes().await.expect("body");
                         }

@@ -286,6 +286,10 @@ impl Default for StoreOptions {
 #[derive(Debug)]
 pub struct Store {
     writer: writer::WriterHandle,
+    /// Bumped by every write that changes what the vault may hand out (the lock, a credential
+    /// or SSH host added, removed or changed): the vault drops what it keeps in memory when it
+    /// sees a new value.
+    vault_epoch: std::sync::atomic::AtomicU64,
     view: JournalView,
     path: PathBuf,
     /// Held for the life of the store: one writing process per journal. (Declared last, so it is
@@ -332,13 +336,23 @@ impl Store {
         }
         let writer = writer::WriterHandle::spawn(conn, options)?;
         let view = JournalView::open_read_only(path)?;
-        let store = Store { writer, view, path: path.to_owned(), _lock: lock };
+        let store = Store { writer, vault_epoch: Default::default(), view, path: path.to_owned(), _lock: lock };
         let recovery = store.writer.call(WriteKind::DURABLE, move |w| w.recover(now))?;
         Ok((store, recovery))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Changes whenever the lock or a credential changes in this process (see `vault_epoch`).
+    pub fn vault_epoch(&self) -> u64 {
+        self.vault_epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn vault_changed<T>(&self, result: T) -> T {
+        self.vault_epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        result
     }
 
     /// Set once the writer has seen another process commit to the database and the authority
@@ -424,7 +438,7 @@ impl Store {
     /// stream (`approve_every_use_changed`).
     pub fn set_approve_every_use(&self, name: &str, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
-        self.writer.call(WriteKind::DURABLE, move |w| w.set_approve_every_use(&name, on, at))
+        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.set_approve_every_use(&name, on, at)))
     }
 
     /// Replaces a credential's spec (e.g. pins an SSH host key), journaled as `event` on the
@@ -438,7 +452,9 @@ impl Store {
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
-        self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at))
+        self.vault_changed(
+            self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at)),
+        )
     }
 
     /// Journals a refused request for something not offered where an agent can reach it (an
@@ -551,12 +567,12 @@ impl Store {
 
     /// Records a credential's metadata and journals it (the secret goes to the keychain).
     pub fn put_credential(&self, record: CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.call(WriteKind::DURABLE, move |w| w.put_credential(&record, at))
+        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.put_credential(&record, at)))
     }
 
     pub fn remove_credential(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
-        self.writer.call(WriteKind::DURABLE, move |w| w.remove_credential(&name, at))
+        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.remove_credential(&name, at)))
     }
 
     /// Registers an agent by the SHA-256 (hex) of its token, and journals it.
@@ -586,7 +602,7 @@ impl Store {
 
     /// Locks or unlocks the vault and journals who/why in `detail`.
     pub fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.call(WriteKind::DURABLE, move |w| w.set_locked(locked, detail, at))
+        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.set_locked(locked, detail, at)))
     }
 
     /// What the writer has committed so far (for benchmarks and status displays).

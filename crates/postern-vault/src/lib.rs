@@ -28,6 +28,26 @@ pub struct Vault {
     store: Arc<Store>,
     keychain: Arc<dyn SecretStore>,
     installation: String,
+    /// Secrets read from the keychain since the vault was last unlocked, so the hot path makes
+    /// no D-Bus round trip: dropped (and zeroized) on lock, idle lock, and whenever a credential
+    /// or SSH host is added, removed or changed.
+    cache: std::sync::Mutex<SecretCache>,
+}
+
+/// Keychain items as read, by item name, valid for one [`Store::vault_epoch`].
+#[derive(Default)]
+struct SecretCache {
+    epoch: u64,
+    /// The lock as last read from the journal's tables, valid for the same epoch.
+    locked: Option<bool>,
+    /// `None`: the keychain has no such item (an SSH host without a passphrase).
+    items: std::collections::HashMap<String, Option<Arc<Sensitive<Vec<u8>>>>>,
+}
+
+impl std::fmt::Debug for SecretCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretCache").field("items", &self.items.len()).finish_non_exhaustive()
+    }
 }
 
 impl Vault {
@@ -38,7 +58,39 @@ impl Vault {
         let candidate =
             format!("inst_{}", ulid::Ulid::from_parts(now.as_millis().max(0) as u64, u128::from_le_bytes(random)));
         let installation = store.installation_id(&candidate, now)?;
-        Ok(Vault { store, keychain, installation })
+        let cache =
+            std::sync::Mutex::new(SecretCache { epoch: store.vault_epoch(), locked: None, items: Default::default() });
+        Ok(Vault { store, keychain, installation, cache })
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, SecretCache> {
+        self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drops every secret kept in memory (each is zeroized as it goes).
+    pub fn forget_secrets(&self) {
+        self.cache().items.clear();
+    }
+
+    /// How many keychain items (secrets, or the absence of one) are kept in memory now.
+    pub fn secrets_in_memory(&self) -> usize {
+        self.current(self.store.vault_epoch()).items.len()
+    }
+
+    /// A keychain item, from memory if it was read since the last change to the lock or the
+    /// credentials, else from the keychain (and then kept).
+    fn read_item(&self, item: &str) -> Result<Option<Arc<Sensitive<Vec<u8>>>>, VaultError> {
+        let epoch = self.store.vault_epoch();
+        if let Some(found) = self.current(epoch).items.get(item) {
+            return Ok(found.clone());
+        }
+        let read = self.keychain.get(item)?.map(Arc::new);
+        let mut cache = self.cache();
+        // Kept only if nothing changed while the keychain answered.
+        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
+            cache.items.insert(item.to_owned(), read.clone());
+        }
+        Ok(read)
     }
 
     fn item(&self, name: &str) -> String {
@@ -49,13 +101,39 @@ impl Vault {
         &self.installation
     }
 
+    /// Is the vault locked? Read from the journal's tables once per change of the lock (every
+    /// lock and unlock goes through this process's store, which bumps the epoch), so the hot
+    /// path does not query the database for it on every call.
     pub fn is_locked(&self) -> Result<bool, VaultError> {
-        Ok(self.store.view().locked()?)
+        let epoch = self.store.vault_epoch();
+        if let Some(locked) = self.current(epoch).locked {
+            return Ok(locked);
+        }
+        let locked = self.store.view().locked()?;
+        let mut cache = self.cache();
+        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
+            cache.locked = Some(locked);
+        }
+        Ok(locked)
     }
 
-    /// Locks the vault: every later action is denied until it is unlocked.
+    /// The cache, emptied first if the lock or the credentials changed since it was filled.
+    fn current(&self, epoch: u64) -> std::sync::MutexGuard<'_, SecretCache> {
+        let mut cache = self.cache();
+        if cache.epoch != epoch {
+            cache.items.clear();
+            cache.locked = None;
+            cache.epoch = epoch;
+        }
+        cache
+    }
+
+    /// Locks the vault: every later action is denied until it is unlocked, and the secrets
+    /// kept in memory are dropped.
     pub fn lock(&self, by: &str, now: Timestamp) -> Result<(), VaultError> {
-        self.store.set_locked(true, json!({ "by": by }), now)?;
+        let locked = self.store.set_locked(true, json!({ "by": by }), now);
+        self.forget_secrets();
+        locked?;
         Ok(())
     }
 
@@ -97,7 +175,9 @@ impl Vault {
             postern_store::StoreError::UnknownCredential(n) => VaultError::UnknownCredential(n),
             other => other.into(),
         })?;
-        self.keychain.delete(&self.item(&format!("credential/{name}")))?;
+        let deleted = self.keychain.delete(&self.item(&format!("credential/{name}")));
+        self.forget_secrets();
+        deleted?;
         Ok(())
     }
 
@@ -162,14 +242,14 @@ impl Vault {
             return Err(VaultError::Locked);
         }
         let (key_item, pass_item) = self.ssh_items(&host.name);
-        let text = |item: &str, bytes: Sensitive<Vec<u8>>| {
+        let text = |item: &str, bytes: &Sensitive<Vec<u8>>| {
             String::from_utf8(bytes.expose().clone())
                 .map(Sensitive::new)
                 .map_err(|_| VaultError::CorruptKey { item: item.to_owned(), detail: "not UTF-8".into() })
         };
-        let key = self.keychain.get(&key_item)?.ok_or_else(|| VaultError::MissingSecret(host.name.clone()))?;
-        let key = text(&key_item, key)?;
-        let passphrase = self.keychain.get(&pass_item)?.map(|p| text(&pass_item, p)).transpose()?;
+        let key = self.read_item(&key_item)?.ok_or_else(|| VaultError::MissingSecret(host.name.clone()))?;
+        let key = text(&key_item, &key)?;
+        let passphrase = self.read_item(&pass_item)?.map(|p| text(&pass_item, &p)).transpose()?;
         Ok((key, passphrase))
     }
 
@@ -203,8 +283,9 @@ impl Vault {
         self.ssh_host(name)?;
         self.store.remove_credential(name, now)?;
         let (key_item, pass_item) = self.ssh_items(name);
-        self.keychain.delete(&key_item)?;
-        self.keychain.delete(&pass_item)?;
+        let deleted = self.keychain.delete(&key_item).and_then(|_| self.keychain.delete(&pass_item));
+        self.forget_secrets();
+        deleted?;
         Ok(())
     }
 
@@ -228,8 +309,7 @@ impl Vault {
         }
         let name = &credential.name;
         let bytes = self
-            .keychain
-            .get(&self.item(&format!("credential/{name}")))?
+            .read_item(&self.item(&format!("credential/{name}")))?
             .ok_or_else(|| VaultError::MissingSecret(name.clone()))?;
         let text = String::from_utf8(bytes.expose().clone())
             .map_err(|_| VaultError::CorruptKey { item: name.clone(), detail: "not UTF-8".into() })?;
@@ -330,6 +410,65 @@ mod tests {
             idempotency_header: None,
             reads_have_effects: false,
         }
+    }
+
+    /// A keychain that counts reads (each is a D-Bus round trip with the OS keychain).
+    #[derive(Debug, Default)]
+    struct CountingKeychain {
+        inner: MemoryKeychain,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl SecretStore for CountingKeychain {
+        fn get(&self, item: &str) -> Result<Option<Sensitive<Vec<u8>>>, VaultError> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.get(item)
+        }
+        fn set(&self, item: &str, secret: &[u8]) -> Result<(), VaultError> {
+            self.inner.set(item, secret)
+        }
+        fn delete(&self, item: &str) -> Result<bool, VaultError> {
+            self.inner.delete(item)
+        }
+    }
+
+    /// After unlock a secret is read from the keychain once; lock, removal and a new credential
+    /// drop what is kept, so the next read asks the keychain again (and a locked vault hands out
+    /// nothing, kept or not).
+    #[test]
+    fn secrets_are_kept_per_unlock_and_dropped_on_lock_and_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(0)).expect("store");
+        let keychain = Arc::new(CountingKeychain::default());
+        let v = Vault::open(Arc::new(store), keychain.clone(), Timestamp::from_millis(1)).expect("vault");
+        let reads = || keychain.reads.load(std::sync::atomic::Ordering::SeqCst);
+        v.add_credential(&bearer("api"), &Sensitive::new("s3cret".into()), Timestamp::from_millis(2)).expect("add");
+        let before = reads();
+        for _ in 0..5 {
+            assert_eq!(v.secret("api").expect("secret").expose(), "s3cret");
+        }
+        assert_eq!(reads() - before, 1, "one keychain read for five uses");
+        assert_eq!(v.secrets_in_memory(), 1);
+
+        v.lock("test", Timestamp::from_millis(3)).expect("lock");
+        assert_eq!(v.secrets_in_memory(), 0, "lock wipes what is kept");
+        assert!(matches!(v.secret("api"), Err(VaultError::Locked)));
+        assert_eq!(v.secrets_in_memory(), 0, "nothing is read while locked");
+        v.unlock("test", Timestamp::from_millis(4)).expect("unlock");
+        assert_eq!(v.secret("api").expect("secret").expose(), "s3cret");
+        assert_eq!(reads() - before, 2, "read again after the unlock");
+
+        // A lock that does not go through this vault (the control socket writes the store) is
+        // seen at the next use: what was kept is dropped before anything is handed out.
+        v.store.set_locked(true, json!({ "by": "control" }), Timestamp::from_millis(5)).expect("lock");
+        assert_eq!(v.secrets_in_memory(), 0);
+        v.unlock("test", Timestamp::from_millis(6)).expect("unlock");
+
+        v.secret("api").expect("secret");
+        v.add_credential(&bearer("other"), &Sensitive::new("x".into()), Timestamp::from_millis(7)).expect("add");
+        assert_eq!(v.secrets_in_memory(), 0, "a credential change drops what is kept");
+        v.remove_credential("api", Timestamp::from_millis(8)).expect("remove");
+        assert!(v.secret("api").is_err(), "a removed credential is gone from memory too");
     }
 
     #[test]

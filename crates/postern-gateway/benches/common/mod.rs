@@ -25,10 +25,54 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// A host (a fresh journal in a temporary directory, an in-memory keychain), put together the
-/// way `postern serve` is.
+/// The name of the bearer credential every bench tool uses, bound to 127.0.0.1.
+pub const CREDENTIAL: &str = "bench-api";
+
+/// A host (a fresh journal in a temporary directory) put together the way `postern serve` is,
+/// with the OS keychain — a user's machine reads secrets from it — unless it cannot be reached
+/// or `POSTERN_BENCH_KEYCHAIN=memory` (then an in-memory one, and the figures say so).
 pub fn host(config: postern_host::HostConfig) -> postern_host::Host {
-    postern_host::Host::open_with(config, Arc::new(MemoryKeychain::default()), Timestamp::from_millis(1)).expect("host")
+    let keychain: Arc<dyn postern_vault::SecretStore> =
+        match (std::env::var("POSTERN_BENCH_KEYCHAIN").as_deref(), postern_vault::OsKeychain::connect()) {
+            (Ok("memory"), _) => {
+                println!("keychain: in memory (POSTERN_BENCH_KEYCHAIN=memory)");
+                Arc::new(MemoryKeychain::default())
+            }
+            (_, Ok(os)) => {
+                println!("keychain: the OS keychain (Secret Service)");
+                Arc::new(os)
+            }
+            (_, Err(e)) => {
+                println!(
+                    "keychain: in memory — the OS keychain is not reachable ({e}); run under scripts/test.sh's setup"
+                );
+                Arc::new(MemoryKeychain::default())
+            }
+        };
+    let host = postern_host::Host::open_with(config, keychain, Timestamp::from_millis(1)).expect("host");
+    let credential = postern_vault::Credential {
+        name: CREDENTIAL.into(),
+        kind: postern_vault::CredentialKind::Bearer,
+        bindings: vec![postern_vault::Binding::new("127.0.0.1", None).expect("binding")],
+        approve_every_use: false,
+        idempotency_header: None,
+        reads_have_effects: false,
+    };
+    host.vault
+        .add_credential(
+            &credential,
+            &postern_vault::Sensitive::new("bench-secret-token".into()),
+            Timestamp::from_millis(2),
+        )
+        .expect("credential");
+    host
+}
+
+/// Bytes this process has caused to be written to storage so far (`/proc/self/io`), for
+/// "bytes written per call".
+pub fn bytes_written() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines().find_map(|l| l.strip_prefix("write_bytes: ")).and_then(|v| v.trim().parse().ok())
 }
 
 /// An engine with `manifest` over a fresh journal in a temporary directory (in-memory keychain).
