@@ -168,21 +168,49 @@ impl ExecutableHashes {
 }
 
 /// The pid owning the loopback TCP connection whose client end is `peer` and server end is
-/// `local` (Linux: the socket's inode from `/proc/net/tcp{,6}`, then the process holding it).
+/// `local` (Linux). The client's socket — its inode and owner — comes from one exact `sock_diag`
+/// lookup; the process holding that inode is looked for first among the processes that held
+/// agent connections before (a client that opens a connection per request is found at once),
+/// then among the processes of the socket's owner only. `/proc/net/tcp` is read only where
+/// netlink is unavailable.
 pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let inode = socket_inode(peer, local)?;
+    let (inode, uid) = match crate::sock_diag::tcp_entry(peer, local) {
+        Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), Some(entry.uid)),
+        Ok(_) => return None,
+        Err(_) => (socket_inode(peer, local)?, None),
+    };
     let needle = format!("socket:[{inode}]");
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == needle.as_str()) {
-                return Some(pid);
+    let holds = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == needle.as_str()))
+        })
+    };
+    let known: Vec<u32> = KNOWN_PEERS.lock().map(|k| k.iter().copied().collect()).unwrap_or_default();
+    let found = known.into_iter().find(|&pid| holds(pid)).or_else(|| {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok())?;
+            if let Some(uid) = uid {
+                use std::os::unix::fs::MetadataExt;
+                if entry.metadata().ok()?.uid() != uid {
+                    return None;
+                }
             }
-        }
+            holds(pid).then_some(pid)
+        })
+    })?;
+    if let Ok(mut known) = KNOWN_PEERS.lock() {
+        known.retain(|&p| p != found);
+        known.push_front(found);
+        known.truncate(KNOWN_PEERS_KEPT);
     }
-    None
+    Some(found)
 }
+
+/// Processes that held agent connections lately, newest first: where the next connection's
+/// owner is looked for before any scan.
+static KNOWN_PEERS: std::sync::Mutex<std::collections::VecDeque<u32>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+const KNOWN_PEERS_KEPT: usize = 32;
 
 /// `/proc/net/tcp` spells an IPv4 address as the little-endian hex of its u32, then `:PORT`.
 fn proc_net_address(addr: SocketAddr) -> String {
@@ -216,28 +244,38 @@ pub enum SendQueue {
 /// (`CLOSE_WAIT`, or a close of ours that went through: `FIN_WAIT*`, `TIME_WAIT`, `LAST_ACK`)
 /// still says whether every byte was acknowledged; one that was reset is gone from the table.
 pub fn tcp_send_queue(local: SocketAddr, peer: SocketAddr) -> Option<SendQueue> {
-    // ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING. Not CLOSE (07):
+    // ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING. Not CLOSE (7):
     // a reset socket's queue is purged, which would look acknowledged.
-    const OPEN_OR_CLOSING_GRACEFULLY: [&str; 7] = ["01", "04", "05", "06", "08", "09", "0B"];
+    const OPEN_OR_CLOSING_GRACEFULLY: [u8; 7] = [1, 4, 5, 6, 8, 9, 11];
+    const TIME_WAIT: u8 = 6;
+    let entry = match crate::sock_diag::tcp_entry(local, peer) {
+        Ok(entry) => entry.map(|e| (e.state, u64::from(e.send_queue))),
+        Err(_) => proc_net_tcp_queue(local, peer)?,
+    };
+    Some(match entry {
+        Some((state, 0)) if OPEN_OR_CLOSING_GRACEFULLY.contains(&state) => SendQueue::Acknowledged,
+        Some((state, n)) if OPEN_OR_CLOSING_GRACEFULLY.contains(&state) && state != TIME_WAIT => SendQueue::Pending(n),
+        _ => SendQueue::Closed,
+    })
+}
+
+/// The state and send queue of the socket `local`→`peer` from `/proc/net/tcp{,6}`: `Some(None)`
+/// when it is not in the table, `None` when the table cannot be read. Only where netlink is not
+/// available: it makes the kernel format every socket's line.
+fn proc_net_tcp_queue(local: SocketAddr, peer: SocketAddr) -> Option<Option<(u8, u64)>> {
     let file = if local.is_ipv4() { "/proc/net/tcp" } else { "/proc/net/tcp6" };
     let table = std::fs::read_to_string(file).ok()?;
     let (local_s, peer_s) = (proc_net_address(local), proc_net_address(peer));
-    let row = table.lines().skip(1).find_map(|line| {
+    Some(table.lines().skip(1).find_map(|line| {
         let cols: Vec<&str> = line.split_whitespace().collect();
         // sl local rem st tx_queue:rx_queue …
-        (cols.get(1) == Some(&local_s.as_str()) && cols.get(2) == Some(&peer_s.as_str()))
-            .then(|| (cols.get(3).copied(), cols.get(4).and_then(|q| q.split(':').next())))
-    });
-    Some(match row {
-        Some((Some(state), Some(tx))) if OPEN_OR_CLOSING_GRACEFULLY.contains(&state) => {
-            match u64::from_str_radix(tx, 16) {
-                Ok(0) => SendQueue::Acknowledged,
-                Ok(n) if state != "06" => SendQueue::Pending(n),
-                _ => SendQueue::Closed,
-            }
+        if cols.get(1) != Some(&local_s.as_str()) || cols.get(2) != Some(&peer_s.as_str()) {
+            return None;
         }
-        _ => SendQueue::Closed,
-    })
+        let state = u8::from_str_radix(cols.get(3)?, 16).ok()?;
+        let tx = u64::from_str_radix(cols.get(4)?.split(':').next()?, 16).ok()?;
+        Some((state, tx))
+    }))
 }
 
 fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
@@ -288,6 +326,20 @@ mod tests {
         assert!(is_alive(&me.key));
         let reused = ProcessKey { pid: me.key.pid, start_ticks: me.key.start_ticks + 1 };
         assert!(!is_alive(&reused), "same pid, different start time is a different process");
+    }
+
+    /// The fallback (no netlink) reads the same state and queue as the exact lookup.
+    #[test]
+    fn proc_net_tcp_and_sock_diag_agree() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        server.write_all(b"hello").unwrap();
+        let diag = crate::sock_diag::tcp_entry(local, peer).unwrap().map(|e| (e.state, u64::from(e.send_queue)));
+        assert_eq!(proc_net_tcp_queue(local, peer), Some(diag));
+        drop(client);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod refusal;
 pub mod resumption;
 pub mod runs;
 pub mod serve;
+pub mod sock_diag;
 pub mod socket;
 pub mod ssh;
 pub mod streamable;

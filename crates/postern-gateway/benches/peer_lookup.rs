@@ -1,0 +1,105 @@
+//! Who is on the other end of a loopback TCP connection, and has it acknowledged what was sent,
+//! on a machine with a busy socket table (`POSTERN_BENCH_SOCKETS` idle loopback connections,
+//! default 4,000, like a laptop with a browser open): Postern's lookups (`sock_diag`, one
+//! connection at a time) beside what the `/proc` approach costs on the same table (the kernel
+//! formatting every socket's line, and every process's descriptors read).
+//!
+//! `cargo bench -p postern-gateway --bench peer_lookup`
+
+use postern_gateway::identity;
+use std::time::{Duration, Instant};
+
+fn time(n: usize, mut f: impl FnMut()) -> Duration {
+    let started = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    started.elapsed() / n as u32
+}
+
+/// The other process: opens `n` idle loopback connections (both ends), says how many, and holds
+/// them until its standard input closes.
+fn hold(n: usize) {
+    // Two descriptors per connection: raise the soft limit to the hard one.
+    if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum {
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit { current: Some(limit), maximum: Some(limit) },
+        );
+    }
+    let sink = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let sink_addr = sink.local_addr().expect("addr");
+    let mut idle = Vec::with_capacity(n * 2);
+    for _ in 0..n {
+        let Ok(c) = std::net::TcpStream::connect(sink_addr) else { break };
+        idle.push(c);
+        idle.push(sink.accept().expect("accept").0);
+    }
+    println!("{}", idle.len() / 2);
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("peer_lookup bench: run with `cargo bench -p postern-gateway --bench peer_lookup`");
+        return;
+    }
+    if let Some(n) = std::env::var("POSTERN_BENCH_HOLD").ok().and_then(|v| v.parse().ok()) {
+        return hold(n);
+    }
+    let busy: usize = std::env::var("POSTERN_BENCH_SOCKETS").ok().and_then(|v| v.parse().ok()).unwrap_or(4_000);
+    // Another process (a browser, say) holds the busy table's sockets: the agent holds few.
+    let mut holder = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .arg("--bench")
+        .env("POSTERN_BENCH_HOLD", busy.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().expect("stdout")), &mut ready)
+        .expect("ready");
+    let table = std::fs::read_to_string("/proc/net/tcp").map(|t| t.lines().count() - 1).unwrap_or(0);
+    println!("socket table: {table} IPv4 TCP sockets ({} held by another process)", ready.trim());
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let local = listener.local_addr().expect("addr");
+    let _client = std::net::TcpStream::connect(local).expect("connect");
+    let (_server, peer) = listener.accept().expect("accept");
+    assert_eq!(identity::tcp_peer_pid(peer, local), Some(std::process::id()));
+
+    let n = 200;
+    let pid = time(n, || assert!(identity::tcp_peer_pid(peer, local).is_some()));
+    let queue = time(n * 10, || assert!(identity::tcp_send_queue(local, peer).is_some()));
+    let entry =
+        time(n * 10, || assert!(postern_gateway::sock_diag::tcp_entry(local, peer).expect("netlink").is_some()));
+    let proc_table = time(20, || {
+        let _ = std::fs::read_to_string("/proc/net/tcp").expect("read");
+    });
+    let proc_fds = time(5, || {
+        let mut fds = 0usize;
+        for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+            if let Ok(dir) = std::fs::read_dir(entry.path().join("fd")) {
+                fds += dir.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok()).count();
+            }
+        }
+        assert!(fds > 0);
+    });
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!("peer identity (sock_diag, then known processes) {:>9.1} µs per connection", us(pid));
+    println!("delivery check (sock_diag, one socket)           {:>9.1} µs per check", us(queue));
+    println!("  of which the netlink lookup                    {:>9.1} µs", us(entry));
+    println!("the /proc approach on this table:");
+    println!("  read /proc/net/tcp once                        {:>9.1} µs (per delivery check)", us(proc_table));
+    println!(
+        "  read every process's descriptors once          {:>9.1} µs (per connection, plus the table)",
+        us(proc_fds)
+    );
+    println!(
+        "ratio: delivery {:.0}x cheaper, peer identity {:.0}x cheaper",
+        us(proc_table) / us(queue),
+        (us(proc_table) + us(proc_fds)) / us(pid)
+    );
+    drop(holder.stdin.take());
+    let _ = holder.wait();
+}
