@@ -138,8 +138,14 @@ impl HttpSession {
         r
     }
 
-    async fn open(url: String, token: String) -> Self {
-        let client = reqwest::Client::builder().no_proxy().build().expect("client");
+    /// `fresh`: no idle connection is kept, so every POST opens a new TCP connection (what
+    /// rmcp's default client does).
+    async fn open(url: String, token: String, fresh: bool) -> Self {
+        let mut builder = reqwest::Client::builder().no_proxy();
+        if fresh {
+            builder = builder.pool_max_idle_per_host(0);
+        }
+        let client = builder.build().expect("client");
         let mut s = HttpSession { client, url, token, session: String::new() };
         let answer = s.post(INIT.into()).send().await.expect("initialize");
         s.session = answer.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
@@ -190,6 +196,15 @@ fn main() {
         let token = "pst_bench".to_owned();
         store
             .add_agent("bench", &hex::encode(sha2::Sha256::digest(token.as_bytes())), Timestamp::from_millis(3))
+            .expect("agent");
+        // A second agent for the connection-per-call client: each token holds at most 64 sessions.
+        let fresh_token = "pst_bench_fresh".to_owned();
+        store
+            .add_agent(
+                "bench-fresh",
+                &hex::encode(sha2::Sha256::digest(fresh_token.as_bytes())),
+                Timestamp::from_millis(3),
+            )
             .expect("agent");
         let bound = host.bind(Arc::clone(&engine)).await.expect("bind gateway");
         let socket = bound.endpoints.socket.clone();
@@ -267,7 +282,7 @@ fn main() {
             let via_http = run(
                 concurrency,
                 calls,
-                || HttpSession::open(u.clone(), t.clone()),
+                || HttpSession::open(u.clone(), t.clone(), false),
                 |s: &mut HttpSession, n| {
                     let (client, url, token, session) =
                         (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
@@ -276,6 +291,19 @@ fn main() {
             )
             .await;
             line("MCP Streamable HTTP", &via_http, &direct, &alone);
+            let (u, t) = (http_url.clone(), fresh_token.clone());
+            let fresh = run(
+                concurrency,
+                calls / 4,
+                || HttpSession::open(u.clone(), t.clone(), true),
+                |s: &mut HttpSession, n| {
+                    let (client, url, token, session) =
+                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
+                    async move { HttpSession { client, url, token, session }.call(n).await }
+                },
+            )
+            .await;
+            line("HTTP, conn. per call", &fresh, &direct, &alone);
             if let Some(bin) = &bridge_bin {
                 let data_dir = dir.path().to_owned();
                 let via_bridge = run(
