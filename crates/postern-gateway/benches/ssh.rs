@@ -1,5 +1,6 @@
-//! `ssh_exec` of `true` through Postern against OpenSSH's own `ssh` client, to the same loopback
-//! `sshd`, in one run: p50 per call both ways, and the marker protocol's extra cost (a marker
+//! `ssh_exec` of `true` through Postern against OpenSSH's own `ssh` client (a new connection per
+//! call, and with a kept `ControlMaster` connection), to the same loopback `sshd`, in one run:
+//! p50 per call each way, and the marker protocol's extra cost (a marker
 //! tool against the same command as an `irreversible` tool, which skips the marker).
 //!
 //! `cargo bench -p postern-gateway --bench ssh` (needs openssh-server and openssh-client).
@@ -48,22 +49,37 @@ fn main() {
     let engine = postern.engine(manifest, Arc::new(LockOnlyApprover)).expect("engine");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
 
-    // OpenSSH's client, a new connection per call like Postern's.
+    // OpenSSH's client: a new connection per call, and with a kept master connection
+    // (ControlMaster/ControlPersist), the anchor for Postern's kept connections.
     let known_hosts = dir.path().join("known_hosts");
     std::fs::write(&known_hosts, format!("[127.0.0.1]:{} {}\n", sshd.port, sshd.host_key())).expect("known_hosts");
-    let openssh = time(CALLS, || {
-        let status = std::process::Command::new("ssh")
+    let ssh = |master: Option<&std::path::Path>| {
+        let mut command = std::process::Command::new("ssh");
+        command
             .args(["-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o"])
             .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
             .arg("-i")
-            .arg(sshd.dir.path().join("id_ed25519"))
+            .arg(sshd.dir.path().join("id_ed25519"));
+        if let Some(path) = master {
+            command.args(["-o", "ControlMaster=auto", "-o", "ControlPersist=60", "-o"]);
+            command.arg(format!("ControlPath={}", path.display()));
+        }
+        let status = command
             .args(["-p", &sshd.port.to_string()])
             .arg(format!("{}@127.0.0.1", sshd.account))
             .arg("true")
             .status()
             .expect("ssh");
         assert!(status.success());
-    });
+    };
+    let openssh = time(CALLS, || ssh(None));
+    let master = dir.path().join("cm");
+    let openssh_master = time(CALLS, || ssh(Some(&master)));
+    let _ = std::process::Command::new("ssh")
+        .args(["-q", "-O", "exit", "-o"])
+        .arg(format!("ControlPath={}", master.display()))
+        .arg("127.0.0.1")
+        .status();
 
     let mut n = 0u128;
     let mut call = |tool: &str, arguments: serde_json::Value| {
@@ -84,8 +100,9 @@ fn main() {
     let marker = time(CALLS, || call("ssh_exec", json!({ "host": "box", "command": "true" })));
     let plain = time(CALLS, || call("true_plain", json!({})));
 
-    println!("ssh `true` to a loopback OpenSSH sshd, {CALLS} calls each, a new connection per call:");
-    println!("  OpenSSH client (ssh)                      p50 {:>7.2} ms", common::ms(openssh));
+    println!("ssh `true` to a loopback OpenSSH sshd, {CALLS} calls each (Postern keeps its connection):");
+    println!("  OpenSSH client (ssh), new connection      p50 {:>7.2} ms", common::ms(openssh));
+    println!("  OpenSSH client, ControlMaster kept        p50 {:>7.2} ms", common::ms(openssh_master));
     println!("  Postern ssh_exec (marker protocol)        p50 {:>7.2} ms", common::ms(marker));
     println!("  Postern SSH tool, irreversible (no marker) p50 {:>7.2} ms", common::ms(plain));
     println!("  marker protocol's extra cost              p50 {:>+7.2} ms", common::ms(marker) - common::ms(plain));

@@ -17,6 +17,7 @@ pub mod serve;
 pub mod sock_diag;
 pub mod socket;
 pub mod ssh;
+pub mod ssh_pool;
 pub mod streamable;
 pub mod template;
 

@@ -282,6 +282,11 @@ impl Connection {
         SshSent::Finished { result: out.result(timed_out), elapsed: started.elapsed() }
     }
 
+    /// The session has ended (the server closed it, keepalives went unanswered, or it was cut).
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
     pub async fn close(self) {
         let _ = self.handle.disconnect(russh::Disconnect::ByApplication, "", "en").await;
     }

@@ -87,6 +87,20 @@ impl Engine {
         }))
     }
 
+    /// Runs an SSH command on a kept connection to its host, or a new one.
+    async fn ssh_send(&self, out: SshOutgoing) -> crate::ssh::SshSent {
+        let job = crate::ssh_pool::SshJob {
+            host: &out.host,
+            key: &out.key,
+            passphrase: out.passphrase.as_ref(),
+            command: &out.command,
+            timeout: out.timeout,
+            cap: crate::ssh::DEFAULT_OUTPUT_CAP,
+            kill: Some(&out.kill),
+        };
+        self.ssh.exec(job, self.store.vault_epoch()).await
+    }
+
     /// Sends what `outgoing` built and maps what happened to a state (one mapping per channel).
     pub(super) async fn send(
         &self,
@@ -96,7 +110,7 @@ impl Engine {
     ) -> Result<Observation, EngineError> {
         match wire {
             Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await, attempt),
-            Wire::Ssh(out) => self.observe_ssh(p, ssh_send(out).await),
+            Wire::Ssh(out) => self.observe_ssh(p, self.ssh_send(out).await),
         }
     }
 
@@ -308,19 +322,6 @@ impl Engine {
             },
         })
     }
-}
-
-/// One SSH execution: connect (host key, authentication), run, disconnect. Every failure before
-/// the `exec` request is `NotSent`.
-async fn ssh_send(out: SshOutgoing) -> crate::ssh::SshSent {
-    use postern_core::ErrorCode as _;
-    let connection = match crate::ssh::connect(&out.host, &out.key, out.passphrase.as_ref()).await {
-        Ok(c) => c,
-        Err(e) => return crate::ssh::SshSent::NotSent { code: e.code(), reason: e.to_string() },
-    };
-    let sent = connection.exec(&out.command, out.timeout, crate::ssh::DEFAULT_OUTPUT_CAP, Some(&out.kill)).await;
-    connection.close().await;
-    sent
 }
 
 /// An answer to a same-key re-send that says nothing certain about the original request: still

@@ -149,6 +149,8 @@ pub struct Engine {
     http: reqwest::Client,
     clock: Clock,
     body_cap: usize,
+    /// Authenticated SSH connections kept for reuse.
+    ssh: crate::ssh_pool::SshPool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -314,6 +316,7 @@ impl Engine {
             http: http::client(),
             clock,
             body_cap: http::DEFAULT_BODY_CAP,
+            ssh: crate::ssh_pool::SshPool::default(),
         })
     }
 

@@ -126,6 +126,8 @@ struct CutProxy {
     addr: SocketAddr,
     cut: tokio::sync::watch::Sender<u64>,
     refuse: Arc<AtomicBool>,
+    /// TCP connections relayed to sshd so far.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl CutProxy {
@@ -135,6 +137,8 @@ impl CutProxy {
         let (cut, cuts) = tokio::sync::watch::channel(0u64);
         let refuse = Arc::new(AtomicBool::new(false));
         let refusing = Arc::clone(&refuse);
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&accepted);
         tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else { return };
@@ -142,6 +146,7 @@ impl CutProxy {
                     drop(client);
                     continue;
                 }
+                counted.fetch_add(1, Ordering::SeqCst);
                 let mut cuts = cuts.clone();
                 cuts.mark_unchanged();
                 tokio::spawn(async move {
@@ -153,12 +158,40 @@ impl CutProxy {
                 });
             }
         });
-        CutProxy { addr, cut, refuse }
+        CutProxy { addr, cut, refuse, accepted }
     }
 
     fn cut(&self) {
         self.cut.send_modify(|n| *n += 1);
     }
+}
+
+/// Commands to one host share an authenticated connection (one TCP connection, one login at the
+/// host for three commands); a lock and unlock, or a connection that died while kept, makes the
+/// next command connect (and check the host key) again — and every command ran exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_reuse_one_authenticated_connection_until_something_changes() {
+    let sshd = Sshd::start();
+    let proxy = CutProxy::start(sshd.addr()).await;
+    let r = ssh_rig();
+    r.add_host("box", &sshd, proxy.addr, "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
+    let file = r.markers.path().join("ledger");
+    let append = |line: &str| call("append_line", json!({ "line": line, "file": file.to_str().unwrap() }), 0, 1);
+    let connections = || proxy.accepted.load(Ordering::SeqCst);
+    for line in ["a", "b", "c"] {
+        assert_eq!(r.engine.call(append(line)).await.unwrap().state, ExecutionState::Completed);
+    }
+    assert_eq!((lines(&file), connections()), (3, 1), "three commands, one connection");
+
+    r.rig.vault.lock("test", Timestamp::from_millis(10)).unwrap();
+    r.rig.vault.unlock("test", Timestamp::from_millis(11)).unwrap();
+    assert_eq!(r.engine.call(append("d")).await.unwrap().state, ExecutionState::Completed);
+    assert_eq!((lines(&file), connections()), (4, 2), "a lock ends the kept connection");
+
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(r.engine.call(append("e")).await.unwrap().state, ExecutionState::Completed);
+    assert_eq!((lines(&file), connections()), (5, 3), "a dead kept connection: sent once, on a new one");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +323,10 @@ async fn accept_new_pins_the_first_key_only_after_authentication() {
     assert_eq!(postern_core::ErrorCode::code(&err), "ssh_auth_failed", "{err}");
     assert_eq!(r.rig.vault.ssh_host("refused").unwrap().host_key, None, "not pinned after a failed login");
 
-    r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::AcceptNew, None);
+    // Through a relay, so the re-installation below can also end the connections of the old
+    // installation (its sessions would otherwise outlive the killed daemon here).
+    let proxy = CutProxy::start(sshd.addr()).await;
+    r.add_host("box", &sshd, proxy.addr, "id_ed25519", HostKeyPolicy::AcceptNew, None);
     let out = r.engine.call(exec("box", "echo hi")).await.unwrap();
     assert_eq!(out.ssh.unwrap().stdout, "hi\n");
     let pinned = r.rig.vault.ssh_host("box").unwrap();
@@ -299,6 +335,7 @@ async fn accept_new_pins_the_first_key_only_after_authentication() {
     let port = sshd.port;
     drop(sshd);
     let reinstalled = Sshd::start_on(port);
+    proxy.cut();
     let out = r.engine.call(exec("box", "echo again")).await.unwrap();
     assert_eq!(
         (out.state, out.detail["code"].as_str()),
