@@ -88,15 +88,27 @@ impl SshPool {
         self.idle.lock().map_or(0, |idle| idle.values().map(Vec::len).sum())
     }
 
+    /// Drops every kept connection that is closed, idle too long, or from another vault epoch
+    /// than `epoch` (a lock or a credential change since it was made).
+    pub fn prune(&self, epoch: u64) {
+        if let Ok(mut idle) = self.idle.lock() {
+            Self::prune_locked(&mut idle, epoch, self.keep);
+        }
+    }
+
+    fn prune_locked(idle: &mut HashMap<PoolKey, Vec<(Connection, Instant)>>, epoch: u64, keep: Duration) {
+        let now = Instant::now();
+        idle.retain(|k, conns| {
+            conns.retain(|(c, since)| k.epoch == epoch && !c.is_closed() && now.duration_since(*since) < keep);
+            !conns.is_empty()
+        });
+    }
+
     /// An idle connection for `key`, after dropping every one that is closed, expired or from
     /// another epoch.
     fn take(&self, key: &PoolKey) -> Option<Connection> {
         let mut idle = self.idle.lock().ok()?;
-        let now = Instant::now();
-        idle.retain(|k, conns| {
-            conns.retain(|(c, since)| k.epoch == key.epoch && !c.is_closed() && now.duration_since(*since) < self.keep);
-            !conns.is_empty()
-        });
+        Self::prune_locked(&mut idle, key.epoch, self.keep);
         idle.get_mut(key)?.pop().map(|(c, _)| c)
     }
 

@@ -317,7 +317,14 @@ impl Serving {
             let engine = Arc::clone(&self.engine);
             tokio::spawn(async move { engine.idle_lock(idle).await })
         });
+        // Secrets and kept SSH connections are dropped within a second of a lock from anywhere
+        // (the control socket included), and idle connections when they expire.
+        let upkeep = {
+            let engine = Arc::clone(&self.engine);
+            tokio::spawn(async move { engine.upkeep(Duration::from_secs(1)).await })
+        };
         self.bound.run(shutdown).await;
+        upkeep.abort();
         if let Some(idle) = idle {
             idle.abort();
         }

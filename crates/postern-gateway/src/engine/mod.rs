@@ -465,6 +465,29 @@ impl Engine {
         }
     }
 
+    /// Drops what must not outlive a lock or a credential change, at once rather than at the
+    /// next use: the secrets the vault keeps in memory and the kept SSH connections (and any
+    /// kept connection that is closed or idle too long).
+    pub fn sweep(&self) {
+        let epoch = self.store.vault_epoch();
+        self.vault.secrets_in_memory();
+        self.ssh.prune(epoch);
+    }
+
+    /// [`Engine::sweep`] every `period`, until the task is dropped.
+    pub async fn upkeep(&self, period: Duration) {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            self.sweep();
+        }
+    }
+
+    /// SSH connections kept for reuse now.
+    pub fn kept_ssh_connections(&self) -> usize {
+        self.ssh.idle_count()
+    }
+
     /// When a call last arrived or a question was last answered.
     pub fn last_activity(&self) -> Timestamp {
         Timestamp::from_millis(self.last_activity.load(std::sync::atomic::Ordering::Relaxed))

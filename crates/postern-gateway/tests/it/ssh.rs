@@ -183,7 +183,12 @@ async fn commands_reuse_one_authenticated_connection_until_something_changes() {
     }
     assert_eq!((lines(&file), connections()), (3, 1), "three commands, one connection");
 
-    r.rig.vault.lock("test", Timestamp::from_millis(10)).unwrap();
+    assert_eq!(r.engine.kept_ssh_connections(), 1);
+    // A lock through the store alone (as the control socket does): the sweep drops the kept
+    // connection at once, not at its next use.
+    r.rig.store.set_locked(true, json!({ "by": "control" }), Timestamp::from_millis(10)).unwrap();
+    r.engine.sweep();
+    assert_eq!(r.engine.kept_ssh_connections(), 0, "nothing kept across a lock");
     r.rig.vault.unlock("test", Timestamp::from_millis(11)).unwrap();
     assert_eq!(r.engine.call(append("d")).await.unwrap().state, ExecutionState::Completed);
     assert_eq!((lines(&file), connections()), (4, 2), "a lock ends the kept connection");
