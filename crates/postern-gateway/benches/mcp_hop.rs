@@ -160,6 +160,81 @@ impl HttpSession {
     }
 }
 
+/// The floor: a minimal rmcp Streamable HTTP server whose one tool does the same GET (with the
+/// same bearer header) itself — no vault, no journal, no identity, no ladder.
+#[derive(Clone)]
+struct Floor {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl rmcp::ServerHandler for Floor {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(rmcp::model::ServerCapabilities::builder().enable_tools().build())
+            .with_protocol_version(rmcp::model::ProtocolVersion::V_2026_07_28)
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(postern_gateway::mcp::PROTOCOL_VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+        let schema = json!({ "type": "object", "properties": { "n": { "type": "integer" } } });
+        let tool =
+            rmcp::model::Tool::new("read", "GET the target", Arc::new(schema.as_object().cloned().unwrap_or_default()));
+        Ok(rmcp::model::ListToolsResult::with_all_items(vec![tool]))
+    }
+
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let body = self
+            .client
+            .get(&self.url)
+            .bearer_auth("bench-secret-token")
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| rmcp::ErrorData::internal_error(e.to_string(), None))?
+            .text()
+            .await
+            .map_err(|e| rmcp::ErrorData::internal_error(e.to_string(), None))?;
+        let mut result = rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(body)]);
+        result.structured_content = Some(json!({ "state": "completed" }));
+        Ok(rmcp::model::CallToolResponse::Complete(result))
+    }
+}
+
+/// Serves [`Floor`] on a free loopback port; its `/mcp` URL.
+async fn start_floor(target: String) -> String {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    let floor = Floor { client: reqwest::Client::builder().no_proxy().build().expect("client"), url: target };
+    let service = StreamableHttpService::new(
+        move || Ok(floor.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    use axum::serve::ListenerExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // TCP_NODELAY, as Postern's own listener: otherwise Nagle and delayed ACKs add ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await.expect("floor");
+    });
+    format!("http://{addr}/mcp")
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("mcp_hop bench: run with `cargo bench -p postern-gateway --bench mcp_hop`");
@@ -193,6 +268,8 @@ fn main() {
         let host = common::host(config);
         let store = Arc::clone(&host.store);
         let engine = host.engine(manifest, Arc::new(postern_gateway::LockOnlyApprover)).expect("engine");
+        // After the engine, which installs the TLS crypto provider every reqwest client needs.
+        let floor_url = start_floor(format!("{base}/r")).await;
         let token = "pst_bench".to_owned();
         store
             .add_agent("bench", &hex::encode(sha2::Sha256::digest(token.as_bytes())), Timestamp::from_millis(3))
@@ -304,6 +381,40 @@ fn main() {
             )
             .await;
             line("HTTP, conn. per call", &fresh, &direct, &alone);
+            // The floor, with the same clients: Postern's HTTP rows as a ratio of it.
+            let (u, t) = (floor_url.clone(), token.clone());
+            let floor_kept = run(
+                concurrency,
+                calls,
+                || HttpSession::open(u.clone(), t.clone(), false),
+                |s: &mut HttpSession, n| {
+                    let (client, url, token, session) =
+                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
+                    async move { HttpSession { client, url, token, session }.call(n).await }
+                },
+            )
+            .await;
+            line("floor: minimal rmcp", &floor_kept, &direct, &alone);
+            let (u, t) = (floor_url.clone(), token.clone());
+            let floor_fresh = run(
+                concurrency,
+                calls / 4,
+                || HttpSession::open(u.clone(), t.clone(), true),
+                |s: &mut HttpSession, n| {
+                    let (client, url, token, session) =
+                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
+                    async move { HttpSession { client, url, token, session }.call(n).await }
+                },
+            )
+            .await;
+            line("floor, conn. per call", &floor_fresh, &direct, &alone);
+            println!(
+                "  Postern / floor: keep-alive {:.2}x calls/s (p50 {:+.3} ms), connection per call {:.2}x (p50 {:+.3} ms)",
+                via_http.per_sec / floor_kept.per_sec,
+                ms(via_http.p50) - ms(floor_kept.p50),
+                fresh.per_sec / floor_fresh.per_sec,
+                ms(fresh.p50) - ms(floor_fresh.p50)
+            );
             if let Some(bin) = &bridge_bin {
                 let data_dir = dir.path().to_owned();
                 let via_bridge = run(
