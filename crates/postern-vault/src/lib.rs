@@ -40,6 +40,8 @@ struct SecretCache {
     epoch: u64,
     /// The lock as last read from the journal's tables, valid for the same epoch.
     locked: Option<bool>,
+    /// The credentials and SSH hosts (metadata, no secrets) as last read, for the same epoch.
+    records: Option<Arc<Vec<postern_store::CredentialRecord>>>,
     /// `None`: the keychain has no such item (an SSH host without a passphrase).
     items: std::collections::HashMap<String, Option<Arc<Sensitive<Vec<u8>>>>>,
 }
@@ -58,8 +60,12 @@ impl Vault {
         let candidate =
             format!("inst_{}", ulid::Ulid::from_parts(now.as_millis().max(0) as u64, u128::from_le_bytes(random)));
         let installation = store.installation_id(&candidate, now)?;
-        let cache =
-            std::sync::Mutex::new(SecretCache { epoch: store.vault_epoch(), locked: None, items: Default::default() });
+        let cache = std::sync::Mutex::new(SecretCache {
+            epoch: store.vault_epoch(),
+            locked: None,
+            records: None,
+            items: Default::default(),
+        });
         Ok(Vault { store, keychain, installation, cache })
     }
 
@@ -123,9 +129,25 @@ impl Vault {
         if cache.epoch != epoch {
             cache.items.clear();
             cache.locked = None;
+            cache.records = None;
             cache.epoch = epoch;
         }
         cache
+    }
+
+    /// The credentials table (metadata only), read once per epoch: every call resolves its
+    /// credential or SSH host here.
+    fn records(&self) -> Result<Arc<Vec<postern_store::CredentialRecord>>, VaultError> {
+        let epoch = self.store.vault_epoch();
+        if let Some(records) = &self.current(epoch).records {
+            return Ok(Arc::clone(records));
+        }
+        let records = Arc::new(self.store.view().credentials()?);
+        let mut cache = self.cache();
+        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
+            cache.records = Some(Arc::clone(&records));
+        }
+        Ok(records)
     }
 
     /// Locks the vault: every later action is denied until it is unlocked, and the secrets
@@ -182,13 +204,7 @@ impl Vault {
     }
 
     pub fn credentials(&self) -> Result<Vec<Credential>, VaultError> {
-        self.store
-            .view()
-            .credentials()?
-            .iter()
-            .filter(|r| r.kind != ssh_host::KIND)
-            .map(Credential::from_record)
-            .collect()
+        self.records()?.iter().filter(|r| r.kind != ssh_host::KIND).map(Credential::from_record).collect()
     }
 
     /// Stores the private key (and its passphrase) in the keychain, then the host's metadata in
@@ -229,7 +245,7 @@ impl Vault {
     }
 
     pub fn ssh_hosts(&self) -> Result<Vec<SshHost>, VaultError> {
-        self.store.view().credentials()?.iter().filter(|r| r.kind == ssh_host::KIND).map(SshHost::from_record).collect()
+        self.records()?.iter().filter(|r| r.kind == ssh_host::KIND).map(SshHost::from_record).collect()
     }
 
     pub fn ssh_host(&self, name: &str) -> Result<SshHost, VaultError> {
@@ -449,6 +465,13 @@ mod tests {
         }
         assert_eq!(reads() - before, 1, "one keychain read for five uses");
         assert_eq!(v.secrets_in_memory(), 1);
+        // The credentials' metadata is kept per epoch too: a change is seen at once.
+        assert!(!v.credential("api").expect("credential").approve_every_use);
+        v.set_approve_every_use("api", true, Timestamp::from_millis(2)).expect("flag");
+        assert!(v.credential("api").expect("credential").approve_every_use, "the change is seen");
+        v.set_approve_every_use("api", false, Timestamp::from_millis(2)).expect("flag");
+        v.secret("api").expect("secret");
+        let before = reads() - 1;
 
         v.lock("test", Timestamp::from_millis(3)).expect("lock");
         assert_eq!(v.secrets_in_memory(), 0, "lock wipes what is kept");
