@@ -115,6 +115,7 @@ impl<R: tokio::io::AsyncRead + Unpin, W: tokio::io::AsyncWrite + Unpin> LineSess
     }
 }
 
+#[derive(Clone)]
 struct HttpSession {
     client: reqwest::Client,
     url: String,
@@ -158,6 +159,22 @@ impl HttpSession {
         let body = self.post(call_line(n + 1, n)).send().await.expect("call").text().await.expect("body");
         assert!(body.contains("\"completed\""), "{body}");
     }
+}
+
+/// One Streamable HTTP row: `concurrency` sessions against `url`, `calls` in all; `fresh`: a new
+/// TCP connection for every call.
+async fn http_row(concurrency: usize, calls: usize, url: &str, token: &str, fresh: bool) -> Figures {
+    let (url, token) = (url.to_owned(), token.to_owned());
+    run(
+        concurrency,
+        calls,
+        move || HttpSession::open(url.clone(), token.clone(), fresh),
+        |s: &mut HttpSession, n| {
+            let s = s.clone();
+            async move { s.call(n).await }
+        },
+    )
+    .await
 }
 
 /// The floor: a minimal rmcp Streamable HTTP server whose one tool does the same GET (with the
@@ -355,58 +372,14 @@ fn main() {
             )
             .await;
             line("MCP over socket", &via_socket, &direct, &alone);
-            let (u, t) = (http_url.clone(), token.clone());
-            let via_http = run(
-                concurrency,
-                calls,
-                || HttpSession::open(u.clone(), t.clone(), false),
-                |s: &mut HttpSession, n| {
-                    let (client, url, token, session) =
-                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
-                    async move { HttpSession { client, url, token, session }.call(n).await }
-                },
-            )
-            .await;
+            let via_http = http_row(concurrency, calls, &http_url, &token, false).await;
             line("MCP Streamable HTTP", &via_http, &direct, &alone);
-            let (u, t) = (http_url.clone(), fresh_token.clone());
-            let fresh = run(
-                concurrency,
-                calls / 4,
-                || HttpSession::open(u.clone(), t.clone(), true),
-                |s: &mut HttpSession, n| {
-                    let (client, url, token, session) =
-                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
-                    async move { HttpSession { client, url, token, session }.call(n).await }
-                },
-            )
-            .await;
+            let fresh = http_row(concurrency, calls / 4, &http_url, &fresh_token, true).await;
             line("HTTP, conn. per call", &fresh, &direct, &alone);
             // The floor, with the same clients: Postern's HTTP rows as a ratio of it.
-            let (u, t) = (floor_url.clone(), token.clone());
-            let floor_kept = run(
-                concurrency,
-                calls,
-                || HttpSession::open(u.clone(), t.clone(), false),
-                |s: &mut HttpSession, n| {
-                    let (client, url, token, session) =
-                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
-                    async move { HttpSession { client, url, token, session }.call(n).await }
-                },
-            )
-            .await;
+            let floor_kept = http_row(concurrency, calls, &floor_url, &token, false).await;
             line("floor: minimal rmcp", &floor_kept, &direct, &alone);
-            let (u, t) = (floor_url.clone(), token.clone());
-            let floor_fresh = run(
-                concurrency,
-                calls / 4,
-                || HttpSession::open(u.clone(), t.clone(), true),
-                |s: &mut HttpSession, n| {
-                    let (client, url, token, session) =
-                        (s.client.clone(), s.url.clone(), s.token.clone(), s.session.clone());
-                    async move { HttpSession { client, url, token, session }.call(n).await }
-                },
-            )
-            .await;
+            let floor_fresh = http_row(concurrency, calls / 4, &floor_url, &token, true).await;
             line("floor, conn. per call", &floor_fresh, &direct, &alone);
             println!(
                 "  Postern / floor: keep-alive {:.2}x calls/s (p50 {:+.3} ms), connection per call {:.2}x (p50 {:+.3} ms)",

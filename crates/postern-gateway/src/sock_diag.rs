@@ -62,8 +62,11 @@ pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Optio
             uid: r.header.uid,
             inode: r.header.inode,
         })),
-        NetlinkPayload::Error(e) if e.raw_code() == -2 => Ok(None), // ENOENT: no such socket
-        NetlinkPayload::Error(e) => Err(e.to_io()),
+        NetlinkPayload::Error(e) => match e.to_io() {
+            // ENOENT: the kernel has no such socket.
+            gone if gone.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            other => Err(other),
+        },
         other => {
             Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unexpected sock_diag answer: {other:?}")))
         }

@@ -83,20 +83,42 @@ impl Vault {
         self.current(self.store.vault_epoch()).items.len()
     }
 
+    /// Drops now whatever a lock or a credential change since it was kept has made stale,
+    /// instead of at the next use.
+    pub fn drop_stale(&self) {
+        drop(self.current(self.store.vault_epoch()));
+    }
+
+    /// What `get` finds in the cache for the current epoch; else `read` (outside the cache's
+    /// lock), kept with `put` only if nothing changed while it was being read.
+    fn cached<T: Clone>(
+        &self,
+        get: impl FnOnce(&SecretCache) -> Option<T>,
+        read: impl FnOnce() -> Result<T, VaultError>,
+        put: impl FnOnce(&mut SecretCache, T),
+    ) -> Result<T, VaultError> {
+        let epoch = self.store.vault_epoch();
+        if let Some(found) = get(&self.current(epoch)) {
+            return Ok(found);
+        }
+        let value = read()?;
+        let mut cache = self.cache();
+        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
+            put(&mut cache, value.clone());
+        }
+        Ok(value)
+    }
+
     /// A keychain item, from memory if it was read since the last change to the lock or the
     /// credentials, else from the keychain (and then kept).
     fn read_item(&self, item: &str) -> Result<Option<Arc<Sensitive<Vec<u8>>>>, VaultError> {
-        let epoch = self.store.vault_epoch();
-        if let Some(found) = self.current(epoch).items.get(item) {
-            return Ok(found.clone());
-        }
-        let read = self.keychain.get(item)?.map(Arc::new);
-        let mut cache = self.cache();
-        // Kept only if nothing changed while the keychain answered.
-        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
-            cache.items.insert(item.to_owned(), read.clone());
-        }
-        Ok(read)
+        self.cached(
+            |c| c.items.get(item).cloned(),
+            || Ok(self.keychain.get(item)?.map(Arc::new)),
+            |c, read| {
+                c.items.insert(item.to_owned(), read);
+            },
+        )
     }
 
     fn item(&self, name: &str) -> String {
@@ -111,16 +133,7 @@ impl Vault {
     /// lock and unlock goes through this process's store, which bumps the epoch), so the hot
     /// path does not query the database for it on every call.
     pub fn is_locked(&self) -> Result<bool, VaultError> {
-        let epoch = self.store.vault_epoch();
-        if let Some(locked) = self.current(epoch).locked {
-            return Ok(locked);
-        }
-        let locked = self.store.view().locked()?;
-        let mut cache = self.cache();
-        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
-            cache.locked = Some(locked);
-        }
-        Ok(locked)
+        self.cached(|c| c.locked, || Ok(self.store.view().locked()?), |c, locked| c.locked = Some(locked))
     }
 
     /// The cache, emptied first if the lock or the credentials changed since it was filled.
@@ -138,16 +151,11 @@ impl Vault {
     /// The credentials table (metadata only), read once per epoch: every call resolves its
     /// credential or SSH host here.
     fn records(&self) -> Result<Arc<Vec<postern_store::CredentialRecord>>, VaultError> {
-        let epoch = self.store.vault_epoch();
-        if let Some(records) = &self.current(epoch).records {
-            return Ok(Arc::clone(records));
-        }
-        let records = Arc::new(self.store.view().credentials()?);
-        let mut cache = self.cache();
-        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
-            cache.records = Some(Arc::clone(&records));
-        }
-        Ok(records)
+        self.cached(
+            |c| c.records.clone(),
+            || Ok(Arc::new(self.store.view().credentials()?)),
+            |c, records| c.records = Some(records),
+        )
     }
 
     /// Locks the vault: every later action is denied until it is unlocked, and the secrets

@@ -469,9 +469,8 @@ impl Engine {
     /// next use: the secrets the vault keeps in memory and the kept SSH connections (and any
     /// kept connection that is closed or idle too long).
     pub fn sweep(&self) {
-        let epoch = self.store.vault_epoch();
-        self.vault.secrets_in_memory();
-        self.ssh.prune(epoch);
+        self.vault.drop_stale();
+        self.ssh.prune(self.store.vault_epoch());
     }
 
     /// [`Engine::sweep`] every `period`, until the task is dropped.

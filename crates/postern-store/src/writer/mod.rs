@@ -337,10 +337,15 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let failed = self.commit_batch(&mut batch);
-            for job in batch {
-                job.answer(failed.as_ref());
-            }
+            self.commit_and_answer(batch);
+        }
+    }
+
+    /// Commits `batch` and tells each job's caller how it went.
+    fn commit_and_answer(&mut self, mut batch: Vec<Job>) {
+        let failed = self.commit_batch(&mut batch);
+        for job in batch {
+            job.answer(failed.as_ref());
         }
     }
 
@@ -377,12 +382,8 @@ impl Writer {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             );
-            let mut batch =
-                [job(WriteKind::DURABLE, move |w| w.vault_row("authority_tampered", detail, at), Responder::Detached)];
-            let failed = self.commit_batch(&mut batch);
-            for job in batch {
-                job.answer(failed.as_ref());
-            }
+            let tampered = move |w: &mut Writer| w.vault_row("authority_tampered", detail, at);
+            self.commit_and_answer(vec![job(WriteKind::DURABLE, tampered, Responder::Detached)]);
         }
     }
 
