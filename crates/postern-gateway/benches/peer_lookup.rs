@@ -9,6 +9,8 @@
 use postern_gateway::identity;
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn time(n: usize, mut f: impl FnMut()) -> Duration {
     let started = Instant::now();
     for _ in 0..n {
@@ -17,50 +19,19 @@ fn time(n: usize, mut f: impl FnMut()) -> Duration {
     started.elapsed() / n as u32
 }
 
-/// The other process: opens `n` idle loopback connections (both ends), says how many, and holds
-/// them until its standard input closes.
-fn hold(n: usize) {
-    // Two descriptors per connection: raise the soft limit to the hard one.
-    if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum {
-        let _ = rustix::process::setrlimit(
-            rustix::process::Resource::Nofile,
-            rustix::process::Rlimit { current: Some(limit), maximum: Some(limit) },
-        );
-    }
-    let sink = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let sink_addr = sink.local_addr().expect("addr");
-    let mut idle = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        let Ok(c) = std::net::TcpStream::connect(sink_addr) else { break };
-        idle.push(c);
-        idle.push(sink.accept().expect("accept").0);
-    }
-    println!("{}", idle.len() / 2);
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
-}
-
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("peer_lookup bench: run with `cargo bench -p postern-gateway --bench peer_lookup`");
         return;
     }
     if let Some(n) = std::env::var("POSTERN_BENCH_HOLD").ok().and_then(|v| v.parse().ok()) {
-        return hold(n);
+        return common::hold(n);
     }
     let busy: usize = std::env::var("POSTERN_BENCH_SOCKETS").ok().and_then(|v| v.parse().ok()).unwrap_or(4_000);
     // Another process (a browser, say) holds the busy table's sockets: the agent holds few.
-    let mut holder = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .arg("--bench")
-        .env("POSTERN_BENCH_HOLD", busy.to_string())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("holder");
-    let mut ready = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().expect("stdout")), &mut ready)
-        .expect("ready");
+    let mut holder = common::idle_sockets(busy);
     let table = std::fs::read_to_string("/proc/net/tcp").map(|t| t.lines().count() - 1).unwrap_or(0);
-    println!("socket table: {table} IPv4 TCP sockets ({} held by another process)", ready.trim());
+    println!("socket table: {table} IPv4 TCP sockets ({busy} connections held by another process)");
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let local = listener.local_addr().expect("addr");

@@ -513,6 +513,9 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         .with_allowed_origins(["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
         .enforce_origin_validation()
         .with_max_request_body_bytes(max_message_bytes)
+        // A client speaking 2026-07-28 (no sessions) that accepts `application/json` gets a
+        // `tools/call` answer as one JSON body instead of an SSE stream per POST.
+        .with_json_response(true)
         .with_cancellation_token(config_token.0);
     let mut config = config;
     // Sessions outlive a restart, so a resumed stream finds its session (`resumption`).

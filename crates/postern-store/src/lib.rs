@@ -707,5 +707,10 @@ fn configure_writer(conn: &rusqlite::Connection) -> Result<(), rusqlite::Error> 
     }
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    // Each operation of a group commit runs in its own savepoint, whose statement journal (the
+    // pages it changes, as they were) would otherwise be a temporary file: written through the
+    // page cache on every operation and left to the filesystem (measured: ~5% of the writer's
+    // time at 32 sessions). In memory it costs no I/O and leaves nothing on disk.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(())
 }

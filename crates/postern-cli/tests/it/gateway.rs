@@ -688,3 +688,48 @@ fn a_bad_port_is_an_error_not_the_default() {
     }
     assert!(!dir.path().join("postern.db").exists(), "nothing was opened");
 }
+
+/// A client speaking protocol 2026-07-28 (no session: the version, capabilities and client in
+/// each request's `_meta`) gets a `tools/call` answer as one `application/json` body, not an SSE
+/// stream; its retry of a payment whose answer it lost is recognised (same process, same agent
+/// run) and answered from the first execution, and the target is paid once.
+#[test]
+fn a_sessionless_client_gets_json_answers_and_its_retry_is_not_a_second_payment() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let token = gw.add_agent("modern");
+    let call = |id: u32| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "pay", "arguments": {"amount": 7},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}})
+        .to_string();
+        raw_http(
+            &addr,
+            &format!(
+                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+                 Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+                 Mcp-Method: tools/call\r\nMcp-Name: pay\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let answer_of = |raw: &str| -> Value {
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+    let (status, first) = call(1);
+    assert_eq!(status, 200, "{first}");
+    let first = answer_of(&first);
+    let id = first["result"]["structuredContent"]["execution_id"].as_str().unwrap_or_else(|| panic!("{first}"));
+    assert_eq!(first["result"]["structuredContent"]["state"], "completed", "{first}");
+    let (status, retry) = call(2);
+    assert_eq!(status, 200, "{retry}");
+    let retry = answer_of(&retry);
+    assert_eq!(retry["result"]["structuredContent"]["execution_id"], id, "{retry}");
+    assert_eq!(target.payments(), 1, "a retry of a sessionless client paid again");
+    assert_eq!(gw.executions_of("pay"), vec![id.to_owned()]);
+}

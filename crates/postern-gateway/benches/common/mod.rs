@@ -83,3 +83,52 @@ pub fn engine(manifest: &str) -> (tempfile::TempDir, Arc<Store>, Arc<Engine>) {
     let engine = host.engine(manifest, Arc::new(LockOnlyApprover)).expect("engine");
     (dir, Arc::clone(&host.store), engine)
 }
+
+/// The other process of a busy-table bench: opens `n` idle loopback connections (both ends),
+/// prints how many, and holds them until its standard input closes.
+pub fn hold(n: usize) {
+    // Two descriptors per connection: raise the soft limit to the hard one.
+    if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum {
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit { current: Some(limit), maximum: Some(limit) },
+        );
+    }
+    let sink = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let sink_addr = sink.local_addr().expect("addr");
+    let mut idle = Vec::with_capacity(n * 2);
+    for _ in 0..n {
+        let Ok(c) = std::net::TcpStream::connect(sink_addr) else { break };
+        idle.push(c);
+        idle.push(sink.accept().expect("accept").0);
+    }
+    println!("{}", idle.len() / 2);
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+}
+
+/// A child of this bench executable holding `n` idle loopback connections (see [`hold`]), once
+/// they are open; dropping its stdin (or the child) closes them.
+pub fn idle_sockets(n: usize) -> std::process::Child {
+    let mut holder = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .arg("--bench")
+        .env("POSTERN_BENCH_HOLD", n.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().expect("stdout")), &mut ready)
+        .expect("ready");
+    holder
+}
+
+/// CPU time this process has used so far (user + system, all threads; 10 ms resolution).
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+    let after = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
+    let hz = rustix::param::clock_ticks_per_second();
+    Duration::from_secs_f64(ticks as f64 / hz as f64)
+}

@@ -199,15 +199,29 @@ impl Writer {
         at: Timestamp,
         result_sha256: Option<String>,
     ) -> Result<JournalEntry, StoreError> {
-        let (from, session_id) = self.execution_state(id)?;
-        let next = from.transition(to)?;
+        let entry = self.journal_step(id, to, detail, at, result_sha256)?;
         self.conn
             .prepare_cached(
                 "UPDATE executions SET state = ?2, updated_at = ?3,
                         first_dispatched_at = COALESCE(first_dispatched_at, CASE WHEN ?2 = 'dispatched' THEN ?3 END)
                  WHERE id = ?1",
             )?
-            .execute(params![id.to_string(), next.as_str(), at.as_millis()])?;
+            .execute(params![id.to_string(), to.as_str(), at.as_millis()])?;
+        Ok(entry)
+    }
+
+    /// The journal row of a step the state machine allows, without touching the executions row
+    /// (the caller stores the state: per step, or once for a whole read-only lifecycle).
+    fn journal_step(
+        &mut self,
+        id: ExecutionId,
+        to: ExecutionState,
+        detail: Value,
+        at: Timestamp,
+        result_sha256: Option<String>,
+    ) -> Result<JournalEntry, StoreError> {
+        let (from, session_id) = self.execution_state(id)?;
+        let next = from.transition(to)?;
         self.remember(id, next, session_id);
         self.append(Draft {
             at,
@@ -222,16 +236,26 @@ impl Writer {
     }
 
     pub(crate) fn complete(&mut self, id: ExecutionId, completion: &Completion) -> Result<JournalEntry, StoreError> {
-        let sha = hex::encode(Sha256::digest(&completion.result));
-        let detail = json!({ "outcome": completion.outcome, "result_bytes": completion.result.len() });
+        let (sha, detail) = completion_row(completion);
         let entry =
             self.transition_with_result(id, ExecutionState::Completed, detail, completion.at, Some(sha.clone()))?;
+        self.store_result(id, &entry, completion, sha)?;
+        Ok(entry)
+    }
+
+    fn store_result(
+        &mut self,
+        id: ExecutionId,
+        entry: &JournalEntry,
+        completion: &Completion,
+        sha: String,
+    ) -> Result<(), StoreError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO results (execution_id, journal_seq, recorded_at, sha256, body) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
             .execute(params![id.to_string(), entry.row.seq as i64, completion.at.as_millis(), sha, completion.result])?;
-        Ok(entry)
+        Ok(())
     }
 
     pub(crate) fn steps(
@@ -273,6 +297,8 @@ impl Writer {
         self.steps(id, steps, new.at)
     }
 
+    /// A read-only execution's whole lifecycle in one operation: its journal rows step by step
+    /// (each checked by the state machine), its executions row written once with where it ended.
     pub(crate) fn read_only(
         &mut self,
         new: &NewExecution,
@@ -287,10 +313,32 @@ impl Writer {
                 ));
             }
         }
-        let mut last = self.steps(new.id, steps, new.at)?;
-        if let Some(completion) = completion {
-            last = self.complete(new.id, completion)?;
+        let mut last = None;
+        for (state, detail) in steps {
+            last = Some(self.journal_step(new.id, *state, detail.clone(), new.at, None)?);
         }
+        let mut updated_at = new.at;
+        if let Some(completion) = completion {
+            let (sha, detail) = completion_row(completion);
+            let entry =
+                self.journal_step(new.id, ExecutionState::Completed, detail, completion.at, Some(sha.clone()))?;
+            self.store_result(new.id, &entry, completion, sha)?;
+            updated_at = completion.at;
+            last = Some(entry);
+        }
+        let last = last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))?;
+        let dispatched = steps.iter().any(|(state, _)| *state == ExecutionState::Dispatched);
+        let (state, _) = self.execution_state(new.id)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE executions SET state = ?2, updated_at = ?3, first_dispatched_at = ?4 WHERE id = ?1",
+            )?
+            .execute(params![
+                new.id.to_string(),
+                state.as_str(),
+                updated_at.as_millis(),
+                dispatched.then(|| new.at.as_millis())
+            ])?;
         Ok(last)
     }
 
@@ -341,4 +389,10 @@ impl Writer {
         }
         Ok(recovery)
     }
+}
+
+/// The digest and detail of a `completed` row.
+fn completion_row(completion: &Completion) -> (String, Value) {
+    let sha = hex::encode(Sha256::digest(&completion.result));
+    (sha, json!({ "outcome": completion.outcome, "result_bytes": completion.result.len() }))
 }

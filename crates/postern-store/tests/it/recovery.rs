@@ -67,7 +67,13 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     assert_eq!(row.row.event, "completed_result_not_delivered");
     assert_eq!(row.row.detail["reason"], "gateway_restarted_before_delivery");
     assert_eq!(store.view().execution(delivered).expect("q").expect("exists").state, "result_delivered");
-    assert_eq!(store.view().execution(read).expect("q").expect("exists").state, "completed", "read-only untouched");
+    let read_row = store.view().execution(read).expect("q").expect("exists");
+    assert_eq!(read_row.state, "completed", "read-only untouched");
+    // Its executions row is written once, with where the lifecycle ended; every step is in the
+    // journal.
+    assert_eq!((read_row.first_dispatched_at, read_row.updated_at), (Some(at(7).as_millis()), at(8).as_millis()));
+    let events: Vec<String> = store.view().timeline(read).expect("timeline").into_iter().map(|e| e.row.event).collect();
+    assert_eq!(events, ["accepted", "authorized", "dispatched", "completed"]);
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
 }
