@@ -94,6 +94,10 @@ fn is_launcher(path: &Path) -> bool {
 /// can write the file (`touch -d`); `ctime` cannot, and moves on every write or replacement.
 type FileVersion = (PathBuf, u64, u64, u64, (i64, i64), (i64, i64));
 
+/// The executable's version has not been hashed yet: reading it is work for the blocking pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotHashedYet;
+
 /// Hashes executables once per file version: an agent binary can be 100 MB.
 #[derive(Debug, Default)]
 pub struct ExecutableHashes {
@@ -103,15 +107,16 @@ pub struct ExecutableHashes {
 impl ExecutableHashes {
     /// SHA-256 of the file the process runs, read through `/proc/<pid>/exe` (the inode the
     /// process actually executes, even if the path was replaced since).
-    fn sha256(&self, pid: u32, path: &Path) -> Option<String> {
-        self.hash_file(Path::new(&format!("/proc/{pid}/exe")), path)
+    fn sha256(&self, pid: u32, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
+        self.hash_file(Path::new(&format!("/proc/{pid}/exe")), path, may_read)
     }
 
-    /// SHA-256 of `file`, cached under `path` and the file's version.
-    fn hash_file(&self, file: &Path, path: &Path) -> Option<String> {
+    /// SHA-256 of `file`, cached under `path` and the file's version (`None`: unreadable).
+    /// With `may_read: false` it answers only from the cache: [`NotHashedYet`] when this version
+    /// was never hashed (reading an executable can take long: it may be 100 MB).
+    fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
         use std::os::unix::fs::MetadataExt;
-        let proc_exe = file;
-        let meta = std::fs::metadata(proc_exe).ok()?;
+        let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
         let key = (
             path.to_path_buf(),
             meta.dev(),
@@ -120,10 +125,23 @@ impl ExecutableHashes {
             (meta.mtime(), meta.mtime_nsec()),
             (meta.ctime(), meta.ctime_nsec()),
         );
-        if let Some(hash) = self.cache.lock().ok()?.get(&key) {
-            return Some(hash.clone());
+        let Ok(cache) = self.cache.lock() else { return Ok(None) };
+        if let Some(hash) = cache.get(&key) {
+            return Ok(Some(hash.clone()));
         }
-        let mut file = std::fs::File::open(proc_exe).ok()?;
+        drop(cache);
+        if !may_read {
+            return Err(NotHashedYet);
+        }
+        Ok(Self::read_and_hash(file).inspect(|hash| {
+            if let Ok(mut cache) = self.cache.lock() {
+                cache.insert(key, hash.clone());
+            }
+        }))
+    }
+
+    fn read_and_hash(file: &Path) -> Option<String> {
+        let mut file = std::fs::File::open(file).ok()?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];
         loop {
@@ -133,21 +151,29 @@ impl ExecutableHashes {
             }
             hasher.update(&buf[..n]);
         }
-        let hash = hex::encode(hasher.finalize());
-        self.cache.lock().ok()?.insert(key, hash.clone());
-        Some(hash)
+        Some(hex::encode(hasher.finalize()))
     }
 
-    /// The process `pid` as an agent.
+    /// The process `pid` as an agent. Reads its executable if this version was never hashed.
     pub fn describe(&self, pid: u32) -> Option<AgentProcess> {
-        let key = process_key(pid)?;
-        let executable = executable(pid)?;
-        let sha256 = self.sha256(pid, &executable)?;
+        self.describe_with(pid, true).ok().flatten()
+    }
+
+    /// [`describe`](Self::describe) without reading any executable: a few `/proc` lookups, cheap
+    /// enough for an async worker. [`NotHashedYet`] when the executable must be read first.
+    pub fn describe_if_hashed(&self, pid: u32) -> Result<Option<AgentProcess>, NotHashedYet> {
+        self.describe_with(pid, false)
+    }
+
+    fn describe_with(&self, pid: u32, may_read: bool) -> Result<Option<AgentProcess>, NotHashedYet> {
+        let Some(key) = process_key(pid) else { return Ok(None) };
+        let Some(executable) = executable(pid) else { return Ok(None) };
+        let Some(sha256) = self.sha256(pid, &executable, may_read)? else { return Ok(None) };
         // Re-check: the pid must still be the process whose executable we hashed.
         if !is_alive(&key) {
-            return None;
+            return Ok(None);
         }
-        Some(AgentProcess { key, executable, sha256 })
+        Ok(Some(AgentProcess { key, executable, sha256 }))
     }
 
     /// The agent above a bridge process: its parent, skipping shells and launchers.
@@ -167,26 +193,63 @@ impl ExecutableHashes {
     }
 }
 
+/// Who holds the client end of a loopback connection, as far as it can be told at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerLookup {
+    /// A process that held agent connections before holds this one (the descriptor it used
+    /// last time, or the lowest free one, names the socket).
+    Found(u32),
+    /// The socket exists but its holder is not known yet: a scan of processes is needed (on the
+    /// blocking pool). `inode` and `uid` when netlink answered.
+    Scan { inode: Option<u64>, uid: Option<u32> },
+    /// No such connection (closed, reset, or held by nobody).
+    Gone,
+}
+
+/// The cheap part of [`tcp_peer_pid`]: one `sock_diag` lookup for the socket's inode and owner,
+/// then, for each process that held agent connections lately, one look at the descriptor where
+/// its last connection was found. A client that opens a connection per request usually gets the
+/// same descriptor number again (the lowest free one), so this is a few non-sleeping syscalls,
+/// cheap enough for an async worker; anything more is [`PeerLookup::Scan`].
+pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
+    let (inode, uid) = match crate::sock_diag::tcp_entry(peer, local) {
+        Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), entry.uid),
+        Ok(_) => return PeerLookup::Gone,
+        Err(_) => return PeerLookup::Scan { inode: None, uid: None },
+    };
+    let needle = format!("socket:[{inode}]");
+    let known: Vec<(u32, u32)> =
+        KNOWN_PEERS.lock().map(|k| k.iter().take(QUICK_LOOKS).copied().collect()).unwrap_or_default();
+    match known.into_iter().find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
+        Some((pid, fd)) => {
+            remember_peer(pid, fd);
+            PeerLookup::Found(pid)
+        }
+        None => PeerLookup::Scan { inode: Some(inode), uid: Some(uid) },
+    }
+}
+
 /// The pid owning the loopback TCP connection whose client end is `peer` and server end is
 /// `local` (Linux). The client's socket — its inode and owner — comes from one exact `sock_diag`
 /// lookup; the process holding that inode is looked for first among the processes that held
 /// agent connections before (a client that opens a connection per request is found at once),
 /// then among the processes of the socket's owner only. `/proc/net/tcp` is read only where
-/// netlink is unavailable.
+/// netlink is unavailable. Reads `/proc`: call it off the async workers.
 pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let (inode, uid) = match crate::sock_diag::tcp_entry(peer, local) {
-        Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), Some(entry.uid)),
-        Ok(_) => return None,
-        Err(_) => (socket_inode(peer, local)?, None),
+    let (inode, uid) = match tcp_peer_quick(peer, local) {
+        PeerLookup::Found(pid) => return Some(pid),
+        PeerLookup::Gone => return None,
+        PeerLookup::Scan { inode: Some(inode), uid } => (inode, uid),
+        PeerLookup::Scan { inode: None, .. } => (socket_inode(peer, local)?, None),
     };
     let needle = format!("socket:[{inode}]");
-    let holds = |pid: u32| {
-        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
-            fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == needle.as_str()))
-        })
-    };
-    let known: Vec<u32> = KNOWN_PEERS.lock().map(|k| k.iter().copied().collect()).unwrap_or_default();
-    let found = known.into_iter().find(|&pid| holds(pid)).or_else(|| {
+    let mut known: Vec<u32> = Vec::new();
+    for &(pid, _) in KNOWN_PEERS.lock().map(|k| k.clone()).unwrap_or_default().iter() {
+        if !known.contains(&pid) {
+            known.push(pid);
+        }
+    }
+    let (pid, fd) = known.into_iter().find_map(|pid| Some((pid, descriptor_of(pid, &needle)?))).or_else(|| {
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
             let pid = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok())?;
             if let Some(uid) = uid {
@@ -195,22 +258,43 @@ pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
                     return None;
                 }
             }
-            holds(pid).then_some(pid)
+            Some((pid, descriptor_of(pid, &needle)?))
         })
     })?;
-    if let Ok(mut known) = KNOWN_PEERS.lock() {
-        known.retain(|&p| p != found);
-        known.push_front(found);
-        known.truncate(KNOWN_PEERS_KEPT);
-    }
-    Some(found)
+    remember_peer(pid, fd);
+    Some(pid)
 }
 
-/// Processes that held agent connections lately, newest first: where the next connection's
-/// owner is looked for before any scan.
-static KNOWN_PEERS: std::sync::Mutex<std::collections::VecDeque<u32>> =
+/// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`).
+fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|t| t.as_os_str() == needle)
+}
+
+/// The descriptor of process `pid` that is the socket `needle`, if it holds it.
+fn descriptor_of(pid: u32, needle: &str) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten().find_map(|fd| {
+        let n = fd.file_name().to_str()?.parse().ok()?;
+        std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == needle).then_some(n)
+    })
+}
+
+fn remember_peer(pid: u32, fd: u32) {
+    if let Ok(mut known) = KNOWN_PEERS.lock() {
+        known.retain(|&entry| entry != (pid, fd));
+        known.push_front((pid, fd));
+        known.truncate(KNOWN_PEERS_KEPT);
+    }
+}
+
+/// The descriptors where agent connections were found lately, newest first, with the process
+/// holding each: where the next connection's owner is looked for before any scan. A client
+/// with several connections open at once has several entries (new sockets take the lowest free
+/// descriptors, so the same few numbers come round again).
+static KNOWN_PEERS: std::sync::Mutex<std::collections::VecDeque<(u32, u32)>> =
     std::sync::Mutex::new(std::collections::VecDeque::new());
-const KNOWN_PEERS_KEPT: usize = 32;
+const KNOWN_PEERS_KEPT: usize = 128;
+/// How many of them [`tcp_peer_quick`] looks at (one `readlink` each) before giving up to a scan.
+const QUICK_LOOKS: usize = 48;
 
 /// `/proc/net/tcp` spells an IPv4 address as the little-endian hex of its u32, then `:PORT`.
 fn proc_net_address(addr: SocketAddr) -> String {
@@ -306,13 +390,15 @@ mod tests {
         std::fs::write(&exe, b"version A").unwrap();
         let mtime = std::fs::metadata(&exe).unwrap().modified().unwrap();
         let hashes = ExecutableHashes::default();
-        let first = hashes.hash_file(&exe, &exe).expect("hashed");
-        assert_eq!(hashes.hash_file(&exe, &exe).expect("cached"), first);
+        assert_eq!(hashes.hash_file(&exe, &exe, false), Err(NotHashedYet), "never read on a worker");
+        let first = hashes.hash_file(&exe, &exe, true).expect("hashed");
+        assert_eq!(hashes.hash_file(&exe, &exe, false).expect("cached"), first);
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&exe, b"version B").unwrap();
         std::fs::File::options().write(true).open(&exe).unwrap().set_modified(mtime).unwrap();
         assert_eq!(std::fs::metadata(&exe).unwrap().modified().unwrap(), mtime, "mtime set back");
-        let second = hashes.hash_file(&exe, &exe).expect("hashed");
+        assert_eq!(hashes.hash_file(&exe, &exe, false), Err(NotHashedYet), "a new version is not in the cache");
+        let second = hashes.hash_file(&exe, &exe, true).expect("hashed");
         assert_ne!(second, first, "the replaced file is hashed again, not taken from the cache");
     }
 
@@ -351,6 +437,26 @@ mod tests {
         assert_eq!(tcp_peer_pid(peer, listener.local_addr().unwrap()), Some(std::process::id()));
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_pid(unrelated, listener.local_addr().unwrap()), None);
+    }
+
+    /// A process that held an agent connection is found again by one look at the descriptor its
+    /// last connection had — the lowest free one, which a client opening a connection per
+    /// request gets again — without a scan.
+    #[test]
+    fn a_known_process_is_found_at_the_descriptor_its_last_connection_had() {
+        let me = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let first = std::net::TcpStream::connect(local).unwrap();
+        let (first_server, first_peer) = listener.accept().unwrap();
+        assert_eq!(tcp_peer_pid(first_peer, local), Some(me));
+        assert_eq!(tcp_peer_quick(first_peer, local), PeerLookup::Found(me));
+        drop((first, first_server));
+        let _second = std::net::TcpStream::connect(local).unwrap();
+        let (_second_server, second_peer) = listener.accept().unwrap();
+        assert_eq!(tcp_peer_quick(second_peer, local), PeerLookup::Found(me), "the same descriptor again");
+        let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
     }
 
     #[test]
