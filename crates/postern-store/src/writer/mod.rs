@@ -27,7 +27,6 @@ use std::sync::{
     mpsc,
 };
 
-/// How long an MCP session can be resumed after a restart (a week).
 /// How often an idle writer looks for commits by another process.
 const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
