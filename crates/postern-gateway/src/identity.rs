@@ -196,8 +196,8 @@ impl ExecutableHashes {
 /// Who holds the client end of a loopback connection, as far as it can be told at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerLookup {
-    /// A process that held agent connections before holds this one (the descriptor it used
-    /// last time, or the lowest free one, names the socket).
+    /// A process that held agent connections before holds this one, at one of the descriptors
+    /// where they were found.
     Found(u32),
     /// The socket exists but its holder is not known yet: a scan of processes is needed (on the
     /// blocking pool). `inode` and `uid` when netlink answered.
@@ -207,10 +207,10 @@ pub enum PeerLookup {
 }
 
 /// The cheap part of [`tcp_peer_pid`]: one `sock_diag` lookup for the socket's inode and owner,
-/// then, for each process that held agent connections lately, one look at the descriptor where
-/// its last connection was found. A client that opens a connection per request usually gets the
-/// same descriptor number again (the lowest free one), so this is a few non-sleeping syscalls,
-/// cheap enough for an async worker; anything more is [`PeerLookup::Scan`].
+/// then one look at each of the descriptors where the latest agent connections were found (at
+/// most `QUICK_LOOKS`). New sockets take the lowest free descriptors, so a client that opens a
+/// connection per request gets the same few numbers again: a few non-sleeping syscalls, cheap
+/// enough for an async worker. Anything more is [`PeerLookup::Scan`].
 pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     let (inode, uid) = match crate::sock_diag::tcp_entry(peer, local) {
         Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), entry.uid),
