@@ -328,7 +328,9 @@ impl Writer {
         }
         let last = last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))?;
         let dispatched = steps.iter().any(|(state, _)| *state == ExecutionState::Dispatched);
-        let (state, _) = self.execution_state(new.id)?;
+        // Where the lifecycle ended is what its last row says (the in-memory state forgets an
+        // execution once it is terminal, and the table still says `accepted` here).
+        let state = last.row.state.ok_or_else(|| StoreError::Corrupt("a lifecycle row without a state".into()))?;
         self.conn
             .prepare_cached(
                 "UPDATE executions SET state = ?2, updated_at = ?3, first_dispatched_at = ?4 WHERE id = ?1",

@@ -118,3 +118,35 @@ fn killed_while_dispatched_recovers_after_sigkill() {
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
 }
+
+/// A read-only execution's executions row is written once, with where its lifecycle ended —
+/// also when that end is terminal (a denial, a failure before dispatch): the row, the journal and
+/// `audit verify`'s cross-check agree.
+#[test]
+fn a_read_only_execution_that_ends_terminally_is_recorded_where_it_ended() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let (denied, failed) = (exec_id(1), exec_id(2));
+    for (id, n, steps) in [
+        (denied, 1, vec![(ExecutionState::Denied, json!({}))]),
+        (
+            failed,
+            2,
+            vec![
+                (ExecutionState::Authorized, json!({})),
+                (ExecutionState::Dispatched, json!({})),
+                (ExecutionState::FailedBeforeDispatch, json!({})),
+            ],
+        ),
+    ] {
+        let mut read = payment(id, n, session(1), at(1));
+        read.contract = postern_core::ReplayContract::read_only();
+        store.record_read_only_detached(read, steps, None).expect("read");
+    }
+    store.flush().expect("flush");
+    assert_eq!(store.view().execution(denied).expect("q").expect("exists").state, "denied");
+    assert_eq!(store.view().execution(failed).expect("q").expect("exists").state, "failed_before_dispatch");
+    drop(store);
+    let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
+    assert!(report.intact(), "{:?}", report.findings);
+}
