@@ -230,39 +230,48 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
 }
 
 /// The pid owning the loopback TCP connection whose client end is `peer` and server end is
-/// `local` (Linux). The client's socket — its inode and owner — comes from one exact `sock_diag`
-/// lookup; the process holding that inode is looked for first among the processes that held
-/// agent connections before (a client that opens a connection per request is found at once),
-/// then among the processes of the socket's owner only. `/proc/net/tcp` is read only where
-/// netlink is unavailable. Reads `/proc`: call it off the async workers.
+/// `local` (Linux): [`tcp_peer_quick`], then [`PeerLookup::finish`]. Reads `/proc`: call it off
+/// the async workers.
 pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let (inode, uid) = match tcp_peer_quick(peer, local) {
-        PeerLookup::Found(pid) => return Some(pid),
-        PeerLookup::Gone => return None,
-        PeerLookup::Scan { inode: Some(inode), uid } => (inode, uid),
-        PeerLookup::Scan { inode: None, .. } => (socket_inode(peer, local)?, None),
-    };
-    let needle = format!("socket:[{inode}]");
-    let mut known: Vec<u32> = Vec::new();
-    for &(pid, _) in KNOWN_PEERS.lock().map(|k| k.clone()).unwrap_or_default().iter() {
-        if !known.contains(&pid) {
-            known.push(pid);
-        }
-    }
-    let (pid, fd) = known.into_iter().find_map(|pid| Some((pid, descriptor_of(pid, &needle)?))).or_else(|| {
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-            let pid = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok())?;
-            if let Some(uid) = uid {
-                use std::os::unix::fs::MetadataExt;
-                if entry.metadata().ok()?.uid() != uid {
-                    return None;
+    tcp_peer_quick(peer, local).finish(peer, local)
+}
+
+impl PeerLookup {
+    /// The owner, scanning if the quick look did not find it: the descriptors of the processes
+    /// that held agent connections before, then the processes of the socket's owner only
+    /// (`/proc/net/tcp` gives the inode only where netlink is unavailable). Reads `/proc`: call
+    /// it off the async workers.
+    pub fn finish(self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+        let (inode, uid) = match self {
+            PeerLookup::Found(pid) => return Some(pid),
+            PeerLookup::Gone => return None,
+            PeerLookup::Scan { inode: Some(inode), uid } => (inode, uid),
+            PeerLookup::Scan { inode: None, .. } => (socket_inode(peer, local)?, None),
+        };
+        let needle = format!("socket:[{inode}]");
+        let mut known: Vec<u32> = Vec::new();
+        if let Ok(entries) = KNOWN_PEERS.lock() {
+            for &(pid, _) in entries.iter() {
+                if !known.contains(&pid) {
+                    known.push(pid);
                 }
             }
-            Some((pid, descriptor_of(pid, &needle)?))
-        })
-    })?;
-    remember_peer(pid, fd);
-    Some(pid)
+        }
+        let (pid, fd) = known.into_iter().find_map(|pid| Some((pid, descriptor_of(pid, &needle)?))).or_else(|| {
+            std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+                let pid = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok())?;
+                if let Some(uid) = uid {
+                    use std::os::unix::fs::MetadataExt;
+                    if entry.metadata().ok()?.uid() != uid {
+                        return None;
+                    }
+                }
+                Some((pid, descriptor_of(pid, &needle)?))
+            })
+        })?;
+        remember_peer(pid, fd);
+        Some(pid)
+    }
 }
 
 /// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`).

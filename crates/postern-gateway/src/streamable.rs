@@ -265,17 +265,20 @@ async fn guard(
             // non-sleeping syscalls and is answered here: a hand-off to the blocking pool costs
             // more than that (measured ~110 µs a connection on the 2-core CI machine). A scan of
             // processes or a first hash of an executable goes to the blocking pool.
-            if let identity::PeerLookup::Found(pid) = identity::tcp_peer_quick(peer, local)
-                && let Ok(described) = hashes.describe_if_hashed(pid)
-            {
-                return described;
+            let lookup = identity::tcp_peer_quick(peer, local);
+            match lookup {
+                identity::PeerLookup::Gone => return None,
+                identity::PeerLookup::Found(pid) => {
+                    if let Ok(described) = hashes.describe_if_hashed(pid) {
+                        return described;
+                    }
+                }
+                identity::PeerLookup::Scan { .. } => {}
             }
-            tokio::task::spawn_blocking(move || {
-                identity::tcp_peer_pid(peer, local).and_then(|pid| hashes.describe(pid))
-            })
-            .await
-            .ok()
-            .flatten()
+            tokio::task::spawn_blocking(move || lookup.finish(peer, local).and_then(|pid| hashes.describe(pid)))
+                .await
+                .ok()
+                .flatten()
         })
         .await
         .clone();

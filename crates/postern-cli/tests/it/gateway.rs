@@ -111,8 +111,8 @@ fn raw_http(addr: &str, request: &str) -> (u16, String) {
     (status, answer)
 }
 
-fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+/// A JSON-RPC `body` POSTed to `/mcp` with `headers` (each ending in CRLF).
+fn post_mcp(addr: &str, headers: &str, body: &str) -> (u16, String) {
     raw_http(
         addr,
         &format!(
@@ -121,6 +121,11 @@ fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
             body.len()
         ),
     )
+}
+
+fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    post_mcp(addr, headers, body)
 }
 
 /// Origin and Host validation answer 403; a missing, unknown or revoked token answers 401.
@@ -706,15 +711,10 @@ fn a_sessionless_client_gets_json_answers_and_its_retry_is_not_a_second_payment(
                       "io.modelcontextprotocol/clientCapabilities": {},
                       "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}})
         .to_string();
-        raw_http(
-            &addr,
-            &format!(
-                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
-                 Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
-                 Mcp-Method: tools/call\r\nMcp-Name: pay\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            ),
-        )
+        let headers = format!(
+            "Authorization: Bearer {token}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: pay\r\n"
+        );
+        post_mcp(&addr, &headers, &body)
     };
     let answer_of = |raw: &str| -> Value {
         let (head, body) = raw.split_once("\r\n\r\n").unwrap();
