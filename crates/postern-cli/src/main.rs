@@ -12,6 +12,7 @@ mod location;
 mod render;
 mod route;
 mod serve;
+mod servers;
 mod terminal;
 mod vault;
 
@@ -88,6 +89,12 @@ enum Command {
         #[command(subcommand)]
         command: VaultCommand,
     },
+    /// Upstream MCP servers: their secrets in the keychain, their tools offered through the
+    /// gateway as `<server>__<tool>`, every call an execution.
+    Servers {
+        #[command(subcommand)]
+        command: ServersCommand,
+    },
     /// SSH hosts: housekeeping of the marker protocol.
     Ssh {
         #[command(subcommand)]
@@ -103,6 +110,29 @@ enum SshCommand {
         host: String,
         #[arg(long, default_value_t = 30)]
         older_than_days: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ServersCommand {
+    /// Add a stdio MCP server: `postern servers add github --secret-env GITHUB_TOKEN -- npx -y
+    /// @modelcontextprotocol/server-github`. Secret values come from a hidden prompt or stdin.
+    Add(servers::Add),
+    /// List the servers (command, environment names, which values are secrets; never a secret).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a server and its secret values from the keychain.
+    Remove { name: String },
+    /// Start the server, list its tools with the replay contract Postern holds each to, stop it.
+    Tools {
+        name: String,
+        /// Tool manifest with `[servers.<name>.tools.<tool>]` overrides (default: as `serve`).
+        #[arg(long, env = "POSTERN_TOOLS", value_name = "FILE")]
+        tools: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -228,7 +258,11 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
             if e.code() == "database_error" || e.is_unwritable() { 1 } else { 2 }
         } else if let Some(e) = vault_error {
             match e.code() {
-                "invalid_credential" | "empty_secret" | "duplicate_credential" | "unknown_credential" => 2,
+                "invalid_credential"
+                | "empty_secret"
+                | "duplicate_credential"
+                | "unknown_credential"
+                | "unknown_mcp_server" => 2,
                 _ => 1,
             }
         } else {
@@ -261,6 +295,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             AgentsCommand::Revoke { name } => agents::revoke(&data_dir, &name),
         },
         Command::Tools { command: ToolsCommand::Check { file } } => tools_check(&file),
+        Command::Servers { command } => match command {
+            ServersCommand::Add(args) => servers::add(&data_dir, args),
+            ServersCommand::List { json } => servers::list(&data_dir, json),
+            ServersCommand::Remove { name } => servers::remove(&data_dir, &name),
+            ServersCommand::Tools { name, tools, json } => servers::tools(&data_dir, &name, tools.as_deref(), json),
+        },
         Command::Ssh { command: SshCommand::Gc { host, older_than_days } } => {
             vault::ssh_gc(&data_dir, &host, older_than_days)
         }

@@ -260,6 +260,11 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
 
 pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
     let vault = open(data_dir)?;
+    if vault.mcp_server(name).is_ok() {
+        vault.remove_mcp_server(name, now())?;
+        eprintln!("removed MCP server {name:?} and its secret values from the keychain");
+        return Ok(ExitCode::SUCCESS);
+    }
     if vault.ssh_host(name).is_ok() {
         vault.remove_ssh_host(name, now())?;
         eprintln!("removed SSH host {name:?} and its key from the keychain");

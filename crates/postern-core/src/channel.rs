@@ -9,6 +9,8 @@ use std::fmt;
 pub enum Channel {
     Http,
     Ssh,
+    /// A `tools/call` forwarded to an upstream MCP server.
+    Mcp,
 }
 
 impl Channel {
@@ -16,6 +18,7 @@ impl Channel {
         match self {
             Channel::Http => "http",
             Channel::Ssh => "ssh",
+            Channel::Mcp => "mcp",
         }
     }
 }

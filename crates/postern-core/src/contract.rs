@@ -14,8 +14,12 @@ use std::collections::{BTreeMap, BTreeSet};
 pub enum ReplayClass {
     /// No side effect: retry freely (still journaled).
     ReadOnly,
-    /// The target honours an idempotency header: re-send with the same key (the execution ID).
+    /// The target honours an idempotency header (HTTP) or argument (an upstream MCP tool): re-send
+    /// with the same key (the execution ID).
     IdempotencyKey,
+    /// Sending the same request again has no additional effect (an upstream tool's
+    /// `idempotentHint`, an HTTP PUT the owner vouches for): an unknown outcome is re-sent.
+    Idempotent,
     /// The target exposes a status endpoint: query it, never re-send blindly.
     StatusQuery,
     /// The remote command runs under the SSH marker protocol: read the marker record.
@@ -29,6 +33,7 @@ impl ReplayClass {
         match self {
             ReplayClass::ReadOnly => "read_only",
             ReplayClass::IdempotencyKey => "idempotency_key",
+            ReplayClass::Idempotent => "idempotent",
             ReplayClass::StatusQuery => "status_query",
             ReplayClass::SshMarker => "ssh_marker",
             ReplayClass::Irreversible => "irreversible",
@@ -94,9 +99,12 @@ pub struct ReplayContract {
     pub attach_window: AttachWindow,
     #[serde(default)]
     pub scope: ScopePolicy,
-    /// Header carrying the idempotency key (class `idempotency_key`).
+    /// Header carrying the idempotency key (class `idempotency_key`, HTTP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_header: Option<String>,
+    /// Argument Postern fills with the idempotency key (class `idempotency_key`, upstream MCP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_argument: Option<String>,
     /// Status endpoint (class `status_query`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_query: Option<StatusQuery>,
@@ -117,6 +125,7 @@ impl ReplayContract {
             attach_window: AttachWindow::Millis(DEFAULT_ATTACH_WINDOW_MS),
             scope: ScopePolicy::AgentRun,
             idempotency_header: None,
+            idempotency_argument: None,
             status_query: None,
         }
     }
@@ -125,18 +134,27 @@ impl ReplayContract {
     pub fn validate(&self, tool: &str, channel: Channel) -> Result<(), ContractError> {
         let err = |problem: ContractProblem| ContractError::Invalid { tool: tool.to_owned(), problem };
         match (self.class, channel) {
-            (ReplayClass::IdempotencyKey, Channel::Ssh) | (ReplayClass::StatusQuery, Channel::Ssh) => {
+            (ReplayClass::IdempotencyKey | ReplayClass::StatusQuery | ReplayClass::Idempotent, Channel::Ssh)
+            | (ReplayClass::StatusQuery, Channel::Mcp) => {
                 return Err(err(ContractProblem::ClassNeedsHttp(self.class)));
             }
-            (ReplayClass::SshMarker, Channel::Http) => {
+            (ReplayClass::SshMarker, Channel::Http | Channel::Mcp) => {
                 return Err(err(ContractProblem::ClassNeedsSsh));
             }
             _ => {}
         }
+        let keyed = self.class == ReplayClass::IdempotencyKey;
+        match (channel, &self.idempotency_argument) {
+            (Channel::Mcp, None) if keyed => return Err(err(ContractProblem::MissingIdempotencyArgument)),
+            (Channel::Mcp, _) => {}
+            (_, Some(_)) => return Err(err(ContractProblem::ArgumentKeyNeedsMcp)),
+            (_, None) => {}
+        }
         match &self.idempotency_header {
-            None if self.class == ReplayClass::IdempotencyKey => {
+            None if keyed && channel != Channel::Mcp => {
                 return Err(err(ContractProblem::MissingIdempotencyHeader));
             }
+            Some(_) if channel == Channel::Mcp => return Err(err(ContractProblem::HeaderKeyNeedsHttp)),
             Some(h) if !is_header_token(h) => {
                 return Err(err(ContractProblem::InvalidHeaderName(h.clone())));
             }
@@ -216,6 +234,14 @@ pub enum ContractProblem {
     ClassNeedsSsh,
     #[error("class idempotency_key needs `idempotency_header` (e.g. \"Idempotency-Key\")")]
     MissingIdempotencyHeader,
+    #[error(
+        "class idempotency_key on an upstream MCP tool needs `idempotency_argument` (the argument Postern fills with the key)"
+    )]
+    MissingIdempotencyArgument,
+    #[error("`idempotency_argument` only applies to upstream MCP tools (HTTP tools name an `idempotency_header`)")]
+    ArgumentKeyNeedsMcp,
+    #[error("`idempotency_header` only applies to HTTP tools (upstream MCP tools name an `idempotency_argument`)")]
+    HeaderKeyNeedsHttp,
     #[error("class status_query needs a `status_query` endpoint")]
     MissingStatusQuery,
     #[error("attach window is zero: no retry could ever be recognised")]
@@ -251,6 +277,7 @@ fn describe(channel: Channel, method: Option<&str>) -> String {
         (Channel::Http, Some(m)) => format!("HTTP {m}"),
         (Channel::Http, None) => "HTTP".into(),
         (Channel::Ssh, _) => "SSH command".into(),
+        (Channel::Mcp, _) => "upstream MCP tool".into(),
     }
 }
 

@@ -25,7 +25,7 @@ pub use id::{ExecutionId, IdError, SessionId};
 pub use ladder::{LadderDecision, LadderInput, Rung, SessionStanding, decide_ladder};
 pub use lifecycle::{ExecutionState, IllegalTransition};
 pub use record::{
-    ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, RecordError, SshAction,
+    ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, McpAction, RecordError, SshAction,
 };
 pub use retry::{IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry};
 pub use time::Timestamp;

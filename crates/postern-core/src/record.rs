@@ -104,10 +104,19 @@ pub struct SshAction {
     pub command: String,
 }
 
+/// A `tools/call` forwarded to an upstream MCP server: which server (by its vault name) and
+/// which of its tools (its own name, not the namespaced one agents see).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpAction {
+    pub server: String,
+    pub tool: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ActionTarget {
     Http(HttpAction),
     Ssh(SshAction),
+    Mcp(McpAction),
 }
 
 impl ActionTarget {
@@ -115,6 +124,7 @@ impl ActionTarget {
         match self {
             ActionTarget::Http(_) => Channel::Http,
             ActionTarget::Ssh(_) => Channel::Ssh,
+            ActionTarget::Mcp(_) => Channel::Mcp,
         }
     }
 }
@@ -175,6 +185,9 @@ impl CanonicalAction {
                         "command": ssh.command,
                     }),
                 );
+            }
+            ActionTarget::Mcp(mcp) => {
+                record.insert("target".into(), json!({ "server": mcp.server, "tool": mcp.tool }));
             }
         }
         let record = Value::Object(record);

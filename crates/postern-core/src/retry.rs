@@ -47,6 +47,10 @@ pub struct IncomingIntent<'a> {
 pub enum Verification {
     /// Re-send the same request with the same idempotency key (the prior's execution ID).
     ResendWithSameKey { header: String, key: ExecutionId },
+    /// Re-send the same request with the same key in the argument the upstream tool names.
+    ResendWithSameArgument { argument: String, key: ExecutionId },
+    /// Re-send the same request: the tool promises a repeat has no additional effect.
+    Resend,
     /// Ask the target's status endpoint; never re-send blindly.
     QueryStatus { query: StatusQuery },
     /// Read the SSH marker record for the execution over a fresh connection.
@@ -155,12 +159,17 @@ pub fn decide_retry(prior: Option<&PriorExecution>, incoming: &IncomingIntent<'_
 
 fn verify_through_contract(id: ExecutionId, contract: &ReplayContract) -> RetryDecision {
     let irreversible = RetryDecision::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible };
-    let verification = match (contract.class, &contract.idempotency_header, &contract.status_query) {
-        (ReplayClass::IdempotencyKey, Some(header), _) => {
+    let c = contract;
+    let verification = match (c.class, &c.idempotency_header, &c.idempotency_argument, &c.status_query) {
+        (ReplayClass::IdempotencyKey, Some(header), _, _) => {
             Verification::ResendWithSameKey { header: header.clone(), key: id }
         }
-        (ReplayClass::StatusQuery, _, Some(query)) => Verification::QueryStatus { query: query.clone() },
-        (ReplayClass::SshMarker, _, _) => Verification::ReadSshMarker,
+        (ReplayClass::IdempotencyKey, None, Some(argument), _) => {
+            Verification::ResendWithSameArgument { argument: argument.clone(), key: id }
+        }
+        (ReplayClass::Idempotent, ..) => Verification::Resend,
+        (ReplayClass::StatusQuery, _, _, Some(query)) => Verification::QueryStatus { query: query.clone() },
+        (ReplayClass::SshMarker, ..) => Verification::ReadSshMarker,
         // Irreversible, or a contract that lost the field it needs: only a human can decide.
         _ => return irreversible,
     };
@@ -214,6 +223,7 @@ mod tests {
                     },
                 },
                 ReplayClass::SshMarker => D::VerifyPrior { prior: id, verification: Verification::ReadSshMarker },
+                ReplayClass::Idempotent => D::VerifyPrior { prior: id, verification: Verification::Resend },
                 ReplayClass::Irreversible => {
                     D::NeedsReview { prior: id, reason: ReviewReason::OutcomeUnknownIrreversible }
                 }
@@ -238,6 +248,7 @@ mod tests {
             ReplayClass::IdempotencyKey,
             ReplayClass::StatusQuery,
             ReplayClass::SshMarker,
+            ReplayClass::Idempotent,
             ReplayClass::Irreversible,
         ];
         let mut checked = 0;
@@ -282,7 +293,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 5 * 11 * 2 * 2 * 2 * 4);
+        assert_eq!(checked, 6 * 11 * 2 * 2 * 2 * 4);
     }
 
     #[test]
@@ -349,6 +360,26 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_upstream_tool_keyed_by_argument_is_re_sent_with_the_same_key_in_that_argument() {
+        let id = ExecutionId::from_parts(Timestamp::from_millis(5), 5);
+        let keyed = ReplayContract {
+            class: ReplayClass::IdempotencyKey,
+            idempotency_argument: Some("idempotencyKey".into()),
+            ..ReplayContract::read_only()
+        };
+        assert_eq!(
+            verify_through_contract(id, &keyed),
+            RetryDecision::VerifyPrior {
+                prior: id,
+                verification: Verification::ResendWithSameArgument { argument: "idempotencyKey".into(), key: id },
+            }
+        );
+        // A keyed contract that lost its key is for a person, never a blind re-send.
+        let lost = ReplayContract { idempotency_argument: None, ..keyed };
+        assert!(matches!(verify_through_contract(id, &lost), RetryDecision::NeedsReview { .. }));
+    }
+
     proptest::proptest! {
         /// Whatever the time and the window, a same-intent retry of a side-effecting prior starts a
         /// new execution only when the agent's outcome is settled: delivered, provably never sent,
@@ -357,7 +388,8 @@ mod tests {
         fn an_unresolved_prior_never_becomes_a_new_execution(
             state in proptest::sample::select(ExecutionState::ALL.to_vec()),
             class in proptest::sample::select(vec![
-                ReplayClass::IdempotencyKey, ReplayClass::StatusQuery, ReplayClass::SshMarker, ReplayClass::Irreversible,
+                ReplayClass::IdempotencyKey, ReplayClass::StatusQuery, ReplayClass::SshMarker,
+                ReplayClass::Idempotent, ReplayClass::Irreversible,
             ]),
             window in proptest::option::of(0u64..10_000_000),
             elapsed in -1_000_000i64..1_000_000_000_000,

@@ -20,6 +20,7 @@ pub mod ssh;
 pub mod ssh_pool;
 pub mod streamable;
 pub mod template;
+pub mod upstream;
 
 pub use approval::{
     AgentRun, Approver, Ask, Authorization, AuthorizationRequest, Grant, LockOnlyApprover, RetryReviewRequest,

@@ -303,7 +303,17 @@ impl PosternMcp {
         if name == EXECUTION_STATUS {
             return Ok(self.execution_status(&caller, &arguments));
         }
-        if name != HTTP_REQUEST && name != SSH_EXEC && self.gateway.engine.manifest().tool(&name).is_none() {
+        let upstream = match self.gateway.engine.upstreams() {
+            Some(u) if name.contains(crate::upstream::SEPARATOR) => {
+                if u.tool(&name).is_none() {
+                    u.ensure_server_of(&name).await;
+                }
+                u.tool(&name).is_some()
+            }
+            _ => false,
+        };
+        if name != HTTP_REQUEST && name != SSH_EXEC && !upstream && self.gateway.engine.manifest().tool(&name).is_none()
+        {
             self.refused(&caller, format!("tools/call {name}")).await;
             return Err(McpError::invalid_params(
                 format!("unknown tool {name:?}: see tools/list"),
@@ -523,7 +533,8 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
         "attached": o.attached,
         "decision": o.decision,
         "message": message,
-        "result": o.result.as_ref().map(|r| json!(r)).or_else(|| o.ssh.as_ref().map(|r| json!(r))),
+        "result": o.result.as_ref().map(|r| json!(r)).or_else(|| o.ssh.as_ref().map(|r| json!(r)))
+            .or_else(|| o.upstream.as_ref().map(|r| r.upstream_result.clone())),
         "detail": o.detail,
     });
     let mut text = message;
@@ -543,6 +554,19 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
         }
     }
     text.push_str(&format!("\n\nexecution_id: {}\nstate: {}", o.execution_id, o.state));
+    if let Some(u) = &o.upstream {
+        // The upstream's own content, as it sent it, after Postern's account of the execution.
+        let mut content = vec![Content::text(text)];
+        if let Some(items) = u.upstream_result.get("content").and_then(Value::as_array) {
+            content.extend(items.iter().filter_map(|c| serde_json::from_value::<Content>(c.clone()).ok()));
+        } else if let Some(e) = u.upstream_result.get("error") {
+            content.push(Content::text(format!("the MCP server {} answered with an error: {e}", u.server)));
+        }
+        let mut r =
+            if is_error || u.is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        r.structured_content = Some(structured);
+        return r;
+    }
     let mut r = if is_error {
         CallToolResult::error(vec![Content::text(text)])
     } else {
@@ -558,8 +582,11 @@ fn contract_summary(c: &ReplayContract) -> String {
         ReplayClass::ReadOnly => "Replay contract: read_only (no side effect; retried freely).".into(),
         ReplayClass::IdempotencyKey => format!(
             "Replay contract: idempotency_key (a retry re-sends with the same {} so the target applies it once).",
-            c.idempotency_header.as_deref().unwrap_or("idempotency key")
+            c.idempotency_header.as_deref().or(c.idempotency_argument.as_deref()).unwrap_or("idempotency key")
         ),
+        ReplayClass::Idempotent => "Replay contract: idempotent (a repeat has no additional effect, so an uncertain \
+                                    attempt is re-sent)."
+            .into(),
         ReplayClass::StatusQuery => {
             "Replay contract: status_query (an uncertain attempt is checked at the target, never re-sent blindly)."
                 .into()
@@ -576,7 +603,7 @@ fn contract_summary(c: &ReplayContract) -> String {
 /// The MCP annotations an agent sees, derived from the contract (never from the manifest text).
 pub fn annotations(c: &ReplayContract) -> ToolAnnotations {
     let read_only = c.class == ReplayClass::ReadOnly;
-    let idempotent = matches!(c.class, ReplayClass::ReadOnly | ReplayClass::IdempotencyKey);
+    let idempotent = matches!(c.class, ReplayClass::ReadOnly | ReplayClass::IdempotencyKey | ReplayClass::Idempotent);
     ToolAnnotations::new()
         .read_only(read_only)
         .idempotent(idempotent)
@@ -601,9 +628,25 @@ fn manifest_tool(t: &ManifestTool) -> Tool {
     Tool::new(t.name.clone(), description, schema_object(&t.input_schema)).with_annotations(annotations(&t.contract))
 }
 
+/// An upstream server's tool as agents see it: its own schema and description, the contract
+/// Postern derived (annotations are only the server's hints) and annotations from that contract.
+fn upstream_tool(t: &crate::upstream::UpstreamTool) -> Tool {
+    let description = format!(
+        "{} [via MCP server {}] {} (contract from {}.)",
+        t.description.trim(),
+        t.server,
+        contract_summary(&t.contract),
+        t.contract_source
+    );
+    Tool::new(t.name.clone(), description, schema_object(&t.input_schema)).with_annotations(annotations(&t.contract))
+}
+
 /// Every tool an agent may call.
 pub fn tool_list(engine: &Engine) -> Vec<Tool> {
     let mut tools: Vec<Tool> = engine.manifest().tools().map(manifest_tool).collect();
+    if let Some(upstreams) = engine.upstreams() {
+        tools.extend(upstreams.tools().iter().filter(|t| engine.manifest().tool(&t.name).is_none()).map(upstream_tool));
+    }
     tools.push(
         Tool::new(
             HTTP_REQUEST,
@@ -667,6 +710,9 @@ impl ServerHandler for PosternMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        if let Some(upstreams) = self.gateway.engine.upstreams() {
+            upstreams.start_all().await;
+        }
         Ok(ListToolsResult::with_all_items(tool_list(&self.gateway.engine)))
     }
 

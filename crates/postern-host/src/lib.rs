@@ -253,6 +253,8 @@ impl Host {
 
     /// The engine serving `manifest`, asking `approver`.
     pub fn engine(&self, manifest: Manifest, approver: Arc<dyn Approver>) -> Result<Arc<Engine>, HostError> {
+        let upstreams =
+            postern_gateway::upstream::Upstreams::new(Arc::clone(&self.vault), manifest.server_overrides().clone());
         let engine = Engine::new(
             Arc::clone(&self.store),
             Arc::clone(&self.vault),
@@ -261,7 +263,8 @@ impl Host {
             system_clock(),
         )?
         .with_approval_timeout(self.config.approval_timeout)
-        .with_body_cap(self.config.body_cap);
+        .with_body_cap(self.config.body_cap)
+        .with_upstreams(Arc::new(upstreams));
         Ok(Arc::new(engine))
     }
 
@@ -323,7 +326,17 @@ impl Serving {
             let engine = Arc::clone(&self.engine);
             tokio::spawn(async move { engine.upkeep(Duration::from_secs(1)).await })
         };
+        // Upstream MCP servers start with the gateway (a locked vault or a broken server is
+        // retried on first use and shown by `servers list`).
+        let upstreams = self.engine.upstreams().cloned();
+        if let Some(u) = &upstreams {
+            let u = Arc::clone(u);
+            tokio::spawn(async move { u.start_all().await });
+        }
         self.bound.run(shutdown).await;
+        if let Some(u) = upstreams {
+            u.stop_all().await;
+        }
         upkeep.abort();
         if let Some(idle) = idle {
             idle.abort();

@@ -20,6 +20,8 @@ pub enum VaultError {
     UnknownCredential(String),
     #[error("no SSH host named {0:?} (see `postern vault list`; add one with `postern vault add-ssh`)")]
     UnknownSshHost(String),
+    #[error("no MCP server named {0:?} (see `postern servers list`; add one with `postern servers add`)")]
+    UnknownMcpServer(String),
     #[error("the keychain has no secret for credential {0:?}; remove it and add it again")]
     MissingSecret(String),
     #[error("a credential named {0:?} already exists; remove it first")]
@@ -44,6 +46,7 @@ impl ErrorCode for VaultError {
             VaultError::Locked => "vault_locked",
             VaultError::UnknownCredential(_) => "unknown_credential",
             VaultError::UnknownSshHost(_) => "unknown_ssh_host",
+            VaultError::UnknownMcpServer(_) => "unknown_mcp_server",
             VaultError::MissingSecret(_) => "missing_secret",
             VaultError::DuplicateCredential(_) => "duplicate_credential",
             VaultError::InvalidCredential(_) => "invalid_credential",

@@ -7,12 +7,14 @@
 mod credential;
 mod error;
 mod keychain;
+mod mcp_server;
 mod sensitive;
 mod ssh_host;
 
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
+pub use mcp_server::{MAX_SERVER_NAME, McpServer};
 pub use sensitive::Sensitive;
 pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, SshHost};
 
@@ -212,7 +214,11 @@ impl Vault {
     }
 
     pub fn credentials(&self) -> Result<Vec<Credential>, VaultError> {
-        self.records()?.iter().filter(|r| r.kind != ssh_host::KIND).map(Credential::from_record).collect()
+        self.records()?
+            .iter()
+            .filter(|r| r.kind != ssh_host::KIND && r.kind != mcp_server::KIND)
+            .map(Credential::from_record)
+            .collect()
     }
 
     /// Stores the private key (and its passphrase) in the keychain, then the host's metadata in
@@ -245,6 +251,92 @@ impl Vault {
                 other => other.into(),
             });
         }
+        Ok(())
+    }
+
+    /// Stores each secret environment value in the keychain, then the server's metadata in the
+    /// journal (no secret value ever reaches it). If recording fails, the items are removed.
+    pub fn add_mcp_server(
+        &self,
+        server: &McpServer,
+        secrets: &[(String, Sensitive<String>)],
+        now: Timestamp,
+    ) -> Result<(), VaultError> {
+        server.validate()?;
+        let named: Vec<&String> = secrets.iter().map(|(k, _)| k).collect();
+        if named.len() != server.secret_env.len() || server.secret_env.iter().any(|k| !named.contains(&k)) {
+            return Err(VaultError::InvalidCredential(format!(
+                "server {:?} declares secret environment values {:?}; exactly those must be given",
+                server.name, server.secret_env
+            )));
+        }
+        if let Some((k, _)) = secrets.iter().find(|(_, v)| v.expose().is_empty()) {
+            return Err(VaultError::InvalidCredential(format!("the secret value of {k:?} is empty")));
+        }
+        if self.store.view().credentials()?.iter().any(|c| c.name == server.name) {
+            return Err(VaultError::DuplicateCredential(server.name.clone()));
+        }
+        for (k, v) in secrets {
+            self.keychain.set(&self.server_item(&server.name, k), v.expose().as_bytes())?;
+        }
+        if let Err(e) = self.store.put_credential(server.to_record(now.as_millis()), now) {
+            for (k, _) in secrets {
+                let _ = self.keychain.delete(&self.server_item(&server.name, k));
+            }
+            return Err(match e {
+                postern_store::StoreError::DuplicateCredential(n) => VaultError::DuplicateCredential(n),
+                other => other.into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn server_item(&self, server: &str, key: &str) -> String {
+        self.item(&format!("mcp/{server}/env/{key}"))
+    }
+
+    pub fn mcp_servers(&self) -> Result<Vec<McpServer>, VaultError> {
+        self.records()?.iter().filter(|r| r.kind == mcp_server::KIND).map(McpServer::from_record).collect()
+    }
+
+    pub fn mcp_server(&self, name: &str) -> Result<McpServer, VaultError> {
+        self.mcp_servers()?
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| VaultError::UnknownMcpServer(name.into()))
+    }
+
+    /// The server's secret environment values, to start its process. Refused while locked.
+    pub fn mcp_server_secrets(&self, server: &McpServer) -> Result<Vec<(String, Sensitive<String>)>, VaultError> {
+        if self.is_locked()? {
+            return Err(VaultError::Locked);
+        }
+        server
+            .secret_env
+            .iter()
+            .map(|k| {
+                let item = self.server_item(&server.name, k);
+                let bytes =
+                    self.read_item(&item)?.ok_or_else(|| VaultError::MissingSecret(format!("{}/{k}", server.name)))?;
+                let text = String::from_utf8(bytes.expose().clone())
+                    .map_err(|_| VaultError::CorruptKey { item: item.clone(), detail: "not UTF-8".into() })?;
+                Ok((k.clone(), Sensitive::new(text)))
+            })
+            .collect()
+    }
+
+    /// Removes a server's metadata (journaled) and its keychain items.
+    pub fn remove_mcp_server(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
+        let server = self.mcp_server(name)?;
+        self.store.remove_credential(name, now)?;
+        let mut deleted = Ok(());
+        for k in &server.secret_env {
+            if let Err(e) = self.keychain.delete(&self.server_item(name, k)) {
+                deleted = Err(e);
+            }
+        }
+        self.forget_secrets();
+        deleted?;
         Ok(())
     }
 

@@ -11,6 +11,7 @@ mod gateway;
 mod gateway_support;
 mod journal;
 mod ssh;
+mod upstreams;
 // The gateway's sshd harness, shared; this binary uses part of it.
 #[allow(dead_code)]
 #[path = "../../../postern-gateway/tests/it/sshd.rs"]

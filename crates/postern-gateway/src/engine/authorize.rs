@@ -70,6 +70,10 @@ impl Engine {
             Target::Http(plan) => {
                 plan.body.as_deref().map(|b| crate::approval::body_preview(b, &p.secrets, BODY_PREVIEW_BYTES))
             }
+            // For an upstream tool the "body" is its arguments.
+            Target::Mcp(plan) => serde_json::to_vec_pretty(&plan.arguments)
+                .ok()
+                .map(|b| crate::approval::body_preview(&b, &p.secrets, BODY_PREVIEW_BYTES)),
         };
         let request = AuthorizationRequest {
             ask,

@@ -148,6 +148,9 @@ pub struct CallOutcome {
     /// An SSH execution's result (exit status, output).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ssh: Option<crate::ssh::SshResult>,
+    /// An upstream MCP server's answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::upstream::UpstreamResult>,
     /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
     pub detail: Value,
 }

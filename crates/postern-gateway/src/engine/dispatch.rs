@@ -2,6 +2,7 @@
 //! durable first, the outcome observed and classified, and journaled before the answer.
 
 use super::*;
+use crate::upstream::UpstreamSent;
 
 impl Engine {
     /// A read-only call: authorized in memory, sent, then journaled as a whole in one
@@ -22,7 +23,8 @@ impl Engine {
         let out = self.outgoing(p, id)?;
         let dispatched = json!({ "target": p.shown_url, "method": p.method() });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
-        let Observation { state, result, ssh, detail, completion } = self.send(p, out, Attempt::First).await?;
+        let Observation { state, result, ssh, upstream, detail, completion } =
+            self.send(p, out, Attempt::First).await?;
         if completion.is_none() {
             steps.push((state, detail.clone()));
         }
@@ -30,6 +32,7 @@ impl Engine {
         Ok(CallOutcome {
             read_only: true,
             ssh,
+            upstream,
             ..self.outcome(id, state, false, Decision::NewExecution, result, detail)
         })
     }
@@ -50,6 +53,19 @@ impl Engine {
         let plan = match &p.target {
             Target::Http(plan) => plan,
             Target::Ssh(plan) => return self.outgoing_ssh(p, plan, id),
+            Target::Mcp(plan) => {
+                let mut arguments = plan.arguments.clone();
+                if let Some(argument) = &p.tool.contract.idempotency_argument {
+                    arguments.insert(argument.clone(), json!(id.to_string()));
+                }
+                return Ok(Wire::Mcp(McpOutgoing {
+                    server: plan.server.clone(),
+                    tool: plan.tool.clone(),
+                    arguments,
+                    execution: id.to_string(),
+                    timeout: p.tool.timeout,
+                }));
+            }
         };
         let credential = match &plan.credential {
             None => None,
@@ -111,7 +127,44 @@ impl Engine {
         match wire {
             Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await, attempt),
             Wire::Ssh(out) => self.observe_ssh(p, self.ssh_send(out).await),
+            Wire::Mcp(out) => {
+                let sent = match &self.upstreams {
+                    Some(u) => u.call(&out.server, &out.tool, out.arguments, &out.execution, out.timeout).await,
+                    None => UpstreamSent::NotSent { reason: "this gateway runs no upstream MCP servers".into() },
+                };
+                self.observe_mcp(p, sent)
+            }
         }
+    }
+
+    /// What a forwarded `tools/call` observed: never written → failed before dispatch; an
+    /// answer (a tool result, even `isError`, or a JSON-RPC error) → completed; written and then
+    /// lost → outcome unknown, recovered by the tool's contract.
+    fn observe_mcp(&self, p: &Prepared<'_>, sent: UpstreamSent) -> Result<Observation, EngineError> {
+        let nothing =
+            |state, detail| Observation { state, result: None, ssh: None, upstream: None, detail, completion: None };
+        Ok(match sent {
+            UpstreamSent::NotSent { reason } => nothing(
+                ExecutionState::FailedBeforeDispatch,
+                json!({ "reason": reason, "code": "upstream_unavailable" }),
+            ),
+            UpstreamSent::Lost { reason } => nothing(
+                ExecutionState::OutcomeUnknown,
+                json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+            ),
+            UpstreamSent::Answered(answer) => Observation {
+                state: ExecutionState::Completed,
+                completion: Some(Completion {
+                    outcome: json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error }),
+                    result: serde_json::to_vec(&answer).map_err(|e| EngineError::Internal(e.to_string()))?,
+                    at: self.now(),
+                }),
+                result: None,
+                ssh: None,
+                upstream: Some(answer),
+                detail: json!({}),
+            },
+        })
     }
 
     pub(super) fn observe_ssh(&self, p: &Prepared<'_>, sent: crate::ssh::SshSent) -> Result<Observation, EngineError> {
@@ -125,6 +178,7 @@ impl Engine {
                     state: ExecutionState::OutcomeUnknown,
                     result: None,
                     ssh: None,
+                    upstream: None,
                     detail: json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
                     completion: None,
                 }
@@ -136,6 +190,7 @@ impl Engine {
                     state: ExecutionState::OutcomeUnknown,
                     result: None,
                     ssh: None,
+                    upstream: None,
                     detail: json!({
                         "reason": if result.timed_out.is_some() { "ssh_timed_out" } else { "ssh_no_exit_status" },
                         "explanation": "the remote command gave no exit status; it may have run partly or entirely",
@@ -157,12 +212,14 @@ impl Engine {
                 }),
                 result: None,
                 ssh: Some(result),
+                upstream: None,
                 detail: json!({}),
             },
             SshSent::NotSent { code, reason } => Observation {
                 state: ExecutionState::FailedBeforeDispatch,
                 result: None,
                 ssh: None,
+                upstream: None,
                 detail: json!({ "reason": reason, "code": code }),
                 completion: None,
             },
@@ -170,6 +227,7 @@ impl Engine {
                 state: ExecutionState::OutcomeUnknown,
                 result: None,
                 ssh: None,
+                upstream: None,
                 detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
                 completion: None,
             },
@@ -199,6 +257,13 @@ impl Engine {
     ) -> Result<CallOutcome, EngineError> {
         let out = match self.outgoing(p, id) {
             Ok(out) => out,
+            Err(EngineError::Vault(e @ VaultError::Locked)) if attempt == Attempt::SameKeyResend => {
+                // Locked before a recovery re-send: nothing more was sent, the first attempt's
+                // outcome is as unknown as before.
+                let detail = json!({ "reason": "vault_locked", "message": e.to_string(), "not_resent": true });
+                self.note(id, "recovery_refused", detail.clone()).await?;
+                return Ok(self.outcome(id, ExecutionState::OutcomeUnknown, attached, decision, None, detail));
+            }
             Err(EngineError::Vault(e @ VaultError::Locked)) => {
                 // Locked between authorization and dispatch: nothing was sent.
                 let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
@@ -224,11 +289,25 @@ impl Engine {
         attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {
         postern_store::crash::point("engine::dispatched::before_send");
-        let Observation { state, result, ssh, detail, completion } = self.send(p, out, attempt).await?;
+        let mut observed = self.send(p, out, attempt).await?;
+        if attempt == Attempt::SameKeyResend && observed.state == ExecutionState::FailedBeforeDispatch {
+            // A recovery re-send that never left says nothing about the first attempt: its outcome
+            // stays unknown. (Ending it as "never dispatched" would let the next matching call
+            // become a new execution, with a new key: the duplicate this record exists to stop.)
+            observed.state = ExecutionState::OutcomeUnknown;
+            observed.detail = json!({
+                "reason": "recovery_resend_not_sent",
+                "explanation": "the recovery re-send could not be sent; the first attempt's outcome is still unknown \
+                                — retry later",
+                "resend": observed.detail,
+                "recovery": p.tool.contract.class.as_str(),
+            });
+        }
+        let Observation { state, result, ssh, upstream, detail, completion } = observed;
         postern_store::crash::point("engine::observed::before_journal");
         self.journal_observation(id, state, detail.clone(), completion).await?;
         postern_store::crash::point("engine::journaled::before_answer");
-        Ok(CallOutcome { ssh, ..self.outcome(id, state, attached, decision, result, detail) })
+        Ok(CallOutcome { ssh, upstream, ..self.outcome(id, state, attached, decision, result, detail) })
     }
 
     /// Journals what a sent request's attempt observed. If the journal cannot be written right
@@ -288,6 +367,7 @@ impl Engine {
                     state: ExecutionState::OutcomeUnknown,
                     result: None,
                     ssh: None,
+                    upstream: None,
                     detail: json!({
                         "reason": "same_key_resend_inconclusive",
                         "http_status": result.status,
@@ -304,12 +384,14 @@ impl Engine {
                 completion: Some(self.completion(&result, elapsed)?),
                 result: Some(result),
                 ssh: None,
+                upstream: None,
                 detail: json!({}),
             },
             Sent::NotSent { reason } => Observation {
                 state: ExecutionState::FailedBeforeDispatch,
                 result: None,
                 ssh: None,
+                upstream: None,
                 detail: json!({ "reason": reason }),
                 completion: None,
             },
@@ -317,6 +399,7 @@ impl Engine {
                 state: ExecutionState::OutcomeUnknown,
                 result: None,
                 ssh: None,
+                upstream: None,
                 detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
                 completion: None,
             },

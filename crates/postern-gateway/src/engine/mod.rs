@@ -46,6 +46,7 @@ fn credential_shown(p: &Prepared<'_>) -> Option<String> {
             plan.host.host_key_fingerprint.as_deref().unwrap_or("key not pinned yet")
         )),
         Target::Http(plan) => plan.credential.as_ref().map(|c| c.name.clone()),
+        Target::Mcp(plan) => Some(format!("the environment of MCP server {}", plan.server)),
     }
 }
 
@@ -151,6 +152,8 @@ pub struct Engine {
     body_cap: usize,
     /// Authenticated SSH connections kept for reuse.
     ssh: crate::ssh_pool::SshPool,
+    /// The upstream MCP servers whose tools are offered beside Postern's own.
+    upstreams: Option<Arc<crate::upstream::Upstreams>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -173,6 +176,7 @@ struct Observation {
     state: ExecutionState,
     result: Option<HttpResult>,
     ssh: Option<crate::ssh::SshResult>,
+    upstream: Option<crate::upstream::UpstreamResult>,
     detail: Value,
     completion: Option<Completion>,
 }
@@ -206,10 +210,20 @@ struct Prepared<'a> {
     shown_url: String,
 }
 
-/// A call's destination, one variant per channel (an upstream MCP server will be a third).
+/// A call's destination, one variant per channel.
 enum Target {
     Http(HttpPlan),
     Ssh(SshPlan),
+    Mcp(McpPlan),
+}
+
+/// A call to an upstream MCP server's tool, after validation against the upstream's schema.
+struct McpPlan {
+    server: String,
+    /// The upstream's own name for the tool.
+    tool: String,
+    arguments: serde_json::Map<String, Value>,
+    approve_every_use: bool,
 }
 
 impl Prepared<'_> {
@@ -223,6 +237,7 @@ impl Prepared<'_> {
         match &self.target {
             Target::Http(plan) => &plan.method,
             Target::Ssh(_) => "EXEC",
+            Target::Mcp(_) => "CALL",
         }
     }
 
@@ -230,6 +245,7 @@ impl Prepared<'_> {
         match &self.target {
             Target::Http(_) => Channel::Http,
             Target::Ssh(_) => Channel::Ssh,
+            Target::Mcp(_) => Channel::Mcp,
         }
     }
 
@@ -238,6 +254,7 @@ impl Prepared<'_> {
         match &self.target {
             Target::Http(plan) => plan.credential.as_ref().is_some_and(|c| c.approve_every_use),
             Target::Ssh(plan) => plan.host.approve_every_use,
+            Target::Mcp(plan) => plan.approve_every_use,
         }
     }
 
@@ -246,7 +263,7 @@ impl Prepared<'_> {
     fn credential(&self) -> Option<&postern_vault::Credential> {
         match &self.target {
             Target::Http(plan) => plan.credential.as_ref(),
-            Target::Ssh(_) => None,
+            Target::Ssh(_) | Target::Mcp(_) => None,
         }
     }
 
@@ -280,6 +297,17 @@ struct SshPlan {
 enum Wire {
     Http(Outgoing),
     Ssh(SshOutgoing),
+    Mcp(McpOutgoing),
+}
+
+/// A forwarded `tools/call`: the arguments with the idempotency argument filled, and the
+/// execution ID for `_meta`.
+struct McpOutgoing {
+    server: String,
+    tool: String,
+    arguments: serde_json::Map<String, Value>,
+    execution: String,
+    timeout: Duration,
 }
 
 struct SshOutgoing {
@@ -317,7 +345,18 @@ impl Engine {
             clock,
             body_cap: http::DEFAULT_BODY_CAP,
             ssh: crate::ssh_pool::SshPool::default(),
+            upstreams: None,
         })
+    }
+
+    /// Offers the tools of these upstream MCP servers beside Postern's own.
+    pub fn with_upstreams(mut self, upstreams: Arc<crate::upstream::Upstreams>) -> Self {
+        self.upstreams = Some(upstreams);
+        self
+    }
+
+    pub fn upstreams(&self) -> Option<&Arc<crate::upstream::Upstreams>> {
+        self.upstreams.as_ref()
     }
 
     /// How long a reviewer has to answer (default 120 s); then the call is denied with
@@ -356,6 +395,13 @@ impl Engine {
         // granted any more (before the lock, credentials or grants are even read).
         if let Some(found) = self.store.authority_alarm() {
             return Err(StoreError::AuthorityTampered(found).into());
+        }
+        if let Some(u) = &self.upstreams
+            && call.tool.contains(crate::upstream::SEPARATOR)
+            && self.manifest.tool(&call.tool).is_none()
+            && u.tool(&call.tool).is_none()
+        {
+            u.ensure_server_of(&call.tool).await;
         }
         let (mut p, arguments) = self.prepare(&call)?;
         if let Some(host) = p.unpinned_host().map(|plan| plan.host.name.clone()) {
@@ -506,7 +552,17 @@ impl Engine {
         result: Option<HttpResult>,
         detail: Value,
     ) -> CallOutcome {
-        CallOutcome { execution_id: id, state, attached, read_only: false, decision, result, ssh: None, detail }
+        CallOutcome {
+            execution_id: id,
+            state,
+            attached,
+            read_only: false,
+            decision,
+            result,
+            ssh: None,
+            upstream: None,
+            detail,
+        }
     }
 
     /// Journals an event about execution `id` that does not change its state.
@@ -580,5 +636,8 @@ fn dispatched_detail(p: &Prepared<'_>, out: &Wire) -> Value {
                                    "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),
         Wire::Ssh(out) => json!({ "target": p.shown_url, "method": p.method(), "host": out.host.name,
                                   "host_key": out.host.host_key_fingerprint, "marker": out.marker }),
+        Wire::Mcp(out) => json!({ "target": p.shown_url, "method": p.method(), "server": out.server,
+                                  "tool": out.tool,
+                                  "idempotency_key": p.tool.contract.idempotency_argument.as_ref().map(|_| &out.execution) }),
     }
 }

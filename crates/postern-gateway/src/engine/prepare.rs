@@ -21,7 +21,10 @@ impl Engine {
                 let tool = Tool::ssh_exec(contract, Duration::from_secs(timeout.clamp(1, 3600)));
                 return self.prepare_ssh(ToolRef::Builtin(Box::new(tool)), &call.arguments);
             }
-            None => return Err(EngineError::UnknownTool(call.tool.clone())),
+            None => match self.upstreams.as_ref().and_then(|u| u.tool(&call.tool)) {
+                Some(t) => return self.prepare_upstream(t, &call.arguments),
+                None => return Err(EngineError::UnknownTool(call.tool.clone())),
+            },
         };
         if tool.ssh.is_some() {
             return self.prepare_ssh(ToolRef::Manifest(tool), &call.arguments);
@@ -62,6 +65,47 @@ impl Engine {
             secrets,
         };
         Ok((prepared, arguments))
+    }
+
+    /// A call to an upstream MCP server's tool: checked against the upstream's own schema, sent
+    /// as the agent wrote it (the idempotency argument, if the contract names one, is Postern's).
+    fn prepare_upstream(
+        &self,
+        t: crate::upstream::UpstreamTool,
+        arguments: &Value,
+    ) -> Result<(Prepared<'_>, Value), EngineError> {
+        let tool = Tool::upstream(
+            &t.name,
+            &t.description,
+            &t.input_schema,
+            t.contract.clone(),
+            crate::upstream::CALL_TIMEOUT,
+            std::sync::Arc::clone(&t.validator),
+        );
+        let mut arguments = match arguments {
+            Value::Null => json!({}),
+            other => other.clone(),
+        };
+        if let (Some(argument), Value::Object(map)) = (&t.contract.idempotency_argument, &mut arguments) {
+            // Postern fills the key; what the agent put there is not sent and not fingerprinted.
+            map.remove(argument);
+        }
+        let checked = tool.validate_upstream_arguments(&arguments, t.contract.idempotency_argument.as_deref())?;
+        let Value::Object(map) = checked.clone() else {
+            return Err(RecordError::ArgumentsNotObject { found: "non-object" }.into());
+        };
+        let prepared = Prepared {
+            shown_url: format!("mcp://{}/{}", t.server, t.tool),
+            target: Target::Mcp(McpPlan {
+                server: t.server,
+                tool: t.tool,
+                arguments: map,
+                approve_every_use: t.approve_every_use,
+            }),
+            secrets: CallSecrets::default(),
+            tool: ToolRef::Builtin(Box::new(tool)),
+        };
+        Ok((prepared, checked))
     }
 
     /// An SSH tool's call: the host from the vault (the manifest's, or the agent's pick for
@@ -220,6 +264,9 @@ impl Engine {
                 working_dir: plan.working_dir.clone(),
                 command: p.shown_command(plan),
             }),
+            Target::Mcp(plan) => {
+                ActionTarget::Mcp(postern_core::McpAction { server: plan.server.clone(), tool: plan.tool.clone() })
+            }
             Target::Http(plan) => ActionTarget::Http(HttpAction {
                 method: plan.method.clone(),
                 url: p.shown_url.clone(),

@@ -78,9 +78,13 @@ impl Engine {
             RetryDecision::WaitForPrior { .. } => {
                 self.wait_for(id, p.tool.timeout + Duration::from_secs(5), name).await
             }
-            RetryDecision::VerifyPrior { verification: Verification::ResendWithSameKey { .. }, .. } => {
-                self.dispatch_after(p, id, name, true, vec![], Attempt::SameKeyResend).await
-            }
+            RetryDecision::VerifyPrior {
+                verification:
+                    Verification::ResendWithSameKey { .. }
+                    | Verification::ResendWithSameArgument { .. }
+                    | Verification::Resend,
+                ..
+            } => self.dispatch_after(p, id, name, true, vec![], Attempt::SameKeyResend).await,
             RetryDecision::VerifyPrior { verification: Verification::QueryStatus { query }, .. } => {
                 self.query_status(p, id, &query, name).await
             }
@@ -482,10 +486,16 @@ impl Engine {
         decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         let stored = self.store.view().result(id)?;
-        let (mut result, mut ssh) = (None, None);
+        let (mut result, mut ssh, mut upstream) = (None, None, None);
         if let Some(r) = stored {
             match serde_json::from_slice::<HttpResult>(&r.body) {
                 Ok(http) => result = Some(http),
+                Err(_) if r.body.starts_with(b"{\"server\"") => {
+                    upstream = Some(
+                        serde_json::from_slice::<crate::upstream::UpstreamResult>(&r.body)
+                            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?,
+                    );
+                }
                 Err(_) => {
                     ssh = Some(
                         serde_json::from_slice::<crate::ssh::SshResult>(&r.body)
@@ -496,6 +506,7 @@ impl Engine {
         }
         Ok(CallOutcome {
             ssh,
+            upstream,
             ..self.outcome(id, state, true, decision, result, json!({ "returned": "stored_result" }))
         })
     }

@@ -44,6 +44,16 @@ pub const RESERVED_HEADERS: [&str; 5] = ["authorization", "proxy-authorization",
 struct FileSpec {
     #[serde(default, rename = "tool")]
     tools: Vec<toml::Spanned<ToolSpec>>,
+    /// `[servers.<server>.tools.<tool>]`: the owner's word on an upstream MCP server's tools.
+    #[serde(default)]
+    servers: BTreeMap<String, ServerSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerSpec {
+    #[serde(default)]
+    tools: BTreeMap<String, crate::upstream::ToolOverride>,
 }
 
 #[derive(Deserialize)]
@@ -290,6 +300,7 @@ impl Tool {
                     attach_window,
                     scope: c.scope,
                     idempotency_header: c.idempotency_header,
+                    idempotency_argument: None,
                     status_query: c.status_query,
                 })
             }
@@ -361,6 +372,7 @@ impl Tool {
                 },
                 scope: c.scope,
                 idempotency_header: c.idempotency_header,
+                idempotency_argument: None,
                 status_query: c.status_query,
             }),
         };
@@ -394,23 +406,47 @@ impl Tool {
         static VALIDATOR: LazyLock<std::sync::Arc<jsonschema::Validator>> = LazyLock::new(|| {
             std::sync::Arc::new(jsonschema::validator_for(&ssh_exec_schema()).expect("the built-in schema is valid"))
         });
+        let description = "Run one command on an SSH host from Postern's vault (the private key never leaves Postern)";
+        let mut tool = Tool::upstream(
+            SSH_EXEC,
+            description,
+            &ssh_exec_schema(),
+            contract,
+            timeout,
+            std::sync::Arc::clone(&VALIDATOR),
+        );
+        tool.method = "EXEC".into();
+        // The agent's command is used as it is (`render_ssh`): this template is never rendered.
+        tool.ssh = Some(SshTool { host: None, command: Template::literal(""), working_dir: None });
+        tool
+    }
+
+    /// An upstream MCP server's tool as Postern runs it: the upstream's schema (compiled once,
+    /// when the server's tools were listed) and the contract derived for it. (Also the base of
+    /// the built-in `ssh_exec`: a tool with no URL to render.)
+    pub fn upstream(
+        name: &str,
+        description: &str,
+        input_schema: &Value,
+        contract: ReplayContract,
+        timeout: Duration,
+        validator: std::sync::Arc<jsonschema::Validator>,
+    ) -> Tool {
         Tool {
-            name: SSH_EXEC.into(),
-            description: "Run one command on an SSH host from Postern's vault (the private key never leaves Postern)"
-                .into(),
-            method: "EXEC".into(),
+            name: name.into(),
+            description: description.into(),
+            method: "CALL".into(),
             url_template: String::new(),
             url: Template::literal(""),
             headers: BTreeMap::new(),
             body_template: None,
             credential: None,
             timeout,
-            input_schema: ssh_exec_schema(),
+            input_schema: input_schema.clone(),
             contract,
             read_only_by_verb: false,
-            // The agent's command is used as it is (`render_ssh`): this template is never rendered.
-            ssh: Some(SshTool { host: None, command: Template::literal(""), working_dir: None }),
-            validator: std::sync::Arc::clone(&VALIDATOR),
+            ssh: None,
+            validator,
         }
     }
 
@@ -446,6 +482,8 @@ impl Tool {
 #[derive(Debug, Default)]
 pub struct Manifest {
     tools: BTreeMap<String, Tool>,
+    /// Per upstream server, per tool (its own name): contract overrides.
+    server_overrides: BTreeMap<String, BTreeMap<String, crate::upstream::ToolOverride>>,
 }
 
 impl Manifest {
@@ -477,7 +515,20 @@ impl Manifest {
                 Err(message) => errors.push(at(line, Some(&name), message)),
             }
         }
-        if errors.is_empty() { Ok(Manifest { tools }) } else { Err(errors) }
+        let mut server_overrides = BTreeMap::new();
+        for (server, spec) in spec.servers {
+            for (tool, o) in &spec.tools {
+                let (contract, _) = crate::upstream::derive_contract(
+                    &rmcp::model::Tool::new(tool.clone(), "", std::sync::Arc::default()),
+                    Some(o),
+                );
+                if let Err(e) = contract.validate(&format!("{server}__{tool}"), Channel::Mcp) {
+                    errors.push(at(1, Some(&format!("{server}__{tool}")), e.to_string()));
+                }
+            }
+            server_overrides.insert(server, spec.tools);
+        }
+        if errors.is_empty() { Ok(Manifest { tools, server_overrides }) } else { Err(errors) }
     }
 
     pub fn load(path: &Path) -> Result<Manifest, Vec<ManifestError>> {
@@ -488,6 +539,11 @@ impl Manifest {
 
     pub fn tool(&self, name: &str) -> Option<&Tool> {
         self.tools.get(name)
+    }
+
+    /// The owner's contract overrides for upstream MCP servers' tools.
+    pub fn server_overrides(&self) -> &BTreeMap<String, BTreeMap<String, crate::upstream::ToolOverride>> {
+        &self.server_overrides
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &Tool> {

@@ -69,6 +69,26 @@ impl Tool {
         }
     }
 
+    /// [`Tool::validate_arguments`] for an upstream tool whose contract names an idempotency
+    /// argument: checked as it will be sent (with a key there), returned without it (Postern
+    /// fills it with the execution ID at dispatch, the same on every recovery).
+    pub fn validate_upstream_arguments(
+        &self,
+        arguments: &Value,
+        key_argument: Option<&str>,
+    ) -> Result<Value, ArgumentError> {
+        let Some(key) = key_argument else { return self.validate_arguments(arguments) };
+        let mut with_key = arguments.clone();
+        if let Value::Object(map) = &mut with_key {
+            map.insert(key.to_owned(), Value::String("act_00000000000000000000000000".into()));
+        }
+        let mut checked = self.validate_arguments(&with_key)?;
+        if let Value::Object(map) = &mut checked {
+            map.remove(key);
+        }
+        Ok(checked)
+    }
+
     /// Fills in the contract's defaults and checks the arguments against the schema. The error
     /// names the first failing field.
     pub fn validate_arguments(&self, arguments: &Value) -> Result<Value, ArgumentError> {

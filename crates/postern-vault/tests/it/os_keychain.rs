@@ -69,3 +69,40 @@ fn two_installations_never_share_keys_or_secrets() {
     let again = vault(a.path(), keychain());
     assert_eq!(again.journal_public_key().expect("pk"), key);
 }
+
+#[test]
+fn an_mcp_servers_secret_environment_lives_in_the_keychain_is_refused_while_locked_and_goes_with_the_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = keychain();
+    let v = vault(dir.path(), Arc::clone(&kc));
+    let server = postern_vault::McpServer {
+        name: "github".into(),
+        command: "github-mcp".into(),
+        args: vec![],
+        env: [("LOG".to_owned(), "info".to_owned())].into(),
+        secret_env: vec!["GITHUB_TOKEN".into()],
+        approve_every_use: false,
+    };
+    let secret = vec![("GITHUB_TOKEN".to_owned(), Sensitive::new(CANARY.to_owned()))];
+    // The declared secret must be given, and nothing else.
+    let err = v.add_mcp_server(&server, &[], Timestamp::from_millis(3)).unwrap_err();
+    assert!(matches!(err, VaultError::InvalidCredential(_)), "{err}");
+    v.add_mcp_server(&server, &secret, Timestamp::from_millis(3)).expect("add");
+    assert_eq!(v.mcp_server("github").expect("listed"), server);
+    assert!(v.credentials().expect("credentials").is_empty(), "a server is not an HTTP credential");
+    let item = format!("{}/mcp/github/env/GITHUB_TOKEN", v.installation_id());
+    assert_eq!(kc.get(&item).expect("get").expect("present").expose().as_slice(), CANARY.as_bytes());
+    let env = v.mcp_server_secrets(&server).expect("secrets");
+    assert_eq!((env[0].0.as_str(), env[0].1.expose().as_str()), ("GITHUB_TOKEN", CANARY));
+    for entry in std::fs::read_dir(dir.path()).expect("dir") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).expect("read");
+        assert!(!bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()), "canary in {}", path.display());
+    }
+    v.lock("test", Timestamp::from_millis(4)).expect("lock");
+    assert!(matches!(v.mcp_server_secrets(&server), Err(VaultError::Locked)));
+    v.unlock("test", Timestamp::from_millis(5)).expect("unlock");
+    v.remove_mcp_server("github", Timestamp::from_millis(6)).expect("remove");
+    assert!(kc.get(&item).expect("get").is_none(), "the keychain item goes with the server");
+    assert!(matches!(v.mcp_server("github"), Err(VaultError::UnknownMcpServer(_))));
+}

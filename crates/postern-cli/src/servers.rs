@@ -1,0 +1,186 @@
+//! `postern servers …`: the upstream MCP servers whose tools Postern offers agents, each call an
+//! execution. Adding one is the owner's act at a terminal; secret environment values are read
+//! from a hidden prompt or standard input (never argv) straight into the keychain.
+
+use crate::{Failure, render, vault::open};
+use anyhow::{Context, anyhow};
+use postern_host::now;
+use postern_vault::{McpServer, Sensitive};
+use std::{collections::BTreeMap, io::Read, path::Path, process::ExitCode, sync::Arc};
+
+#[derive(clap::Args, Debug)]
+pub struct Add {
+    /// The server's name: its tools are offered as `<name>__<tool>`.
+    name: String,
+    /// A plain (non-secret) environment value for the server: KEY=VALUE; repeat for several.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// An environment value that is a secret (an API token): its value is read from a hidden
+    /// prompt, or one line per --secret-env from standard input, into the keychain.
+    #[arg(long = "secret-env", value_name = "KEY")]
+    secret_env: Vec<String>,
+    /// Ask a reviewer before every call to this server's tools.
+    #[arg(long)]
+    approve_every_use: bool,
+    /// The command that starts the server over stdio, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| Failure { code: 2, error: anyhow!("--env {pair:?} is not KEY=VALUE") })?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let (command, rest) = args.command.split_first().expect("clap requires the command");
+    let server = McpServer {
+        name: args.name,
+        command: command.clone(),
+        args: rest.to_vec(),
+        env,
+        secret_env: args.secret_env,
+        approve_every_use: args.approve_every_use,
+    };
+    server.validate()?;
+    let vault = open(data_dir)?;
+    let secrets = read_secrets(&server.secret_env)?;
+    vault.add_mcp_server(&server, &secrets, now())?;
+    eprintln!(
+        "added MCP server {:?} ({} secret value(s) in the OS keychain); its tools are offered as {}__<tool> by the \
+         gateway (see `postern servers tools {}`)",
+        server.name,
+        secrets.len(),
+        server.name,
+        server.name
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One value per key: hidden prompts at a terminal, else one line each from standard input.
+fn read_secrets(keys: &[String]) -> Result<Vec<(String, Sensitive<String>)>, Failure> {
+    use std::io::IsTerminal;
+    if keys.is_empty() {
+        return Ok(vec![]);
+    }
+    if std::io::stdin().is_terminal() {
+        return keys
+            .iter()
+            .map(|k| {
+                let value = rpassword::prompt_password(format!("{k} (not echoed): ")).context("read secret")?;
+                Ok((k.clone(), Sensitive::new(value)))
+            })
+            .collect();
+    }
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).context("read secrets from standard input")?;
+    let text = Sensitive::new(text);
+    let lines: Vec<&str> = text.expose().lines().collect();
+    if lines.len() < keys.len() {
+        return Err(Failure {
+            code: 2,
+            error: anyhow!(
+                "standard input has {} line(s) but {} secret value(s) were declared ({}); give one line per \
+                 --secret-env, in order",
+                lines.len(),
+                keys.len(),
+                keys.join(", ")
+            ),
+        });
+    }
+    Ok(keys.iter().zip(lines).map(|(k, v)| (k.clone(), Sensitive::new(v.trim_end_matches('\r').to_owned()))).collect())
+}
+
+pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
+    let vault = open(data_dir)?;
+    let servers = vault.mcp_servers()?;
+    if json {
+        let out: Vec<_> = servers
+            .iter()
+            .map(|s| {
+                serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
+                                    "secret_env": s.secret_env, "approve_every_use": s.approve_every_use })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if servers.is_empty() {
+        println!("no MCP servers; add one with `postern servers add NAME [--secret-env KEY]… -- COMMAND ARGS…`");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = render::table(&["server", "command", "environment", "secrets (in the keychain)", "approve every use"]);
+    for s in &servers {
+        t.add_row(vec![
+            s.name.clone(),
+            std::iter::once(s.command.as_str()).chain(s.args.iter().map(String::as_str)).collect::<Vec<_>>().join(" "),
+            s.env.keys().cloned().collect::<Vec<_>>().join(", "),
+            s.secret_env.join(", "),
+            if s.approve_every_use { "yes" } else { "no" }.into(),
+        ]);
+    }
+    println!("{}", t.trim_fmt());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
+    open(data_dir)?.remove_mcp_server(name, now())?;
+    eprintln!("removed MCP server {name:?} and its secret values from the keychain");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the server (as the gateway would), lists its tools with the contract Postern derives
+/// for each, and stops it.
+pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -> Result<ExitCode, Failure> {
+    let vault = open(data_dir)?;
+    vault.mcp_server(name)?;
+    let overrides = crate::serve::manifest(manifest)?.server_overrides().clone();
+    let upstreams = postern_gateway::upstream::Upstreams::new(Arc::clone(&vault), overrides);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let (status, tools) = runtime.block_on(async {
+        upstreams.start_all().await;
+        let status = upstreams.status().await;
+        let tools = upstreams.tools();
+        upstreams.stop_all().await;
+        (status, tools)
+    });
+    let status = status.into_iter().find(|s| s.name == name);
+    if let Some(e) = status.as_ref().and_then(|s| s.last_error.clone()) {
+        return Err(Failure { code: 1, error: anyhow!("MCP server {name:?} did not start: {e}") });
+    }
+    let tools: Vec<_> = tools.into_iter().filter(|t| t.server == name).collect();
+    if json {
+        let out: Vec<_> = tools
+            .iter()
+            .map(|t| {
+                serde_json::json!({ "name": t.name, "tool": t.tool, "contract": t.contract.class.as_str(),
+                                    "contract_from": t.contract_source,
+                                    "idempotency_argument": t.contract.idempotency_argument,
+                                    "approve_every_use": t.approve_every_use, "description": t.description })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = render::table(&["tool (as agents see it)", "replay contract", "from", "approve every use"]);
+    for tool in &tools {
+        let contract = match &tool.contract.idempotency_argument {
+            Some(a) => format!("{} ({a})", tool.contract.class.as_str()),
+            None => tool.contract.class.as_str().to_owned(),
+        };
+        t.add_row(vec![
+            tool.name.clone(),
+            contract,
+            tool.contract_source.to_owned(),
+            if tool.approve_every_use { "yes" } else { "no" }.into(),
+        ]);
+    }
+    println!("{}", t.trim_fmt());
+    eprintln!(
+        "contracts come from the server's annotations (hints only) unless tools.toml overrides them under \
+         [servers.{name}.tools.<tool>]"
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,249 @@
+//! Upstream MCP servers behind the gateway, end to end: a counting server built on the official
+//! Python SDK runs as Postern's child over stdio, an agent on the Python SDK calls its tools
+//! through `postern mcp`, and every effect is counted at the upstream (its own file), not in logs.
+
+use super::gateway_support::{Agent, Gateway, Sdk, repo_root};
+use super::support::{any_file_contains, postern_with};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+const CANARY: &str = "canary-upstream-token-5f1c9e2a7d";
+
+/// Overrides the owner makes for the counting server: `charge` honours an idempotency key.
+const MANIFEST: &str = r#"
+[servers.counter.tools.charge]
+idempotency_argument = "idempotencyKey"
+"#;
+
+struct Upstream {
+    gw: Gateway,
+    dir: tempfile::TempDir,
+    agent: Agent,
+}
+
+fn python() -> PathBuf {
+    repo_root().join("tests/clients/python/.venv/bin/python")
+}
+
+/// `postern servers add NAME` for the counting server keeping its effects in `dir`, with
+/// `stdin` as what the secret prompt reads.
+fn add_counter(data: &Path, dir: &Path, name: &str, stdin: &str) -> super::support::Run {
+    std::fs::write(dir.join("expected_token"), CANARY).unwrap();
+    let counter_dir = format!("COUNTER_DIR={}", dir.display());
+    let script = repo_root().join("tests/upstreams/counting.py");
+    let python = python();
+    let args = ["servers", "add", name, "--env", &counter_dir, "--secret-env", "COUNTER_TOKEN", "--"];
+    let command = [python.to_str().unwrap(), script.to_str().unwrap()];
+    let all: Vec<&str> = args.iter().chain(command.iter()).copied().collect();
+    postern_with(&all, Some(data), Some(stdin), &[])
+}
+
+/// A data directory with the counting server added (its token through stdin), and a gateway
+/// with an agent connected over the stdio bridge.
+fn start() -> Upstream {
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let add = add_counter(data.path(), dir.path(), "counter", &format!("{CANARY}\n"));
+    assert_eq!(add.code, 0, "{}", add.stderr);
+    let gw = Gateway::start_in(data, MANIFEST);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    Upstream { gw, dir, agent }
+}
+
+fn effects(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("effects.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn count(dir: &Path, kind: &str) -> usize {
+    effects(dir).iter().filter(|e| e["kind"] == kind).count()
+}
+
+fn die_after_next_effect(dir: &Path) {
+    std::fs::write(dir.join("die_after_effect"), "").unwrap();
+}
+
+#[test]
+fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_an_execution() {
+    let Upstream { gw, dir, mut agent } = start();
+    let tools = agent.tools();
+    let find = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} in {tools}"))
+    };
+    for (name, contract) in [
+        ("counter__balance", "read_only"),
+        ("counter__set_flag", "idempotent"),
+        ("counter__pay", "irreversible"),
+        ("counter__charge", "idempotency_key"),
+    ] {
+        let t = find(name);
+        assert!(t["description"].as_str().unwrap().contains(&format!("Replay contract: {contract}")), "{t}");
+    }
+    assert_eq!(find("counter__balance")["annotations"]["readOnlyHint"], true);
+    assert_eq!(find("counter__pay")["annotations"]["destructiveHint"], true);
+
+    let read = agent.call_and_wait("read", "counter__balance", json!({}));
+    assert_eq!(read["structured"]["state"], "completed", "{read}");
+    let text = read["text"].to_string();
+    assert!(text.contains(r#"\"token_ok\": true"#), "the secret reached the server's environment: {read}");
+
+    let paid = agent.call_and_wait("pay", "counter__pay", json!({ "amount": 5 }));
+    assert_eq!(paid["structured"]["state"], "completed", "{paid}");
+    assert!(paid["text"].to_string().contains("paid 5"), "{paid}");
+    let id = paid["structured"]["execution_id"].as_str().unwrap().to_owned();
+    let pays: Vec<Value> = effects(dir.path()).into_iter().filter(|e| e["kind"] == "pay").collect();
+    assert_eq!(pays.len(), 1);
+    assert_eq!(pays[0]["execution_id"], id.as_str(), "the execution ID travels in _meta");
+
+    // Journaled as an execution on the mcp channel, with its contract.
+    let accepted =
+        gw.activity().into_iter().find(|r| r["execution_id"] == id.as_str() && r["event"] == "accepted").unwrap();
+    assert_eq!(accepted["detail"]["record"]["channel"], "mcp", "{accepted}");
+    assert_eq!(accepted["detail"]["record"]["target"], json!({ "server": "counter", "tool": "pay" }));
+
+    // Schema-invalid arguments are refused before anything is sent.
+    let bad = agent.call_and_wait("bad", "counter__pay", json!({ "amount": "five" }));
+    assert_eq!(bad["is_error"], true, "{bad}");
+    assert_eq!(count(dir.path(), "pay"), 1);
+
+    // The secret is in no Postern file (journal, WAL, logs) and not in the gateway's log.
+    drop(agent);
+    assert_eq!(any_file_contains(gw.path(), CANARY), None);
+    assert!(!gw.stderr.lock().unwrap().contains(CANARY));
+}
+
+#[test]
+fn an_upstream_that_dies_after_the_effect_is_recovered_by_each_tools_contract() {
+    let Upstream { gw, dir, mut agent } = start();
+    let d = dir.path();
+
+    // Irreversible: unknown, then review; never a second payment.
+    die_after_next_effect(d);
+    let first = agent.call_and_wait("pay1", "counter__pay", json!({ "amount": 7 }));
+    assert_eq!(first["structured"]["state"], "outcome_unknown", "{first}");
+    let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
+    let retry = agent.call_and_wait("pay2", "counter__pay", json!({ "amount": 7 }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["state"], "needs_review", "{retry}");
+    assert_eq!(count(d, "pay"), 1, "one payment at the upstream");
+
+    // Idempotency key: re-sent with the same key, which the upstream dedupes.
+    die_after_next_effect(d);
+    let first = agent.call_and_wait("charge1", "counter__charge", json!({ "amount": 9 }));
+    assert_eq!(first["structured"]["state"], "outcome_unknown", "{first}");
+    let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
+    // While the server cannot even start, the recovery re-send is not sent: still unknown, never
+    // "failed before dispatch" (which would let the next call become a second charge).
+    std::fs::write(d.join("refuse_start"), "").unwrap();
+    let blocked = agent.call_and_wait("charge2", "counter__charge", json!({ "amount": 9 }));
+    assert_eq!(blocked["structured"]["execution_id"], id.as_str(), "{blocked}");
+    assert_eq!(blocked["structured"]["state"], "outcome_unknown", "{blocked}");
+    std::fs::remove_file(d.join("refuse_start")).unwrap();
+    // A failed start is retried after a back-off (1 s after the first failure).
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let retry = agent.call_and_wait("charge3", "counter__charge", json!({ "amount": 9 }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["state"], "completed", "{retry}");
+    assert!(retry["text"].to_string().contains("replayed for key"), "the upstream answered from its key: {retry}");
+    let charges: Vec<Value> = effects(d).into_iter().filter(|e| e["kind"] == "charge").collect();
+    assert_eq!(charges.len(), 1, "one charge at the upstream: {charges:?}");
+    assert_eq!(charges[0]["key"], id.as_str(), "the key is the execution ID");
+
+    // Idempotent: re-sent as it was.
+    die_after_next_effect(d);
+    let first = agent.call_and_wait("flag1", "counter__set_flag", json!({ "name": "deployed" }));
+    assert_eq!(first["structured"]["state"], "outcome_unknown", "{first}");
+    let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
+    let retry = agent.call_and_wait("flag2", "counter__set_flag", json!({ "name": "deployed" }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["state"], "completed", "{retry}");
+    assert!(effects(d).iter().filter(|e| e["kind"] == "set_flag").all(|e| e["execution_id"] == id.as_str()));
+    let events = gw.events_of(&id);
+    assert!(events.iter().filter(|e| *e == "dispatched").count() == 2, "{events:?}");
+}
+
+#[test]
+fn a_gateway_killed_mid_upstream_call_recovers_by_the_same_rules_after_restart() {
+    let Upstream { gw, dir, mut agent } = start();
+    let d = dir.path();
+    std::fs::write(d.join("hold_after_effect"), "").unwrap();
+    agent.call("pay1", "counter__pay", json!({ "amount": 11 }));
+    super::gateway_support::eventually("the payment at the upstream", std::time::Duration::from_secs(20), || {
+        (count(d, "pay") == 1).then_some(())
+    });
+    let gw = gw.crash_and_restart(MANIFEST);
+    std::fs::remove_file(d.join("hold_after_effect")).unwrap();
+    let ids = gw.executions_of("counter__pay");
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let id = ids[0].clone();
+    assert!(gw.events_of(&id).contains(&"outcome_unknown".to_owned()), "{:?}", gw.events_of(&id));
+    // The same agent process (the same run) reconnects and repeats the call: irreversible and
+    // unknown, so it goes to review and nothing is sent again.
+    agent.connect(gw.bridge_command());
+    let retry = agent.call_and_wait("pay2", "counter__pay", json!({ "amount": 11 }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["state"], "needs_review", "{retry}");
+    assert_eq!(count(d, "pay"), 1, "one payment at the upstream");
+}
+
+#[test]
+fn servers_are_added_listed_inspected_and_removed_without_their_secret_showing() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let add = |name: &str, stdin: &str| add_counter(data.path(), dir.path(), name, stdin);
+    let missing = add("counter", "");
+    assert_eq!(missing.code, 2, "no value for the declared secret: {}", missing.stderr);
+    assert!(missing.stderr.contains("COUNTER_TOKEN"), "{}", missing.stderr);
+    let bad = add("a__b", &format!("{CANARY}\n"));
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("separates the server from the tool"), "{}", bad.stderr);
+    assert_eq!(add("counter", &format!("{CANARY}\n")).code, 0);
+    assert_eq!(add("counter", &format!("{CANARY}\n")).code, 2, "a second server of that name");
+
+    let list = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let servers: Value = serde_json::from_str(&list.stdout).unwrap();
+    assert_eq!(servers[0]["name"], "counter");
+    assert_eq!(servers[0]["secret_env"], json!(["COUNTER_TOKEN"]));
+    assert!(!list.stdout.contains(CANARY));
+
+    let manifest = data.path().join("tools.toml");
+    std::fs::write(&manifest, MANIFEST).unwrap();
+    let tools = postern_with(
+        &["servers", "tools", "counter", "--json", "--tools", manifest.to_str().unwrap()],
+        Some(data.path()),
+        None,
+        &[],
+    );
+    assert_eq!(tools.code, 0, "{}", tools.stderr);
+    let tools: Value = serde_json::from_str(&tools.stdout).unwrap();
+    let contract = |name: &str| {
+        tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .map(|t| (t["contract"].clone(), t["contract_from"].clone()))
+    };
+    assert_eq!(contract("counter__balance"), Some((json!("read_only"), json!("annotations"))));
+    assert_eq!(contract("counter__set_flag"), Some((json!("idempotent"), json!("annotations"))));
+    assert_eq!(contract("counter__pay"), Some((json!("irreversible"), json!("default"))));
+    assert_eq!(contract("counter__charge"), Some((json!("idempotency_key"), json!("override"))));
+
+    assert_eq!(any_file_contains(data.path(), CANARY), None, "the secret is only in the keychain");
+    let removed = postern_with(&["servers", "remove", "counter"], Some(data.path()), None, &[]);
+    assert_eq!(removed.code, 0, "{}", removed.stderr);
+    let gone = postern_with(&["servers", "tools", "counter"], Some(data.path()), None, &[]);
+    assert_eq!(gone.code, 2, "{}", gone.stderr);
+    assert!(gone.stderr.contains("no MCP server named \"counter\""), "{}", gone.stderr);
+}

@@ -1,0 +1,479 @@
+//! Upstream MCP servers behind the gateway: each stdio server the owner added to the vault is a
+//! child process Postern speaks MCP to as a client. Its tools are offered to agents namespaced
+//! (`<server>__<tool>`) with a replay contract derived from their annotations, and a forwarded
+//! call's outcome is classified for the journal: never written, answered, or lost in flight.
+
+use postern_core::{AttachWindow, ReplayClass, ReplayContract};
+use postern_vault::{McpServer, Sensitive, Vault, VaultError};
+use rmcp::{
+    ServiceExt,
+    model::{CallToolRequestParams, Tool as RmcpTool},
+    service::{RoleClient, RunningService},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+use tokio::io::AsyncBufReadExt;
+
+/// Separates the server from the tool in the names agents see.
+pub const SEPARATOR: &str = "__";
+/// Clients refuse tool names longer than this.
+pub const MAX_TOOL_NAME: usize = 64;
+/// The `_meta` key every forwarded `tools/call` carries: the execution it belongs to.
+pub const EXECUTION_META: &str = "io.postern/execution_id";
+/// How long a server has to start and answer `initialize` and `tools/list`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a forwarded call may take before its outcome is unknown.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// After a failed start, the next attempt waits this long, doubling with each failure up to
+/// [`MAX_RESTART_BACKOFF`]. A server that ran and then ended is started again on its next use.
+const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What the owner says about one upstream tool, overriding what its annotations suggest.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOverride {
+    pub class: Option<ReplayClass>,
+    /// The argument Postern fills with the execution ID (class `idempotency_key`).
+    pub idempotency_argument: Option<String>,
+    #[serde(default)]
+    pub approve_every_use: bool,
+}
+
+/// One upstream tool as agents see it, with the contract Postern will hold it to.
+#[derive(Clone, Debug)]
+pub struct UpstreamTool {
+    pub server: String,
+    /// The upstream's own name for it.
+    pub tool: String,
+    /// `<server>__<tool>`: the name agents call.
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+    pub contract: ReplayContract,
+    /// Where the contract came from: `annotations`, `override` or `default`.
+    pub contract_source: &'static str,
+    pub approve_every_use: bool,
+    /// The upstream's input schema, compiled once (a schema that does not compile checks nothing).
+    pub validator: Arc<jsonschema::Validator>,
+}
+
+/// Where an upstream tool's contract comes from: the owner's override, else its annotations
+/// (only hints from the server, which is why the contract is shown wherever tools are listed).
+pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayContract, &'static str) {
+    let base = ReplayContract { attach_window: AttachWindow::Millis(15 * 60 * 1000), ..ReplayContract::read_only() };
+    if let Some(o) = over
+        && let Some(class) = o.class
+    {
+        return (ReplayContract { class, idempotency_argument: o.idempotency_argument.clone(), ..base }, "override");
+    }
+    if let Some(argument) = over.and_then(|o| o.idempotency_argument.clone()) {
+        let c = ReplayContract { class: ReplayClass::IdempotencyKey, idempotency_argument: Some(argument), ..base };
+        return (c, "override");
+    }
+    let a = tool.annotations.as_ref();
+    let hint = |f: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| a.and_then(f) == Some(true);
+    if hint(|a| a.read_only_hint) {
+        (ReplayContract { class: ReplayClass::ReadOnly, ..base }, "annotations")
+    } else if hint(|a| a.idempotent_hint) {
+        (ReplayContract { class: ReplayClass::Idempotent, ..base }, "annotations")
+    } else {
+        (ReplayContract { class: ReplayClass::Irreversible, ..base }, "default")
+    }
+}
+
+/// What happened to one forwarded call.
+#[derive(Debug)]
+pub enum UpstreamSent {
+    /// Never written to the server: it is not running and could not be started.
+    NotSent { reason: String },
+    /// The server answered: a tool result (even `isError`) or a JSON-RPC error.
+    Answered(UpstreamResult),
+    /// Written, and then the server died or went silent before answering.
+    Lost { reason: String },
+}
+
+/// An upstream's answer, stored as the execution's result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamResult {
+    pub server: String,
+    pub tool: String,
+    /// The `CallToolResult` as the server sent it, or `{"error": …}` for a JSON-RPC error.
+    pub upstream_result: Value,
+    pub is_error: bool,
+}
+
+/// A server's state as `servers list` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerStatus {
+    pub name: String,
+    /// `running`, `stopped` or `crashed`.
+    pub state: &'static str,
+    pub tools: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+struct Running {
+    service: RunningService<RoleClient, ()>,
+    tools: Vec<RmcpTool>,
+    pid: Option<u32>,
+}
+
+#[derive(Default)]
+struct Slot {
+    running: Option<Arc<Running>>,
+    last_error: Option<String>,
+    /// When the last start failed, and how many failed in a row.
+    failed_at: Option<Instant>,
+    failures: u32,
+}
+
+/// The upstream servers of one gateway: started lazily, restarted after a crash.
+pub struct Upstreams {
+    vault: Arc<Vault>,
+    overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>,
+    slots: tokio::sync::Mutex<HashMap<String, Slot>>,
+    /// The tools of the running servers, for the synchronous paths (tool lists, call preparation).
+    catalogue: Mutex<HashMap<String, UpstreamTool>>,
+}
+
+impl std::fmt::Debug for Upstreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstreams").finish_non_exhaustive()
+    }
+}
+
+impl Upstreams {
+    /// `overrides`: per server, per upstream tool name, what the owner set in `tools.toml`.
+    pub fn new(vault: Arc<Vault>, overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>) -> Self {
+        Upstreams {
+            vault,
+            overrides,
+            slots: tokio::sync::Mutex::new(HashMap::new()),
+            catalogue: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts every server that is not running (each at most once per backoff period); errors
+    /// are kept for `status`, never raised: one broken server does not hide the others.
+    pub async fn start_all(&self) {
+        let Ok(servers) = self.vault.mcp_servers() else { return };
+        let mut slots = self.slots.lock().await;
+        slots.retain(|name, _| servers.iter().any(|s| &s.name == name));
+        let mut started = false;
+        for server in servers {
+            started |= self.ensure(&mut slots, &server).await.is_ok_and(|(_, fresh)| fresh);
+        }
+        if started || self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty() {
+            self.refresh_catalogue(&slots);
+        }
+    }
+
+    /// The tool an agent named, if a running server offers it.
+    pub fn tool(&self, name: &str) -> Option<UpstreamTool> {
+        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).cloned()
+    }
+
+    /// Every upstream tool offered now, by name.
+    pub fn tools(&self) -> Vec<UpstreamTool> {
+        let catalogue = self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut tools: Vec<UpstreamTool> = catalogue.values().cloned().collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools
+    }
+
+    /// Makes sure the server `name` would be for is running, so its tools are known.
+    pub async fn ensure_server_of(&self, tool_name: &str) {
+        let Some((server, _)) = tool_name.split_once(SEPARATOR) else { return };
+        let Ok(server) = self.vault.mcp_server(server) else { return };
+        let mut slots = self.slots.lock().await;
+        if self.ensure(&mut slots, &server).await.is_ok_and(|(_, fresh)| fresh) {
+            self.refresh_catalogue(&slots);
+        }
+    }
+
+    pub async fn status(&self) -> Vec<ServerStatus> {
+        let servers = self.vault.mcp_servers().unwrap_or_default();
+        let slots = self.slots.lock().await;
+        servers
+            .iter()
+            .map(|s| {
+                let slot = slots.get(&s.name);
+                let running = slot.and_then(|s| s.running.as_ref()).filter(|r| !r.service.is_transport_closed());
+                let last_error = slot.and_then(|s| s.last_error.clone());
+                ServerStatus {
+                    name: s.name.clone(),
+                    state: match (running, &last_error) {
+                        (Some(_), _) => "running",
+                        (None, Some(_)) => "crashed",
+                        (None, None) => "stopped",
+                    },
+                    tools: running.map_or(0, |r| r.tools.len()),
+                    pid: running.and_then(|r| r.pid),
+                    last_error,
+                }
+            })
+            .collect()
+    }
+
+    /// Stops every server (their processes are killed when the last handle goes).
+    pub async fn stop_all(&self) {
+        let mut slots = self.slots.lock().await;
+        for (_, slot) in slots.drain() {
+            if let Some(running) = slot.running
+                && let Ok(running) = Arc::try_unwrap(running)
+            {
+                let _ = running.service.cancel().await;
+            }
+        }
+        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+
+    /// Forwards one call. `arguments` are what the agent sent (with the idempotency argument
+    /// filled); `execution` goes into `_meta`.
+    pub async fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        execution: &str,
+        timeout: Duration,
+    ) -> UpstreamSent {
+        let running = {
+            let Ok(def) = self.vault.mcp_server(server) else {
+                return UpstreamSent::NotSent { reason: format!("no MCP server named {server:?} in the vault") };
+            };
+            let mut slots = self.slots.lock().await;
+            match self.ensure(&mut slots, &def).await {
+                Ok((r, fresh)) => {
+                    if fresh {
+                        self.refresh_catalogue(&slots);
+                    }
+                    r
+                }
+                Err(reason) => return UpstreamSent::NotSent { reason },
+            }
+        };
+        let params = json!({ "name": tool, "arguments": arguments, "_meta": { EXECUTION_META: execution } });
+        let params: CallToolRequestParams = match serde_json::from_value(params) {
+            Ok(p) => p,
+            Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
+        };
+        let answer = tokio::time::timeout(timeout, running.service.peer().call_tool(params)).await;
+        let answered = |upstream_result: Value, is_error: bool| {
+            UpstreamSent::Answered(UpstreamResult {
+                server: server.into(),
+                tool: tool.into(),
+                upstream_result,
+                is_error,
+            })
+        };
+        match answer {
+            Ok(Ok(result)) => {
+                let is_error = result.is_error == Some(true);
+                answered(serde_json::to_value(&result).unwrap_or(Value::Null), is_error)
+            }
+            Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
+            Ok(Err(rmcp::ServiceError::UnexpectedResponse)) => answered(
+                json!({ "error": { "message": "the server asked for input or started a task; Postern forwards only \
+                                               final tool results" } }),
+                true,
+            ),
+            Ok(Err(e)) => {
+                UpstreamSent::Lost { reason: format!("the connection to {server:?} ended before it answered: {e}") }
+            }
+            Err(_) => {
+                UpstreamSent::Lost { reason: format!("{server:?} did not answer within {} s", timeout.as_secs()) }
+            }
+        }
+    }
+
+    /// The running server, started if needed (then `true`: its tools may have changed).
+    async fn ensure(
+        &self,
+        slots: &mut HashMap<String, Slot>,
+        server: &McpServer,
+    ) -> Result<(Arc<Running>, bool), String> {
+        let slot = slots.entry(server.name.clone()).or_default();
+        if let Some(r) = &slot.running {
+            if !r.service.is_transport_closed() {
+                return Ok((Arc::clone(r), false));
+            }
+            slot.running = None;
+            slot.last_error = Some("the server's process ended".into());
+            tracing::warn!(server = %server.name, "upstream MCP server ended; it is started again on next use");
+        }
+        if let Some(at) = slot.failed_at {
+            let wait =
+                RESTART_BACKOFF.saturating_mul(1 << slot.failures.min(5).saturating_sub(1)).min(MAX_RESTART_BACKOFF);
+            if at.elapsed() < wait {
+                let last = slot.last_error.clone().unwrap_or_default();
+                return Err(format!("{last} (next start attempt in {} ms)", (wait - at.elapsed()).as_millis()));
+            }
+        }
+        let started = match tokio::time::timeout(START_TIMEOUT, self.start(server)).await {
+            Ok(started) => started,
+            Err(_) => Err(format!("{:?} did not finish starting within {} s", server.name, START_TIMEOUT.as_secs())),
+        };
+        match started {
+            Ok(running) => {
+                let running = Arc::new(running);
+                slot.running = Some(Arc::clone(&running));
+                slot.last_error = None;
+                slot.failed_at = None;
+                slot.failures = 0;
+                Ok((running, true))
+            }
+            Err(e) => {
+                tracing::warn!(server = %server.name, error = %e, "upstream MCP server did not start");
+                slot.last_error = Some(e.clone());
+                slot.failed_at = Some(Instant::now());
+                slot.failures = slot.failures.saturating_add(1);
+                Err(e)
+            }
+        }
+    }
+
+    async fn start(&self, server: &McpServer) -> Result<Running, String> {
+        let secrets = self
+            .vault
+            .mcp_server_secrets(server)
+            .map_err(|e: VaultError| format!("{:?} cannot start: {e}", server.name))?;
+        let mut command = child_command(server, &secrets);
+        let mut child =
+            command.spawn().map_err(|e| format!("{:?} could not be started ({}): {e}", server.name, server.command))?;
+        drop(secrets);
+        let pid = child.id();
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            return Err("the server's standard streams were not available".into());
+        };
+        if let Some(stderr) = child.stderr.take() {
+            let name = server.name.clone();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(server = %name, "upstream stderr: {line}");
+                }
+            });
+        }
+        // The child is owned by a task that reaps it once the transport is gone (kill on drop).
+        let service =
+            ().serve((stdout, stdin))
+                .await
+                .map_err(|e| format!("{:?} did not complete MCP initialization: {e}", server.name))?;
+        let tools = service.peer().list_all_tools().await.map_err(|e| format!("{:?} tools/list: {e}", server.name))?;
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        tracing::info!(server = %server.name, tools = tools.len(), pid, "upstream MCP server started");
+        Ok(Running { service, tools, pid })
+    }
+
+    fn refresh_catalogue(&self, slots: &HashMap<String, Slot>) {
+        let mut catalogue = HashMap::new();
+        for (server, slot) in slots {
+            let Some(running) = &slot.running else { continue };
+            let overrides = self.overrides.get(server);
+            let server_def = self.vault.mcp_server(server).ok();
+            for t in &running.tools {
+                let name = format!("{server}{SEPARATOR}{}", t.name);
+                if name.len() > MAX_TOOL_NAME {
+                    tracing::warn!(%server, tool = %t.name, "upstream tool not offered: its namespaced name is over 64 characters");
+                    continue;
+                }
+                let over = overrides.and_then(|o| o.get(t.name.as_ref()));
+                let (contract, contract_source) = derive_contract(t, over);
+                let input_schema = Value::Object((*t.input_schema).clone());
+                let validator = jsonschema::validator_for(&input_schema).unwrap_or_else(|e| {
+                    tracing::warn!(%server, tool = %t.name, error = %e, "upstream input schema does not compile; arguments are not checked");
+                    jsonschema::validator_for(&json!({})).expect("the empty schema compiles")
+                });
+                catalogue.insert(
+                    name.clone(),
+                    UpstreamTool {
+                        server: server.clone(),
+                        tool: t.name.to_string(),
+                        name,
+                        description: t.description.as_deref().unwrap_or_default().to_owned(),
+                        input_schema,
+                        contract,
+                        contract_source,
+                        approve_every_use: over.is_some_and(|o| o.approve_every_use)
+                            || server_def.as_ref().is_some_and(|s| s.approve_every_use),
+                        validator: Arc::new(validator),
+                    },
+                );
+            }
+        }
+        *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = catalogue;
+    }
+}
+
+/// The child's command: only the declared environment and a minimal PATH/HOME/LANG, never
+/// Postern's own environment; stdout is the MCP stream, stderr goes to Postern's log.
+fn child_command(server: &McpServer, secrets: &[(String, Sensitive<String>)]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(&server.command);
+    command.args(&server.args).env_clear();
+    for key in ["PATH", "HOME", "LANG"] {
+        if let Some(v) = std::env::var_os(key) {
+            command.env(key, v);
+        }
+    }
+    command.envs(&server.env);
+    for (k, v) in secrets {
+        command.env(k, v.expose());
+    }
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::ToolAnnotations;
+
+    fn tool(annotations: Option<ToolAnnotations>) -> RmcpTool {
+        let mut t = RmcpTool::new("t", "a tool", Arc::new(Map::new()));
+        t.annotations = annotations;
+        t
+    }
+
+    #[test]
+    fn contracts_follow_annotations_unless_the_owner_overrides_them() {
+        let class = |t: &RmcpTool, o: Option<&ToolOverride>| derive_contract(t, o).0.class;
+        assert_eq!(class(&tool(None), None), ReplayClass::Irreversible);
+        assert_eq!(class(&tool(Some(ToolAnnotations::new().read_only(true))), None), ReplayClass::ReadOnly);
+        assert_eq!(class(&tool(Some(ToolAnnotations::new().idempotent(true))), None), ReplayClass::Idempotent);
+        // A destructive hint alongside idempotent is still idempotent: repeating has no extra effect.
+        let both = ToolAnnotations::new().idempotent(true).destructive(true);
+        assert_eq!(class(&tool(Some(both)), None), ReplayClass::Idempotent);
+        // The owner's word beats the server's hints, both ways.
+        let keyed = ToolOverride { idempotency_argument: Some("idempotencyKey".into()), ..Default::default() };
+        let (c, source) = derive_contract(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&keyed));
+        assert_eq!(
+            (c.class, c.idempotency_argument.as_deref(), source),
+            (ReplayClass::IdempotencyKey, Some("idempotencyKey"), "override")
+        );
+        let distrust = ToolOverride { class: Some(ReplayClass::Irreversible), ..Default::default() };
+        assert_eq!(
+            class(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&distrust)),
+            ReplayClass::Irreversible
+        );
+        for (t, o) in [(tool(None), None), (tool(None), Some(&keyed))] {
+            let (c, _) = derive_contract(&t, o);
+            c.validate("t", postern_core::Channel::Mcp).expect("derived contracts are valid");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Upstream MCP servers: a stdio server's command, its plain environment and the names of the
+//! environment values that are secrets. The secret values are keychain items; the metadata is a
+//! row of the vault's credentials table (`kind = mcp_server`), journaled like every vault change,
+//! so adding a server is an owner's act with a record, never an agent's.
+
+use crate::VaultError;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+pub(crate) const KIND: &str = "mcp_server";
+
+/// The longest server name: namespaced tool names (`<server>__<tool>`) must stay within the
+/// 64 characters clients accept, so the server's part is kept short.
+pub const MAX_SERVER_NAME: usize = 24;
+
+/// An upstream MCP server Postern launches over stdio (its secret values are in the keychain).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpServer {
+    pub name: String,
+    /// The program, found on `PATH` when it has no `/`.
+    pub command: String,
+    pub args: Vec<String>,
+    /// Environment values that are not secrets, as the owner gave them.
+    pub env: BTreeMap<String, String>,
+    /// Names of environment values kept in the keychain and set only in this child's environment.
+    pub secret_env: Vec<String>,
+    /// Every call to this server's tools needs a reviewer.
+    pub approve_every_use: bool,
+}
+
+impl McpServer {
+    pub fn validate(&self) -> Result<(), VaultError> {
+        let invalid = |m: String| Err(VaultError::InvalidCredential(m));
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= MAX_SERVER_NAME
+            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+            && !self.name.contains("__");
+        if !name_ok {
+            return invalid(format!(
+                "server name {:?} must be 1–{MAX_SERVER_NAME} letters, digits, '-' or '_' (no \"__\": it separates the \
+                 server from the tool in the names agents see)",
+                self.name
+            ));
+        }
+        if self.command.trim().is_empty() {
+            return invalid("a stdio server needs a command (after `--`)".into());
+        }
+        let env_name_ok = |k: &str| {
+            !k.is_empty()
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        };
+        if let Some(bad) = self.env.keys().chain(&self.secret_env).find(|k| !env_name_ok(k)) {
+            return invalid(format!("{bad:?} is not an environment variable name (letters, digits, '_')"));
+        }
+        if let Some(both) = self.secret_env.iter().find(|k| self.env.contains_key(*k)) {
+            return invalid(format!("{both:?} is given both as a plain value and as a secret"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn to_record(&self, created_at: i64) -> postern_store::CredentialRecord {
+        postern_store::CredentialRecord {
+            name: self.name.clone(),
+            kind: KIND.into(),
+            spec: json!({ "transport": "stdio", "command": self.command, "args": self.args, "env": self.env,
+                          "secret_env": self.secret_env }),
+            bindings: json!([]),
+            approve_every_use: self.approve_every_use,
+            created_at,
+        }
+    }
+
+    pub(crate) fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
+        let corrupt = |what: &str| VaultError::InvalidCredential(format!("stored MCP server {:?}: {what}", r.name));
+        let strings = |key: &str| -> Result<Vec<String>, VaultError> {
+            serde_json::from_value(r.spec.get(key).cloned().unwrap_or(Value::Array(vec![]))).map_err(|_| corrupt(key))
+        };
+        Ok(McpServer {
+            name: r.name.clone(),
+            command: r.spec.get("command").and_then(Value::as_str).ok_or_else(|| corrupt("command"))?.to_owned(),
+            args: strings("args")?,
+            env: serde_json::from_value(r.spec.get("env").cloned().unwrap_or(json!({}))).map_err(|_| corrupt("env"))?,
+            secret_env: strings("secret_env")?,
+            approve_every_use: r.approve_every_use,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> McpServer {
+        McpServer {
+            name: "github".into(),
+            command: "npx".into(),
+            args: vec!["-y".into(), "@modelcontextprotocol/server-github".into()],
+            env: BTreeMap::from([("LOG_LEVEL".into(), "info".into())]),
+            secret_env: vec!["GITHUB_TOKEN".into()],
+            approve_every_use: false,
+        }
+    }
+
+    #[test]
+    fn a_server_round_trips_through_its_record() {
+        let s = server();
+        assert_eq!(McpServer::from_record(&s.to_record(1)).expect("reads back"), s);
+    }
+
+    #[test]
+    fn names_that_would_break_namespacing_or_the_environment_are_refused() {
+        for name in ["", "a__b", "has space", "x".repeat(MAX_SERVER_NAME + 1).as_str(), "dot.ted"] {
+            assert!(McpServer { name: name.into(), ..server() }.validate().is_err(), "{name:?}");
+        }
+        assert!(McpServer { secret_env: vec!["1TOKEN".into()], ..server() }.validate().is_err());
+        assert!(McpServer { secret_env: vec!["LOG_LEVEL".into()], ..server() }.validate().is_err());
+        assert!(McpServer { command: " ".into(), ..server() }.validate().is_err());
+        assert!(server().validate().is_ok());
+    }
+}

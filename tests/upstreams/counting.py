@@ -1,0 +1,104 @@
+"""A counting upstream MCP server (official Python SDK, stdio) for Postern's end-to-end tests.
+
+Every side effect is appended to $COUNTER_DIR/effects.jsonl *before* the server answers, so a
+test counts what really happened at the upstream, not what Postern logged. The tools cover the
+replay contracts Postern derives from annotations:
+
+- `balance`   readOnlyHint      -> read_only
+- `set_flag`  idempotentHint    -> idempotent (re-sent after an unknown outcome)
+- `pay`       no hints          -> irreversible (an unknown outcome goes to review)
+- `charge`    takes `idempotencyKey` and honours it (a repeated key is answered from the first
+              effect); the owner names the argument in tools.toml -> idempotency_key
+
+Faults: if $COUNTER_DIR/die_after_effect exists when a side effect is recorded, the server
+deletes the file and exits at once without answering (the effect happened, the answer is lost).
+While $COUNTER_DIR/hold_after_effect exists, a side effect is recorded and the answer waits.
+If $COUNTER_DIR/refuse_start exists, the server exits at start (it cannot be reached at all).
+The secret environment value COUNTER_TOKEN must be set: tools report only whether it matches
+$COUNTER_DIR/expected_token, never the token itself.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
+
+DIR = Path(os.environ["COUNTER_DIR"])
+server = MCPServer("counting")
+
+
+def execution_of(ctx: Context) -> str | None:
+    meta = ctx.request_context.meta
+    if meta is None:
+        return None
+    data = meta.model_dump(by_alias=True) if hasattr(meta, "model_dump") else dict(meta)
+    return data.get("io.postern/execution_id")
+
+
+def token_ok() -> bool:
+    expected = DIR / "expected_token"
+    return expected.exists() and os.environ.get("COUNTER_TOKEN") == expected.read_text()
+
+
+def effect(kind: str, ctx: Context, **fields) -> None:
+    record = {"kind": kind, "execution_id": execution_of(ctx), "token_ok": token_ok(), **fields}
+    with open(DIR / "effects.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    die = DIR / "die_after_effect"
+    if die.exists():
+        die.unlink()
+        os._exit(3)
+    hold = DIR / "hold_after_effect"
+    while hold.exists():
+        time.sleep(0.05)
+
+
+def effects() -> list[dict]:
+    path = DIR / "effects.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def balance(ctx: Context) -> str:
+    """How many effects happened so far."""
+    return json.dumps({"effects": len(effects()), "token_ok": token_ok(), "execution_id": execution_of(ctx)})
+
+
+@server.tool(annotations=ToolAnnotations(idempotentHint=True, destructiveHint=False))
+def set_flag(name: str, ctx: Context) -> str:
+    """Set a named flag (setting it again changes nothing)."""
+    effect("set_flag", ctx, name=name)
+    return f"flag {name} set"
+
+
+@server.tool()
+def pay(amount: int, ctx: Context) -> str:
+    """Pay an amount (irreversible)."""
+    effect("pay", ctx, amount=amount)
+    return f"paid {amount}"
+
+
+@server.tool()
+def charge(amount: int, idempotencyKey: str, ctx: Context) -> str:
+    """Charge an amount once per idempotency key."""
+    for e in effects():
+        if e["kind"] == "charge" and e.get("key") == idempotencyKey:
+            return f"charged {e['amount']} (replayed for key {idempotencyKey})"
+    effect("charge", ctx, amount=amount, key=idempotencyKey)
+    return f"charged {amount}"
+
+
+if __name__ == "__main__":
+    if (DIR / "refuse_start").exists():
+        print("counting upstream refuses to start", file=sys.stderr)
+        sys.exit(4)
+    print("counting upstream starting", file=sys.stderr)
+    server.run("stdio")
