@@ -7,6 +7,7 @@ mod agents;
 mod audit;
 mod bridge;
 mod call;
+mod import;
 mod journal;
 mod location;
 mod render;
@@ -125,6 +126,10 @@ enum ServersCommand {
     },
     /// Remove a server and its secret values from the keychain.
     Remove { name: String },
+    /// Move the MCP servers in your agents' config files (Claude Code, Claude Desktop, Cursor,
+    /// VS Code) into Postern: each secret into the keychain, each config rewritten to `postern
+    /// mcp`. Shows the plan first (secrets by name and length only); `--undo` restores the files.
+    Import(import::ImportArgs),
     /// Start the server, list its tools with the replay contract Postern holds each to, stop it.
     Tools {
         name: String,
@@ -299,6 +304,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             ServersCommand::Add(args) => servers::add(&data_dir, args),
             ServersCommand::List { json } => servers::list(&data_dir, json),
             ServersCommand::Remove { name } => servers::remove(&data_dir, &name),
+            ServersCommand::Import(args) => import::import(&data_dir, args),
             ServersCommand::Tools { name, tools, json } => servers::tools(&data_dir, &name, tools.as_deref(), json),
         },
         Command::Ssh { command: SshCommand::Gc { host, older_than_days } } => {

@@ -340,6 +340,21 @@ impl Vault {
         Ok(())
     }
 
+    /// Keeps the bytes of a file Postern is about to rewrite (an agent config holding plaintext
+    /// tokens) as a keychain item, so the rewrite can be undone without the secrets ever being
+    /// on disk again. `key` names the backup (not a secret).
+    pub fn keep_file_backup(&self, key: &str, bytes: &[u8]) -> Result<(), VaultError> {
+        self.keychain.set(&self.item(&format!("backup/{key}")), bytes)
+    }
+
+    pub fn file_backup(&self, key: &str) -> Result<Option<Sensitive<Vec<u8>>>, VaultError> {
+        self.keychain.get(&self.item(&format!("backup/{key}")))
+    }
+
+    pub fn drop_file_backup(&self, key: &str) -> Result<(), VaultError> {
+        self.keychain.delete(&self.item(&format!("backup/{key}"))).map(|_| ())
+    }
+
     fn ssh_items(&self, name: &str) -> (String, String) {
         (self.item(&format!("ssh/{name}/key")), self.item(&format!("ssh/{name}/passphrase")))
     }

@@ -247,3 +247,94 @@ fn servers_are_added_listed_inspected_and_removed_without_their_secret_showing()
     assert_eq!(gone.code, 2, "{}", gone.stderr);
     assert!(gone.stderr.contains("no MCP server named \"counter\""), "{}", gone.stderr);
 }
+
+/// Every file under `dir` (recursively) that contains `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            hits.extend(files_containing(&path, needle));
+        } else if std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+            hits.push(path);
+        }
+    }
+    hits
+}
+
+#[test]
+fn import_moves_agent_config_secrets_into_the_keychain_and_undo_restores_the_files() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("expected_token"), CANARY).unwrap();
+    let python = python();
+    let script = repo_root().join("tests/upstreams/counting.py");
+    let server = |token: &str| json!({ "command": python, "args": [script], "env": { "COUNTER_DIR": dir.path(), "COUNTER_TOKEN": token } });
+    let claude = serde_json::to_vec_pretty(&json!({
+        "numStartups": 3,
+        "mcpServers": { "counter": server(CANARY) },
+        "projects": { "/src/app": { "allowedTools": [] } },
+    }))
+    .unwrap();
+    let other_canary = "canary-cursor-token-8e3b1a90c4";
+    let cursor = serde_json::to_vec_pretty(&json!({ "mcpServers": { "counter": server(other_canary) } })).unwrap();
+    std::fs::write(home.path().join(".claude.json"), &claude).unwrap();
+    std::fs::create_dir(home.path().join(".cursor")).unwrap();
+    std::fs::write(home.path().join(".cursor/mcp.json"), &cursor).unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let home_env = [("HOME", home.path().to_str().unwrap())];
+    let import = |extra: &[&str]| {
+        let mut args = vec!["servers", "import", "--from", "claude-code", "--from", "cursor"];
+        args.extend_from_slice(extra);
+        postern_with(&args, Some(data.path()), None, &home_env)
+    };
+
+    let plan = import(&["--dry-run"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    assert!(plan.stdout.contains(&format!("COUNTER_TOKEN ({} characters)", CANARY.len())), "{}", plan.stdout);
+    assert!(plan.stdout.contains("2 MCP server(s) with 2 plaintext secret(s)"), "{}", plan.stdout);
+    assert!(!plan.stdout.contains(CANARY) && !plan.stderr.contains(CANARY), "the plan never prints a secret");
+    assert_eq!(std::fs::read(home.path().join(".claude.json")).unwrap(), claude, "a dry run changes nothing");
+    let refused = import(&[]);
+    assert_eq!(refused.code, 2, "no terminal and no --yes: {}", refused.stderr);
+
+    let done = import(&["--yes"]);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    for canary in [CANARY, other_canary] {
+        assert_eq!(files_containing(home.path(), canary), Vec::<PathBuf>::new(), "no secret left under HOME");
+        assert_eq!(files_containing(data.path(), canary), Vec::<PathBuf>::new(), "none in Postern's files");
+    }
+    let after: Value = serde_json::from_slice(&std::fs::read(home.path().join(".claude.json")).unwrap()).unwrap();
+    assert_eq!(after["mcpServers"]["postern"]["args"], json!(["mcp"]), "{after}");
+    assert!(after["mcpServers"]["postern"]["command"].as_str().unwrap().ends_with("postern"));
+    assert_eq!(after["numStartups"], 3, "the rest of the file is kept");
+    let list = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
+    let names: Vec<String> = serde_json::from_str::<Vec<Value>>(&list.stdout)
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["counter", "counter-2"]);
+
+    {
+        // The agent's call reaches the upstream, which has its token in its environment.
+        let mut gw = Gateway::start_in(data, "");
+        let mut agent = Agent::start(Sdk::Python);
+        agent.connect(gw.bridge_command());
+        let read = agent.call_and_wait("read", "counter__balance", json!({}));
+        assert!(read["text"].to_string().contains(r#"\"token_ok\": true"#), "{read}");
+        drop(agent);
+        let stderr = gw.stderr.lock().unwrap().clone();
+        assert!(!stderr.contains(CANARY));
+        // Stop the gateway but keep its data directory.
+        let data = std::mem::replace(&mut gw.data_dir, tempfile::tempdir().unwrap());
+        drop(gw);
+        let data_path = data.path().to_owned();
+        let undone = postern_with(&["servers", "import", "--undo"], Some(&data_path), None, &home_env);
+        assert_eq!(undone.code, 0, "{}", undone.stderr);
+        assert_eq!(std::fs::read(home.path().join(".claude.json")).unwrap(), claude, "the original bytes");
+        assert_eq!(std::fs::read(home.path().join(".cursor/mcp.json")).unwrap(), cursor);
+        let list = postern_with(&["servers", "list", "--json"], Some(&data_path), None, &[]);
+        assert_eq!(list.stdout.trim(), "[]", "the imported servers are removed");
+    }
+}
