@@ -338,3 +338,56 @@ fn import_moves_agent_config_secrets_into_the_keychain_and_undo_restores_the_fil
         assert_eq!(list.stdout.trim(), "[]", "the imported servers are removed");
     }
 }
+
+/// The official reference servers from npm (pinned in tests/clients/ts/package-lock.json), as a
+/// user would add them.
+#[test]
+fn the_reference_servers_run_behind_postern_with_only_their_own_environment() {
+    let data = tempfile::tempdir().unwrap();
+    let allowed = tempfile::tempdir().unwrap();
+    let modules = repo_root().join("tests/clients/ts/node_modules/@modelcontextprotocol");
+    assert!(modules.join("server-everything").exists(), "run the tests through scripts/test.sh (npm ci)");
+    let everything = modules.join("server-everything/dist/index.js");
+    let filesystem = modules.join("server-filesystem/dist/index.js");
+    for (name, args) in [
+        ("everything", vec![everything.to_str().unwrap(), "stdio"]),
+        ("fs", vec![filesystem.to_str().unwrap(), allowed.path().to_str().unwrap()]),
+    ] {
+        let mut all = vec!["servers", "add", name, "--env", "MARKER=declared", "--", "node"];
+        all.extend(args);
+        let add = postern_with(&all, Some(data.path()), None, &[]);
+        assert_eq!(add.code, 0, "{}", add.stderr);
+    }
+    let gw = Gateway::start_with(data, "", &[("POSTERN_TEST_LEAK", "leak-canary-4d2e")]);
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let tools = agent.tools();
+    let description = |name: &str| {
+        tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == name).map(|t| t["description"].to_string())
+    };
+    assert!(description("everything__echo").unwrap().contains("Replay contract: read_only"));
+    assert!(description("fs__write_file").unwrap().contains("Replay contract: idempotent"));
+    assert!(description("fs__move_file").unwrap().contains("Replay contract: irreversible"));
+
+    let echo = agent.call_and_wait("echo", "everything__echo", json!({ "message": "through postern" }));
+    assert_eq!(echo["structured"]["state"], "completed", "{echo}");
+    assert!(echo["text"].to_string().contains("through postern"), "{echo}");
+
+    // The server sees its declared environment, never the gateway's.
+    let env = agent.call_and_wait("env", "everything__get-env", json!({}));
+    let env_text = env["text"].to_string();
+    assert!(env_text.contains("MARKER") && env_text.contains("declared"), "{env}");
+    assert!(!env_text.contains("leak-canary-4d2e") && !env_text.contains("POSTERN_DATA_DIR"), "{env}");
+
+    let target = allowed.path().join("note.txt");
+    let wrote = agent.call_and_wait("write", "fs__write_file", json!({ "path": target, "content": "hello" }));
+    assert_eq!(wrote["structured"]["state"], "completed", "{wrote}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hello");
+    // The server's own refusal is a completed execution whose result is an error.
+    let outside = agent.call_and_wait("outside", "fs__read_text_file", json!({ "path": "/etc/hostname" }));
+    assert_eq!(outside["structured"]["state"], "completed", "{outside}");
+    assert_eq!(outside["is_error"], true, "{outside}");
+    let id = wrote["structured"]["execution_id"].as_str().unwrap();
+    let accepted = gw.activity().into_iter().find(|r| r["execution_id"] == id && r["event"] == "accepted").unwrap();
+    assert_eq!(accepted["detail"]["record"]["target"], json!({ "server": "fs", "tool": "write_file" }), "{accepted}");
+}
