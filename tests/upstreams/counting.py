@@ -14,7 +14,8 @@ Faults: if $COUNTER_DIR/die_after_effect exists when a side effect is recorded, 
 deletes the file and exits at once without answering (the effect happened, the answer is lost).
 While $COUNTER_DIR/hold_after_effect exists, a side effect is recorded and the answer waits.
 If $COUNTER_DIR/refuse_start exists, the server exits at start (it cannot be reached at all).
-The secret environment value COUNTER_TOKEN must be set: tools report only whether it matches
+With `--http PORT` it serves Streamable HTTP on 127.0.0.1 instead, requiring the token as a
+bearer credential. Over stdio the secret environment value COUNTER_TOKEN must be set: tools report only whether it matches
 $COUNTER_DIR/expected_token, never the token itself.
 """
 
@@ -96,9 +97,33 @@ def charge(amount: int, idempotencyKey: str, ctx: Context) -> str:
     return f"charged {amount}"
 
 
+def serve_http(port: int) -> None:
+    """Streamable HTTP on 127.0.0.1:port, behind a bearer check: a request without
+    `Authorization: Bearer <expected_token>` gets 401 and never reaches a tool."""
+    import uvicorn
+
+    expected = f"Bearer {(DIR / 'expected_token').read_text()}".encode()
+    os.environ["COUNTER_TOKEN"] = (DIR / "expected_token").read_text()  # token_ok: only authorized calls get here
+    app = server.streamable_http_app(host="127.0.0.1")
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            with open(DIR / "unauthorized.log", "a") as f:
+                f.write("401\n")
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"bearer token required"})
+            return
+        await app(scope, receive, send)
+
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
+
+
 if __name__ == "__main__":
     if (DIR / "refuse_start").exists():
         print("counting upstream refuses to start", file=sys.stderr)
         sys.exit(4)
     print("counting upstream starting", file=sys.stderr)
-    server.run("stdio")
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        serve_http(int(sys.argv[2]))
+    else:
+        server.run("stdio")

@@ -376,7 +376,7 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
                 args: f.args,
                 env: plain,
                 secret_env: secret.keys().cloned().collect(),
-                approve_every_use: false,
+                ..McpServer::default()
             };
             let values: Vec<(String, Sensitive<String>)> =
                 secret.into_iter().map(|(k, v)| (k, Sensitive::new(v))).collect();
@@ -545,8 +545,7 @@ mod tests {
             let mut taken = BTreeSet::new();
             for f in &found {
                 let name = server_name(&f.key, &taken);
-                let server = McpServer { name: name.clone(), command: "x".into(), args: vec![], env: BTreeMap::new(),
-                                         secret_env: vec![], approve_every_use: false };
+                let server = McpServer { name: name.clone(), command: "x".into(), ..McpServer::default() };
                 prop_assert!(server.validate().is_ok(), "{name:?}");
                 taken.insert(name);
             }

@@ -22,8 +22,15 @@ pub struct Add {
     /// Ask a reviewer before every call to this server's tools.
     #[arg(long)]
     approve_every_use: bool,
+    /// A remote server's Streamable HTTP endpoint (instead of a command).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["env", "secret_env"])]
+    url: Option<String>,
+    /// The vault credential (bearer or header) sent to the remote server; its binding must
+    /// allow the URL.
+    #[arg(long, value_name = "NAME", requires = "url")]
+    credential: Option<String>,
     /// The command that starts the server over stdio, after `--`.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
 }
 
@@ -35,17 +42,48 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
             .ok_or_else(|| Failure { code: 2, error: anyhow!("--env {pair:?} is not KEY=VALUE") })?;
         env.insert(k.to_owned(), v.to_owned());
     }
-    let (command, rest) = args.command.split_first().expect("clap requires the command");
-    let server = McpServer {
-        name: args.name,
-        command: command.clone(),
-        args: rest.to_vec(),
-        env,
-        secret_env: args.secret_env,
-        approve_every_use: args.approve_every_use,
+    let server = match (&args.url, args.command.split_first()) {
+        (Some(_), Some(_)) => {
+            return Err(Failure { code: 2, error: anyhow!("give either --url or a command after `--`, not both") });
+        }
+        (None, None) => {
+            return Err(Failure {
+                code: 2,
+                error: anyhow!("give the command that starts the server after `--`, or --url"),
+            });
+        }
+        (Some(url), None) => McpServer {
+            name: args.name,
+            url: Some(url.clone()),
+            credential: args.credential,
+            approve_every_use: args.approve_every_use,
+            ..McpServer::default()
+        },
+        (None, Some((command, rest))) => McpServer {
+            name: args.name,
+            command: command.clone(),
+            args: rest.to_vec(),
+            env,
+            secret_env: args.secret_env,
+            approve_every_use: args.approve_every_use,
+            ..McpServer::default()
+        },
     };
     server.validate()?;
     let vault = open(data_dir)?;
+    if let (Some(url), Some(name)) = (&server.url, &server.credential) {
+        let credential = vault.credential(name)?;
+        let parsed = url::Url::parse(url).map_err(|e| Failure { code: 2, error: anyhow!("--url: {e}") })?;
+        if !credential.allows(&parsed) {
+            return Err(Failure {
+                code: 2,
+                error: anyhow!(
+                    "credential {name:?} is not bound to {url} (see `postern vault list`); nothing was added"
+                ),
+            });
+        }
+        postern_gateway::http::check_target(&parsed).map_err(|e| Failure { code: 2, error: anyhow!("--url: {e}") })?;
+    }
     let secrets = read_secrets(&server.secret_env)?;
     vault.add_mcp_server(&server, &secrets, now())?;
     eprintln!(
@@ -101,7 +139,8 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
             .iter()
             .map(|s| {
                 serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
-                                    "secret_env": s.secret_env, "approve_every_use": s.approve_every_use })
+                                    "secret_env": s.secret_env, "approve_every_use": s.approve_every_use,
+                                    "url": s.url, "credential": s.credential })
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
@@ -111,11 +150,19 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         println!("no MCP servers; add one with `postern servers add NAME [--secret-env KEY]… -- COMMAND ARGS…`");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut t = render::table(&["server", "command", "environment", "secrets (in the keychain)", "approve every use"]);
+    let mut t =
+        render::table(&["server", "command or URL", "environment", "secrets (in the keychain)", "approve every use"]);
     for s in &servers {
+        let launched = match &s.url {
+            Some(url) => format!("{url} (credential {})", s.credential.as_deref().unwrap_or("none")),
+            None => std::iter::once(s.command.as_str())
+                .chain(s.args.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
         t.add_row(vec![
             s.name.clone(),
-            std::iter::once(s.command.as_str()).chain(s.args.iter().map(String::as_str)).collect::<Vec<_>>().join(" "),
+            launched,
             s.env.keys().cloned().collect::<Vec<_>>().join(", "),
             s.secret_env.join(", "),
             if s.approve_every_use { "yes" } else { "no" }.into(),

@@ -1,5 +1,6 @@
 //! Upstream MCP servers behind the gateway: each stdio server the owner added to the vault is a
-//! child process Postern speaks MCP to as a client. Its tools are offered to agents namespaced
+//! child process Postern speaks MCP to as a client (a remote one, a Streamable HTTP endpoint
+//! reached with a vault credential). Its tools are offered to agents namespaced
 //! (`<server>__<tool>`) with a replay contract derived from their annotations, and a forwarded
 //! call's outcome is classified for the journal: never written, answered, or lost in flight.
 
@@ -343,6 +344,47 @@ impl Upstreams {
     }
 
     async fn start(&self, server: &McpServer) -> Result<Running, String> {
+        match &server.url {
+            Some(url) => self.start_remote(server, url).await,
+            None => self.start_stdio(server).await,
+        }
+    }
+
+    /// A remote Streamable HTTP server, its credential (if any) injected as its header on every
+    /// request; the URL must pass the same target rules as an HTTP tool's, and the credential's
+    /// binding must allow it.
+    async fn start_remote(&self, server: &McpServer, url: &str) -> Result<Running, String> {
+        use rmcp::transport::{
+            StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig,
+        };
+        let name = &server.name;
+        let parsed = url::Url::parse(url).map_err(|e| format!("{name:?}: the URL {url:?} does not parse: {e}"))?;
+        crate::http::check_target(&parsed).map_err(|e| format!("{name:?}: {e}"))?;
+        let mut headers = HashMap::new();
+        if let Some(credential) = &server.credential {
+            let c = self.vault.credential(credential).map_err(|e| format!("{name:?} cannot start: {e}"))?;
+            if !c.allows(&parsed) {
+                return Err(format!("{name:?}: credential {credential:?} is not bound to {url}"));
+            }
+            let secret = self.vault.secret_of(&c).map_err(|e| format!("{name:?} cannot start: {e}"))?;
+            let injected = crate::http::InjectedCredential::new(&c.kind, secret);
+            let header = http::HeaderName::from_bytes(injected.header.as_bytes())
+                .map_err(|_| format!("{name:?}: {:?} is not a header name", injected.header))?;
+            let mut value = http::HeaderValue::from_str(injected.value.expose())
+                .map_err(|_| format!("{name:?}: credential {credential:?} cannot be a header value"))?;
+            value.set_sensitive(true);
+            headers.insert(header, value);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+        let transport = StreamableHttpClientTransport::with_client(crate::http::client(), config);
+        let service =
+            ().serve(transport).await.map_err(|e| format!("{name:?} did not complete MCP initialization: {e}"))?;
+        let tools = service.peer().list_all_tools().await.map_err(|e| format!("{name:?} tools/list: {e}"))?;
+        tracing::info!(server = %name, tools = tools.len(), %url, "remote upstream MCP server connected");
+        Ok(Running { service, tools, pid: None })
+    }
+
+    async fn start_stdio(&self, server: &McpServer) -> Result<Running, String> {
         let secrets = self
             .vault
             .mcp_server_secrets(server)

@@ -13,11 +13,12 @@ pub(crate) const KIND: &str = "mcp_server";
 /// 64 characters clients accept, so the server's part is kept short.
 pub const MAX_SERVER_NAME: usize = 24;
 
-/// An upstream MCP server Postern launches over stdio (its secret values are in the keychain).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An upstream MCP server: one Postern launches over stdio (its secret values are in the
+/// keychain), or a remote Streamable HTTP server reached with a vault credential.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct McpServer {
     pub name: String,
-    /// The program, found on `PATH` when it has no `/`.
+    /// The program, found on `PATH` when it has no `/` (empty for a remote server).
     pub command: String,
     pub args: Vec<String>,
     /// Environment values that are not secrets, as the owner gave them.
@@ -26,6 +27,10 @@ pub struct McpServer {
     pub secret_env: Vec<String>,
     /// Every call to this server's tools needs a reviewer.
     pub approve_every_use: bool,
+    /// A remote server's Streamable HTTP endpoint.
+    pub url: Option<String>,
+    /// The vault credential (bearer or header) sent to a remote server; its binding must allow `url`.
+    pub credential: Option<String>,
 }
 
 impl McpServer {
@@ -41,6 +46,21 @@ impl McpServer {
                  server from the tool in the names agents see)",
                 self.name
             ));
+        }
+        if let Some(url) = &self.url {
+            let parsed =
+                url::Url::parse(url).map_err(|e| VaultError::InvalidCredential(format!("--url {url:?}: {e}")))?;
+            if !matches!(parsed.scheme(), "https" | "http") {
+                return invalid(format!("--url {url:?} must be https (or http to a loopback address)"));
+            }
+            if !self.command.is_empty() || !self.args.is_empty() || !self.env.is_empty() || !self.secret_env.is_empty()
+            {
+                return invalid("a remote server (--url) has no command or environment".into());
+            }
+            return Ok(());
+        }
+        if self.credential.is_some() {
+            return invalid("--credential is for a remote server (--url); a stdio server takes --secret-env".into());
         }
         if self.command.trim().is_empty() {
             return invalid("a stdio server needs a command (after `--`)".into());
@@ -63,8 +83,11 @@ impl McpServer {
         postern_store::CredentialRecord {
             name: self.name.clone(),
             kind: KIND.into(),
-            spec: json!({ "transport": "stdio", "command": self.command, "args": self.args, "env": self.env,
-                          "secret_env": self.secret_env }),
+            spec: match &self.url {
+                Some(url) => json!({ "transport": "http", "url": url, "credential": self.credential }),
+                None => json!({ "transport": "stdio", "command": self.command, "args": self.args, "env": self.env,
+                                "secret_env": self.secret_env }),
+            },
             bindings: json!([]),
             approve_every_use: self.approve_every_use,
             created_at,
@@ -76,13 +99,25 @@ impl McpServer {
         let strings = |key: &str| -> Result<Vec<String>, VaultError> {
             serde_json::from_value(r.spec.get(key).cloned().unwrap_or(Value::Array(vec![]))).map_err(|_| corrupt(key))
         };
+        let text = |key: &str| r.spec.get(key).and_then(Value::as_str).map(str::to_owned);
+        if r.spec.get("transport").and_then(Value::as_str) == Some("http") {
+            return Ok(McpServer {
+                name: r.name.clone(),
+                url: Some(text("url").ok_or_else(|| corrupt("url"))?),
+                credential: text("credential"),
+                approve_every_use: r.approve_every_use,
+                ..McpServer::default()
+            });
+        }
         Ok(McpServer {
             name: r.name.clone(),
-            command: r.spec.get("command").and_then(Value::as_str).ok_or_else(|| corrupt("command"))?.to_owned(),
+            command: text("command").ok_or_else(|| corrupt("command"))?,
             args: strings("args")?,
             env: serde_json::from_value(r.spec.get("env").cloned().unwrap_or(json!({}))).map_err(|_| corrupt("env"))?,
             secret_env: strings("secret_env")?,
             approve_every_use: r.approve_every_use,
+            url: None,
+            credential: None,
         })
     }
 }
@@ -99,6 +134,8 @@ mod tests {
             env: BTreeMap::from([("LOG_LEVEL".into(), "info".into())]),
             secret_env: vec!["GITHUB_TOKEN".into()],
             approve_every_use: false,
+            url: None,
+            credential: None,
         }
     }
 
@@ -106,6 +143,17 @@ mod tests {
     fn a_server_round_trips_through_its_record() {
         let s = server();
         assert_eq!(McpServer::from_record(&s.to_record(1)).expect("reads back"), s);
+        let remote = McpServer {
+            name: "linear".into(),
+            url: Some("https://mcp.linear.app/mcp".into()),
+            credential: Some("linear-api".into()),
+            ..McpServer::default()
+        };
+        remote.validate().expect("valid");
+        assert_eq!(McpServer::from_record(&remote.to_record(1)).expect("reads back"), remote);
+        assert!(McpServer { command: "x".into(), ..remote.clone() }.validate().is_err());
+        assert!(McpServer { url: Some("ftp://x/".into()), ..remote }.validate().is_err());
+        assert!(McpServer { credential: Some("c".into()), ..server() }.validate().is_err());
     }
 
     #[test]

@@ -391,3 +391,59 @@ fn the_reference_servers_run_behind_postern_with_only_their_own_environment() {
     let accepted = gw.activity().into_iter().find(|r| r["execution_id"] == id && r["event"] == "accepted").unwrap();
     assert_eq!(accepted["detail"]["record"]["target"], json!({ "server": "fs", "tool": "write_file" }), "{accepted}");
 }
+
+#[test]
+fn a_remote_upstream_gets_its_vault_credential_and_its_calls_are_executions() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("expected_token"), CANARY).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut upstream = std::process::Command::new(python())
+        .arg(repo_root().join("tests/upstreams/counting.py"))
+        .args(["--http", &port.to_string()])
+        .env("COUNTER_DIR", dir.path())
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    super::gateway_support::eventually("the remote upstream listening", std::time::Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    let host = format!("127.0.0.1:{port}");
+    let url = format!("http://{host}/mcp");
+    let cred = postern_with(
+        &["vault", "add", "counter-api", "--kind", "bearer", "--host", &host],
+        Some(data.path()),
+        Some(&format!("{CANARY}\n")),
+        &[],
+    );
+    assert_eq!(cred.code, 0, "{}", cred.stderr);
+    let unbound = postern_with(
+        &["servers", "add", "remote", "--url", "http://127.0.0.1:1/mcp", "--credential", "counter-api"],
+        Some(data.path()),
+        None,
+        &[],
+    );
+    assert_eq!(unbound.code, 2, "a credential is only sent where it is bound: {}", unbound.stderr);
+    let add = postern_with(
+        &["servers", "add", "remote", "--url", &url, "--credential", "counter-api"],
+        Some(data.path()),
+        None,
+        &[],
+    );
+    assert_eq!(add.code, 0, "{}", add.stderr);
+    let gw = Gateway::start_in(data, "");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let paid = agent.call_and_wait("pay", "remote__pay", json!({ "amount": 4 }));
+    assert_eq!(paid["structured"]["state"], "completed", "{paid}");
+    let id = paid["structured"]["execution_id"].as_str().unwrap();
+    let pays: Vec<Value> = effects(dir.path()).into_iter().filter(|e| e["kind"] == "pay").collect();
+    assert_eq!(pays.len(), 1);
+    assert_eq!(pays[0]["execution_id"], id, "the execution ID travels in _meta over HTTP too");
+    assert!(!dir.path().join("unauthorized.log").exists(), "every request carried the credential");
+    drop(agent);
+    assert_eq!(any_file_contains(gw.path(), CANARY), None);
+    assert!(!gw.stderr.lock().unwrap().contains(CANARY));
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+}

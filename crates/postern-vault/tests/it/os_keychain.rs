@@ -81,7 +81,7 @@ fn an_mcp_servers_secret_environment_lives_in_the_keychain_is_refused_while_lock
         args: vec![],
         env: [("LOG".to_owned(), "info".to_owned())].into(),
         secret_env: vec!["GITHUB_TOKEN".into()],
-        approve_every_use: false,
+        ..postern_vault::McpServer::default()
     };
     let secret = vec![("GITHUB_TOKEN".to_owned(), Sensitive::new(CANARY.to_owned()))];
     // The declared secret must be given, and nothing else.
