@@ -15,195 +15,16 @@
 
 use axum::{Router, routing::get};
 use postern_core::Timestamp;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::Digest;
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use std::{sync::Arc, time::Duration};
 
 mod common;
-use common::{Figures, figures, ms};
-
-/// Runs `calls` calls on `concurrency` workers; each worker owns its connection (`setup`), handed
-/// back at the end.
-async fn run<C, S, SF, F, Fut>(concurrency: usize, calls: usize, setup: S, f: F) -> (Figures, Vec<C>)
-where
-    C: Send + 'static,
-    S: Fn() -> SF,
-    SF: std::future::Future<Output = C>,
-    F: Fn(&mut C, usize) -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let per_task = calls / concurrency;
-    let mut conns = Vec::new();
-    for _ in 0..concurrency {
-        conns.push(setup().await);
-    }
-    let started = Instant::now();
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .enumerate()
-        .map(|(t, mut conn)| {
-            let f = f.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(per_task);
-                for i in 0..per_task {
-                    let t0 = Instant::now();
-                    f(&mut conn, t * 1_000_000 + i).await;
-                    latencies.push(t0.elapsed());
-                }
-                (latencies, conn)
-            })
-        })
-        .collect();
-    let mut all = Vec::with_capacity(calls);
-    let mut conns = Vec::with_capacity(concurrency);
-    for t in tasks {
-        let (latencies, conn) = t.await.expect("task");
-        all.extend(latencies);
-        conns.push(conn);
-    }
-    (figures(all, started.elapsed()), conns)
-}
-
-fn call_line(id: usize, n: usize) -> String {
-    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"read","arguments":{"n":n}}}).to_string()
-}
-
-const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
-const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-
-/// A newline-JSON-RPC MCP session over any byte stream.
-struct LineSession<R, W> {
-    read: BufReader<R>,
-    write: W,
-    buf: String,
-}
-
-impl<R: tokio::io::AsyncRead + Unpin, W: tokio::io::AsyncWrite + Unpin> LineSession<R, W> {
-    async fn open(read: R, write: W) -> Self {
-        let mut s = LineSession { read: BufReader::new(read), write, buf: String::new() };
-        s.send(INIT).await;
-        s.answer().await;
-        s.send(INITIALIZED).await;
-        s
-    }
-
-    async fn send(&mut self, line: &str) {
-        self.write.write_all(line.as_bytes()).await.expect("write");
-        self.write.write_all(b"\n").await.expect("write");
-        self.write.flush().await.expect("flush");
-    }
-
-    async fn answer(&mut self) -> Value {
-        self.buf.clear();
-        self.read.read_line(&mut self.buf).await.expect("read");
-        serde_json::from_str(&self.buf).expect("json")
-    }
-
-    async fn call(&mut self, n: usize) {
-        self.send(&call_line(n + 1, n)).await;
-        let answer = self.answer().await;
-        assert_eq!(answer["result"]["structuredContent"]["state"], "completed", "{answer}");
-    }
-}
-
-#[derive(Clone)]
-struct HttpSession {
-    client: reqwest::Client,
-    url: String,
-    token: String,
-    session: String,
-    /// Protocol 2026-07-28: no session, the version in every request's `_meta`.
-    stateless: bool,
-}
-
-impl HttpSession {
-    fn post(&self, body: String) -> reqwest::RequestBuilder {
-        let mut r = self
-            .client
-            .post(&self.url)
-            .header("authorization", format!("Bearer {}", self.token))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", if self.stateless { "2026-07-28" } else { "2025-11-25" })
-            .body(body);
-        if !self.session.is_empty() {
-            r = r.header("mcp-session-id", &self.session);
-        }
-        r
-    }
-
-    /// `fresh`: no idle connection is kept, so every POST opens a new TCP connection (what
-    /// rmcp's default client does).
-    async fn open(url: String, token: String, fresh: bool, stateless: bool) -> Self {
-        let mut builder = reqwest::Client::builder().no_proxy();
-        if fresh {
-            builder = builder.pool_max_idle_per_host(0);
-        }
-        let client = builder.build().expect("client");
-        let mut s = HttpSession { client, url, token, session: String::new(), stateless };
-        if stateless {
-            return s;
-        }
-        let answer = s.post(INIT.into()).send().await.expect("initialize");
-        s.session = answer.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-        answer.bytes().await.expect("body");
-        s.post(INITIALIZED.into()).send().await.expect("initialized").bytes().await.expect("body");
-        s
-    }
-
-    /// Ends the session, as a well-behaved client does.
-    async fn close(&self) {
-        if self.stateless {
-            return;
-        }
-        let mut r = self.client.delete(&self.url).header("authorization", format!("Bearer {}", self.token));
-        r = r.header("mcp-session-id", &self.session).header("mcp-protocol-version", "2025-11-25");
-        let _ = r.send().await;
-    }
-
-    async fn call(&self, n: usize) {
-        let line = if self.stateless {
-            json!({"jsonrpc":"2.0","id":n + 1,"method":"tools/call","params":{"name":"read","arguments":{"n":n},
-                "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities":{},
-                "io.modelcontextprotocol/clientInfo":{"name":"bench","version":"1"}}}})
-            .to_string()
-        } else {
-            call_line(n + 1, n)
-        };
-        let mut request = self.post(line);
-        if self.stateless {
-            // SEP-2243: the method and tool name as headers too.
-            request = request.header("mcp-method", "tools/call").header("mcp-name", "read");
-        }
-        let body = request.send().await.expect("call").text().await.expect("body");
-        assert!(body.contains("\"completed\""), "{body}");
-    }
-}
-
-/// One Streamable HTTP row: `concurrency` sessions against `url`, `calls` in all; `fresh`: a new
-/// TCP connection for every call.
-async fn http_row(concurrency: usize, calls: usize, url: &str, token: &str, fresh: bool, stateless: bool) -> Figures {
-    let (url, token) = (url.to_owned(), token.to_owned());
-    let (figures, sessions) = run(
-        concurrency,
-        calls,
-        move || HttpSession::open(url.clone(), token.clone(), fresh, stateless),
-        |s: &mut HttpSession, n| {
-            let s = s.clone();
-            async move { s.call(n).await }
-        },
-    )
-    .await;
-    for s in sessions {
-        s.close().await;
-    }
-    figures
-}
+use common::{
+    Figures,
+    clients::{LineSession, client_process, http_row, report, run},
+    ms,
+};
 
 /// The floor: a minimal rmcp Streamable HTTP server whose one tool does the same GET (with the
 /// same bearer header) itself — no vault, no journal, no identity, no ladder.
@@ -228,10 +49,7 @@ impl rmcp::ServerHandler for Floor {
         _request: Option<rmcp::model::PaginatedRequestParams>,
         _context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
-        let schema = json!({ "type": "object", "properties": { "n": { "type": "integer" } } });
-        let tool =
-            rmcp::model::Tool::new("read", "GET the target", Arc::new(schema.as_object().cloned().unwrap_or_default()));
-        Ok(rmcp::model::ListToolsResult::with_all_items(vec![tool]))
+        Ok(common::clients::read_tool_list("GET the target", false))
     }
 
     async fn call_tool(
@@ -250,9 +68,7 @@ impl rmcp::ServerHandler for Floor {
             .text()
             .await
             .map_err(|e| rmcp::ErrorData::internal_error(e.to_string(), None))?;
-        let mut result = rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(body)]);
-        result.structured_content = Some(json!({ "state": "completed" }));
-        Ok(rmcp::model::CallToolResponse::Complete(result))
+        Ok(common::clients::completed(body))
     }
 }
 
@@ -310,7 +126,7 @@ fn client(spec: &str) {
                         let path = path.clone();
                         async move {
                             let (r, w) = tokio::net::UnixStream::connect(&path).await.expect("connect").into_split();
-                            Arc::new(tokio::sync::Mutex::new(LineSession::open(r, w).await))
+                            Arc::new(tokio::sync::Mutex::new(LineSession::open(r, w, "read").await))
                         }
                     },
                     |s: &mut Arc<tokio::sync::Mutex<_>>, n| {
@@ -321,11 +137,11 @@ fn client(spec: &str) {
                 .await
                 .0
             }
-            "json" => http_row(concurrency, calls, target, token, false, true).await,
-            fresh => http_row(concurrency, calls, target, token, fresh == "fresh", false).await,
+            "json" => http_row(concurrency, calls, target, token, "read", false, true).await,
+            fresh => http_row(concurrency, calls, target, token, "read", fresh == "fresh", false).await,
         }
     });
-    println!("{} {} {}", f.p50.as_nanos(), f.p99.as_nanos(), f.per_sec);
+    report(&f);
 }
 
 /// One row from a client process, with this (the server) process's CPU and bytes written per call.
@@ -343,26 +159,13 @@ async fn row(via: Via, target: &str, token: &str, concurrency: usize, calls: usi
         Via::Json => "json",
     };
     let (cpu, bytes) = (common::cpu_time(), common::bytes_written());
-    let out = tokio::process::Command::new(std::env::current_exe().expect("exe"))
-        .arg("--bench")
-        .env("POSTERN_BENCH_CLIENT", format!("{how} {target} {token} {concurrency} {calls}"))
-        .env_remove("POSTERN_BENCH_HOLD")
-        .output()
-        .await
-        .expect("client");
-    assert!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
+    let figures = client_process(format!("{how} {target} {token} {concurrency} {calls}")).await;
     // What the row set in motion lands on disk after its last answer (delivery records, the
     // WAL checkpoint): counted with the row that caused it, not the next one.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: Vec<f64> = text.split_whitespace().map(|f| f.parse().expect("figure")).collect();
     let calls = calls as f64;
     Row {
-        figures: Figures {
-            p50: Duration::from_nanos(v[0] as u64),
-            p99: Duration::from_nanos(v[1] as u64),
-            per_sec: v[2],
-        },
+        figures,
         cpu_per_call: (common::cpu_time().saturating_sub(cpu)).div_f64(calls),
         bytes_per_call: common::bytes_written().zip(bytes).map(|(after, before)| (after - before) as f64 / calls),
     }
@@ -379,11 +182,7 @@ fn print(name: &str, r: &Row, floor: Option<&Row>) {
         ms(r.cpu_per_call)
     );
     match floor {
-        Some(floor) => println!(
-            "  | {:.2}x floor, p50 {:+.3} ms",
-            f.per_sec / floor.figures.per_sec,
-            ms(f.p50) - ms(floor.figures.p50)
-        ),
+        Some(floor) => println!("  {}", common::versus(f, &floor.figures, "floor")),
         None => println!(),
     }
 }

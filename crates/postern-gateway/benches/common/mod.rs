@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each bench uses its own subset
 
+pub mod clients;
+
 use postern_core::Timestamp;
 use postern_gateway::{Engine, LockOnlyApprover, Manifest};
 use postern_store::Store;
@@ -23,6 +25,11 @@ pub fn figures(mut latencies: Vec<Duration>, wall: Duration) -> Figures {
 
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// `| 0.42x <base>, p50 +0.123 ms`: a row against its baseline.
+pub fn versus(f: &Figures, base: &Figures, label: &str) -> String {
+    format!("| {:.2}x {label}, p50 {:+.3} ms", f.per_sec / base.per_sec, ms(f.p50) - ms(base.p50))
 }
 
 /// The name of the bearer credential every bench tool uses, bound to 127.0.0.1.
