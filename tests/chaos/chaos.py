@@ -8,9 +8,12 @@ a real OpenSSH sshd on loopback whose commands append to a ledger file (the SSH 
 
 Each schedule is one intent (a unique amount) of one agent process. Its plan is drawn from
 `random.Random(f"{seed}:{index}")`: the tool (idempotency-key payment, status-query payment,
-irreversible wire, or an SSH command under the marker protocol or irreversible), the
+irreversible wire, an SSH command under the marker protocol or irreversible, or a tool of an
+upstream MCP server — tests/upstreams/counting.py over stdio, Postern's child — that is
+irreversible or keyed by an idempotency argument), the
 transport, a fault at the target for the first request (cut before, reset after the effect, half
-an answer, stall beyond the timeout, slow), and a fault of a process at a random instant (SIGKILL
+an answer, stall beyond the timeout, slow; for an upstream tool, the server killed after the
+effect and before its answer), and a fault of a process at a random instant (SIGKILL
 of the bridge or of the agent's HTTP connection, SIGKILL or SIGTERM of the gateway then a
 restart, SIGKILL of the agent, or a crash point armed at one of the gateway's durable boundaries
 — before/after `dispatched` or `completed` is committed, before the send, before the response is
@@ -61,7 +64,9 @@ def agent_command(sdk, python):
     """The agent process for an SDK: the official Python or TypeScript MCP SDK, same line protocol."""
     return [python, str(AGENT)] if sdk == "python" else ["node", str(TS_AGENT)]
 
-TOOLS = ["pay", "pay", "wire", "pay_checked", "ssh_pay", "ssh_wire"]
+TOOLS = ["pay", "pay", "wire", "pay_checked", "ssh_pay", "ssh_wire", "up__pay", "up__charge"]
+# The upstream MCP server (tests/upstreams/counting.py) Postern runs as its child.
+COUNTING_UPSTREAM = HERE.parent / "upstreams" / "counting.py"
 TARGET_FAULTS = ["none", "none", "slow", "stall", "cut_before", "reset_after", "mid_response"]
 PROCESS_FAULTS = ["none", "kill_bridge", "kill_bridge", "kill_gateway", "kill_gateway", "term_gateway", "kill_agent",
                   "crash_point", "crash_point"]
@@ -80,6 +85,7 @@ ATTEMPTS = 8
 
 def manifest(port, ssh_effects=None):
     base = f"http://127.0.0.1:{port}"
+    upstream = '\n[servers.up.tools.charge]\nidempotency_argument = "idempotencyKey"\n'
     schema = '{ type = "object", properties = { amount = { type = "integer" } }, required = ["amount"] }'
     ssh = "" if ssh_effects is None else f"""
 [[tool]]
@@ -98,7 +104,7 @@ timeout = "2s"
 input_schema = {schema}
 contract = {{ class = "irreversible" }}
 """
-    return ssh + f"""
+    return upstream + ssh + f"""
 [[tool]]
 name = "pay_checked"
 description = "Make a payment; an uncertain attempt is checked at the target's status endpoint."
@@ -291,6 +297,25 @@ class Agent:
         self.proc.wait()
 
 
+def add_upstream(gw, counter_dir):
+    """The counting upstream as a vault server, its token a keychain secret."""
+    (counter_dir / "expected_token").write_text("chaos-upstream-token")
+    run = subprocess.run(
+        [gw.postern, "servers", "add", "up", "--env", f"COUNTER_DIR={counter_dir}", "--secret-env", "COUNTER_TOKEN",
+         "--", sys.executable, str(COUNTING_UPSTREAM)],
+        env=gw.env, input="chaos-upstream-token\n", capture_output=True, text=True, timeout=60)
+    if run.returncode != 0:
+        raise Violation(f"servers add failed: {run.stderr}")
+
+
+def upstream_effects(counter_dir, intent):
+    path = counter_dir / "effects.jsonl"
+    if not path.exists():
+        return 0
+    records = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return sum(1 for r in records if r.get("amount") == int(intent) and r.get("kind") in ("pay", "charge"))
+
+
 def timeline(gw, execution_id):
     with gw.db() as db:
         rows = db.execute(
@@ -299,7 +324,8 @@ def timeline(gw, execution_id):
     return [{"seq": s, "event": e, "state": st, "detail": json.loads(b)["payload"].get("detail")} for s, e, st, b in rows]
 
 
-def run_schedule(index, seed, gw, target_port, python, token, figures, told, verbose, only_fault=None):
+def run_schedule(index, seed, gw, target_port, python, token, figures, told, verbose, only_fault=None,
+                 counter_dir=None):
     rng = random.Random(f"{seed}:{index}")
     tool = rng.choice(TOOLS)
     transport = rng.choice(["stdio", "http"])
@@ -321,6 +347,14 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
         # Re-armed: the gateway restarts with the point armed for this schedule's first call.
         gw.kill(signal.SIGTERM)
         gw.start(crash_point=crash_point)
+    die = counter_dir / "die_after_effect"
+    die.unlink(missing_ok=True)
+    if tool.startswith("up__"):
+        # At an upstream server the fault is the server dying after the effect, before its answer.
+        target_fault = "upstream_dies" if target_fault in ("reset_after", "mid_response", "stall", "cut_before") else "none"
+        plan["target_fault"] = target_fault
+        if target_fault == "upstream_dies":
+            die.write_text("")
     figures["target_faults"][target_fault] += 1
     figures["process_faults"][process_fault] += 1
     figures["transports"][transport] += 1
@@ -424,9 +458,9 @@ def check_nothing_lost(gw, told):
         raise Violation(f"executions an agent was told about are missing from the journal: {lost}")
 
 
-def check_schedule(gw, ledger, plan, answers, success, effects_file):
+def check_schedule(gw, ledger, plan, answers, success, effects_file, counter_dir):
     intent = plan["intent"]
-    effects = ledger.count(intent) + ssh_effects(effects_file, intent)
+    effects = ledger.count(intent) + ssh_effects(effects_file, intent) + upstream_effects(counter_dir, intent)
     with gw.db() as db:
         ids = [r[0] for r in db.execute(
             "SELECT id FROM executions WHERE json_extract(record, '$.arguments.amount') = ? ORDER BY id", (int(intent),))]
@@ -488,6 +522,9 @@ def main():
         http_port = s.getsockname()[1]
     gw = Gateway(args.postern, data_dir, tools, http_port)
     add_ssh_host(gw, "chaos", ssh_port, ssh_key, ssh_host_key, workdir / "markers")
+    counter_dir = workdir / "upstream"
+    counter_dir.mkdir()
+    add_upstream(gw, counter_dir)
     gw.start()
     token = gw.cli("agents", "add", "chaos").stdout.strip()
     python = sys.executable
@@ -504,8 +541,9 @@ def main():
         plan = {"index": index}
         try:
             plan, answers, success = run_schedule(
-                index, seed, gw, target_port, python, token, figures, told, args.verbose, args.process_fault)
-            effects, ids = check_schedule(gw, ledger, plan, answers, success, effects_file)
+                index, seed, gw, target_port, python, token, figures, told, args.verbose, args.process_fault,
+                counter_dir)
+            effects, ids = check_schedule(gw, ledger, plan, answers, success, effects_file, counter_dir)
             figures["schedules"] += 1
             figures["executions"] += len(ids)
             figures["successes"] += int(success)

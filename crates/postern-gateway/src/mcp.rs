@@ -534,7 +534,7 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
         "decision": o.decision,
         "message": message,
         "result": o.result.as_ref().map(|r| json!(r)).or_else(|| o.ssh.as_ref().map(|r| json!(r)))
-            .or_else(|| o.upstream.as_ref().map(|r| r.upstream_result.clone())),
+            .or_else(|| o.upstream.as_ref().map(|r| json!(r))),
         "detail": o.detail,
     });
     let mut text = message;
