@@ -97,6 +97,18 @@ def charge(amount: int, idempotencyKey: str, ctx: Context) -> str:
     return f"charged {amount}"
 
 
+@server.resource("counter://effects", name="effects", mime_type="application/json")
+def effects_resource() -> str:
+    """Every effect so far (a read: it changes nothing)."""
+    return json.dumps(effects())
+
+
+@server.prompt()
+def settle(account: str) -> str:
+    """A prompt asking to settle an account."""
+    return f"Settle the account {account}, paying each open invoice once."
+
+
 def serve_http(port: int) -> None:
     """Streamable HTTP on 127.0.0.1:port, behind a bearer check: a request without
     `Authorization: Bearer <expected_token>` gets 401 and never reaches a tool."""

@@ -308,7 +308,8 @@ impl PosternMcp {
                 if u.tool(&name).is_none() {
                     u.ensure_server_of(&name).await;
                 }
-                u.tool(&name).is_some()
+                // Only tools: an upstream's resources and prompts are reached as themselves.
+                u.tool(&name).is_some_and(|t| t.operation == "tools/call")
             }
             _ => false,
         };
@@ -377,6 +378,54 @@ impl PosternMcp {
             }
         }
         Ok(outcome_result(&outcome))
+    }
+
+    /// The upstream servers, every one started (so what they offer is current).
+    async fn started_upstreams(&self) -> Option<&Arc<crate::upstream::Upstreams>> {
+        let upstreams = self.gateway.engine.upstreams()?;
+        upstreams.start_all().await;
+        Some(upstreams)
+    }
+
+    /// A read of an upstream (`resources/read`, `prompts/get`) as a read-only execution of the
+    /// calling agent's run: journaled, refused while the vault is locked, like a tool call.
+    async fn upstream_read(
+        &self,
+        name: String,
+        arguments: Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Value, McpError> {
+        let (caller, _ticket) = self.caller_and_ticket(context)?;
+        let run = self.run_for(&caller, context).await?;
+        let call = crate::Call {
+            tool: name,
+            arguments,
+            actor: run.actor.clone(),
+            intent_scope: run.intent_scope(),
+            session: Some(run.session),
+            correlation: json!({ "transport": caller.transport.as_str(), "agent_session": run.session.to_string() }),
+            cancel: crate::CancelSignal::default(),
+        };
+        let engine = Arc::clone(&self.gateway.engine);
+        let outcome = self
+            .gateway
+            .executions
+            .spawn(async move { engine.call(call).await })
+            .await
+            .map_err(|e| McpError::internal_error(format!("the engine task failed: {e}"), None))?
+            .map_err(|e| McpError::invalid_params(e.to_string(), Some(json!({ "code": e.code() }))))?;
+        let id = outcome.execution_id;
+        match (&outcome.upstream, outcome.state) {
+            (Some(u), ExecutionState::Completed) if !u.is_error => Ok(u.upstream_result.clone()),
+            (Some(u), _) => Err(McpError::internal_error(
+                format!("MCP server {} answered with an error (execution {id})", u.server),
+                Some(json!({ "execution_id": id, "upstream": u.upstream_result })),
+            )),
+            _ => Err(McpError::internal_error(
+                explain(&outcome).0,
+                Some(json!({ "execution_id": id, "state": outcome.state, "detail": outcome.detail })),
+            )),
+        }
     }
 
     fn execution_status(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
@@ -691,7 +740,7 @@ pub fn tool_list(engine: &Engine) -> Vec<Tool> {
 
 impl ServerHandler for PosternMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_prompts().build())
             .with_server_info(Implementation::new("postern", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(ProtocolVersion::V_2026_07_28)
             .with_instructions(
@@ -710,10 +759,70 @@ impl ServerHandler for PosternMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        if let Some(upstreams) = self.gateway.engine.upstreams() {
-            upstreams.start_all().await;
-        }
+        self.started_upstreams().await;
         Ok(ListToolsResult::with_all_items(tool_list(&self.gateway.engine)))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, McpError> {
+        let resources = self.started_upstreams().await.map(|u| u.resources()).unwrap_or_default();
+        Ok(rmcp::model::ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
+        use crate::upstream::{READ_RESOURCE, RESOURCE_PREFIX, SEPARATOR};
+        let not_found =
+            || McpError::resource_not_found(format!("no resource {:?}: see resources/list", request.uri), None);
+        let (server, uri) =
+            request.uri.strip_prefix(RESOURCE_PREFIX).and_then(|rest| rest.split_once('/')).ok_or_else(not_found)?;
+        let prefix = format!("{RESOURCE_PREFIX}{server}/");
+        let value =
+            self.upstream_read(format!("{server}{SEPARATOR}{READ_RESOURCE}"), json!({ "uri": uri }), &context).await?;
+        let mut result: rmcp::model::ReadResourceResult = serde_json::from_value(value).map_err(|e| {
+            McpError::internal_error(format!("MCP server {server} sent an unreadable resource: {e}"), None)
+        })?;
+        for c in &mut result.contents {
+            match c {
+                rmcp::model::ResourceContents::TextResourceContents { uri, .. }
+                | rmcp::model::ResourceContents::BlobResourceContents { uri, .. } => *uri = format!("{prefix}{uri}"),
+                _ => {}
+            }
+        }
+        Ok(rmcp::model::ReadResourceResponse::Complete(result))
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, McpError> {
+        let prompts = self.started_upstreams().await.map(|u| u.prompts()).unwrap_or_default();
+        Ok(rmcp::model::ListPromptsResult::with_all_items(prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, McpError> {
+        use crate::upstream::{GET_PROMPT, SEPARATOR};
+        let (server, prompt) = request
+            .name
+            .split_once(SEPARATOR)
+            .ok_or_else(|| McpError::invalid_params(format!("no prompt {:?}: see prompts/list", request.name), None))?;
+        let arguments = json!({ "name": prompt, "arguments": request.arguments });
+        let value = self.upstream_read(format!("{server}{SEPARATOR}{GET_PROMPT}"), arguments, &context).await?;
+        let result: rmcp::model::GetPromptResult = serde_json::from_value(value).map_err(|e| {
+            McpError::internal_error(format!("MCP server {server} sent an unreadable prompt: {e}"), None)
+        })?;
+        Ok(rmcp::model::GetPromptResponse::Complete(result))
     }
 
     /// There are no Postern-specific MCP methods: in particular nothing here approves,

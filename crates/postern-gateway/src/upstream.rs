@@ -24,6 +24,13 @@ use tokio::io::AsyncBufReadExt;
 pub const SEPARATOR: &str = "__";
 /// Clients refuse tool names longer than this.
 pub const MAX_TOOL_NAME: usize = 64;
+/// The operations on an upstream that are not tool calls, journaled as read-only executions
+/// under `<server>__resources/read` and `<server>__prompts/get` (names no agent can call as tools).
+pub const READ_RESOURCE: &str = "resources/read";
+pub const GET_PROMPT: &str = "prompts/get";
+/// Upstream resources are offered as `postern://<server>/<the server's own URI>`.
+pub const RESOURCE_PREFIX: &str = "postern://";
+
 /// The `_meta` key every forwarded `tools/call` carries: the execution it belongs to.
 pub const EXECUTION_META: &str = "io.postern/execution_id";
 /// How long a server has to start and answer `initialize` and `tools/list`.
@@ -62,6 +69,9 @@ pub struct UpstreamTool {
     pub approve_every_use: bool,
     /// The upstream's input schema, compiled once (a schema that does not compile checks nothing).
     pub validator: Arc<jsonschema::Validator>,
+    /// `tools/call`, or a read ([`READ_RESOURCE`], [`GET_PROMPT`]) that agents reach through
+    /// `resources/read` and `prompts/get`, never as a tool.
+    pub operation: &'static str,
 }
 
 /// Where an upstream tool's contract comes from: the owner's override, else its annotations
@@ -125,7 +135,18 @@ pub struct ServerStatus {
 struct Running {
     service: RunningService<RoleClient, ()>,
     tools: Vec<RmcpTool>,
+    resources: Vec<rmcp::model::Resource>,
+    prompts: Vec<rmcp::model::Prompt>,
     pid: Option<u32>,
+}
+
+/// What the running servers offer, for the synchronous paths (lists, call preparation).
+#[derive(Default)]
+struct Catalogue {
+    tools: HashMap<String, UpstreamTool>,
+    /// Namespaced as agents see them.
+    resources: Vec<rmcp::model::Resource>,
+    prompts: Vec<rmcp::model::Prompt>,
 }
 
 #[derive(Default)]
@@ -143,7 +164,7 @@ pub struct Upstreams {
     overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>,
     slots: tokio::sync::Mutex<HashMap<String, Slot>>,
     /// The tools of the running servers, for the synchronous paths (tool lists, call preparation).
-    catalogue: Mutex<HashMap<String, UpstreamTool>>,
+    catalogue: Mutex<Catalogue>,
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -159,7 +180,7 @@ impl Upstreams {
             vault,
             overrides,
             slots: tokio::sync::Mutex::new(HashMap::new()),
-            catalogue: Mutex::new(HashMap::new()),
+            catalogue: Mutex::new(Catalogue::default()),
         }
     }
 
@@ -173,20 +194,37 @@ impl Upstreams {
         for server in servers {
             started |= self.ensure(&mut slots, &server).await.is_ok_and(|(_, fresh)| fresh);
         }
-        if started || self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty() {
+        if started || self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).tools.is_empty() {
             self.refresh_catalogue(&slots);
         }
     }
 
-    /// The tool an agent named, if a running server offers it.
+    /// The tool an agent named, if a running server offers it; or, for `<server>__resources/read`
+    /// and `<server>__prompts/get`, the read-only operation on a running server.
     pub fn tool(&self, name: &str) -> Option<UpstreamTool> {
-        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).cloned()
+        let catalogue = self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = catalogue.tools.get(name) {
+            return Some(t.clone());
+        }
+        let (server, operation) = name.split_once(SEPARATOR)?;
+        let operation = [READ_RESOURCE, GET_PROMPT].into_iter().find(|o| *o == operation)?;
+        catalogue.tools.values().any(|t| t.server == server).then(|| read_operation(server, operation))
+    }
+
+    /// Every upstream resource, its URI namespaced (`postern://<server>/<uri>`).
+    pub fn resources(&self) -> Vec<rmcp::model::Resource> {
+        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resources.clone()
+    }
+
+    /// Every upstream prompt, named `<server>__<prompt>`.
+    pub fn prompts(&self) -> Vec<rmcp::model::Prompt> {
+        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).prompts.clone()
     }
 
     /// Every upstream tool offered now, by name.
     pub fn tools(&self) -> Vec<UpstreamTool> {
         let catalogue = self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut tools: Vec<UpstreamTool> = catalogue.values().cloned().collect();
+        let mut tools: Vec<UpstreamTool> = catalogue.tools.values().cloned().collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools
     }
@@ -235,7 +273,7 @@ impl Upstreams {
                 let _ = running.service.cancel().await;
             }
         }
-        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Catalogue::default();
     }
 
     /// Forwards one call. `arguments` are what the agent sent (with the idempotency argument
@@ -263,7 +301,11 @@ impl Upstreams {
                 Err(reason) => return UpstreamSent::NotSent { reason },
             }
         };
-        let params = json!({ "name": tool, "arguments": arguments, "_meta": { EXECUTION_META: execution } });
+        let meta = json!({ EXECUTION_META: execution });
+        if tool == READ_RESOURCE || tool == GET_PROMPT {
+            return read(&running, server, tool, arguments, meta, timeout).await;
+        }
+        let params = json!({ "name": tool, "arguments": arguments, "_meta": meta });
         let params: CallToolRequestParams = match serde_json::from_value(params) {
             Ok(p) => p,
             Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
@@ -379,9 +421,9 @@ impl Upstreams {
         let transport = StreamableHttpClientTransport::with_client(crate::http::client(), config);
         let service =
             ().serve(transport).await.map_err(|e| format!("{name:?} did not complete MCP initialization: {e}"))?;
-        let tools = service.peer().list_all_tools().await.map_err(|e| format!("{name:?} tools/list: {e}"))?;
-        tracing::info!(server = %name, tools = tools.len(), %url, "remote upstream MCP server connected");
-        Ok(Running { service, tools, pid: None })
+        let running = listed(service, None, name).await?;
+        tracing::info!(server = %name, tools = running.tools.len(), %url, "remote upstream MCP server connected");
+        Ok(running)
     }
 
     async fn start_stdio(&self, server: &McpServer) -> Result<Running, String> {
@@ -411,18 +453,30 @@ impl Upstreams {
             ().serve((stdout, stdin))
                 .await
                 .map_err(|e| format!("{:?} did not complete MCP initialization: {e}", server.name))?;
-        let tools = service.peer().list_all_tools().await.map_err(|e| format!("{:?} tools/list: {e}", server.name))?;
+        let running = listed(service, pid, &server.name).await?;
         tokio::spawn(async move {
             let _ = child.wait().await;
         });
-        tracing::info!(server = %server.name, tools = tools.len(), pid, "upstream MCP server started");
-        Ok(Running { service, tools, pid })
+        tracing::info!(server = %server.name, tools = running.tools.len(), pid, "upstream MCP server started");
+        Ok(running)
     }
 
     fn refresh_catalogue(&self, slots: &HashMap<String, Slot>) {
         let mut catalogue = HashMap::new();
+        let (mut resources, mut prompts) = (Vec::new(), Vec::new());
         for (server, slot) in slots {
             let Some(running) = &slot.running else { continue };
+            for r in &running.resources {
+                let mut r = r.clone();
+                r.uri = format!("{RESOURCE_PREFIX}{server}/{}", r.uri);
+                r.name = format!("{server}{SEPARATOR}{}", r.name);
+                resources.push(r);
+            }
+            for p in &running.prompts {
+                let mut p = p.clone();
+                p.name = format!("{server}{SEPARATOR}{}", p.name);
+                prompts.push(p);
+            }
             let overrides = self.overrides.get(server);
             let server_def = self.vault.mcp_server(server).ok();
             for t in &running.tools {
@@ -451,11 +505,91 @@ impl Upstreams {
                         approve_every_use: over.is_some_and(|o| o.approve_every_use)
                             || server_def.as_ref().is_some_and(|s| s.approve_every_use),
                         validator: Arc::new(validator),
+                        operation: "tools/call",
                     },
                 );
             }
         }
-        *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = catalogue;
+        resources.sort_by(|a, b| a.uri.cmp(&b.uri));
+        prompts.sort_by(|a, b| a.name.cmp(&b.name));
+        *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Catalogue { tools: catalogue, resources, prompts };
+    }
+}
+
+/// A freshly initialized server's tools, resources and prompts (the last two where it
+/// advertises them).
+async fn listed(service: RunningService<RoleClient, ()>, pid: Option<u32>, name: &str) -> Result<Running, String> {
+    let peer = service.peer();
+    let tools = peer.list_all_tools().await.map_err(|e| format!("{name:?} tools/list: {e}"))?;
+    let capabilities = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
+    let resources = match capabilities.resources {
+        Some(_) => peer.list_all_resources().await.map_err(|e| format!("{name:?} resources/list: {e}"))?,
+        None => vec![],
+    };
+    let prompts = match capabilities.prompts {
+        Some(_) => peer.list_all_prompts().await.map_err(|e| format!("{name:?} prompts/list: {e}"))?,
+        None => vec![],
+    };
+    Ok(Running { service, tools, resources, prompts, pid })
+}
+
+/// The read-only operation `operation` on `server`, as the engine runs it.
+fn read_operation(server: &str, operation: &'static str) -> UpstreamTool {
+    static ANY: std::sync::LazyLock<Arc<jsonschema::Validator>> = std::sync::LazyLock::new(|| {
+        Arc::new(jsonschema::validator_for(&json!({})).expect("the empty schema compiles"))
+    });
+    UpstreamTool {
+        server: server.to_owned(),
+        tool: operation.to_owned(),
+        name: format!("{server}{SEPARATOR}{operation}"),
+        description: format!("{operation} on MCP server {server}"),
+        input_schema: json!({ "type": "object" }),
+        contract: ReplayContract::read_only(),
+        contract_source: "default",
+        approve_every_use: false,
+        validator: Arc::clone(&ANY),
+        operation,
+    }
+}
+
+/// `resources/read` (`arguments.uri`) or `prompts/get` (`arguments.name`, `arguments.arguments`).
+async fn read(
+    running: &Running,
+    server: &str,
+    operation: &str,
+    arguments: Map<String, Value>,
+    meta: Value,
+    timeout: Duration,
+) -> UpstreamSent {
+    let mut params = Value::Object(arguments);
+    params["_meta"] = meta;
+    let answer = if operation == READ_RESOURCE {
+        match serde_json::from_value::<rmcp::model::ReadResourceRequestParams>(params) {
+            Ok(p) => tokio::time::timeout(timeout, running.service.read_resource(p)).await.map(|r| r.map(|r| json!(r))),
+            Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
+        }
+    } else {
+        match serde_json::from_value::<rmcp::model::GetPromptRequestParams>(params) {
+            Ok(p) => tokio::time::timeout(timeout, running.service.get_prompt(p)).await.map(|r| r.map(|r| json!(r))),
+            Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
+        }
+    };
+    let answered = |upstream_result: Value, is_error: bool| {
+        UpstreamSent::Answered(UpstreamResult {
+            server: server.into(),
+            tool: operation.into(),
+            upstream_result,
+            is_error,
+        })
+    };
+    match answer {
+        Ok(Ok(result)) => answered(result, false),
+        Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
+        Ok(Err(e)) => {
+            UpstreamSent::Lost { reason: format!("the connection to {server:?} ended before it answered: {e}") }
+        }
+        Err(_) => UpstreamSent::Lost { reason: format!("{server:?} did not answer within {} s", timeout.as_secs()) },
     }
 }
 

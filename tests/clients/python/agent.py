@@ -102,6 +102,26 @@ class Agent:
             if not isinstance(e, Exception):
                 raise
 
+    async def read(self, cmd):
+        """Resources and prompts: list them, read one resource, get one prompt."""
+        session, what = self.session, cmd["what"]
+        try:
+            if what == "resources":
+                listed = await session.list_resources()
+                data = [{"uri": str(r.uri), "name": r.name} for r in listed.resources]
+            elif what == "resource":
+                read = await session.read_resource(cmd["uri"])
+                data = [{"uri": str(c.uri), "text": getattr(c, "text", None)} for c in read.contents]
+            elif what == "prompts":
+                listed = await session.list_prompts()
+                data = [{"name": p.name} for p in listed.prompts]
+            else:
+                got = await session.get_prompt(cmd["name"], cmd.get("arguments"))
+                data = [{"role": m.role, "text": getattr(m.content, "text", None)} for m in got.messages]
+            emit(event="read", what=what, ok=True, data=data)
+        except Exception as e:
+            emit(event="read", what=what, ok=False, error=f"{type(e).__name__}: {e}")
+
     async def tools(self):
         listed = await self.session.list_tools()
         emit(
@@ -137,6 +157,8 @@ async def main():
                     emit(event="dropped")
                 elif op == "tools":
                     await agent.tools()
+                elif op == "read":
+                    await agent.read(cmd)
                 elif op == "exit":
                     break
             except Exception as e:

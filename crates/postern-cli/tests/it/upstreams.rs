@@ -447,3 +447,39 @@ fn a_remote_upstream_gets_its_vault_credential_and_its_calls_are_executions() {
     let _ = upstream.kill();
     let _ = upstream.wait();
 }
+
+#[test]
+fn upstream_resources_and_prompts_are_offered_namespaced_and_each_read_is_journaled() {
+    let Upstream { gw, dir, mut agent } = start();
+    let mut read = |command: Value| {
+        let mut command = command;
+        command["op"] = json!("read");
+        agent.send(command);
+        agent.expect("a read", |e| e["event"] == "read")
+    };
+    let resources = read(json!({ "what": "resources" }));
+    assert_eq!(
+        resources["data"],
+        json!([{ "uri": "postern://counter/counter://effects", "name": "counter__effects" }]),
+        "{resources}"
+    );
+    let before = gw.activity().len();
+    let effects = read(json!({ "what": "resource", "uri": "postern://counter/counter://effects" }));
+    assert_eq!(effects["ok"], true, "{effects}");
+    assert_eq!(effects["data"][0]["uri"], "postern://counter/counter://effects");
+    assert_eq!(effects["data"][0]["text"], "[]");
+    let unknown = read(json!({ "what": "resource", "uri": "counter://effects" }));
+    assert_eq!(unknown["ok"], false, "only namespaced URIs: {unknown}");
+
+    let prompts = read(json!({ "what": "prompts" }));
+    assert_eq!(prompts["data"], json!([{ "name": "counter__settle" }]), "{prompts}");
+    let prompt = read(json!({ "what": "prompt", "name": "counter__settle", "arguments": { "account": "ACME" } }));
+    assert!(prompt["data"][0]["text"].as_str().unwrap().contains("Settle the account ACME"), "{prompt}");
+
+    // Each read is a read-only execution on record.
+    let rows = gw.activity();
+    let accepted: Vec<&Value> = rows[before..].iter().filter(|r| r["event"] == "accepted").collect();
+    let tools: Vec<&str> = accepted.iter().map(|r| r["detail"]["tool"].as_str().unwrap()).collect();
+    assert_eq!(tools, ["counter__resources/read", "counter__prompts/get"], "{accepted:?}");
+    assert_eq!(count(dir.path(), "pay"), 0);
+}
