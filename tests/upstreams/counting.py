@@ -73,6 +73,12 @@ def balance(ctx: Context) -> str:
     return json.dumps({"effects": len(effects()), "token_ok": token_ok(), "execution_id": execution_of(ctx)})
 
 
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def login(username: str, password: str) -> str:
+    """Check a password (a secret passed as an argument); never echoes it."""
+    return f"welcome {username}" if password else "no password"
+
+
 @server.tool(annotations=ToolAnnotations(idempotentHint=True, destructiveHint=False))
 def set_flag(name: str, ctx: Context) -> str:
     """Set a named flag (setting it again changes nothing)."""

@@ -14,7 +14,7 @@ use rmcp::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -51,6 +51,10 @@ pub struct ToolOverride {
     pub idempotency_argument: Option<String>,
     #[serde(default)]
     pub approve_every_use: bool,
+    /// Arguments that carry secrets, beyond those named like one (`token`, `password`, `key`, …):
+    /// digested in the record, masked in approval questions and journal rows.
+    #[serde(default)]
+    pub secret_arguments: BTreeSet<String>,
 }
 
 /// One upstream tool as agents see it, with the contract Postern will hold it to.
@@ -77,7 +81,20 @@ pub struct UpstreamTool {
 /// Where an upstream tool's contract comes from: the owner's override, else its annotations
 /// (only hints from the server, which is why the contract is shown wherever tools are listed).
 pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayContract, &'static str) {
-    let base = ReplayContract { attach_window: AttachWindow::Millis(15 * 60 * 1000), ..ReplayContract::read_only() };
+    let key_argument = over.and_then(|o| o.idempotency_argument.as_deref());
+    let mut secret_fields: BTreeSet<String> = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().filter(|k| secret_argument_name(k)).cloned().collect())
+        .unwrap_or_default();
+    secret_fields.extend(over.map(|o| o.secret_arguments.iter().cloned()).into_iter().flatten());
+    secret_fields.retain(|k| Some(k.as_str()) != key_argument);
+    let base = ReplayContract {
+        attach_window: AttachWindow::Millis(15 * 60 * 1000),
+        secret_fields,
+        ..ReplayContract::read_only()
+    };
     if let Some(o) = over
         && let Some(class) = o.class
     {
@@ -96,6 +113,28 @@ pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayC
     } else {
         (ReplayContract { class: ReplayClass::Irreversible, ..base }, "default")
     }
+}
+
+/// Is an upstream tool's argument with this name a secret by its name? Narrower than the header
+/// rule (`key` alone is a map key, a sort key, a Redis key): tokens, secrets, passwords, API,
+/// access and private keys, credentials, authorization values and cookies.
+pub fn secret_argument_name(name: &str) -> bool {
+    let flat: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
+    [
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "apikey",
+        "accesskey",
+        "privatekey",
+        "credential",
+        "authorization",
+        "cookie",
+    ]
+    .iter()
+    .any(|part| flat.contains(part))
 }
 
 /// What happened to one forwarded call.
@@ -647,6 +686,28 @@ mod tests {
             class(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&distrust)),
             ReplayClass::Irreversible
         );
+        for (name, secret) in [
+            ("api_key", true),
+            ("GITHUB_TOKEN", true),
+            ("private-key", true),
+            ("key", false),
+            ("keyword", false),
+            ("sort_key", false),
+            ("passwd", true),
+        ] {
+            assert_eq!(secret_argument_name(name), secret, "{name}");
+        }
+        // Arguments named like secrets, and those the owner names, are the contract's secrets.
+        let mut with_token = tool(None);
+        with_token.input_schema = Arc::new(
+            json!({ "properties": { "api_token": {}, "amount": {}, "memo": {}, "idempotencyKey": {} } })
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        let memo = ToolOverride { secret_arguments: ["memo".into()].into(), ..keyed.clone() };
+        let (c, _) = derive_contract(&with_token, Some(&memo));
+        assert_eq!(c.secret_fields, ["api_token".to_owned(), "memo".to_owned()].into(), "the key is not a secret");
         for (t, o) in [(tool(None), None), (tool(None), Some(&keyed))] {
             let (c, _) = derive_contract(&t, o);
             c.validate("t", postern_core::Channel::Mcp).expect("derived contracts are valid");

@@ -116,10 +116,20 @@ fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_a
     assert_eq!(bad["is_error"], true, "{bad}");
     assert_eq!(count(dir.path(), "pay"), 1);
 
-    // The secret is in no Postern file (journal, WAL, logs) and not in the gateway's log.
+    // A secret passed as an argument (named like one) is digested in the record, never stored.
+    let password = "canary-argument-password-61fd0c";
+    let login = agent.call_and_wait("login", "counter__login", json!({ "username": "ada", "password": password }));
+    assert_eq!(login["structured"]["state"], "completed", "{login}");
+    let login_id = login["structured"]["execution_id"].as_str().unwrap();
+    let record = gw.activity().into_iter().find(|r| r["execution_id"] == login_id && r["event"] == "accepted").unwrap();
+    assert!(record["detail"]["record"]["arguments"]["password"]["secret_digest"].is_string(), "{record}");
+
+    // The secrets are in no Postern file (journal, WAL, logs) and not in the gateway's log.
     drop(agent);
-    assert_eq!(any_file_contains(gw.path(), CANARY), None);
-    assert!(!gw.stderr.lock().unwrap().contains(CANARY));
+    for secret in [CANARY, password] {
+        assert_eq!(any_file_contains(gw.path(), secret), None);
+        assert!(!gw.stderr.lock().unwrap().contains(secret));
+    }
 }
 
 #[test]

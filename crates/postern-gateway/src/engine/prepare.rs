@@ -102,7 +102,7 @@ impl Engine {
                 arguments: map,
                 approve_every_use: t.approve_every_use,
             }),
-            secrets: CallSecrets::default(),
+            secrets: contract_secrets(&t.contract, &checked, &self.key),
             tool: ToolRef::Builtin(Box::new(tool)),
         };
         Ok((prepared, checked))
