@@ -8,7 +8,7 @@ use serde_json::json;
 use std::{path::Path, process::ExitCode};
 
 /// Opens the journal read-only, with a hint when there is none yet.
-fn view(data_dir: &Path) -> Result<JournalView, Failure> {
+pub fn view(data_dir: &Path) -> Result<JournalView, Failure> {
     let db = location::database(data_dir);
     JournalView::open_read_only(&db).map_err(|e| match e {
         StoreError::Unusable { problem: Unusable::Missing, .. } => Failure {

@@ -17,7 +17,7 @@ pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
         postern_gateway::control::ControlReply::Refused { message, .. } => {
             Err(Failure { code: 1, error: anyhow!("{message}") })
         }
-        postern_gateway::control::ControlReply::Done => {
+        postern_gateway::control::ControlReply::Done | postern_gateway::control::ControlReply::Servers { .. } => {
             Err(Failure { code: 1, error: anyhow!("the gateway carried out a request it should have refused") })
         }
     }
@@ -29,7 +29,7 @@ pub fn perform(data_dir: &Path, request: postern_gateway::control::ControlReques
     use postern_gateway::control::{ControlCode, ControlReply};
     let now = postern_host::now();
     match postern_host::operations::Route::of(data_dir, now)?.perform(request, now) {
-        ControlReply::Done => Ok(()),
+        ControlReply::Done | ControlReply::Servers { .. } => Ok(()),
         ControlReply::Refused { code, message } => {
             let code = match code {
                 ControlCode::UnknownAgent | ControlCode::DuplicateAgent | ControlCode::InvalidRequest => 2,

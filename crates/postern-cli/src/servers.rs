@@ -131,16 +131,42 @@ fn read_secrets(keys: &[String]) -> Result<Vec<(String, Sensitive<String>)>, Fai
     Ok(keys.iter().zip(lines).map(|(k, v)| (k.clone(), Sensitive::new(v.trim_end_matches('\r').to_owned()))).collect())
 }
 
+/// The servers in the journal (read-only, so it works beside a running gateway) and, when a
+/// gateway runs, each one's state as it sees it (through the control socket).
 pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
-    let servers = vault.mcp_servers()?;
+    let servers: Vec<McpServer> = crate::journal::view(data_dir)?
+        .credentials()?
+        .iter()
+        .filter(|r| r.kind == postern_vault::MCP_SERVER_KIND)
+        .map(McpServer::from_record)
+        .collect::<Result<_, _>>()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let asked = runtime.block_on(postern_gateway::control::request(
+        data_dir,
+        &postern_gateway::control::ControlRequest::ServersStatus,
+    ));
+    let statuses = match asked {
+        Ok(postern_gateway::control::ControlReply::Servers { servers }) => Some(servers),
+        _ => None,
+    };
+    let state_of = |name: &str| -> (String, Option<usize>, Option<String>) {
+        match &statuses {
+            None => ("stopped (no gateway running)".into(), None, None),
+            Some(all) => match all.iter().find(|s| s.name == name) {
+                Some(s) => (s.state.clone(), (s.state == "running").then_some(s.tools), s.last_error.clone()),
+                None => ("stopped".into(), None, None),
+            },
+        }
+    };
     if json {
         let out: Vec<_> = servers
             .iter()
             .map(|s| {
+                let (state, tools, last_error) = state_of(&s.name);
                 serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
                                     "secret_env": s.secret_env, "approve_every_use": s.approve_every_use,
-                                    "url": s.url, "credential": s.credential })
+                                    "url": s.url, "credential": s.credential, "state": state, "tools": tools,
+                                    "last_error": last_error })
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
@@ -151,7 +177,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut t =
-        render::table(&["server", "command or URL", "environment", "secrets (in the keychain)", "approve every use"]);
+        render::table(&["server", "state", "tools", "command or URL", "environment", "secrets (in the keychain)"]);
     for s in &servers {
         let launched = match &s.url {
             Some(url) => format!("{url} (credential {})", s.credential.as_deref().unwrap_or("none")),
@@ -160,12 +186,18 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
                 .collect::<Vec<_>>()
                 .join(" "),
         };
+        let (state, tools, last_error) = state_of(&s.name);
+        let state = match last_error {
+            Some(e) if state != "running" => format!("{state}: {e}"),
+            _ => state,
+        };
         t.add_row(vec![
             s.name.clone(),
+            state,
+            tools.map_or_else(|| "-".into(), |n| n.to_string()),
             launched,
             s.env.keys().cloned().collect::<Vec<_>>().join(", "),
             s.secret_env.join(", "),
-            if s.approve_every_use { "yes" } else { "no" }.into(),
         ]);
     }
     println!("{}", t.trim_fmt());

@@ -335,7 +335,7 @@ pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
 fn route_lock(route: &postern_host::operations::Route) -> Result<(), Failure> {
     use postern_gateway::control::{ControlReply, ControlRequest};
     match route.perform(ControlRequest::LockVault { by: "cli".into() }, now()) {
-        ControlReply::Done => Ok(()),
+        ControlReply::Done | ControlReply::Servers { .. } => Ok(()),
         ControlReply::Refused { message, .. } => Err(Failure { code: 1, error: anyhow!("{message}") }),
     }
 }

@@ -2,7 +2,7 @@
 //! sense against a live gateway go through it instead of opening the journal themselves.
 //!
 //! Deliberately small: it can add an agent (the CLI sends only the token's hash), revoke one,
-//! revoke an agent run, and lock the vault. Nothing here can grant, unlock or approve: the
+//! revoke an agent run, lock the vault, and say how the upstream MCP servers are doing. Nothing here can grant, unlock or approve: the
 //! socket is reachable by any process of this user, agents included (see the README's security
 //! notes).
 
@@ -34,6 +34,9 @@ pub enum ControlRequest {
     LockVault { by: String },
     #[serde(rename = "sessions.revoke")]
     RevokeSession { id: postern_core::SessionId },
+    /// Read-only: each upstream MCP server's state (running, stopped, crashed) as the gateway sees it.
+    #[serde(rename = "servers.status")]
+    ServersStatus,
 }
 
 /// The operations the control socket offers, by their `op` tag. [`ControlRequest::op`] maps
@@ -49,6 +52,8 @@ pub enum ControlOp {
     LockVault,
     #[serde(rename = "sessions.revoke")]
     RevokeSession,
+    #[serde(rename = "servers.status")]
+    ServersStatus,
 }
 
 impl ControlOp {
@@ -65,6 +70,7 @@ impl ControlRequest {
             ControlRequest::RevokeAgent { .. } => ControlOp::RevokeAgent,
             ControlRequest::LockVault { .. } => ControlOp::LockVault,
             ControlRequest::RevokeSession { .. } => ControlOp::RevokeSession,
+            ControlRequest::ServersStatus => ControlOp::ServersStatus,
         }
     }
 }
@@ -106,7 +112,14 @@ impl ControlCode {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ControlReply {
     Done,
-    Refused { code: ControlCode, message: String },
+    Refused {
+        code: ControlCode,
+        message: String,
+    },
+    /// The answer to `servers.status`.
+    Servers {
+        servers: Vec<crate::upstream::ServerStatus>,
+    },
 }
 
 pub fn control_path(data_dir: &Path) -> PathBuf {
@@ -128,6 +141,8 @@ pub fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestam
         ControlRequest::RevokeSession { id } => {
             store.set_session_standing(id, false, "cli", json!({}), now).map(|_| ())
         }
+        // Without a gateway nothing runs: every server is stopped (the caller lists them).
+        ControlRequest::ServersStatus => return ControlReply::Servers { servers: vec![] },
     };
     match done {
         Ok(()) => ControlReply::Done,
@@ -141,6 +156,7 @@ pub async fn serve(
     store: Arc<Store>,
     clock: crate::engine::Clock,
     refusals: Arc<Refusals>,
+    upstreams: Option<Arc<crate::upstream::Upstreams>>,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -154,12 +170,19 @@ pub async fn serve(
             },
         };
         let (store, clock, refusals) = (Arc::clone(&store), Arc::clone(&clock), Arc::clone(&refusals));
+        let upstreams = upstreams.clone();
         let peer = local_peer(stream.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok()));
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut lines = BufReader::new(read).take(64 * 1024).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 let reply = match serde_json::from_str::<ControlRequest>(&line) {
+                    Ok(ControlRequest::ServersStatus) => ControlReply::Servers {
+                        servers: match &upstreams {
+                            Some(u) => u.status().await,
+                            None => vec![],
+                        },
+                    },
                     Ok(request) => {
                         let store = Arc::clone(&store);
                         let now = clock();

@@ -88,6 +88,7 @@ impl BoundGateway {
             Arc::clone(&self.gateway.store),
             Arc::clone(&self.gateway.clock),
             Arc::clone(&self.gateway.refusals),
+            self.gateway.engine.upstreams().cloned(),
             self.control,
             wait(stop_rx.clone()),
         ));

@@ -159,11 +159,11 @@ pub struct UpstreamResult {
 }
 
 /// A server's state as `servers list` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerStatus {
     pub name: String,
     /// `running`, `stopped` or `crashed`.
-    pub state: &'static str,
+    pub state: String,
     pub tools: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -177,6 +177,14 @@ struct Running {
     resources: Vec<rmcp::model::Resource>,
     prompts: Vec<rmcp::model::Prompt>,
     pid: Option<u32>,
+    /// Set when a stdio server's process has exited (rmcp notices a closed pipe only later).
+    exited: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Running {
+    fn alive(&self) -> bool {
+        !self.exited.load(std::sync::atomic::Ordering::Acquire) && !self.service.is_transport_closed()
+    }
 }
 
 /// What the running servers offer, for the synchronous paths (lists, call preparation).
@@ -285,15 +293,17 @@ impl Upstreams {
             .iter()
             .map(|s| {
                 let slot = slots.get(&s.name);
-                let running = slot.and_then(|s| s.running.as_ref()).filter(|r| !r.service.is_transport_closed());
-                let last_error = slot.and_then(|s| s.last_error.clone());
+                let (state, running, last_error) = match slot {
+                    Some(Slot { running: Some(r), .. }) if r.alive() => ("running", Some(r), None),
+                    Some(Slot { running: Some(_), .. }) => {
+                        ("crashed", None, Some("the server's process ended".to_owned()))
+                    }
+                    Some(Slot { last_error: Some(e), .. }) => ("crashed", None, Some(e.clone())),
+                    _ => ("stopped", None, None),
+                };
                 ServerStatus {
                     name: s.name.clone(),
-                    state: match (running, &last_error) {
-                        (Some(_), _) => "running",
-                        (None, Some(_)) => "crashed",
-                        (None, None) => "stopped",
-                    },
+                    state: state.into(),
                     tools: running.map_or(0, |r| r.tools.len()),
                     pid: running.and_then(|r| r.pid),
                     last_error,
@@ -386,7 +396,7 @@ impl Upstreams {
     ) -> Result<(Arc<Running>, bool), String> {
         let slot = slots.entry(server.name.clone()).or_default();
         if let Some(r) = &slot.running {
-            if !r.service.is_transport_closed() {
+            if r.alive() {
                 return Ok((Arc::clone(r), false));
             }
             slot.running = None;
@@ -493,8 +503,10 @@ impl Upstreams {
                 .await
                 .map_err(|e| format!("{:?} did not complete MCP initialization: {e}", server.name))?;
         let running = listed(service, pid, &server.name).await?;
+        let exited = Arc::clone(&running.exited);
         tokio::spawn(async move {
             let _ = child.wait().await;
+            exited.store(true, std::sync::atomic::Ordering::Release);
         });
         tracing::info!(server = %server.name, tools = running.tools.len(), pid, "upstream MCP server started");
         Ok(running)
@@ -570,7 +582,7 @@ async fn listed(service: RunningService<RoleClient, ()>, pid: Option<u32>, name:
         Some(_) => peer.list_all_prompts().await.map_err(|e| format!("{name:?} prompts/list: {e}"))?,
         None => vec![],
     };
-    Ok(Running { service, tools, resources, prompts, pid })
+    Ok(Running { service, tools, resources, prompts, pid, exited: Arc::default() })
 }
 
 /// The read-only operation `operation` on `server`, as the engine runs it.

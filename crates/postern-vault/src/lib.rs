@@ -14,7 +14,7 @@ mod ssh_host;
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
-pub use mcp_server::{MAX_SERVER_NAME, McpServer};
+pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer};
 pub use sensitive::Sensitive;
 pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, SshHost};
 

@@ -7,7 +7,8 @@ use crate::VaultError;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-pub(crate) const KIND: &str = "mcp_server";
+/// The credentials table's `kind` of an MCP server's row.
+pub const KIND: &str = "mcp_server";
 
 /// The longest server name: namespaced tool names (`<server>__<tool>`) must stay within the
 /// 64 characters clients accept, so the server's part is kept short.
@@ -94,7 +95,9 @@ impl McpServer {
         }
     }
 
-    pub(crate) fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
+    /// The server a credentials-table row of [`KIND`] describes (readers without a vault, e.g.
+    /// `servers list` beside a running gateway, use it on a read-only view).
+    pub fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
         let corrupt = |what: &str| VaultError::InvalidCredential(format!("stored MCP server {:?}: {what}", r.name));
         let strings = |key: &str| -> Result<Vec<String>, VaultError> {
             serde_json::from_value(r.spec.get(key).cloned().unwrap_or(Value::Array(vec![]))).map_err(|_| corrupt(key))

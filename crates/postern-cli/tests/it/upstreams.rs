@@ -94,6 +94,14 @@ fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_a
 
     let read = agent.call_and_wait("read", "counter__balance", json!({}));
     assert_eq!(read["structured"]["state"], "completed", "{read}");
+    let listed = gw.postern(&["servers", "list", "--json"]);
+    let listed: Value = serde_json::from_str(&listed.stdout).unwrap_or_else(|e| panic!("{e}: {}", listed.stderr));
+    assert_eq!(
+        (listed[0]["name"].as_str(), listed[0]["state"].as_str()),
+        (Some("counter"), Some("running")),
+        "{listed}"
+    );
+    assert_eq!(listed[0]["tools"], 5, "{listed}");
     let text = read["text"].to_string();
     assert!(text.contains(r#"\"token_ok\": true"#), "the secret reached the server's environment: {read}");
 
@@ -158,6 +166,11 @@ fn an_upstream_that_dies_after_the_effect_is_recovered_by_each_tools_contract() 
     let blocked = agent.call_and_wait("charge2", "counter__charge", json!({ "amount": 9 }));
     assert_eq!(blocked["structured"]["execution_id"], id.as_str(), "{blocked}");
     assert_eq!(blocked["structured"]["state"], "outcome_unknown", "{blocked}");
+    // `servers list`, beside the running gateway, says why the server is down.
+    let listed = gw.postern(&["servers", "list", "--json"]);
+    let listed: Value = serde_json::from_str(&listed.stdout).unwrap_or_else(|e| panic!("{e}: {}", listed.stderr));
+    assert_eq!(listed[0]["state"], "crashed", "{listed}");
+    assert!(listed[0]["last_error"].as_str().unwrap().contains("did not complete MCP initialization"), "{listed}");
     std::fs::remove_file(d.join("refuse_start")).unwrap();
     // A failed start is retried after a back-off (1 s after the first failure).
     std::thread::sleep(std::time::Duration::from_millis(1100));
