@@ -70,7 +70,8 @@ def effects() -> list[dict]:
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
 def balance(ctx: Context) -> str:
     """How many effects happened so far."""
-    return json.dumps({"effects": len(effects()), "token_ok": token_ok(), "execution_id": execution_of(ctx)})
+    return json.dumps({"effects": len(effects()), "token_ok": token_ok(), "execution_id": execution_of(ctx),
+                       "pid": os.getpid()})
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))

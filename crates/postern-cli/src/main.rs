@@ -126,6 +126,8 @@ enum ServersCommand {
     },
     /// Remove a server and its secret values from the keychain.
     Remove { name: String },
+    /// Stop a server in the running gateway (SIGTERM, then SIGKILL after 3 s) and start it again.
+    Restart { name: String },
     /// Move the MCP servers in your agents' config files (Claude Code, Claude Desktop, Cursor,
     /// VS Code) into Postern: each secret into the keychain, each config rewritten to `postern
     /// mcp`. Shows the plan first (secrets by name and length only); `--undo` restores the files.
@@ -304,6 +306,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             ServersCommand::Add(args) => servers::add(&data_dir, args),
             ServersCommand::List { json } => servers::list(&data_dir, json),
             ServersCommand::Remove { name } => servers::remove(&data_dir, &name),
+            ServersCommand::Restart { name } => servers::restart(&data_dir, &name),
             ServersCommand::Import(args) => import::import(&data_dir, args),
             ServersCommand::Tools { name, tools, json } => servers::tools(&data_dir, &name, tools.as_deref(), json),
         },

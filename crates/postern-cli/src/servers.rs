@@ -204,6 +204,27 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Restarts a server in the running gateway (through its control socket).
+pub fn restart(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
+    use postern_gateway::control::{ControlReply, ControlRequest, request};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let asked = runtime.block_on(request(data_dir, &ControlRequest::RestartServer { name: name.to_owned() }));
+    match asked {
+        Ok(ControlReply::Servers { servers }) => {
+            for s in servers {
+                eprintln!("restarted {:?}: {} ({} tools)", s.name, s.state, s.tools);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(ControlReply::Refused { message, .. }) => Err(Failure { code: 1, error: anyhow!("{message}") }),
+        Ok(ControlReply::Done) => Err(Failure { code: 1, error: anyhow!("the gateway gave no status") }),
+        Err(_) => Err(Failure {
+            code: 1,
+            error: anyhow!("no gateway is running here: servers start with `postern serve` (or the desktop app)"),
+        }),
+    }
+}
+
 pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
     open(data_dir)?.remove_mcp_server(name, now())?;
     eprintln!("removed MCP server {name:?} and its secret values from the keychain");

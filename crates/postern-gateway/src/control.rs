@@ -37,6 +37,9 @@ pub enum ControlRequest {
     /// Read-only: each upstream MCP server's state (running, stopped, crashed) as the gateway sees it.
     #[serde(rename = "servers.status")]
     ServersStatus,
+    /// Stops an upstream MCP server and starts it again.
+    #[serde(rename = "servers.restart")]
+    RestartServer { name: String },
 }
 
 /// The operations the control socket offers, by their `op` tag. [`ControlRequest::op`] maps
@@ -54,6 +57,8 @@ pub enum ControlOp {
     RevokeSession,
     #[serde(rename = "servers.status")]
     ServersStatus,
+    #[serde(rename = "servers.restart")]
+    RestartServer,
 }
 
 impl ControlOp {
@@ -71,6 +76,7 @@ impl ControlRequest {
             ControlRequest::LockVault { .. } => ControlOp::LockVault,
             ControlRequest::RevokeSession { .. } => ControlOp::RevokeSession,
             ControlRequest::ServersStatus => ControlOp::ServersStatus,
+            ControlRequest::RestartServer { .. } => ControlOp::RestartServer,
         }
     }
 }
@@ -143,6 +149,12 @@ pub fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestam
         }
         // Without a gateway nothing runs: every server is stopped (the caller lists them).
         ControlRequest::ServersStatus => return ControlReply::Servers { servers: vec![] },
+        ControlRequest::RestartServer { .. } => {
+            return ControlReply::Refused {
+                code: ControlCode::Failed,
+                message: "no gateway is running: its upstream servers start with `postern serve` (or the app)".into(),
+            };
+        }
     };
     match done {
         Ok(()) => ControlReply::Done,
@@ -181,6 +193,16 @@ pub async fn serve(
                         servers: match &upstreams {
                             Some(u) => u.status().await,
                             None => vec![],
+                        },
+                    },
+                    Ok(ControlRequest::RestartServer { name }) => match &upstreams {
+                        Some(u) => match u.restart(&name).await {
+                            Ok(status) => ControlReply::Servers { servers: vec![status] },
+                            Err(message) => ControlReply::Refused { code: ControlCode::Failed, message },
+                        },
+                        None => ControlReply::Refused {
+                            code: ControlCode::Failed,
+                            message: "this gateway runs no upstream servers".into(),
                         },
                     },
                     Ok(request) => {

@@ -185,7 +185,28 @@ impl Running {
     fn alive(&self) -> bool {
         !self.exited.load(std::sync::atomic::Ordering::Acquire) && !self.service.is_transport_closed()
     }
+
+    /// Stops the server: a stdio server gets SIGTERM, then SIGKILL if it has not exited within
+    /// [`STOP_GRACE`]; the MCP session is closed either way (its stdin closes with it).
+    async fn stop(&self) {
+        if let Some(pid) = self.pid.and_then(|p| rustix::process::Pid::from_raw(p as i32))
+            && !self.exited.load(std::sync::atomic::Ordering::Acquire)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let deadline = Instant::now() + STOP_GRACE;
+            while !self.exited.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if !self.exited.load(std::sync::atomic::Ordering::Acquire) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        self.service.cancellation_token().cancel();
+    }
 }
+
+/// How long a stdio server has to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// What the running servers offer, for the synchronous paths (lists, call preparation).
 #[derive(Default)]
@@ -315,14 +336,26 @@ impl Upstreams {
     /// Stops every server (their processes are killed when the last handle goes).
     pub async fn stop_all(&self) {
         let mut slots = self.slots.lock().await;
-        for (_, slot) in slots.drain() {
-            if let Some(running) = slot.running
-                && let Ok(running) = Arc::try_unwrap(running)
-            {
-                let _ = running.service.cancel().await;
-            }
-        }
+        let stopping: Vec<Arc<Running>> = slots.drain().filter_map(|(_, slot)| slot.running).collect();
+        futures_stop(stopping).await;
         *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Catalogue::default();
+    }
+
+    /// Stops the server `name` and starts it again at once (a failed start is reported, and
+    /// retried on next use as after a crash).
+    pub async fn restart(&self, name: &str) -> Result<ServerStatus, String> {
+        let server = self.vault.mcp_server(name).map_err(|e| e.to_string())?;
+        {
+            let mut slots = self.slots.lock().await;
+            if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
+                running.stop().await;
+            }
+            let started = self.ensure(&mut slots, &server).await;
+            self.refresh_catalogue(&slots);
+            started?;
+        }
+        tracing::info!(server = %name, "upstream MCP server restarted");
+        self.status().await.into_iter().find(|s| s.name == name).ok_or_else(|| format!("{name:?} vanished"))
     }
 
     /// Forwards one call. `arguments` are what the agent sent (with the idempotency argument
@@ -642,6 +675,15 @@ async fn read(
         }
         Err(_) => UpstreamSent::Lost { reason: format!("{server:?} did not answer within {} s", timeout.as_secs()) },
     }
+}
+
+/// Stops `servers` side by side (each may take its grace period).
+async fn futures_stop(servers: Vec<Arc<Running>>) {
+    let mut stopping = tokio::task::JoinSet::new();
+    for running in servers {
+        stopping.spawn(async move { running.stop().await });
+    }
+    while stopping.join_next().await.is_some() {}
 }
 
 /// The child's command: only the declared environment and a minimal PATH/HOME/LANG, never

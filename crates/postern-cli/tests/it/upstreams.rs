@@ -124,6 +124,22 @@ fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_a
     assert_eq!(bad["is_error"], true, "{bad}");
     assert_eq!(count(dir.path(), "pay"), 1);
 
+    // `servers restart` stops the process (SIGTERM) and starts a new one.
+    let pid_of = |read: &Value| -> u32 {
+        // The upstream's own content follows Postern's account of the execution.
+        let own = read["text"].as_array().unwrap().iter().find_map(|t| serde_json::from_str::<Value>(t.as_str()?).ok());
+        own.and_then(|v| v["pid"].as_u64()).unwrap_or_else(|| panic!("no pid in {read}")) as u32
+    };
+    let before = pid_of(&read);
+    let restarted = gw.postern(&["servers", "restart", "counter"]);
+    assert_eq!(restarted.code, 0, "{}", restarted.stderr);
+    assert!(restarted.stderr.contains("running"), "{}", restarted.stderr);
+    let again = agent.call_and_wait("read2", "counter__balance", json!({}));
+    assert_ne!(pid_of(&again), before, "{again}");
+    super::gateway_support::eventually("the old server gone", std::time::Duration::from_secs(10), || {
+        (!Path::new(&format!("/proc/{before}")).exists()).then_some(())
+    });
+
     // A secret passed as an argument (named like one) is digested in the record, never stored.
     let password = "canary-argument-password-61fd0c";
     let login = agent.call_and_wait("login", "counter__login", json!({ "username": "ada", "password": password }));
