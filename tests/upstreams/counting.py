@@ -104,6 +104,18 @@ def charge(amount: int, idempotencyKey: str, ctx: Context) -> str:
     return f"charged {amount}"
 
 
+@server.tool()
+async def add_tool(name: str, ctx: Context) -> str:
+    """Add a read-only tool called `name` and announce that the tools changed."""
+
+    def extra() -> str:
+        return f"{name} says hello"
+
+    server.add_tool(extra, name=name, description="added at run time", annotations=ToolAnnotations(readOnlyHint=True))
+    await ctx.notify_tools_changed()
+    return f"added {name}"
+
+
 @server.resource("counter://effects", name="effects", mime_type="application/json")
 def effects_resource() -> str:
     """Every effect so far (a read: it changes nothing)."""

@@ -740,14 +740,21 @@ pub fn tool_list(engine: &Engine) -> Vec<Tool> {
 
 impl ServerHandler for PosternMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_prompts().build())
-            .with_server_info(Implementation::new("postern", env!("CARGO_PKG_VERSION")))
-            .with_protocol_version(ProtocolVersion::V_2026_07_28)
-            .with_instructions(
-                "Postern runs actions that need credentials. Every result carries an execution_id and state. A \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_resources()
+                .enable_prompts()
+                .build(),
+        )
+        .with_server_info(Implementation::new("postern", env!("CARGO_PKG_VERSION")))
+        .with_protocol_version(ProtocolVersion::V_2026_07_28)
+        .with_instructions(
+            "Postern runs actions that need credentials. Every result carries an execution_id and state. A \
                  retry of the same call in this agent run returns the first execution instead of acting twice; if \
                  a state is outcome_unknown or needs_review, call execution_status rather than repeating.",
-            )
+        )
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
@@ -852,6 +859,69 @@ impl ServerHandler for PosternMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         self.call(request, context).await.map(CallToolResponse::Complete)
+    }
+
+    /// A client on an earlier protocol version hears `notifications/tools/list_changed` unscoped:
+    /// one task per session relays each upstream's change until the session ends.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let Some(upstreams) = self.gateway.engine.upstreams() else { return };
+        let legacy = context.peer.peer_info().is_none_or(|i| i.protocol_version != ProtocolVersion::V_2026_07_28);
+        if !legacy {
+            return;
+        }
+        let mut changes = upstreams.changes();
+        let peer = context.peer.clone();
+        tokio::spawn(async move {
+            loop {
+                let change = tokio::select! {
+                    change = changes.recv() => change,
+                    // A session that ended releases its relay within a minute, change or not.
+                    () = tokio::time::sleep(std::time::Duration::from_secs(60)) => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                match change {
+                    Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+
+    /// On protocol 2026-07-28 a client asks for tool-list changes with `subscriptions/listen`.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        self.gateway.engine.upstreams()?;
+        let mut accepted = rmcp::model::SubscriptionFilter::default();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        let Some(upstreams) = self.gateway.engine.upstreams() else { return Ok(()) };
+        let mut changes = upstreams.changes();
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                change = changes.recv() => match change {
+                    Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if context.sink().notify_tool_list_changed().await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+            }
+        }
     }
 
     async fn on_cancelled(&self, notification: CancelledNotificationParam, _context: NotificationContext<RoleServer>) {

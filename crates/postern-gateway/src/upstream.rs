@@ -7,7 +7,7 @@
 use postern_core::{AttachWindow, ReplayClass, ReplayContract};
 use postern_vault::{McpServer, Sensitive, Vault, VaultError};
 use rmcp::{
-    ServiceExt,
+    ClientServiceExt,
     model::{CallToolRequestParams, Tool as RmcpTool},
     service::{RoleClient, RunningService},
 };
@@ -172,16 +172,58 @@ pub struct ServerStatus {
 }
 
 struct Running {
-    service: RunningService<RoleClient, ()>,
-    tools: Vec<RmcpTool>,
-    resources: Vec<rmcp::model::Resource>,
-    prompts: Vec<rmcp::model::Prompt>,
+    service: RunningService<RoleClient, UpstreamClient>,
+    /// What it offers, listed at start and again after it said its tools changed.
+    listing: Mutex<Listing>,
     pid: Option<u32>,
     /// Set when a stdio server's process has exited (rmcp notices a closed pipe only later).
     exited: Arc<std::sync::atomic::AtomicBool>,
+    /// Set when the server said its tools changed: they are listed again at the next use.
+    stale: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Clone, Default)]
+struct Listing {
+    tools: Vec<RmcpTool>,
+    resources: Vec<rmcp::model::Resource>,
+    prompts: Vec<rmcp::model::Prompt>,
+}
+
+/// Postern as an upstream's client: hears `notifications/tools/list_changed` (sent unscoped by
+/// servers on earlier protocol versions), marks the server's tools stale and tells the agents.
+#[derive(Clone)]
+struct UpstreamClient {
+    stale: Arc<std::sync::atomic::AtomicBool>,
+    changes: tokio::sync::broadcast::Sender<()>,
+}
+
+impl UpstreamClient {
+    fn changed(&self) {
+        self.stale.store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.changes.send(());
+    }
+}
+
+impl rmcp::ClientHandler for UpstreamClient {
+    /// Postern asks for the newest protocol (servers answer with the newest they share) and
+    /// declares no client capabilities: it does not sample, elicit or offer roots for a server.
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut config = rmcp::model::ClientConfig::default();
+        config.protocol_version = rmcp::model::ProtocolVersion::LATEST;
+        config.client_info = rmcp::model::Implementation::new("postern", env!("CARGO_PKG_VERSION"));
+        config
+    }
+
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        self.changed();
+    }
 }
 
 impl Running {
+    fn tool_count(&self) -> usize {
+        self.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).tools.len()
+    }
+
     fn alive(&self) -> bool {
         !self.exited.load(std::sync::atomic::Ordering::Acquire) && !self.service.is_transport_closed()
     }
@@ -233,6 +275,8 @@ pub struct Upstreams {
     slots: tokio::sync::Mutex<HashMap<String, Slot>>,
     /// The tools of the running servers, for the synchronous paths (tool lists, call preparation).
     catalogue: Mutex<Catalogue>,
+    /// Fires when an upstream's tools changed: each connected agent is told to list them again.
+    changes: tokio::sync::broadcast::Sender<()>,
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -249,6 +293,7 @@ impl Upstreams {
             overrides,
             slots: tokio::sync::Mutex::new(HashMap::new()),
             catalogue: Mutex::new(Catalogue::default()),
+            changes: tokio::sync::broadcast::channel(16).0,
         }
     }
 
@@ -265,6 +310,16 @@ impl Upstreams {
         if started || self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).tools.is_empty() {
             self.refresh_catalogue(&slots);
         }
+    }
+
+    /// A client for one server, reporting its tool changes here.
+    fn client(&self) -> UpstreamClient {
+        UpstreamClient { stale: Arc::default(), changes: self.changes.clone() }
+    }
+
+    /// Fires when an upstream server's tools changed.
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<()> {
+        self.changes.subscribe()
     }
 
     /// The tool an agent named, if a running server offers it; or, for `<server>__resources/read`
@@ -325,7 +380,7 @@ impl Upstreams {
                 ServerStatus {
                     name: s.name.clone(),
                     state: state.into(),
-                    tools: running.map_or(0, |r| r.tools.len()),
+                    tools: running.map_or(0, |r| r.tool_count()),
                     pid: running.and_then(|r| r.pid),
                     last_error,
                 }
@@ -429,6 +484,16 @@ impl Upstreams {
     ) -> Result<(Arc<Running>, bool), String> {
         let slot = slots.entry(server.name.clone()).or_default();
         if let Some(r) = &slot.running {
+            if r.alive() && r.stale.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                // It said its tools changed: list them again (the catalogue follows).
+                match listing(&r.service, &server.name).await {
+                    Ok(l) => *r.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = l,
+                    Err(e) => {
+                        tracing::warn!(server = %server.name, error = %e, "upstream tools could not be listed again")
+                    }
+                }
+                return Ok((Arc::clone(r), true));
+            }
             if r.alive() {
                 return Ok((Arc::clone(r), false));
             }
@@ -501,10 +566,13 @@ impl Upstreams {
         }
         let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
         let transport = StreamableHttpClientTransport::with_client(crate::http::client(), config);
-        let service =
-            ().serve(transport).await.map_err(|e| format!("{name:?} did not complete MCP initialization: {e}"))?;
+        let service = self
+            .client()
+            .serve_with_lifecycle(transport, lifecycle())
+            .await
+            .map_err(|e| format!("{name:?} did not complete MCP initialization: {e}"))?;
         let running = listed(service, None, name).await?;
-        tracing::info!(server = %name, tools = running.tools.len(), %url, "remote upstream MCP server connected");
+        tracing::info!(server = %name, tools = running.tool_count(), %url, "remote upstream MCP server connected");
         Ok(running)
     }
 
@@ -531,17 +599,18 @@ impl Upstreams {
             });
         }
         // The child is owned by a task that reaps it once the transport is gone (kill on drop).
-        let service =
-            ().serve((stdout, stdin))
-                .await
-                .map_err(|e| format!("{:?} did not complete MCP initialization: {e}", server.name))?;
+        let service = self
+            .client()
+            .serve_with_lifecycle((stdout, stdin), lifecycle())
+            .await
+            .map_err(|e| format!("{:?} did not complete MCP initialization: {e}", server.name))?;
         let running = listed(service, pid, &server.name).await?;
         let exited = Arc::clone(&running.exited);
         tokio::spawn(async move {
             let _ = child.wait().await;
             exited.store(true, std::sync::atomic::Ordering::Release);
         });
-        tracing::info!(server = %server.name, tools = running.tools.len(), pid, "upstream MCP server started");
+        tracing::info!(server = %server.name, tools = running.tool_count(), pid, "upstream MCP server started");
         Ok(running)
     }
 
@@ -550,20 +619,21 @@ impl Upstreams {
         let (mut resources, mut prompts) = (Vec::new(), Vec::new());
         for (server, slot) in slots {
             let Some(running) = &slot.running else { continue };
-            for r in &running.resources {
+            let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            for r in &listing.resources {
                 let mut r = r.clone();
                 r.uri = format!("{RESOURCE_PREFIX}{server}/{}", r.uri);
                 r.name = format!("{server}{SEPARATOR}{}", r.name);
                 resources.push(r);
             }
-            for p in &running.prompts {
+            for p in &listing.prompts {
                 let mut p = p.clone();
                 p.name = format!("{server}{SEPARATOR}{}", p.name);
                 prompts.push(p);
             }
             let overrides = self.overrides.get(server);
             let server_def = self.vault.mcp_server(server).ok();
-            for t in &running.tools {
+            for t in &listing.tools {
                 let name = format!("{server}{SEPARATOR}{}", t.name);
                 if name.len() > MAX_TOOL_NAME {
                     tracing::warn!(%server, tool = %t.name, "upstream tool not offered: its namespaced name is over 64 characters");
@@ -601,9 +671,18 @@ impl Upstreams {
     }
 }
 
-/// A freshly initialized server's tools, resources and prompts (the last two where it
-/// advertises them).
-async fn listed(service: RunningService<RoleClient, ()>, pid: Option<u32>, name: &str) -> Result<Running, String> {
+/// How Postern opens a session with an upstream: `server/discover` for protocol 2026-07-28
+/// (where tool changes reach a client through `subscriptions/listen`), falling back to the
+/// `initialize` handshake with a server that does not know it.
+fn lifecycle() -> rmcp::ClientLifecycleMode {
+    rmcp::ClientLifecycleMode::Auto {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
+    }
+}
+
+/// A server's tools, resources and prompts (the last two where it advertises them).
+async fn listing(service: &RunningService<RoleClient, UpstreamClient>, name: &str) -> Result<Listing, String> {
     let peer = service.peer();
     let tools = peer.list_all_tools().await.map_err(|e| format!("{name:?} tools/list: {e}"))?;
     let capabilities = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
@@ -615,7 +694,43 @@ async fn listed(service: RunningService<RoleClient, ()>, pid: Option<u32>, name:
         Some(_) => peer.list_all_prompts().await.map_err(|e| format!("{name:?} prompts/list: {e}"))?,
         None => vec![],
     };
-    Ok(Running { service, tools, resources, prompts, pid, exited: Arc::default() })
+    Ok(Listing { tools, resources, prompts })
+}
+
+/// A freshly initialized server, listed; on protocol 2026-07-28 (where a tools change reaches a
+/// client only through `subscriptions/listen`) Postern listens for it.
+async fn listed(
+    service: RunningService<RoleClient, UpstreamClient>,
+    pid: Option<u32>,
+    name: &str,
+) -> Result<Running, String> {
+    let listing = listing(&service, name).await?;
+    let client = service.service().clone();
+    let announces = service
+        .peer()
+        .peer_info()
+        .is_some_and(|i| i.capabilities.tools.as_ref().is_some_and(|t| t.list_changed == Some(true)));
+    let modern =
+        service.peer().peer_info().is_some_and(|i| i.protocol_version == rmcp::model::ProtocolVersion::V_2026_07_28);
+    let version = service.peer().peer_info().map(|i| i.protocol_version.to_string()).unwrap_or_default();
+    tracing::info!(server = %name, protocol = %version, tools_list_changed = announces, "upstream MCP session");
+    if announces && modern {
+        let filter = rmcp::model::SubscriptionFilter::builder().tools_list_changed().build();
+        match service.peer().listen(filter).await {
+            Ok(mut subscription) => {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    while let Ok(Some(notification)) = subscription.next().await {
+                        if matches!(notification, rmcp::model::ServerNotification::ToolListChangedNotification(_)) {
+                            client.changed();
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(server = %name, error = %e, "could not listen for the server's tool changes"),
+        }
+    }
+    Ok(Running { service, listing: Mutex::new(listing), pid, exited: Arc::default(), stale: Arc::clone(&client.stale) })
 }
 
 /// The read-only operation `operation` on `server`, as the engine runs it.

@@ -38,6 +38,7 @@ class Agent:
 
     def __init__(self, tg):
         self.tg = tg
+        self.listening = False
         self.session = None
         self.close = None
         self.closed = None
@@ -56,7 +57,7 @@ class Agent:
                         httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60))
                     )
                     read, write = await stack.enter_async_context(streamable_http_client(cmd["url"], http_client=client))
-                session = await stack.enter_async_context(ClientSession(read, write))
+                session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
                 info = await session.initialize()
                 self.session = session
                 emit(event="connected", protocol=str(info.protocol_version), server=info.server_info.name, pid=os.getpid())
@@ -122,6 +123,34 @@ class Agent:
         except Exception as e:
             emit(event="read", what=what, ok=False, error=f"{type(e).__name__}: {e}")
 
+    async def _on_message(self, message):
+        """Server notifications on protocols before 2026-07-28 (unscoped)."""
+        root = getattr(message, "root", message)
+        if self.listening and getattr(root, "method", None) == "notifications/tools/list_changed":
+            emit(event="tools_changed")
+
+    async def listen(self):
+        """Listens for tool-list changes (subscriptions/listen on 2026-07-28, else the unscoped
+        notification through the session's message handler) and reports each one."""
+        session = self.session
+        if str(session.protocol_version) != "2026-07-28":
+            self.listening = True
+            emit(event="listening", how="notification")
+            return
+
+        async def run():
+            try:
+                from mcp.client.subscriptions import listen
+
+                async with listen(session, tools_list_changed=True) as subscription:
+                    emit(event="listening", how="subscriptions/listen")
+                    async for _event in subscription:
+                        emit(event="tools_changed")
+            except Exception as e:
+                emit(event="listen_failed", error=f"{type(e).__name__}: {e}")
+
+        self.tg.start_soon(run)
+
     async def tools(self):
         listed = await self.session.list_tools()
         emit(
@@ -159,6 +188,8 @@ async def main():
                     await agent.tools()
                 elif op == "read":
                     await agent.read(cmd)
+                elif op == "listen":
+                    await agent.listen()
                 elif op == "exit":
                     break
             except Exception as e:

@@ -101,7 +101,7 @@ fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_a
         (Some("counter"), Some("running")),
         "{listed}"
     );
-    assert_eq!(listed[0]["tools"], 5, "{listed}");
+    assert_eq!(listed[0]["tools"], 6, "{listed}");
     let text = read["text"].to_string();
     assert!(text.contains(r#"\"token_ok\": true"#), "the secret reached the server's environment: {read}");
 
@@ -521,4 +521,26 @@ fn upstream_resources_and_prompts_are_offered_namespaced_and_each_read_is_journa
     let tools: Vec<&str> = accepted.iter().map(|r| r["detail"]["tool"].as_str().unwrap()).collect();
     assert_eq!(tools, ["counter__resources/read", "counter__prompts/get"], "{accepted:?}");
     assert_eq!(count(dir.path(), "pay"), 0);
+}
+
+#[test]
+fn an_upstream_tools_change_reaches_a_connected_agent_and_the_new_tool_is_callable() {
+    let Upstream { gw, dir: _dir, mut agent } = start();
+    agent.tools();
+    // Postern's session with the upstream is on protocol 2026-07-28, where a tools change is
+    // delivered through subscriptions/listen.
+    let log = gw.stderr.lock().unwrap().clone();
+    assert!(log.contains("protocol=2026-07-28 tools_list_changed=true"), "{log}");
+    agent.send(json!({ "op": "listen" }));
+    let listening = agent.expect("listening", |e| e["event"] == "listening" || e["event"] == "listen_failed");
+    assert_eq!(listening["event"], "listening", "{listening}");
+    let added = agent.call_and_wait("add", "counter__add_tool", json!({ "name": "fresh" }));
+    assert_eq!(added["structured"]["state"], "completed", "{added}");
+    agent.expect("the tools change", |e| e["event"] == "tools_changed");
+    let tools = agent.tools();
+    let fresh = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == "counter__fresh").cloned();
+    let fresh = fresh.unwrap_or_else(|| panic!("counter__fresh in {tools}"));
+    assert!(fresh["description"].as_str().unwrap().contains("Replay contract: read_only"), "{fresh}");
+    let hello = agent.call_and_wait("hello", "counter__fresh", json!({}));
+    assert!(hello["text"].to_string().contains("fresh says hello"), "{hello}");
 }
