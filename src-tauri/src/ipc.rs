@@ -265,6 +265,8 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         audit_verify,
         audit_checkpoint,
         status,
+        servers,
+        restart_server,
     ]
 }
 
@@ -457,6 +459,72 @@ pub fn status(app: State<'_>) -> Result<StatusView, IpcError> {
         socket: app.socket.clone(),
         http: app.http.clone(),
     })
+}
+
+/// One upstream MCP server as the Servers view shows it.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ServerRow {
+    pub name: String,
+    /// `running`, `stopped` or `crashed`.
+    pub state: String,
+    pub last_error: Option<String>,
+    /// The command line, or the URL and the credential sent to it.
+    pub launched: String,
+    /// Names of the environment values kept in the keychain (never their values).
+    pub secret_env: Vec<String>,
+    pub approve_every_use: bool,
+    pub tools: Vec<UpstreamToolRow>,
+}
+
+/// An upstream tool as agents see it, with the contract Postern holds it to.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct UpstreamToolRow {
+    pub name: String,
+    pub contract: String,
+    /// `annotations` (the server's hints), `override` (tools.toml) or `default`.
+    pub contract_from: String,
+}
+
+/// The upstream MCP servers: state, what launches them, their tools and contracts.
+#[tauri::command]
+pub async fn servers(app: State<'_>) -> Result<Vec<ServerRow>, IpcError> {
+    let Some(upstreams) = app.engine.upstreams() else { return Ok(vec![]) };
+    let statuses = upstreams.status().await;
+    let tools = upstreams.tools();
+    Ok(app
+        .vault
+        .mcp_servers()?
+        .into_iter()
+        .map(|s| {
+            let status = statuses.iter().find(|st| st.name == s.name);
+            ServerRow {
+                state: status.map_or_else(|| "stopped".into(), |st| st.state.clone()),
+                last_error: status.and_then(|st| st.last_error.clone()),
+                launched: s.launched(),
+                secret_env: s.secret_env.clone(),
+                approve_every_use: s.approve_every_use,
+                tools: tools
+                    .iter()
+                    .filter(|t| t.server == s.name)
+                    .map(|t| UpstreamToolRow {
+                        name: t.name.clone(),
+                        contract: t.contract.class.as_str().into(),
+                        contract_from: t.contract_source.into(),
+                    })
+                    .collect(),
+                name: s.name,
+            }
+        })
+        .collect())
+}
+
+/// Stops a server (SIGTERM, then SIGKILL) and starts it again.
+#[tauri::command]
+pub async fn restart_server(app: State<'_>, name: String) -> Result<(), IpcError> {
+    let upstreams = app.engine.upstreams().ok_or_else(|| IpcError::new("no_upstreams", "no upstream servers"))?;
+    upstreams.restart(&name).await.map(|_| ()).map_err(|e| IpcError::new("upstream_unavailable", e))
 }
 
 #[tauri::command]

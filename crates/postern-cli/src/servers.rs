@@ -179,13 +179,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     let mut t =
         render::table(&["server", "state", "tools", "command or URL", "environment", "secrets (in the keychain)"]);
     for s in &servers {
-        let launched = match &s.url {
-            Some(url) => format!("{url} (credential {})", s.credential.as_deref().unwrap_or("none")),
-            None => std::iter::once(s.command.as_str())
-                .chain(s.args.iter().map(String::as_str))
-                .collect::<Vec<_>>()
-                .join(" "),
-        };
+        let launched = s.launched();
         let (state, tools, last_error) = state_of(&s.name);
         let state = match last_error {
             Some(e) if state != "running" => format!("{state}: {e}"),

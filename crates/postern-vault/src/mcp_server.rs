@@ -35,6 +35,17 @@ pub struct McpServer {
 }
 
 impl McpServer {
+    /// What launches it, as lists show it: the command line, or the URL and the credential.
+    pub fn launched(&self) -> String {
+        match &self.url {
+            Some(url) => format!("{url} (credential {})", self.credential.as_deref().unwrap_or("none")),
+            None => std::iter::once(self.command.as_str())
+                .chain(self.args.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), VaultError> {
         let invalid = |m: String| Err(VaultError::InvalidCredential(m));
         let name_ok = !self.name.is_empty()

@@ -14,10 +14,12 @@ import type { VaultView } from './bindings/VaultView';
 import type { NewCredential } from './bindings/NewCredential';
 import type { NewSshHost } from './bindings/NewSshHost';
 import type { AuditView } from './bindings/AuditView';
+import type { ServerRow } from './bindings/ServerRow';
+import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
 
 export type {
-  ApprovalView, AuditView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewSshHost, SessionRow,
-  StatusView, ToolsView, VaultView,
+  ApprovalView, AuditView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewSshHost, ServerRow,
+  SessionRow, StatusView, ToolsView, UpstreamToolRow, VaultView,
 };
 
 /** A failed command: the app's error code and message. */
@@ -50,6 +52,8 @@ export const ipc = {
   unlockVault: () => call<void>('unlock_vault'),
   status: () => call<StatusView>('status'),
   tools: () => call<ToolsView>('tools'),
+  servers: () => call<ServerRow[]>('servers'),
+  restartServer: (name: string) => call<void>('restart_server', { name }),
   vault: () => call<VaultView>('vault'),
   addCredential: (credential: NewCredential) => call<void>('add_credential', { credential }),
   addSshHost: (host: NewSshHost) => call<void>('add_ssh_host', { host }),

@@ -4,7 +4,8 @@ import Approvals from './Approvals.svelte';
 import Audit from './Audit.svelte';
 import Sessions from './Sessions.svelte';
 import Tools from './Tools.svelte';
-import type { ApprovalView, Ipc, SessionRow, ToolsView } from '../lib/ipc';
+import Servers from './Servers.svelte';
+import type { ApprovalView, Ipc, ServerRow, SessionRow, ToolsView } from '../lib/ipc';
 
 const listen = async () => () => {};
 
@@ -81,5 +82,39 @@ describe('Audit', () => {
     const result = await screen.findByTestId('audit-result');
     expect(result.textContent).toContain('TAMPERING FOUND');
     expect(screen.getByText('row 4 was modified')).toBeTruthy();
+  });
+});
+
+describe('Servers', () => {
+  const server = (state: string, last_error: string | null): ServerRow => ({
+    name: 'github', state, last_error, launched: 'npx -y @modelcontextprotocol/server-github', secret_env: ['GITHUB_TOKEN'],
+    approve_every_use: false,
+    tools: [
+      { name: 'github__search_issues', contract: 'read_only', contract_from: 'annotations' },
+      { name: 'github__create_issue', contract: 'irreversible', contract_from: 'default' },
+    ],
+  });
+
+  it('shows each server with its state, secrets by name, and its tools with their contracts; restarts', async () => {
+    let list = [server('crashed', 'the server\'s process ended')];
+    const restartServer = vi.fn(async () => {
+      list = [server('running', null)];
+    });
+    const ipc = { servers: vi.fn(async () => list), restartServer } as unknown as Ipc;
+    render(Servers, { props: { ipc } });
+    const card = await screen.findByTestId('server-github');
+    expect(screen.getByTestId('server-state-github').textContent).toBe('crashed');
+    expect(card.textContent).toContain("the server's process ended");
+    expect(card.textContent).toContain('GITHUB_TOKEN');
+    expect(card.textContent).toContain('github__create_issue');
+    expect(card.textContent).toContain('irreversible');
+    await fireEvent.click(screen.getByText('Restart'));
+    expect(restartServer).toHaveBeenCalledWith('github');
+    await waitFor(() => expect(screen.getByTestId('server-state-github').textContent).toBe('running'));
+  });
+
+  it('says how to bring servers in when there are none', async () => {
+    render(Servers, { props: { ipc: { servers: vi.fn(async () => []) } as unknown as Ipc } });
+    expect((await screen.findByTestId('servers-empty')).textContent).toContain('postern servers import');
   });
 });
