@@ -20,6 +20,10 @@ fn main() {
         "audit_verify",
         "audit_checkpoint",
         "status",
+        "servers",
+        "restart_server",
+        "add_server",
+        "remove_server",
     ])))
     .expect("tauri build step");
 }

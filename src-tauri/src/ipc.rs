@@ -267,6 +267,8 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         status,
         servers,
         restart_server,
+        add_server,
+        remove_server,
     ]
 }
 
@@ -518,6 +520,57 @@ pub async fn servers(app: State<'_>) -> Result<Vec<ServerRow>, IpcError> {
             }
         })
         .collect())
+}
+
+/// A stdio MCP server to add: its command, plain environment, and secret environment values
+/// (typed into password fields, stored in the keychain, never sent back to any window).
+#[derive(Debug, Clone, Deserialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct NewServer {
+    pub name: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: Vec<EnvValue>,
+    pub approve_every_use: bool,
+}
+
+/// One environment value of a new server.
+#[derive(Debug, Clone, Deserialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct EnvValue {
+    pub key: String,
+    pub value: String,
+    pub secret: bool,
+}
+
+#[tauri::command]
+pub fn add_server(app: State<'_>, server: NewServer) -> Result<(), IpcError> {
+    use postern_vault::{McpServer, Sensitive};
+    let NewServer { name, command, args, env, approve_every_use } = server;
+    let (secret, plain): (Vec<EnvValue>, Vec<EnvValue>) = env.into_iter().partition(|e| e.secret);
+    let server = McpServer {
+        name,
+        command,
+        args,
+        env: plain.into_iter().map(|e| (e.key, e.value)).collect(),
+        secret_env: secret.iter().map(|e| e.key.clone()).collect(),
+        approve_every_use,
+        ..McpServer::default()
+    };
+    let secrets: Vec<(String, Sensitive<String>)> =
+        secret.into_iter().map(|e| (e.key, Sensitive::new(e.value))).collect();
+    app.vault.add_mcp_server(&server, &secrets, crate::now())?;
+    Ok(())
+}
+
+/// Stops the server and removes it and its keychain secrets.
+#[tauri::command]
+pub async fn remove_server(app: State<'_>, name: String) -> Result<(), IpcError> {
+    if let Some(upstreams) = app.engine.upstreams() {
+        upstreams.forget(&name).await;
+    }
+    app.vault.remove_mcp_server(&name, crate::now())?;
+    Ok(())
 }
 
 /// Stops a server (SIGTERM, then SIGKILL) and starts it again.

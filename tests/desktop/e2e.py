@@ -39,6 +39,7 @@ APP = os.environ["POSTERN_APP"]
 POSTERN = os.environ["POSTERN_BIN"]
 SHOTS = os.environ.get("SCREENSHOTS")
 SECRET = "CANARY-desktop-91f3-bank-token"
+UPSTREAM_SECRET = "CANARY-desktop-upstream-77c2"
 TEMPORARY = []  # data directories to remove at the end (the 1M-row journal is ~400 MB)
 
 
@@ -272,6 +273,19 @@ def main():
         input=SECRET + "\n", capture_output=True, text=True, env=env,
     )
     check(add.returncode == 0, add.stderr)
+    # An upstream MCP server (the counting server on the official Python SDK), its token a
+    # keychain secret: the Servers view shows it running, with its tools' contracts.
+    counter = tempfile.mkdtemp(prefix="postern-desktop-counter-")
+    TEMPORARY.append(counter)
+    with open(os.path.join(counter, "expected_token"), "w") as f:
+        f.write(UPSTREAM_SECRET)
+    python = os.path.join(ROOT, "tests/clients/python/.venv/bin/python")
+    up = subprocess.run(
+        [POSTERN, "servers", "add", "counter", "--env", f"COUNTER_DIR={counter}", "--secret-env", "COUNTER_TOKEN", "--",
+         python, os.path.join(ROOT, "tests/upstreams/counting.py")],
+        input=UPSTREAM_SECRET + "\n", capture_output=True, text=True, env=env,
+    )
+    check(up.returncode == 0, up.stderr)
 
     port, native = free_port(), free_port()
     driver_proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
@@ -424,6 +438,14 @@ def main():
         tools_text = b.text("[data-testid=tools]")
         check("pay_each" in tools_text and "irreversible" in tools_text and "destructiveHint" in tools_text, tools_text)
         shot(driver, "view-tools.png")
+        b.click("button[data-view=Servers]")
+        wait_for("the upstream server running", lambda: b.find("[data-testid=server-state-counter]")
+                 and b.text("[data-testid=server-state-counter]") == "running")
+        server_text = b.text("[data-testid=server-counter]")
+        check("counter__pay" in server_text and "irreversible" in server_text and "COUNTER_TOKEN" in server_text,
+              server_text)
+        check(UPSTREAM_SECRET not in b.do(lambda d: d.page_source), "the Servers view never shows a secret")
+        shot(driver, "view-servers.png")
         b.click("button[data-view=Audit]")
         b.click("[data-testid=verify]")
         wait_for("the audit", lambda: b.find("[data-testid=audit-result]"))

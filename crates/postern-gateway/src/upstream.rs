@@ -396,6 +396,15 @@ impl Upstreams {
         *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Catalogue::default();
     }
 
+    /// Stops the server `name` (it is being removed) and forgets it.
+    pub async fn forget(&self, name: &str) {
+        let mut slots = self.slots.lock().await;
+        if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
+            running.stop().await;
+        }
+        self.refresh_catalogue(&slots);
+    }
+
     /// Stops the server `name` and starts it again at once (a failed start is reported, and
     /// retried on next use as after a crash).
     pub async fn restart(&self, name: &str) -> Result<ServerStatus, String> {

@@ -15,10 +15,12 @@ import type { NewCredential } from './bindings/NewCredential';
 import type { NewSshHost } from './bindings/NewSshHost';
 import type { AuditView } from './bindings/AuditView';
 import type { ServerRow } from './bindings/ServerRow';
+import type { NewServer } from './bindings/NewServer';
+import type { EnvValue } from './bindings/EnvValue';
 import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
 
 export type {
-  ApprovalView, AuditView, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewSshHost, ServerRow,
+  ApprovalView, AuditView, EnvValue, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerRow,
   SessionRow, StatusView, ToolsView, UpstreamToolRow, VaultView,
 };
 
@@ -54,6 +56,8 @@ export const ipc = {
   tools: () => call<ToolsView>('tools'),
   servers: () => call<ServerRow[]>('servers'),
   restartServer: (name: string) => call<void>('restart_server', { name }),
+  addServer: (server: NewServer) => call<void>('add_server', { server }),
+  removeServer: (name: string) => call<void>('remove_server', { name }),
   vault: () => call<VaultView>('vault'),
   addCredential: (credential: NewCredential) => call<void>('add_credential', { credential }),
   addSshHost: (host: NewSshHost) => call<void>('add_ssh_host', { host }),

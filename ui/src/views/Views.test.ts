@@ -118,3 +118,25 @@ describe('Servers', () => {
     expect((await screen.findByTestId('servers-empty')).textContent).toContain('postern servers import');
   });
 });
+
+describe('Servers form', () => {
+  it('adds a server with its secret typed into a password field', async () => {
+    const addServer = vi.fn(async () => undefined);
+    const ipc = { servers: vi.fn(async () => []), addServer } as unknown as Ipc;
+    render(Servers, { props: { ipc } });
+    await screen.findByTestId('servers-empty');
+    await fireEvent.click(screen.getByTestId('add-server'));
+    await fireEvent.input(screen.getByPlaceholderText('name (tools become name__tool)'), { target: { value: 'github' } });
+    await fireEvent.input(screen.getByPlaceholderText(/^command/), { target: { value: 'npx -y @modelcontextprotocol/server-github' } });
+    await fireEvent.click(screen.getByText('+ environment value'));
+    await fireEvent.input(screen.getByPlaceholderText('VARIABLE'), { target: { value: 'GITHUB_TOKEN' } });
+    const secret = screen.getByTestId('secret-0') as HTMLInputElement;
+    expect(secret.type).toBe('password');
+    await fireEvent.input(secret, { target: { value: 'ghp_canary' } });
+    await fireEvent.submit(screen.getByTestId('server-form'));
+    expect(addServer).toHaveBeenCalledWith({
+      name: 'github', command: 'npx', args: ['-y', '@modelcontextprotocol/server-github'],
+      env: [{ key: 'GITHUB_TOKEN', value: 'ghp_canary', secret: true }], approve_every_use: false,
+    });
+  });
+});
