@@ -285,10 +285,21 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename, keeping the file's mode.
+/// Writes `bytes` to `path` through a temporary file and a rename, keeping the file's mode. The
+/// temporary file is created owner-only (what `--undo` writes back holds the secrets) and only
+/// then given the original's mode.
 fn replace_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("postern-tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("write {}", tmp.display()))?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("create {}", tmp.display()))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).with_context(|| format!("write {}", tmp.display()))?;
     if let Ok(meta) = std::fs::metadata(path) {
         std::fs::set_permissions(&tmp, meta.permissions()).with_context(|| format!("chmod {}", tmp.display()))?;
     }

@@ -318,6 +318,9 @@ fn import_moves_agent_config_secrets_into_the_keychain_and_undo_restores_the_fil
     let other_canary = "canary-cursor-token-8e3b1a90c4";
     let cursor = serde_json::to_vec_pretty(&json!({ "mcpServers": { "counter": server(other_canary) } })).unwrap();
     std::fs::write(home.path().join(".claude.json"), &claude).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    std::fs::set_permissions(home.path().join(".claude.json"), std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::create_dir(home.path().join(".cursor")).unwrap();
     std::fs::write(home.path().join(".cursor/mcp.json"), &cursor).unwrap();
     let data = tempfile::tempdir().unwrap();
@@ -347,6 +350,7 @@ fn import_moves_agent_config_secrets_into_the_keychain_and_undo_restores_the_fil
     assert_eq!(after["mcpServers"]["postern"]["args"], json!(["mcp"]), "{after}");
     assert!(after["mcpServers"]["postern"]["command"].as_str().unwrap().ends_with("postern"));
     assert_eq!(after["numStartups"], 3, "the rest of the file is kept");
+    assert_eq!(mode(&home.path().join(".claude.json")), 0o600, "the file keeps its mode");
     let list = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
     let names: Vec<String> = serde_json::from_str::<Vec<Value>>(&list.stdout)
         .unwrap()
@@ -372,6 +376,7 @@ fn import_moves_agent_config_secrets_into_the_keychain_and_undo_restores_the_fil
         let undone = postern_with(&["servers", "import", "--undo"], Some(&data_path), None, &home_env);
         assert_eq!(undone.code, 0, "{}", undone.stderr);
         assert_eq!(std::fs::read(home.path().join(".claude.json")).unwrap(), claude, "the original bytes");
+        assert_eq!(mode(&home.path().join(".claude.json")), 0o600);
         assert_eq!(std::fs::read(home.path().join(".cursor/mcp.json")).unwrap(), cursor);
         let list = postern_with(&["servers", "list", "--json"], Some(&data_path), None, &[]);
         assert_eq!(list.stdout.trim(), "[]", "the imported servers are removed");
