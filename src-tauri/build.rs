@@ -24,6 +24,8 @@ fn main() {
         "restart_server",
         "add_server",
         "remove_server",
+        "import_offer",
+        "import_apply",
     ])))
     .expect("tauri build step");
 }

@@ -269,6 +269,8 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         restart_server,
         add_server,
         remove_server,
+        import_offer,
+        import_apply,
     ]
 }
 
@@ -571,6 +573,42 @@ pub async fn remove_server(app: State<'_>, name: String) -> Result<(), IpcError>
     }
     app.vault.remove_mcp_server(&name, crate::now())?;
     Ok(())
+}
+
+/// The first-run offer: the MCP servers the agent configs on this machine launch, and how many
+/// of their environment values are plaintext secrets (never the values).
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ImportOffer {
+    pub servers: u32,
+    pub secrets: u32,
+    /// The config files that would be rewritten.
+    pub files: Vec<String>,
+}
+
+/// The `postern` CLI agents are pointed at: the one on PATH, else the bare name.
+fn postern_on_path() -> String {
+    std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|d| d.join("postern")).find(|c| c.is_file()))
+        .map_or_else(|| "postern".into(), |p| p.display().to_string())
+}
+
+#[tauri::command]
+pub fn import_offer(app: State<'_>) -> Result<ImportOffer, IpcError> {
+    let plan = postern_host::import::plan(&app.vault, &[], &postern_on_path())?;
+    Ok(ImportOffer {
+        servers: u32::try_from(plan.servers()).unwrap_or(u32::MAX),
+        secrets: u32::try_from(plan.secrets()).unwrap_or(u32::MAX),
+        files: plan.files.iter().filter(|f| !f.named.is_empty()).map(|f| f.source.path.display().to_string()).collect(),
+    })
+}
+
+/// Moves them in (`postern servers import --yes`); returns how many servers moved.
+#[tauri::command]
+pub fn import_apply(app: State<'_>) -> Result<u32, IpcError> {
+    let plan = postern_host::import::plan(&app.vault, &[], &postern_on_path())?;
+    let moved = postern_host::import::apply(&app.vault, &app.data_dir, plan, crate::now())?;
+    Ok(u32::try_from(moved.len()).unwrap_or(u32::MAX))
 }
 
 /// Stops a server (SIGTERM, then SIGKILL) and starts it again.

@@ -1,22 +1,13 @@
-//! `postern servers import`: moves the MCP servers an agent's config file launches (with their
-//! tokens in plaintext JSON) into Postern — each server into the vault, each secret into the
-//! keychain — and rewrites the config to a single `postern mcp` entry. The original file is kept
-//! as a keychain item, never on disk, so `--undo` can restore its exact bytes.
-//!
-//! The parsing and rewriting here are pure (`find_servers`, `rewrite`, `looks_secret`) and
-//! property-tested with hostile configs; the command around them does the I/O.
+//! `postern servers import`: the plan printed (secrets by name and length only), confirmed, and
+//! carried out by `postern_host::import`; `--undo` restores the files.
 
 use crate::{Failure, vault::open};
 use anyhow::{Context, anyhow};
-use postern_host::now;
-use postern_vault::{MAX_SERVER_NAME, McpServer, Sensitive};
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
-    process::ExitCode,
+use postern_host::{
+    import::{self, ImportError},
+    now,
 };
+use std::{path::Path, process::ExitCode};
 
 #[derive(clap::Args, Debug)]
 pub struct ImportArgs {
@@ -35,321 +26,46 @@ pub struct ImportArgs {
     undo: bool,
 }
 
-/// How one config file lays out its servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// `{"mcpServers": {…}}` (Claude Desktop, Cursor, `.mcp.json`; any file given by path).
-    McpServers,
-    /// `~/.claude.json`: `mcpServers` at the top and under each `projects.<dir>`.
-    ClaudeCode,
-    /// `.vscode/mcp.json`: `{"servers": {…}}`.
-    VsCode,
-}
-
-/// One stdio server found in a config file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Found {
-    /// JSON path of the object holding the server entries (e.g. `["projects", "/src/app", "mcpServers"]`).
-    pub at: Vec<String>,
-    /// The entry's key in that object.
-    pub key: String,
-    pub command: String,
-    pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
-}
-
-/// Why an entry is left where it is.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Skipped {
-    pub key: String,
-    pub reason: String,
-}
-
-/// Environment names that carry secrets by convention.
-const SECRET_WORDS: &[&str] = &["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "AUTH", "COOKIE"];
-
-/// Is this environment value a secret? By its name (`*TOKEN*`, `*KEY*`, …) or, whatever its
-/// name, by looking like one (long, high-entropy, no spaces, not a path or a URL).
-pub fn looks_secret(name: &str, value: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    if SECRET_WORDS.iter().any(|w| upper.contains(w)) && !value.is_empty() {
-        return true;
-    }
-    let plain_shape = value.contains(char::is_whitespace) || value.starts_with('/') || value.contains("://");
-    value.len() >= 20 && !plain_shape && entropy_bits_per_char(value) >= 3.5
-}
-
-fn entropy_bits_per_char(s: &str) -> f64 {
-    let mut counts: BTreeMap<char, usize> = BTreeMap::new();
-    for c in s.chars() {
-        *counts.entry(c).or_default() += 1;
-    }
-    let n = s.chars().count() as f64;
-    counts.values().map(|&k| k as f64 / n).map(|p| -p * p.log2()).sum()
-}
-
-fn server_maps(layout: Layout) -> &'static str {
-    match layout {
-        Layout::VsCode => "servers",
-        Layout::McpServers | Layout::ClaudeCode => "mcpServers",
-    }
-}
-
-/// The objects holding server entries, by JSON path.
-fn holders(config: &Value, layout: Layout) -> Vec<Vec<String>> {
-    let key = server_maps(layout);
-    let mut out = Vec::new();
-    if config.get(key).is_some_and(Value::is_object) {
-        out.push(vec![key.to_owned()]);
-    }
-    if layout == Layout::ClaudeCode
-        && let Some(projects) = config.get("projects").and_then(Value::as_object)
-    {
-        for (dir, project) in projects {
-            if project.get(key).is_some_and(Value::is_object) {
-                out.push(vec!["projects".into(), dir.clone(), key.to_owned()]);
-            }
-        }
-    }
-    out
-}
-
-fn at<'a>(config: &'a Value, path: &[String]) -> Option<&'a Value> {
-    path.iter().try_fold(config, |v, k| v.get(k))
-}
-
-fn at_mut<'a>(config: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
-    path.iter().try_fold(config, |v, k| v.get_mut(k))
-}
-
-/// Is this entry already Postern (`postern mcp`)?
-fn is_postern(entry: &Value) -> bool {
-    let command = entry.get("command").and_then(Value::as_str).unwrap_or_default();
-    let first = entry.get("args").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
-    Path::new(command).file_name().is_some_and(|f| f == "postern") && first == Some("mcp")
-}
-
-/// Every stdio server in `config`, and every entry left alone (with why).
-pub fn find_servers(config: &Value, layout: Layout) -> (Vec<Found>, Vec<Skipped>) {
-    let (mut found, mut skipped) = (Vec::new(), Vec::new());
-    for path in holders(config, layout) {
-        let Some(entries) = at(config, &path).and_then(Value::as_object) else { continue };
-        for (key, entry) in entries {
-            let skip = |reason: &str| Skipped { key: key.clone(), reason: reason.into() };
-            if is_postern(entry) {
-                skipped.push(skip("already Postern"));
-                continue;
-            }
-            let kind = entry.get("type").and_then(Value::as_str).unwrap_or("stdio");
-            if entry.get("url").is_some() || kind != "stdio" {
-                skipped.push(skip("a remote server (not imported yet: Postern runs stdio servers)"));
-                continue;
-            }
-            let Some(command) = entry.get("command").and_then(Value::as_str).filter(|c| !c.trim().is_empty()) else {
-                skipped.push(skip("no command"));
-                continue;
-            };
-            let args: Option<Vec<String>> = match entry.get("args") {
-                None => Some(vec![]),
-                Some(Value::Array(items)) => items.iter().map(|a| a.as_str().map(str::to_owned)).collect(),
-                Some(_) => None,
-            };
-            let env: Option<BTreeMap<String, String>> = match entry.get("env") {
-                None => Some(BTreeMap::new()),
-                Some(Value::Object(map)) => {
-                    map.iter().map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned()))).collect()
-                }
-                Some(_) => None,
-            };
-            let (Some(args), Some(env)) = (args, env) else {
-                skipped.push(skip("arguments or environment that are not strings"));
-                continue;
-            };
-            found.push(Found { at: path.clone(), key: key.clone(), command: command.to_owned(), args, env });
-        }
-    }
-    (found, skipped)
-}
-
-/// `config` with the imported entries removed and, in each object that held one, a `postern`
-/// entry running `postern_command mcp` (unless one is there already).
-pub fn rewrite(config: &Value, imported: &[Found], postern_command: &str) -> Value {
-    let mut out = config.clone();
-    let holders: BTreeSet<&Vec<String>> = imported.iter().map(|f| &f.at).collect();
-    for path in holders {
-        let Some(Value::Object(entries)) = at_mut(&mut out, path) else { continue };
-        for f in imported.iter().filter(|f| &f.at == path) {
-            entries.remove(&f.key);
-        }
-        if !entries.values().any(is_postern) {
-            let name = if entries.contains_key("postern") { "postern-gateway" } else { "postern" };
-            entries.insert(name.into(), json!({ "command": postern_command, "args": ["mcp"] }));
-        }
-    }
-    out
-}
-
-/// A vault name for the entry `key`: letters, digits, `-`, `_`, no `__`, at most 24 characters,
-/// not in `taken`.
-pub fn server_name(key: &str, taken: &BTreeSet<String>) -> String {
-    let mut base: String =
-        key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>();
-    while base.contains("__") {
-        base = base.replace("__", "_");
-    }
-    let base = base.trim_matches('_').chars().take(MAX_SERVER_NAME - 3).collect::<String>();
-    let base = if base.is_empty() { "server".to_owned() } else { base };
-    if !taken.contains(&base) {
-        return base;
-    }
-    (2..).map(|n| format!("{base}-{n}")).find(|n| !taken.contains(n)).expect("some suffix is free")
-}
-
-/// A config file to look at.
-struct Source {
-    label: String,
-    path: PathBuf,
-    layout: Layout,
-}
-
-fn sources(from: &[String]) -> Result<Vec<Source>, Failure> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let known = |name: &str| -> Option<Vec<Source>> {
-        let s = |label: &str, path: PathBuf, layout| Source { label: label.into(), path, layout };
-        Some(match name {
-            "claude-code" => vec![
-                s("claude-code", home.join(".claude.json"), Layout::ClaudeCode),
-                s("claude-code (project)", cwd.join(".mcp.json"), Layout::McpServers),
-            ],
-            "claude-desktop" => {
-                vec![s("claude-desktop", home.join(".config/Claude/claude_desktop_config.json"), Layout::McpServers)]
-            }
-            "cursor" => vec![s("cursor", home.join(".cursor/mcp.json"), Layout::McpServers)],
-            "vscode" => vec![s("vscode", cwd.join(".vscode/mcp.json"), Layout::VsCode)],
-            _ => return None,
-        })
-    };
-    let names: Vec<String> = if from.is_empty() {
-        ["claude-code", "claude-desktop", "cursor", "vscode"].map(String::from).to_vec()
-    } else {
-        from.to_vec()
-    };
-    let mut out = Vec::new();
-    for name in &names {
-        match known(name) {
-            Some(found) => out.extend(found.into_iter().filter(|s| from.contains(name) || s.path.exists())),
-            None => {
-                let path = PathBuf::from(name);
-                if !path.exists() {
-                    return Err(Failure { code: 2, error: anyhow!("{name:?} is neither a known agent nor a file") });
-                }
-                let layout = if path.ends_with(".vscode/mcp.json") { Layout::VsCode } else { Layout::McpServers };
-                out.push(Source { label: "file".into(), path, layout });
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// One file's part of the plan: its bytes, the servers to import (with their vault names), and
-/// what the file will hold afterwards.
-struct FilePlan {
-    source: Source,
-    bytes: Vec<u8>,
-    named: Vec<(Found, String)>,
-    after: Vec<u8>,
-}
-
-/// What an import did, kept in the data directory (no secrets: paths, hashes, names) for `--undo`.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Record {
-    files: Vec<FileRecord>,
-    servers: Vec<String>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct FileRecord {
-    path: PathBuf,
-    /// The keychain backup's key.
-    backup: String,
-    /// SHA-256 of what the import wrote: `--undo` refuses a file changed since.
-    written_sha256: String,
-}
-
-fn record_path(data_dir: &Path) -> PathBuf {
-    data_dir.join("imports").join("last.json")
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, keeping the file's mode. The
-/// temporary file is created owner-only (what `--undo` writes back holds the secrets) and only
-/// then given the original's mode.
-fn replace_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("postern-tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("create {}", tmp.display()))?;
-    file.write_all(bytes).and_then(|()| file.sync_all()).with_context(|| format!("write {}", tmp.display()))?;
-    if let Ok(meta) = std::fs::metadata(path) {
-        std::fs::set_permissions(&tmp, meta.permissions()).with_context(|| format!("chmod {}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("replace {}", path.display()))?;
-    Ok(())
-}
-
 fn postern_command() -> String {
     std::env::current_exe().ok().and_then(|p| p.to_str().map(str::to_owned)).unwrap_or_else(|| "postern".into())
 }
 
+/// Exit code 2 for what the user named wrong, 1 for what went wrong.
+fn failure(e: ImportError) -> Failure {
+    let code = match e {
+        ImportError::UnknownSource(_) | ImportError::NothingToUndo => 2,
+        _ => 1,
+    };
+    Failure { code, error: anyhow!(e) }
+}
+
 pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
-    if args.undo {
-        return undo(data_dir);
-    }
     let vault = open(data_dir)?;
-    let mut taken: BTreeSet<String> = vault.mcp_servers()?.into_iter().map(|s| s.name).collect();
-    taken.extend(vault.credentials()?.into_iter().map(|c| c.name));
-    taken.extend(vault.ssh_hosts()?.into_iter().map(|h| h.name));
-    let postern = postern_command();
-    let mut plan: Vec<FilePlan> = Vec::new();
-    let (mut servers, mut secrets) = (0, 0);
-    for source in sources(&args.from)? {
-        let Ok(bytes) = std::fs::read(&source.path) else {
-            println!("{} ({}): not found", source.label, source.path.display());
-            continue;
-        };
-        let config: Value = match serde_json::from_slice(&bytes) {
-            Ok(v) => v,
-            Err(e) => {
-                println!("{} ({}): not JSON ({e}); left alone", source.label, source.path.display());
-                continue;
-            }
-        };
-        let (found, skipped) = find_servers(&config, source.layout);
-        println!("{} ({})", source.label, source.path.display());
-        for s in &skipped {
+    if args.undo {
+        let undone = import::undo(&vault, data_dir, now()).map_err(failure)?;
+        for path in undone.restored {
+            println!("restored {}", path.display());
+        }
+        for name in undone.removed {
+            println!("removed Postern server {name:?}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let plan = import::plan(&vault, &args.from, &postern_command()).map_err(failure)?;
+    for (source, why) in &plan.left_alone {
+        println!("{} ({}): {why}; left alone", source.label, source.path.display());
+    }
+    for file in &plan.files {
+        println!("{} ({})", file.source.label, file.source.path.display());
+        for s in &file.skipped {
             println!("  {:<24} left as it is: {}", s.key, s.reason);
         }
-        if found.is_empty() {
+        if file.named.is_empty() {
             println!("  no server to import");
             continue;
         }
-        let mut named = Vec::new();
-        for f in found {
-            let name = server_name(&f.key, &taken);
-            taken.insert(name.clone());
-            let (secret, plain): (Vec<_>, Vec<_>) = f.env.iter().partition(|(k, v)| looks_secret(k, v));
-            servers += 1;
-            secrets += secret.len();
+        for (f, name) in &file.named {
+            let (secret, plain): (Vec<_>, Vec<_>) = f.env.iter().partition(|(k, v)| import::looks_secret(k, v));
             println!("  {:<24} → Postern server {name:?}: {} {}", f.key, f.command, f.args.join(" "));
             if !plain.is_empty() {
                 println!("      environment: {}", plain.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", "));
@@ -357,18 +73,14 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
             for (k, v) in &secret {
                 println!("      secret → OS keychain: {k} ({} characters)", v.chars().count());
             }
-            named.push((f, name));
         }
-        let imported: Vec<Found> = named.iter().map(|(f, _)| f.clone()).collect();
-        let after = serde_json::to_vec_pretty(&rewrite(&config, &imported, &postern)).context("encode")?;
-        println!("  afterwards its servers are: {}", describe_after(&after, source.layout));
-        plan.push(FilePlan { source, bytes, named, after });
+        println!("  afterwards its servers are: {}", file.servers_after().join(", "));
     }
-    if plan.is_empty() {
+    if plan.servers() == 0 {
         println!("nothing to import");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{servers} MCP server(s) with {secrets} plaintext secret(s) would move into Postern.");
+    println!("{} MCP server(s) with {} plaintext secret(s) would move into Postern.", plan.servers(), plan.secrets());
     if args.dry_run {
         return Ok(ExitCode::SUCCESS);
     }
@@ -376,48 +88,13 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
         println!("nothing changed");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut record = Record { files: vec![], servers: vec![] };
-    for FilePlan { source, bytes, named, after } in plan {
-        for (f, name) in named {
-            let (secret, plain): (BTreeMap<_, _>, BTreeMap<_, _>) =
-                f.env.into_iter().partition(|(k, v)| looks_secret(k, v));
-            let server = McpServer {
-                name: name.clone(),
-                command: f.command,
-                args: f.args,
-                env: plain,
-                secret_env: secret.keys().cloned().collect(),
-                ..McpServer::default()
-            };
-            let values: Vec<(String, Sensitive<String>)> =
-                secret.into_iter().map(|(k, v)| (k, Sensitive::new(v))).collect();
-            vault.add_mcp_server(&server, &values, now())?;
-            record.servers.push(name);
-        }
-        let backup = sha256_hex(source.path.to_string_lossy().as_bytes());
-        vault.keep_file_backup(&backup, &bytes)?;
-        replace_file(&source.path, &after)?;
-        record.files.push(FileRecord { path: source.path, backup, written_sha256: sha256_hex(&after) });
-    }
-    let path = record_path(data_dir);
-    std::fs::create_dir_all(path.parent().expect("a parent")).context("create the imports directory")?;
-    std::fs::write(&path, serde_json::to_vec_pretty(&record).context("encode")?).context("write the import record")?;
+    let moved = import::apply(&vault, data_dir, plan, now()).map_err(failure)?;
     println!(
         "moved {} server(s) into Postern; their agents now start `postern mcp`. `postern servers import --undo` \
          restores the files (the originals are kept in the OS keychain, not on disk).",
-        record.servers.len()
+        moved.len()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-fn describe_after(after: &[u8], layout: Layout) -> String {
-    let v: Value = serde_json::from_slice(after).unwrap_or(Value::Null);
-    holders(&v, layout)
-        .iter()
-        .filter_map(|p| at(&v, p).and_then(Value::as_object))
-        .flat_map(|m| m.keys().cloned())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn confirm() -> Result<bool, Failure> {
@@ -430,146 +107,4 @@ fn confirm() -> Result<bool, Failure> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).context("read the answer")?;
     Ok(matches!(line.trim(), "y" | "Y" | "yes"))
-}
-
-fn undo(data_dir: &Path) -> Result<ExitCode, Failure> {
-    let path = record_path(data_dir);
-    let text = std::fs::read(&path).map_err(|_| Failure { code: 2, error: anyhow!("no import to undo") })?;
-    let record: Record = serde_json::from_slice(&text).context("read the import record")?;
-    let vault = open(data_dir)?;
-    for f in &record.files {
-        let current = std::fs::read(&f.path).unwrap_or_default();
-        if sha256_hex(&current) != f.written_sha256 {
-            return Err(Failure {
-                code: 1,
-                error: anyhow!(
-                    "{} changed since the import; nothing was restored (edit it back, or remove the change, and run \
-                     --undo again)",
-                    f.path.display()
-                ),
-            });
-        }
-    }
-    for f in &record.files {
-        let original = vault
-            .file_backup(&f.backup)?
-            .ok_or_else(|| Failure { code: 1, error: anyhow!("the keychain has no backup of {}", f.path.display()) })?;
-        replace_file(&f.path, original.expose())?;
-        vault.drop_file_backup(&f.backup)?;
-        println!("restored {}", f.path.display());
-    }
-    for name in &record.servers {
-        if vault.mcp_server(name).is_ok() {
-            vault.remove_mcp_server(name, now())?;
-            println!("removed Postern server {name:?}");
-        }
-    }
-    std::fs::remove_file(&path).context("remove the import record")?;
-    Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use serde_json::Map;
-
-    #[test]
-    fn secrets_are_found_by_name_or_by_shape() {
-        for (name, value) in [
-            ("GITHUB_PERSONAL_ACCESS_TOKEN", "ghp_x"),
-            ("OPENAI_API_KEY", "sk-1"),
-            ("DB_PASSWORD", "hunter2"),
-            ("SOMETHING", "q8Zr3vN1xK0pL7wT5mB2cY9dF4hJ6gS"),
-        ] {
-            assert!(looks_secret(name, value), "{name}");
-        }
-        for (name, value) in [
-            ("LOG_LEVEL", "debug"),
-            ("ROOT", "/home/me/projects/with-a-long-path-name"),
-            ("BASE_URL", "https://api.example.com/v1/abcdefghijk"),
-            ("MODE", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
-            ("API_KEY", ""),
-        ] {
-            assert!(!looks_secret(name, value), "{name}");
-        }
-    }
-
-    #[test]
-    fn claude_code_servers_are_found_at_the_top_and_per_project_and_replaced_by_postern() {
-        let config = json!({
-            "numStartups": 12,
-            "mcpServers": {
-                "github": { "command": "npx", "args": ["-y", "server-github"], "env": { "GITHUB_TOKEN": "ghp_abc" } },
-                "remote": { "type": "http", "url": "https://mcp.example/mcp" },
-            },
-            "projects": { "/src/app": { "mcpServers": { "db": { "command": "db-mcp" } } } },
-        });
-        let (found, skipped) = find_servers(&config, Layout::ClaudeCode);
-        assert_eq!(found.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["github", "db"]);
-        assert_eq!(skipped.len(), 1);
-        let after = rewrite(&config, &found, "/usr/bin/postern");
-        assert_eq!(after["mcpServers"]["postern"], json!({ "command": "/usr/bin/postern", "args": ["mcp"] }));
-        assert_eq!(after["mcpServers"]["remote"], config["mcpServers"]["remote"], "what is not imported stays");
-        assert!(after["mcpServers"].get("github").is_none());
-        assert_eq!(
-            after["projects"]["/src/app"]["mcpServers"],
-            json!({ "postern": { "command": "/usr/bin/postern", "args": ["mcp"] } })
-        );
-        assert_eq!(after["numStartups"], 12);
-        // Importing again finds nothing new.
-        assert!(find_servers(&after, Layout::ClaudeCode).0.is_empty());
-    }
-
-    #[test]
-    fn names_fit_the_vault() {
-        let taken = BTreeSet::from(["github".to_owned()]);
-        assert_eq!(server_name("github", &taken), "github-2");
-        assert_eq!(server_name("my server__x", &taken), "my_server_x");
-        assert_eq!(server_name("@scope/pkg", &taken), "scope_pkg");
-        assert_eq!(server_name("___", &taken), "server");
-        assert!(server_name(&"x".repeat(80), &taken).len() <= MAX_SERVER_NAME);
-    }
-
-    fn env_value() -> impl Strategy<Value = String> {
-        prop_oneof!["[A-Za-z0-9_\\-]{0,40}", any::<String>(), "\\PC{20,40}"]
-    }
-
-    proptest! {
-        /// Whatever a config holds, parsing never panics, every vault name is valid, and after
-        /// the rewrite no value of an imported server's environment is left in the file.
-        #[test]
-        fn no_imported_value_survives_the_rewrite(
-            entries in prop::collection::btree_map("\\PC{1,30}", (
-                "[a-z]{1,10}",
-                prop::collection::vec(any::<String>(), 0..3),
-                prop::collection::btree_map("[A-Z_]{1,12}", env_value(), 0..4),
-            ), 0..5),
-            junk in any::<String>(),
-        ) {
-            let servers: Map<String, Value> = entries
-                .iter()
-                .map(|(k, (command, args, env))| (k.clone(), json!({ "command": command, "args": args, "env": env })))
-                .collect();
-            let config = json!({ "mcpServers": servers, "other": junk, "servers": [1, 2] });
-            let (found, _) = find_servers(&config, Layout::McpServers);
-            let mut taken = BTreeSet::new();
-            for f in &found {
-                let name = server_name(&f.key, &taken);
-                let server = McpServer { name: name.clone(), command: "x".into(), ..McpServer::default() };
-                prop_assert!(server.validate().is_ok(), "{name:?}");
-                taken.insert(name);
-            }
-            let after = serde_json::to_string(&rewrite(&config, &found, "/usr/bin/postern")).unwrap();
-            for f in &found {
-                for v in f.env.values().filter(|v| v.len() >= 8 && !junk.contains(v.as_str())) {
-                    let encoded = serde_json::to_string(v).unwrap();
-                    prop_assert!(!after.contains(&encoded), "{v:?} left in {after}");
-                }
-            }
-            // Idempotent: a rewritten file has nothing left to import.
-            let again: Value = serde_json::from_str(&after).unwrap();
-            prop_assert!(find_servers(&again, Layout::McpServers).0.is_empty());
-        }
-    }
 }

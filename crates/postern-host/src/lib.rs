@@ -4,6 +4,7 @@
 //! how it stops (drain the executions in flight, flush the journal). `postern serve` and the
 //! desktop app differ only in the approver and the UI.
 
+pub mod import;
 pub mod operations;
 
 use postern_core::{ErrorCode, Timestamp};

@@ -17,10 +17,11 @@ import type { AuditView } from './bindings/AuditView';
 import type { ServerRow } from './bindings/ServerRow';
 import type { NewServer } from './bindings/NewServer';
 import type { EnvValue } from './bindings/EnvValue';
+import type { ImportOffer } from './bindings/ImportOffer';
 import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
 
 export type {
-  ApprovalView, AuditView, EnvValue, ExecutionDetail, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerRow,
+  ApprovalView, AuditView, EnvValue, ExecutionDetail, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerRow,
   SessionRow, StatusView, ToolsView, UpstreamToolRow, VaultView,
 };
 
@@ -58,6 +59,8 @@ export const ipc = {
   restartServer: (name: string) => call<void>('restart_server', { name }),
   addServer: (server: NewServer) => call<void>('add_server', { server }),
   removeServer: (name: string) => call<void>('remove_server', { name }),
+  importOffer: () => call<ImportOffer>('import_offer'),
+  importApply: () => call<number>('import_apply'),
   vault: () => call<VaultView>('vault'),
   addCredential: (credential: NewCredential) => call<void>('add_credential', { credential }),
   addSshHost: (host: NewSshHost) => call<void>('add_ssh_host', { host }),

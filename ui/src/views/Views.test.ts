@@ -5,6 +5,7 @@ import Audit from './Audit.svelte';
 import Sessions from './Sessions.svelte';
 import Tools from './Tools.svelte';
 import Servers from './Servers.svelte';
+import Connect from './Connect.svelte';
 import type { ApprovalView, Ipc, ServerRow, SessionRow, ToolsView } from '../lib/ipc';
 
 const listen = async () => () => {};
@@ -138,5 +139,29 @@ describe('Servers form', () => {
       name: 'github', command: 'npx', args: ['-y', '@modelcontextprotocol/server-github'],
       env: [{ key: 'GITHUB_TOKEN', value: 'ghp_canary', secret: true }], approve_every_use: false,
     });
+  });
+});
+
+describe('First run', () => {
+  it('offers to move the agent configs\' servers and secrets into the keychain', async () => {
+    const importApply = vi.fn(async () => 2);
+    const ipc = {
+      importOffer: vi.fn(async () => ({ servers: 2, secrets: 3, files: ['/home/u/.claude.json'] })),
+      importApply,
+    } as unknown as Ipc;
+    render(Connect, { props: { ipc, dataDir: '/home/u/.local/share/postern' } });
+    const offer = await screen.findByTestId('import-offer');
+    expect(offer.textContent).toContain('2 MCP server(s) with 3 plaintext secret(s)');
+    expect(offer.textContent).toContain('/home/u/.claude.json');
+    await fireEvent.click(screen.getByTestId('import-apply'));
+    expect(importApply).toHaveBeenCalled();
+    expect((await screen.findByTestId('import-done')).textContent).toContain('Moved 2 MCP server(s)');
+  });
+
+  it('offers nothing when no config holds a server', async () => {
+    const ipc = { importOffer: vi.fn(async () => ({ servers: 0, secrets: 0, files: [] })) } as unknown as Ipc;
+    render(Connect, { props: { ipc, dataDir: '/d' } });
+    await screen.findByTestId('first-run');
+    expect(screen.queryByTestId('import-offer')).toBeNull();
   });
 });

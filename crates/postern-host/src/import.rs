@@ -1,0 +1,618 @@
+//! Importing the MCP servers an agent's config file launches (with their tokens in plaintext
+//! JSON) into Postern — each server into the vault, each secret into the keychain — and rewriting
+//! the config to a single `postern mcp` entry. The original file is kept as a keychain item, never
+//! on disk, so [`undo`] can restore its exact bytes. Shared by `postern servers import` and the
+//! desktop app's first-run offer.
+//!
+//! The parsing and rewriting are pure (`find_servers`, `rewrite`, `looks_secret`,
+//! `server_name`) and property-tested with hostile configs; [`plan`], [`apply`] and [`undo`] do
+//! the I/O.
+
+use postern_core::ErrorCode;
+use postern_vault::{MAX_SERVER_NAME, McpServer, Sensitive, Vault, VaultError};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
+
+/// Why an import (or its undo) could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{0:?} is neither a known agent (claude-code, claude-desktop, cursor, vscode) nor a file")]
+    UnknownSource(String),
+    #[error("no import to undo")]
+    NothingToUndo,
+    #[error("{} changed since the import; nothing was restored (edit it back, or remove the change, and run --undo again)", .0.display())]
+    ChangedSince(PathBuf),
+    #[error("the keychain has no backup of {}", .0.display())]
+    NoBackup(PathBuf),
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+}
+
+impl ErrorCode for ImportError {
+    fn code(&self) -> &'static str {
+        match self {
+            ImportError::UnknownSource(_) => "unknown_import_source",
+            ImportError::NothingToUndo => "nothing_to_undo",
+            ImportError::ChangedSince(_) => "changed_since_import",
+            ImportError::NoBackup(_) => "no_import_backup",
+            ImportError::Io { .. } => "import_io_error",
+            ImportError::Vault(e) => e.code(),
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImportError {
+    let what = what.into();
+    move |source| ImportError::Io { what, source }
+}
+
+/// How one config file lays out its servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `{"mcpServers": {…}}` (Claude Desktop, Cursor, `.mcp.json`; any file given by path).
+    McpServers,
+    /// `~/.claude.json`: `mcpServers` at the top and under each `projects.<dir>`.
+    ClaudeCode,
+    /// `.vscode/mcp.json`: `{"servers": {…}}`.
+    VsCode,
+}
+
+/// One stdio server found in a config file. Its environment holds the plaintext secrets being
+/// moved: `Debug` shows the names only.
+#[derive(Clone, PartialEq)]
+pub struct Found {
+    /// JSON path of the object holding the server entries (e.g. `["projects", "/src/app", "mcpServers"]`).
+    pub at: Vec<String>,
+    /// The entry's key in that object.
+    pub key: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Found")
+            .field("at", &self.at)
+            .field("key", &self.key)
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Why an entry is left where it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Skipped {
+    pub key: String,
+    pub reason: String,
+}
+
+/// Environment names that carry secrets by convention.
+const SECRET_WORDS: &[&str] = &["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "AUTH", "COOKIE"];
+
+/// Is this environment value a secret? By its name (`*TOKEN*`, `*KEY*`, …) or, whatever its
+/// name, by looking like one (long, high-entropy, no spaces, not a path or a URL).
+pub fn looks_secret(name: &str, value: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    if SECRET_WORDS.iter().any(|w| upper.contains(w)) && !value.is_empty() {
+        return true;
+    }
+    let plain_shape = value.contains(char::is_whitespace) || value.starts_with('/') || value.contains("://");
+    value.len() >= 20 && !plain_shape && entropy_bits_per_char(value) >= 3.5
+}
+
+fn entropy_bits_per_char(s: &str) -> f64 {
+    let mut counts: BTreeMap<char, usize> = BTreeMap::new();
+    for c in s.chars() {
+        *counts.entry(c).or_default() += 1;
+    }
+    let n = s.chars().count() as f64;
+    counts.values().map(|&k| k as f64 / n).map(|p| -p * p.log2()).sum()
+}
+
+fn server_maps(layout: Layout) -> &'static str {
+    match layout {
+        Layout::VsCode => "servers",
+        Layout::McpServers | Layout::ClaudeCode => "mcpServers",
+    }
+}
+
+/// The objects holding server entries, by JSON path.
+fn holders(config: &Value, layout: Layout) -> Vec<Vec<String>> {
+    let key = server_maps(layout);
+    let mut out = Vec::new();
+    if config.get(key).is_some_and(Value::is_object) {
+        out.push(vec![key.to_owned()]);
+    }
+    if layout == Layout::ClaudeCode
+        && let Some(projects) = config.get("projects").and_then(Value::as_object)
+    {
+        for (dir, project) in projects {
+            if project.get(key).is_some_and(Value::is_object) {
+                out.push(vec!["projects".into(), dir.clone(), key.to_owned()]);
+            }
+        }
+    }
+    out
+}
+
+fn at<'a>(config: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(config, |v, k| v.get(k))
+}
+
+fn at_mut<'a>(config: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
+    path.iter().try_fold(config, |v, k| v.get_mut(k))
+}
+
+/// Is this entry already Postern (`postern mcp`)?
+fn is_postern(entry: &Value) -> bool {
+    let command = entry.get("command").and_then(Value::as_str).unwrap_or_default();
+    let first = entry.get("args").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
+    Path::new(command).file_name().is_some_and(|f| f == "postern") && first == Some("mcp")
+}
+
+/// Every stdio server in `config`, and every entry left alone (with why).
+pub fn find_servers(config: &Value, layout: Layout) -> (Vec<Found>, Vec<Skipped>) {
+    let (mut found, mut skipped) = (Vec::new(), Vec::new());
+    for path in holders(config, layout) {
+        let Some(entries) = at(config, &path).and_then(Value::as_object) else { continue };
+        for (key, entry) in entries {
+            let skip = |reason: &str| Skipped { key: key.clone(), reason: reason.into() };
+            if is_postern(entry) {
+                skipped.push(skip("already Postern"));
+                continue;
+            }
+            let kind = entry.get("type").and_then(Value::as_str).unwrap_or("stdio");
+            if entry.get("url").is_some() || kind != "stdio" {
+                skipped.push(skip("a remote server (not imported yet: Postern runs stdio servers)"));
+                continue;
+            }
+            let Some(command) = entry.get("command").and_then(Value::as_str).filter(|c| !c.trim().is_empty()) else {
+                skipped.push(skip("no command"));
+                continue;
+            };
+            let args: Option<Vec<String>> = match entry.get("args") {
+                None => Some(vec![]),
+                Some(Value::Array(items)) => items.iter().map(|a| a.as_str().map(str::to_owned)).collect(),
+                Some(_) => None,
+            };
+            let env: Option<BTreeMap<String, String>> = match entry.get("env") {
+                None => Some(BTreeMap::new()),
+                Some(Value::Object(map)) => {
+                    map.iter().map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned()))).collect()
+                }
+                Some(_) => None,
+            };
+            let (Some(args), Some(env)) = (args, env) else {
+                skipped.push(skip("arguments or environment that are not strings"));
+                continue;
+            };
+            found.push(Found { at: path.clone(), key: key.clone(), command: command.to_owned(), args, env });
+        }
+    }
+    (found, skipped)
+}
+
+/// `config` with the imported entries removed and, in each object that held one, a `postern`
+/// entry running `postern_command mcp` (unless one is there already).
+pub fn rewrite(config: &Value, imported: &[Found], postern_command: &str) -> Value {
+    let mut out = config.clone();
+    let holders: BTreeSet<&Vec<String>> = imported.iter().map(|f| &f.at).collect();
+    for path in holders {
+        let Some(Value::Object(entries)) = at_mut(&mut out, path) else { continue };
+        for f in imported.iter().filter(|f| &f.at == path) {
+            entries.remove(&f.key);
+        }
+        if !entries.values().any(is_postern) {
+            let name = if entries.contains_key("postern") { "postern-gateway" } else { "postern" };
+            entries.insert(name.into(), json!({ "command": postern_command, "args": ["mcp"] }));
+        }
+    }
+    out
+}
+
+/// A vault name for the entry `key`: letters, digits, `-`, `_`, no `__`, at most 24 characters,
+/// not in `taken`.
+pub fn server_name(key: &str, taken: &BTreeSet<String>) -> String {
+    let mut base: String =
+        key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>();
+    while base.contains("__") {
+        base = base.replace("__", "_");
+    }
+    let base = base.trim_matches('_').chars().take(MAX_SERVER_NAME - 3).collect::<String>();
+    let base = if base.is_empty() { "server".to_owned() } else { base };
+    if !taken.contains(&base) {
+        return base;
+    }
+    (2..).map(|n| format!("{base}-{n}")).find(|n| !taken.contains(n)).expect("some suffix is free")
+}
+
+/// A config file to look at.
+#[derive(Debug)]
+pub struct Source {
+    pub label: String,
+    pub path: PathBuf,
+    pub layout: Layout,
+}
+
+/// The config files `from` names (agents or paths); without any, every known one that exists.
+pub fn sources(from: &[String]) -> Result<Vec<Source>, ImportError> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let known = |name: &str| -> Option<Vec<Source>> {
+        let s = |label: &str, path: PathBuf, layout| Source { label: label.into(), path, layout };
+        Some(match name {
+            "claude-code" => vec![
+                s("claude-code", home.join(".claude.json"), Layout::ClaudeCode),
+                s("claude-code (project)", cwd.join(".mcp.json"), Layout::McpServers),
+            ],
+            "claude-desktop" => {
+                vec![s("claude-desktop", home.join(".config/Claude/claude_desktop_config.json"), Layout::McpServers)]
+            }
+            "cursor" => vec![s("cursor", home.join(".cursor/mcp.json"), Layout::McpServers)],
+            "vscode" => vec![s("vscode", cwd.join(".vscode/mcp.json"), Layout::VsCode)],
+            _ => return None,
+        })
+    };
+    let names: Vec<String> = if from.is_empty() {
+        ["claude-code", "claude-desktop", "cursor", "vscode"].map(String::from).to_vec()
+    } else {
+        from.to_vec()
+    };
+    let mut out = Vec::new();
+    for name in &names {
+        match known(name) {
+            Some(found) => out.extend(found.into_iter().filter(|s| from.contains(name) || s.path.exists())),
+            None => {
+                let path = PathBuf::from(name);
+                if !path.exists() {
+                    return Err(ImportError::UnknownSource(name.clone()));
+                }
+                let layout = if path.ends_with(".vscode/mcp.json") { Layout::VsCode } else { Layout::McpServers };
+                out.push(Source { label: "file".into(), path, layout });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One file's part of the plan: its bytes, what is left in it and why, the servers to import
+/// (with their vault names), and what the file will hold afterwards.
+pub struct FilePlan {
+    pub source: Source,
+    bytes: Vec<u8>,
+    pub skipped: Vec<Skipped>,
+    pub named: Vec<(Found, String)>,
+    pub after: Vec<u8>,
+}
+
+impl std::fmt::Debug for FilePlan {
+    /// The file's bytes (before and after) are not shown: before, they hold the secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilePlan")
+            .field("source", &self.source)
+            .field("skipped", &self.skipped)
+            .field("named", &self.named)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FilePlan {
+    /// The server entries the file will hold afterwards.
+    pub fn servers_after(&self) -> Vec<String> {
+        let v: Value = serde_json::from_slice(&self.after).unwrap_or(Value::Null);
+        holders(&v, self.source.layout)
+            .iter()
+            .filter_map(|p| at(&v, p).and_then(Value::as_object))
+            .flat_map(|m| m.keys().cloned())
+            .collect()
+    }
+}
+
+/// What an import would do.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub files: Vec<FilePlan>,
+    /// Files named but not there, and files that are not JSON (with why): left alone.
+    pub left_alone: Vec<(Source, String)>,
+}
+
+impl Plan {
+    pub fn servers(&self) -> usize {
+        self.files.iter().map(|f| f.named.len()).sum()
+    }
+
+    /// How many environment values would move into the keychain.
+    pub fn secrets(&self) -> usize {
+        self.files
+            .iter()
+            .flat_map(|f| &f.named)
+            .map(|(f, _)| f.env.iter().filter(|(k, v)| looks_secret(k, v)).count())
+            .sum()
+    }
+}
+
+/// What an import would do with the config files `from` names (see [`sources`]); agents would be
+/// pointed at `postern_command mcp`. Reads files and the vault; changes nothing.
+pub fn plan(vault: &Vault, from: &[String], postern_command: &str) -> Result<Plan, ImportError> {
+    let mut taken: BTreeSet<String> = vault.mcp_servers()?.into_iter().map(|s| s.name).collect();
+    taken.extend(vault.credentials()?.into_iter().map(|c| c.name));
+    taken.extend(vault.ssh_hosts()?.into_iter().map(|h| h.name));
+    let mut plan = Plan::default();
+    for source in sources(from)? {
+        let Ok(bytes) = std::fs::read(&source.path) else {
+            plan.left_alone.push((source, "not found".into()));
+            continue;
+        };
+        let config: Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                plan.left_alone.push((source, format!("not JSON ({e})")));
+                continue;
+            }
+        };
+        let (found, skipped) = find_servers(&config, source.layout);
+        let mut named = Vec::new();
+        for f in found {
+            let name = server_name(&f.key, &taken);
+            taken.insert(name.clone());
+            named.push((f, name));
+        }
+        let imported: Vec<Found> = named.iter().map(|(f, _)| f.clone()).collect();
+        let after = if imported.is_empty() {
+            bytes.clone()
+        } else {
+            serde_json::to_vec_pretty(&rewrite(&config, &imported, postern_command)).map_err(|e| ImportError::Io {
+                what: "encode the rewritten config".into(),
+                source: std::io::Error::other(e),
+            })?
+        };
+        plan.files.push(FilePlan { source, bytes, skipped, named, after });
+    }
+    Ok(plan)
+}
+
+/// Carries out `plan`: each server into the vault (its secret values into the keychain), each
+/// file's original bytes into the keychain, each file rewritten. Returns the servers' names.
+pub fn apply(
+    vault: &Vault,
+    data_dir: &Path,
+    plan: Plan,
+    now: postern_core::Timestamp,
+) -> Result<Vec<String>, ImportError> {
+    let mut record = Record { files: vec![], servers: vec![] };
+    for FilePlan { source, bytes, named, after, .. } in plan.files.into_iter().filter(|f| !f.named.is_empty()) {
+        for (f, name) in named {
+            let (secret, plain): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                f.env.into_iter().partition(|(k, v)| looks_secret(k, v));
+            let server = McpServer {
+                name: name.clone(),
+                command: f.command,
+                args: f.args,
+                env: plain,
+                secret_env: secret.keys().cloned().collect(),
+                ..McpServer::default()
+            };
+            let values: Vec<(String, Sensitive<String>)> =
+                secret.into_iter().map(|(k, v)| (k, Sensitive::new(v))).collect();
+            vault.add_mcp_server(&server, &values, now)?;
+            record.servers.push(name);
+        }
+        let backup = sha256_hex(source.path.to_string_lossy().as_bytes());
+        vault.keep_file_backup(&backup, &bytes)?;
+        replace_file(&source.path, &after)?;
+        record.files.push(FileRecord { path: source.path, backup, written_sha256: sha256_hex(&after) });
+    }
+    let path = record_path(data_dir);
+    std::fs::create_dir_all(path.parent().expect("a parent")).map_err(io("create the imports directory"))?;
+    let text = serde_json::to_vec_pretty(&record)
+        .map_err(|e| ImportError::Io { what: "encode".into(), source: std::io::Error::other(e) })?;
+    std::fs::write(&path, text).map_err(io("write the import record"))?;
+    Ok(record.servers)
+}
+
+/// What [`undo`] restored and removed.
+#[derive(Debug)]
+pub struct Undone {
+    pub restored: Vec<PathBuf>,
+    pub removed: Vec<String>,
+}
+
+/// Restores the files of the last import byte for byte (refused if one changed since) and
+/// removes the servers it added.
+pub fn undo(vault: &Vault, data_dir: &Path, now: postern_core::Timestamp) -> Result<Undone, ImportError> {
+    let path = record_path(data_dir);
+    let text = std::fs::read(&path).map_err(|_| ImportError::NothingToUndo)?;
+    let record: Record = serde_json::from_slice(&text)
+        .map_err(|e| ImportError::Io { what: "read the import record".into(), source: std::io::Error::other(e) })?;
+    for f in &record.files {
+        let current = std::fs::read(&f.path).unwrap_or_default();
+        if sha256_hex(&current) != f.written_sha256 {
+            return Err(ImportError::ChangedSince(f.path.clone()));
+        }
+    }
+    let mut undone = Undone { restored: vec![], removed: vec![] };
+    for f in &record.files {
+        let original = vault.file_backup(&f.backup)?.ok_or_else(|| ImportError::NoBackup(f.path.clone()))?;
+        replace_file(&f.path, original.expose())?;
+        vault.drop_file_backup(&f.backup)?;
+        undone.restored.push(f.path.clone());
+    }
+    for name in &record.servers {
+        if vault.mcp_server(name).is_ok() {
+            vault.remove_mcp_server(name, now)?;
+            undone.removed.push(name.clone());
+        }
+    }
+    std::fs::remove_file(&path).map_err(io("remove the import record"))?;
+    Ok(undone)
+}
+
+/// What an import did, kept in the data directory (no secrets: paths, hashes, names) for [`undo`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    files: Vec<FileRecord>,
+    servers: Vec<String>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FileRecord {
+    path: PathBuf,
+    /// The keychain backup's key.
+    backup: String,
+    /// SHA-256 of what the import wrote: [`undo`] refuses a file changed since.
+    written_sha256: String,
+}
+
+fn record_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("imports").join("last.json")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, keeping the file's mode. The
+/// temporary file is created owner-only (what [`undo`] writes back holds the secrets) and only
+/// then given the original's mode.
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), ImportError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("postern-tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(format!("create {}", tmp.display())))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io(format!("write {}", tmp.display())))?;
+    if let Ok(meta) = std::fs::metadata(path) {
+        std::fs::set_permissions(&tmp, meta.permissions()).map_err(io(format!("chmod {}", tmp.display())))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io(format!("replace {}", path.display())))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Map;
+
+    #[test]
+    fn secrets_are_found_by_name_or_by_shape() {
+        for (name, value) in [
+            ("GITHUB_PERSONAL_ACCESS_TOKEN", "ghp_x"),
+            ("OPENAI_API_KEY", "sk-1"),
+            ("DB_PASSWORD", "hunter2"),
+            ("SOMETHING", "q8Zr3vN1xK0pL7wT5mB2cY9dF4hJ6gS"),
+        ] {
+            assert!(looks_secret(name, value), "{name}");
+        }
+        for (name, value) in [
+            ("LOG_LEVEL", "debug"),
+            ("ROOT", "/home/me/projects/with-a-long-path-name"),
+            ("BASE_URL", "https://api.example.com/v1/abcdefghijk"),
+            ("MODE", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+            ("API_KEY", ""),
+        ] {
+            assert!(!looks_secret(name, value), "{name}");
+        }
+    }
+
+    #[test]
+    fn claude_code_servers_are_found_at_the_top_and_per_project_and_replaced_by_postern() {
+        let config = json!({
+            "numStartups": 12,
+            "mcpServers": {
+                "github": { "command": "npx", "args": ["-y", "server-github"], "env": { "GITHUB_TOKEN": "ghp_abc" } },
+                "remote": { "type": "http", "url": "https://mcp.example/mcp" },
+            },
+            "projects": { "/src/app": { "mcpServers": { "db": { "command": "db-mcp" } } } },
+        });
+        let (found, skipped) = find_servers(&config, Layout::ClaudeCode);
+        assert_eq!(found.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["github", "db"]);
+        assert_eq!(skipped.len(), 1);
+        let after = rewrite(&config, &found, "/usr/bin/postern");
+        assert_eq!(after["mcpServers"]["postern"], json!({ "command": "/usr/bin/postern", "args": ["mcp"] }));
+        assert_eq!(after["mcpServers"]["remote"], config["mcpServers"]["remote"], "what is not imported stays");
+        assert!(after["mcpServers"].get("github").is_none());
+        assert_eq!(
+            after["projects"]["/src/app"]["mcpServers"],
+            json!({ "postern": { "command": "/usr/bin/postern", "args": ["mcp"] } })
+        );
+        assert_eq!(after["numStartups"], 12);
+        // Importing again finds nothing new.
+        assert!(find_servers(&after, Layout::ClaudeCode).0.is_empty());
+    }
+
+    #[test]
+    fn debug_output_never_shows_an_imported_value() {
+        let config =
+            json!({ "mcpServers": { "gh": { "command": "x", "env": { "GITHUB_TOKEN": "ghp_canary_debug" } } } });
+        let (found, _) = find_servers(&config, Layout::McpServers);
+        let shown = format!("{found:?}");
+        assert!(shown.contains("GITHUB_TOKEN") && !shown.contains("ghp_canary_debug"), "{shown}");
+    }
+
+    #[test]
+    fn names_fit_the_vault() {
+        let taken = BTreeSet::from(["github".to_owned()]);
+        assert_eq!(server_name("github", &taken), "github-2");
+        assert_eq!(server_name("my server__x", &taken), "my_server_x");
+        assert_eq!(server_name("@scope/pkg", &taken), "scope_pkg");
+        assert_eq!(server_name("___", &taken), "server");
+        assert!(server_name(&"x".repeat(80), &taken).len() <= MAX_SERVER_NAME);
+    }
+
+    fn env_value() -> impl Strategy<Value = String> {
+        prop_oneof!["[A-Za-z0-9_\\-]{0,40}", any::<String>(), "\\PC{20,40}"]
+    }
+
+    proptest! {
+        /// Whatever a config holds, parsing never panics, every vault name is valid, and after
+        /// the rewrite no value of an imported server's environment is left in the file.
+        #[test]
+        fn no_imported_value_survives_the_rewrite(
+            entries in prop::collection::btree_map("\\PC{1,30}", (
+                "[a-z]{1,10}",
+                prop::collection::vec(any::<String>(), 0..3),
+                prop::collection::btree_map("[A-Z_]{1,12}", env_value(), 0..4),
+            ), 0..5),
+            junk in any::<String>(),
+        ) {
+            let servers: Map<String, Value> = entries
+                .iter()
+                .map(|(k, (command, args, env))| (k.clone(), json!({ "command": command, "args": args, "env": env })))
+                .collect();
+            let config = json!({ "mcpServers": servers, "other": junk, "servers": [1, 2] });
+            let (found, _) = find_servers(&config, Layout::McpServers);
+            let mut taken = BTreeSet::new();
+            for f in &found {
+                let name = server_name(&f.key, &taken);
+                let server = McpServer { name: name.clone(), command: "x".into(), ..McpServer::default() };
+                prop_assert!(server.validate().is_ok(), "{name:?}");
+                taken.insert(name);
+            }
+            let after = serde_json::to_string(&rewrite(&config, &found, "/usr/bin/postern")).unwrap();
+            for f in &found {
+                for v in f.env.values().filter(|v| v.len() >= 8 && !junk.contains(v.as_str())) {
+                    let encoded = serde_json::to_string(v).unwrap();
+                    prop_assert!(!after.contains(&encoded), "{v:?} left in {after}");
+                }
+            }
+            // Idempotent: a rewritten file has nothing left to import.
+            let again: Value = serde_json::from_str(&after).unwrap();
+            prop_assert!(find_servers(&again, Layout::McpServers).0.is_empty());
+        }
+    }
+}
