@@ -303,15 +303,10 @@ impl PosternMcp {
         if name == EXECUTION_STATUS {
             return Ok(self.execution_status(&caller, &arguments));
         }
+        // Only tools: an upstream's resources and prompts are reached as themselves.
         let upstream = match self.gateway.engine.upstreams() {
-            Some(u) if name.contains(crate::upstream::SEPARATOR) => {
-                if u.tool(&name).is_none() {
-                    u.ensure_server_of(&name).await;
-                }
-                // Only tools: an upstream's resources and prompts are reached as themselves.
-                u.tool(&name).is_some_and(|t| t.operation == "tools/call")
-            }
-            _ => false,
+            Some(u) => u.resolve(&name).await.is_some_and(|t| t.operation == "tools/call"),
+            None => false,
         };
         if name != HTTP_REQUEST && name != SSH_EXEC && !upstream && self.gateway.engine.manifest().tool(&name).is_none()
         {

@@ -115,6 +115,13 @@ pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayC
     }
 }
 
+/// Is an upstream tool's name one Postern offers? The MCP tool-name characters only (letters,
+/// digits, `_`, `-`, `.`, `/`): a hostile server cannot put control characters, spaces or
+/// look-alike Unicode into the names agents and reviewers read.
+pub fn tool_name_ok(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./".contains(&b))
+}
+
 /// Is an upstream tool's argument with this name a secret by its name? Narrower than the header
 /// rule (`key` alone is a map key, a sort key, a Redis key): tokens, secrets, passwords, API,
 /// access and private keys, credentials, authorization values and cookies.
@@ -350,6 +357,19 @@ impl Upstreams {
         let mut tools: Vec<UpstreamTool> = catalogue.tools.values().cloned().collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools
+    }
+
+    /// The upstream tool (or read operation) `name` names, starting its server if its tools are
+    /// not known yet. The one lookup both the MCP handler and the engine use.
+    pub async fn resolve(&self, name: &str) -> Option<UpstreamTool> {
+        if !name.contains(SEPARATOR) {
+            return None;
+        }
+        if let Some(t) = self.tool(name) {
+            return Some(t);
+        }
+        self.ensure_server_of(name).await;
+        self.tool(name)
     }
 
     /// Makes sure the server `name` would be for is running, so its tools are known.
@@ -644,8 +664,8 @@ impl Upstreams {
             let server_def = self.vault.mcp_server(server).ok();
             for t in &listing.tools {
                 let name = format!("{server}{SEPARATOR}{}", t.name);
-                if name.len() > MAX_TOOL_NAME {
-                    tracing::warn!(%server, tool = %t.name, "upstream tool not offered: its namespaced name is over 64 characters");
+                if name.len() > MAX_TOOL_NAME || !tool_name_ok(&t.name) {
+                    tracing::warn!(%server, tool = %t.name.escape_debug(), "upstream tool not offered: its name is not 1–64 characters of letters, digits, `_`, `-`, `.` or `/` once namespaced");
                     continue;
                 }
                 let over = overrides.and_then(|o| o.get(t.name.as_ref()));
@@ -864,6 +884,18 @@ mod tests {
             class(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&distrust)),
             ReplayClass::Irreversible
         );
+        for (name, ok) in [
+            ("create_issue", true),
+            ("files/read.v2", true),
+            ("", false),
+            ("pay\u{1b}[2J", false),
+            ("pay now", false),
+            ("p\u{430}y", false),
+            ("a\u{202e}b", false),
+            ("$(id)", false),
+        ] {
+            assert_eq!(tool_name_ok(name), ok, "{name:?}");
+        }
         for (name, secret) in [
             ("api_key", true),
             ("GITHUB_TOKEN", true),

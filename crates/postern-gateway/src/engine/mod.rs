@@ -397,11 +397,10 @@ impl Engine {
             return Err(StoreError::AuthorityTampered(found).into());
         }
         if let Some(u) = &self.upstreams
-            && call.tool.contains(crate::upstream::SEPARATOR)
             && self.manifest.tool(&call.tool).is_none()
-            && u.tool(&call.tool).is_none()
         {
-            u.ensure_server_of(&call.tool).await;
+            // Known to `prepare` from here on (its server started if it was not).
+            u.resolve(&call.tool).await;
         }
         let (mut p, arguments) = self.prepare(&call)?;
         if let Some(host) = p.unpinned_host().map(|plan| plan.host.name.clone()) {
