@@ -24,6 +24,8 @@ fn main() {
         "restart_server",
         "add_server",
         "remove_server",
+        "set_tool_contract",
+        "set_server_start",
         "import_offer",
         "import_apply",
     ])))

@@ -269,6 +269,8 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         restart_server,
         add_server,
         remove_server,
+        set_tool_contract,
+        set_server_start,
         import_offer,
         import_apply,
     ]
@@ -478,6 +480,8 @@ pub struct ServerRow {
     /// Names of the environment values kept in the keychain (never their values).
     pub secret_env: Vec<String>,
     pub approve_every_use: bool,
+    /// `with_gateway` or `on_first_use`.
+    pub start: String,
     pub tools: Vec<UpstreamToolRow>,
 }
 
@@ -485,10 +489,71 @@ pub struct ServerRow {
 #[derive(Debug, Clone, Serialize, TS)]
 #[ts(export, export_to = "../../ui/src/lib/bindings/")]
 pub struct UpstreamToolRow {
+    /// `<server>__<tool>`, as agents call it.
     pub name: String,
+    /// The server's own name for it (what a contract is set for).
+    pub tool: String,
     pub contract: String,
-    /// `annotations` (the server's hints), `override` (tools.toml) or `default`.
+    /// With `idempotency_key`: the argument Postern fills with the execution ID.
+    pub idempotency_argument: Option<String>,
+    /// `annotations` (the server's hints), `default` (no hint), `tools.toml` (the file decides;
+    /// the app does not edit it) or `owner` (set here or with `postern servers contract`).
     pub contract_from: String,
+    pub approve_every_use: bool,
+    /// The tool's argument names, for choosing the idempotency argument.
+    pub arguments: Vec<String>,
+}
+
+/// The owner's contract for one upstream tool, as the Servers view sets it.
+#[derive(Debug, Clone, Deserialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ToolContractInput {
+    /// `read_only`, `idempotent`, `idempotency_key` or `irreversible`; none: the annotations
+    /// decide the class (the owner only asks for a reviewer on every use).
+    pub class: Option<String>,
+    pub idempotency_argument: Option<String>,
+    pub approve_every_use: bool,
+}
+
+/// Holds one of a server's tools to the owner's contract (`None`: its annotations decide
+/// again). Checked against the tool's schema, journaled, and offered to agents at once.
+#[tauri::command]
+pub async fn set_tool_contract(
+    app: State<'_>,
+    server: String,
+    tool: String,
+    contract: Option<ToolContractInput>,
+) -> Result<(), IpcError> {
+    let upstreams = app.engine.upstreams().ok_or_else(|| IpcError::new("no_upstreams", "no upstream servers"))?;
+    let contract = match contract {
+        None => None,
+        Some(c) => Some(postern_vault::ToolOverride {
+            class: match c.class {
+                None => None,
+                Some(class) => Some(
+                    serde_json::from_value(serde_json::Value::String(class.clone()))
+                        .map_err(|_| IpcError::new("invalid_contract", format!("no replay class {class:?}")))?,
+                ),
+            },
+            idempotency_argument: c.idempotency_argument,
+            approve_every_use: c.approve_every_use,
+            ..postern_vault::ToolOverride::default()
+        }),
+    };
+    upstreams.set_contract(&server, &tool, contract, crate::now()).await.map_err(IpcError::from)
+}
+
+/// When a server's process starts: `with_gateway` (started now if it is not running) or
+/// `on_first_use`. Journaled.
+#[tauri::command]
+pub async fn set_server_start(app: State<'_>, name: String, start: String) -> Result<(), IpcError> {
+    let start: postern_vault::ServerStart = serde_json::from_value(serde_json::Value::String(start.clone()))
+        .map_err(|_| IpcError::new("invalid_start", format!("no start setting {start:?}")))?;
+    app.vault.set_mcp_server_start(&name, start, crate::now())?;
+    if let (postern_vault::ServerStart::WithGateway, Some(upstreams)) = (start, app.engine.upstreams()) {
+        upstreams.ensure_started(&name).await;
+    }
+    Ok(())
 }
 
 /// The upstream MCP servers: state, what launches them, their tools and contracts.
@@ -509,13 +574,23 @@ pub async fn servers(app: State<'_>) -> Result<Vec<ServerRow>, IpcError> {
                 launched: s.launched(),
                 secret_env: s.secret_env.clone(),
                 approve_every_use: s.approve_every_use,
+                start: s.start.as_str().into(),
                 tools: tools
                     .iter()
                     .filter(|t| t.server == s.name)
                     .map(|t| UpstreamToolRow {
                         name: t.name.clone(),
+                        tool: t.tool.clone(),
                         contract: t.contract.class.as_str().into(),
+                        idempotency_argument: t.contract.idempotency_argument.clone(),
                         contract_from: t.contract_source.into(),
+                        approve_every_use: t.approve_every_use,
+                        arguments: t
+                            .input_schema
+                            .get("properties")
+                            .and_then(serde_json::Value::as_object)
+                            .map(|p| p.keys().cloned().collect())
+                            .unwrap_or_default(),
                     })
                     .collect(),
                 name: s.name,
@@ -615,7 +690,7 @@ pub fn import_apply(app: State<'_>) -> Result<u32, IpcError> {
 #[tauri::command]
 pub async fn restart_server(app: State<'_>, name: String) -> Result<(), IpcError> {
     let upstreams = app.engine.upstreams().ok_or_else(|| IpcError::new("no_upstreams", "no upstream servers"))?;
-    upstreams.restart(&name).await.map(|_| ()).map_err(|e| IpcError::new("upstream_unavailable", e))
+    upstreams.restart(&name).await.map(|_| ()).map_err(IpcError::from)
 }
 
 #[tauri::command]

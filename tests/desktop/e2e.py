@@ -442,10 +442,21 @@ def main():
         wait_for("the upstream server running", lambda: b.find("[data-testid=server-state-counter]")
                  and b.text("[data-testid=server-state-counter]") == "running")
         server_text = b.text("[data-testid=server-counter]")
-        check("counter__pay" in server_text and "irreversible" in server_text and "COUNTER_TOKEN" in server_text,
-              server_text)
+        check("counter__pay" in server_text and "COUNTER_TOKEN" in server_text, server_text)
+        chosen = lambda tool: b.do(lambda d: d.execute_script(  # noqa: E731
+            "return arguments[0].selectedOptions[0].textContent",
+            d.find_element(By.CSS_SELECTOR, f"[data-testid='contract-{tool}']")))
+        check(chosen("counter__pay").startswith("irreversible"), chosen("counter__pay"))
+        check(b.text("[data-testid='contract-from-counter__pay']") == "no hint (Postern's default)",
+              b.text("[data-testid='contract-from-counter__pay']"))
         check(UPSTREAM_SECRET not in b.do(lambda d: d.page_source), "the Servers view never shows a secret")
         shot(driver, "view-servers.png")
+        # The owner holds the tool to a contract of their own: kept in the vault, offered at once.
+        b.do(lambda d: d.execute_script(
+            "arguments[0].value = 'idempotent'; arguments[0].dispatchEvent(new Event('change', {bubbles: true}))",
+            d.find_element(By.CSS_SELECTOR, "[data-testid='contract-counter__pay']")))
+        wait_for("the owner's contract", lambda: b.text("[data-testid='contract-from-counter__pay']") == "set by you")
+        check(chosen("counter__pay").startswith("idempotent"), chosen("counter__pay"))
         b.click("button[data-view=Audit]")
         b.click("[data-testid=verify]")
         wait_for("the audit", lambda: b.find("[data-testid=audit-result]"))

@@ -122,6 +122,12 @@ def effects_resource() -> str:
     return json.dumps(effects())
 
 
+@server.resource("counter://effects/{kind}", name="effects_of_kind", mime_type="application/json")
+def effects_of_kind(kind: str) -> str:
+    """The effects of one kind (a template: the agent fills in the kind)."""
+    return json.dumps([e for e in effects() if e.get("kind") == kind])
+
+
 @server.prompt()
 def settle(account: str) -> str:
     """A prompt asking to settle an account."""

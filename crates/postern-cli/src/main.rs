@@ -132,6 +132,12 @@ enum ServersCommand {
     /// VS Code) into Postern: each secret into the keychain, each config rewritten to `postern
     /// mcp`. Shows the plan first (secrets by name and length only); `--undo` restores the files.
     Import(import::ImportArgs),
+    /// Change a server's settings: when it starts.
+    Set(servers::Set),
+    /// Hold one of a server's tools to a replay contract of your choosing (its annotations are
+    /// only the server's hints): `postern servers contract github create_issue --class
+    /// idempotency_key --idempotency-argument requestId`. `--clear` goes back to the annotations.
+    Contract(servers::Contract),
     /// Start the server, list its tools with the replay contract Postern holds each to, stop it.
     Tools {
         name: String,
@@ -308,6 +314,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             ServersCommand::Remove { name } => servers::remove(&data_dir, &name),
             ServersCommand::Restart { name } => servers::restart(&data_dir, &name),
             ServersCommand::Import(args) => import::import(&data_dir, args),
+            ServersCommand::Set(args) => servers::set(&data_dir, args),
+            ServersCommand::Contract(args) => servers::contract(&data_dir, args),
             ServersCommand::Tools { name, tools, json } => servers::tools(&data_dir, &name, tools.as_deref(), json),
         },
         Command::Ssh { command: SshCommand::Gc { host, older_than_days } } => {

@@ -4,8 +4,9 @@
 
 use crate::{Failure, render, vault::open};
 use anyhow::{Context, anyhow};
+use postern_core::ReplayClass;
 use postern_host::now;
-use postern_vault::{McpServer, Sensitive};
+use postern_vault::{McpServer, Sensitive, ServerStart, ToolOverride};
 use std::{collections::BTreeMap, io::Read, path::Path, process::ExitCode, sync::Arc};
 
 #[derive(clap::Args, Debug)]
@@ -29,9 +30,111 @@ pub struct Add {
     /// allow the URL.
     #[arg(long, value_name = "NAME", requires = "url")]
     credential: Option<String>,
+    /// When its process starts: with the gateway, or when an agent first lists tools or calls one
+    /// of its tools.
+    #[arg(long, value_enum, default_value_t = Start::WithGateway)]
+    start: Start,
     /// The command that starts the server over stdio, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Start {
+    WithGateway,
+    OnFirstUse,
+}
+
+impl From<Start> for ServerStart {
+    fn from(s: Start) -> Self {
+        match s {
+            Start::WithGateway => ServerStart::WithGateway,
+            Start::OnFirstUse => ServerStart::OnFirstUse,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Set {
+    name: String,
+    /// When its process starts.
+    #[arg(long, value_enum)]
+    start: Start,
+}
+
+/// `postern servers set NAME --start …`: journaled; a running gateway applies it at its next start.
+pub fn set(data_dir: &Path, args: Set) -> Result<ExitCode, Failure> {
+    let server = open(data_dir)?.set_mcp_server_start(&args.name, args.start.into(), now())?;
+    eprintln!("MCP server {:?} now starts {}", server.name, server.start.as_str().replace('_', " "));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Class {
+    ReadOnly,
+    Idempotent,
+    IdempotencyKey,
+    Irreversible,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Contract {
+    /// The server.
+    server: String,
+    /// The tool, by the server's own name for it (not `<server>__<tool>`).
+    tool: String,
+    /// What an unknown outcome allows: read_only and idempotent are re-sent, idempotency_key is
+    /// re-sent with the same key, irreversible goes to a reviewer.
+    #[arg(long, value_enum, required_unless_present_any = ["clear", "approve_every_use", "secret_argument"])]
+    class: Option<Class>,
+    /// The argument Postern fills with the execution ID (with --class idempotency_key).
+    #[arg(long, value_name = "ARGUMENT")]
+    idempotency_argument: Option<String>,
+    /// Ask a reviewer before every call to this tool.
+    #[arg(long)]
+    approve_every_use: bool,
+    /// An argument that carries a secret: digested in the record, masked for reviewers.
+    #[arg(long = "secret-argument", value_name = "ARGUMENT")]
+    secret_argument: Vec<String>,
+    /// Forget the owner's contract: the annotations decide again.
+    #[arg(long, conflicts_with_all = ["class", "idempotency_argument", "approve_every_use", "secret_argument"])]
+    clear: bool,
+    /// Tool manifest (default: as `serve`): a tool it decides cannot be set here.
+    #[arg(long, env = "POSTERN_TOOLS", value_name = "FILE")]
+    tools: Option<std::path::PathBuf>,
+}
+
+/// `postern servers contract SERVER TOOL …`: starts the server to check the tool and the
+/// argument against its schema, then keeps the contract in the server's record (journaled).
+pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
+    let vault = open(data_dir)?;
+    vault.mcp_server(&args.server)?;
+    let overrides = crate::serve::manifest(args.tools.as_deref())?.server_overrides().clone();
+    let upstreams = postern_gateway::upstream::Upstreams::new(Arc::clone(&vault), overrides);
+    let contract = (!args.clear).then(|| ToolOverride {
+        class: args.class.map(|c| match c {
+            Class::ReadOnly => ReplayClass::ReadOnly,
+            Class::Idempotent => ReplayClass::Idempotent,
+            Class::IdempotencyKey => ReplayClass::IdempotencyKey,
+            Class::Irreversible => ReplayClass::Irreversible,
+        }),
+        idempotency_argument: args.idempotency_argument,
+        approve_every_use: args.approve_every_use,
+        secret_arguments: args.secret_argument.into_iter().collect(),
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let set = runtime.block_on(async {
+        let set = upstreams.set_contract(&args.server, &args.tool, contract, now()).await;
+        upstreams.stop_all().await;
+        set
+    });
+    set.map_err(|e| Failure { code: 2, error: e.into() })?;
+    if args.clear {
+        eprintln!("{}__{}: the owner's contract is cleared; its annotations decide", args.server, args.tool);
+    } else {
+        eprintln!("{}__{}: contract set (see `postern servers tools {}`)", args.server, args.tool, args.server);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
@@ -57,6 +160,7 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
             url: Some(url.clone()),
             credential: args.credential,
             approve_every_use: args.approve_every_use,
+            start: args.start.into(),
             ..McpServer::default()
         },
         (None, Some((command, rest))) => McpServer {
@@ -66,6 +170,7 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
             env,
             secret_env: args.secret_env,
             approve_every_use: args.approve_every_use,
+            start: args.start.into(),
             ..McpServer::default()
         },
     };
@@ -165,8 +270,8 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
                 let (state, tools, last_error) = state_of(&s.name);
                 serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
                                     "secret_env": s.secret_env, "approve_every_use": s.approve_every_use,
-                                    "url": s.url, "credential": s.credential, "state": state, "tools": tools,
-                                    "last_error": last_error })
+                                    "url": s.url, "credential": s.credential, "start": s.start,
+                                    "state": state, "tools": tools, "last_error": last_error })
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
@@ -183,6 +288,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         let (state, tools, last_error) = state_of(&s.name);
         let state = match last_error {
             Some(e) if state != "running" => format!("{state}: {e}"),
+            _ if state != "running" && s.start == ServerStart::OnFirstUse => format!("{state} (starts on first use)"),
             _ => state,
         };
         t.add_row(vec![
@@ -234,7 +340,7 @@ pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -
     let upstreams = postern_gateway::upstream::Upstreams::new(Arc::clone(&vault), overrides);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
     let (status, tools) = runtime.block_on(async {
-        upstreams.start_all().await;
+        upstreams.ensure_started(name).await;
         let status = upstreams.status().await;
         let tools = upstreams.tools();
         upstreams.stop_all().await;
@@ -273,8 +379,8 @@ pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -
     }
     println!("{}", t.trim_fmt());
     eprintln!(
-        "contracts come from the server's annotations (hints only) unless tools.toml overrides them under \
-         [servers.{name}.tools.<tool>]"
+        "contracts come from the server's annotations (hints only) unless the owner sets one: `postern servers \
+         contract {name} TOOL --class …`, the app's Servers view, or [servers.{name}.tools.<tool>] in tools.toml"
     );
     Ok(ExitCode::SUCCESS)
 }

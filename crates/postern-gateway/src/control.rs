@@ -198,7 +198,7 @@ pub async fn serve(
                     Ok(ControlRequest::RestartServer { name }) => match &upstreams {
                         Some(u) => match u.restart(&name).await {
                             Ok(status) => ControlReply::Servers { servers: vec![status] },
-                            Err(message) => ControlReply::Refused { code: ControlCode::Failed, message },
+                            Err(e) => ControlReply::Refused { code: ControlCode::Failed, message: e.to_string() },
                         },
                         None => ControlReply::Refused {
                             code: ControlCode::Failed,

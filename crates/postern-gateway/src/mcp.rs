@@ -675,12 +675,17 @@ fn manifest_tool(t: &ManifestTool) -> Tool {
 /// An upstream server's tool as agents see it: its own schema and description, the contract
 /// Postern derived (annotations are only the server's hints) and annotations from that contract.
 fn upstream_tool(t: &crate::upstream::UpstreamTool) -> Tool {
+    let source = match t.contract_source {
+        "annotations" => "from the server's annotations",
+        "tools.toml" => "set by the owner in tools.toml",
+        "owner" => "set by the owner",
+        _ => "Postern's default: no annotation says it is safe to repeat",
+    };
     let description = format!(
-        "{} [via MCP server {}] {} (contract from {}.)",
+        "{} [via MCP server {}] {} (Contract {source}.)",
         t.description.trim(),
         t.server,
-        contract_summary(&t.contract),
-        t.contract_source
+        contract_summary(&t.contract)
     );
     Tool::new(t.name.clone(), description, schema_object(&t.input_schema)).with_annotations(annotations(&t.contract))
 }
@@ -798,6 +803,15 @@ impl ServerHandler for PosternMcp {
             }
         }
         Ok(rmcp::model::ReadResourceResponse::Complete(result))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourceTemplatesResult, McpError> {
+        let templates = self.started_upstreams().await.map(|u| u.resource_templates()).unwrap_or_default();
+        Ok(rmcp::model::ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn list_prompts(

@@ -42,19 +42,38 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
 
-/// What the owner says about one upstream tool, overriding what its annotations suggest.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolOverride {
-    pub class: Option<ReplayClass>,
-    /// The argument Postern fills with the execution ID (class `idempotency_key`).
-    pub idempotency_argument: Option<String>,
-    #[serde(default)]
-    pub approve_every_use: bool,
-    /// Arguments that carry secrets, beyond those named like one (`token`, `password`, `key`, …):
-    /// digested in the record, masked in approval questions and journal rows.
-    #[serde(default)]
-    pub secret_arguments: BTreeSet<String>,
+/// What the owner says about one upstream tool (`tools.toml`, or the server's vault record).
+pub use postern_vault::ToolOverride;
+
+/// Why an owner's request about an upstream server could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    /// The server did not start (or its tools could not be listed): the message says why.
+    #[error("MCP server {server:?} is not available: {message}")]
+    Unavailable { server: String, message: String },
+    #[error("MCP server {server:?} offers no tool {tool:?} (it offers: {offered})")]
+    UnknownTool { server: String, tool: String, offered: String },
+    #[error(
+        "the contract of {server}__{tool} is set in tools.toml ([servers.{server}.tools.{tool}]): change it there, \
+         the file decides"
+    )]
+    SetInManifest { server: String, tool: String },
+    #[error("{argument:?} is not an argument of {server}__{tool} (its arguments: {arguments})")]
+    NotAnArgument { server: String, tool: String, argument: String, arguments: String },
+}
+
+impl postern_core::ErrorCode for UpstreamError {
+    fn code(&self) -> &'static str {
+        match self {
+            UpstreamError::Vault(e) => e.code(),
+            UpstreamError::Unavailable { .. } => "upstream_unavailable",
+            UpstreamError::UnknownTool { .. } => "unknown_tool",
+            UpstreamError::SetInManifest { .. } => "set_in_manifest",
+            UpstreamError::NotAnArgument { .. } => "not_an_argument",
+        }
+    }
 }
 
 /// One upstream tool as agents see it, with the contract Postern will hold it to.
@@ -68,7 +87,8 @@ pub struct UpstreamTool {
     pub description: String,
     pub input_schema: Value,
     pub contract: ReplayContract,
-    /// Where the contract came from: `annotations`, `override` or `default`.
+    /// Where the contract came from: `annotations`, `default` (no annotation said anything),
+    /// `tools.toml`, or `owner` (set from the app or `postern servers contract`).
     pub contract_source: &'static str,
     pub approve_every_use: bool,
     /// The upstream's input schema, compiled once (a schema that does not compile checks nothing).
@@ -77,6 +97,10 @@ pub struct UpstreamTool {
     /// `resources/read` and `prompts/get`, never as a tool.
     pub operation: &'static str,
 }
+
+/// What [`derive_contract`] says when an override decided the class; [`Upstreams`] names which
+/// (`tools.toml` or `owner`).
+const OVERRIDE: &str = "override";
 
 /// Where an upstream tool's contract comes from: the owner's override, else its annotations
 /// (only hints from the server, which is why the contract is shown wherever tools are listed).
@@ -98,11 +122,11 @@ pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayC
     if let Some(o) = over
         && let Some(class) = o.class
     {
-        return (ReplayContract { class, idempotency_argument: o.idempotency_argument.clone(), ..base }, "override");
+        return (ReplayContract { class, idempotency_argument: o.idempotency_argument.clone(), ..base }, OVERRIDE);
     }
     if let Some(argument) = over.and_then(|o| o.idempotency_argument.clone()) {
         let c = ReplayContract { class: ReplayClass::IdempotencyKey, idempotency_argument: Some(argument), ..base };
-        return (c, "override");
+        return (c, OVERRIDE);
     }
     let a = tool.annotations.as_ref();
     let hint = |f: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| a.and_then(f) == Some(true);
@@ -193,6 +217,7 @@ struct Running {
 struct Listing {
     tools: Vec<RmcpTool>,
     resources: Vec<rmcp::model::Resource>,
+    resource_templates: Vec<rmcp::model::ResourceTemplate>,
     prompts: Vec<rmcp::model::Prompt>,
 }
 
@@ -263,6 +288,7 @@ struct Catalogue {
     tools: HashMap<String, UpstreamTool>,
     /// Namespaced as agents see them.
     resources: Vec<rmcp::model::Resource>,
+    resource_templates: Vec<rmcp::model::ResourceTemplate>,
     prompts: Vec<rmcp::model::Prompt>,
 }
 
@@ -307,7 +333,18 @@ impl Upstreams {
     /// Starts every server that is not running (each at most once per backoff period); errors
     /// are kept for `status`, never raised: one broken server does not hide the others.
     pub async fn start_all(&self) {
+        self.start_where(|_| true).await;
+    }
+
+    /// Starts the servers that start with the gateway; the others (`on_first_use`) wait for an
+    /// agent to list tools or call one of theirs.
+    pub async fn start_with_gateway(&self) {
+        self.start_where(|s| s.start == postern_vault::ServerStart::WithGateway).await;
+    }
+
+    async fn start_where(&self, wanted: impl Fn(&McpServer) -> bool) {
         let Ok(servers) = self.vault.mcp_servers() else { return };
+        let servers: Vec<McpServer> = servers.into_iter().filter(|s| wanted(s)).collect();
         let mut slots = self.slots.lock().await;
         slots.retain(|name, _| servers.iter().any(|s| &s.name == name));
         let mut started = false;
@@ -346,6 +383,12 @@ impl Upstreams {
         self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resources.clone()
     }
 
+    /// Every upstream resource template, namespaced like resources (`postern://<server>/<template>`):
+    /// a URI an agent expands from one is read like any upstream resource.
+    pub fn resource_templates(&self) -> Vec<rmcp::model::ResourceTemplate> {
+        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resource_templates.clone()
+    }
+
     /// Every upstream prompt, named `<server>__<prompt>`.
     pub fn prompts(&self) -> Vec<rmcp::model::Prompt> {
         self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).prompts.clone()
@@ -375,7 +418,12 @@ impl Upstreams {
     /// Makes sure the server `name` would be for is running, so its tools are known.
     pub async fn ensure_server_of(&self, tool_name: &str) {
         let Some((server, _)) = tool_name.split_once(SEPARATOR) else { return };
-        let Ok(server) = self.vault.mcp_server(server) else { return };
+        self.ensure_started(server).await;
+    }
+
+    /// Starts the server `name` if it is not running (a failure is kept for `status`).
+    pub async fn ensure_started(&self, name: &str) {
+        let Ok(server) = self.vault.mcp_server(name) else { return };
         let mut slots = self.slots.lock().await;
         if self.ensure(&mut slots, &server).await.is_ok_and(|(_, fresh)| fresh) {
             self.refresh_catalogue(&slots);
@@ -427,8 +475,8 @@ impl Upstreams {
 
     /// Stops the server `name` and starts it again at once (a failed start is reported, and
     /// retried on next use as after a crash).
-    pub async fn restart(&self, name: &str) -> Result<ServerStatus, String> {
-        let server = self.vault.mcp_server(name).map_err(|e| e.to_string())?;
+    pub async fn restart(&self, name: &str) -> Result<ServerStatus, UpstreamError> {
+        let server = self.vault.mcp_server(name)?;
         {
             let mut slots = self.slots.lock().await;
             if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
@@ -436,10 +484,61 @@ impl Upstreams {
             }
             let started = self.ensure(&mut slots, &server).await;
             self.refresh_catalogue(&slots);
-            started?;
+            started.map_err(|message| UpstreamError::Unavailable { server: name.into(), message })?;
         }
         tracing::info!(server = %name, "upstream MCP server restarted");
-        self.status().await.into_iter().find(|s| s.name == name).ok_or_else(|| format!("{name:?} vanished"))
+        self.status()
+            .await
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| VaultError::UnknownMcpServer(name.into()).into())
+    }
+
+    /// The owner sets (or, with `None`, clears) the contract of one of `server`'s tools: checked
+    /// against the tool's schema (the server is started to list it), kept in the server's vault
+    /// record (journaled), and offered to agents at once (they are told the tool list changed).
+    /// A tool `tools.toml` decides is refused: the file wins, and two places would disagree.
+    pub async fn set_contract(
+        &self,
+        server: &str,
+        tool: &str,
+        contract: Option<ToolOverride>,
+        now: postern_core::Timestamp,
+    ) -> Result<(), UpstreamError> {
+        if self.overrides.get(server).is_some_and(|o| o.contains_key(tool)) {
+            return Err(UpstreamError::SetInManifest { server: server.into(), tool: tool.into() });
+        }
+        let def = self.vault.mcp_server(server)?;
+        let mut slots = self.slots.lock().await;
+        if contract.is_some() {
+            let (running, _) = self
+                .ensure(&mut slots, &def)
+                .await
+                .map_err(|message| UpstreamError::Unavailable { server: server.into(), message })?;
+            let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let Some(t) = listing.tools.iter().find(|t| t.name == tool) else {
+                let offered = listing.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ");
+                return Err(UpstreamError::UnknownTool { server: server.into(), tool: tool.into(), offered });
+            };
+            let properties = t.input_schema.get("properties").and_then(Value::as_object);
+            if let Some(argument) = contract.as_ref().and_then(|c| c.idempotency_argument.as_ref())
+                && !properties.is_some_and(|p| p.contains_key(argument))
+            {
+                let arguments =
+                    properties.map(|p| p.keys().cloned().collect::<Vec<_>>().join(", ")).unwrap_or_default();
+                return Err(UpstreamError::NotAnArgument {
+                    server: server.into(),
+                    tool: tool.into(),
+                    argument: argument.clone(),
+                    arguments,
+                });
+            }
+        }
+        self.vault.set_mcp_tool_contract(server, tool, contract, now)?;
+        self.refresh_catalogue(&slots);
+        let _ = self.changes.send(());
+        tracing::info!(%server, %tool, "upstream tool contract set by the owner");
+        Ok(())
     }
 
     /// Forwards one call. `arguments` are what the agent sent (with the idempotency argument
@@ -645,7 +744,7 @@ impl Upstreams {
 
     fn refresh_catalogue(&self, slots: &HashMap<String, Slot>) {
         let mut catalogue = HashMap::new();
-        let (mut resources, mut prompts) = (Vec::new(), Vec::new());
+        let (mut resources, mut resource_templates, mut prompts) = (Vec::new(), Vec::new(), Vec::new());
         for (server, slot) in slots {
             let Some(running) = &slot.running else { continue };
             let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
@@ -654,6 +753,12 @@ impl Upstreams {
                 r.uri = format!("{RESOURCE_PREFIX}{server}/{}", r.uri);
                 r.name = format!("{server}{SEPARATOR}{}", r.name);
                 resources.push(r);
+            }
+            for t in &listing.resource_templates {
+                let mut t = t.clone();
+                t.uri_template = format!("{RESOURCE_PREFIX}{server}/{}", t.uri_template);
+                t.name = format!("{server}{SEPARATOR}{}", t.name);
+                resource_templates.push(t);
             }
             for p in &listing.prompts {
                 let mut p = p.clone();
@@ -668,8 +773,14 @@ impl Upstreams {
                     tracing::warn!(%server, tool = %t.name.escape_debug(), "upstream tool not offered: its name is not 1–64 characters of letters, digits, `_`, `-`, `.` or `/` once namespaced");
                     continue;
                 }
-                let over = overrides.and_then(|o| o.get(t.name.as_ref()));
+                // tools.toml is the file the owner keeps under version control: it wins over a
+                // setting made in the app, which refuses to edit a tool the file decides.
+                let (over, source) = match overrides.and_then(|o| o.get(t.name.as_ref())) {
+                    Some(o) => (Some(o), "tools.toml"),
+                    None => (server_def.as_ref().and_then(|s| s.tools.get(t.name.as_ref())), "owner"),
+                };
                 let (contract, contract_source) = derive_contract(t, over);
+                let contract_source = if contract_source == OVERRIDE { source } else { contract_source };
                 let input_schema = Value::Object((*t.input_schema).clone());
                 let validator = jsonschema::validator_for(&input_schema).unwrap_or_else(|e| {
                     tracing::warn!(%server, tool = %t.name, error = %e, "upstream input schema does not compile; arguments are not checked");
@@ -694,9 +805,10 @@ impl Upstreams {
             }
         }
         resources.sort_by(|a, b| a.uri.cmp(&b.uri));
+        resource_templates.sort_by(|a, b| a.uri_template.cmp(&b.uri_template));
         prompts.sort_by(|a, b| a.name.cmp(&b.name));
         *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Catalogue { tools: catalogue, resources, prompts };
+            Catalogue { tools: catalogue, resources, resource_templates, prompts };
     }
 }
 
@@ -719,11 +831,20 @@ async fn listing(service: &RunningService<RoleClient, UpstreamClient>, name: &st
         Some(_) => peer.list_all_resources().await.map_err(|e| format!("{name:?} resources/list: {e}"))?,
         None => vec![],
     };
+    // Templates are optional even for a server with resources: one that does not answer this
+    // simply offers none.
+    let resource_templates = match capabilities.resources {
+        Some(_) => peer.list_all_resource_templates().await.unwrap_or_else(|e| {
+            tracing::debug!(server = %name, error = %e, "no resource templates");
+            vec![]
+        }),
+        None => vec![],
+    };
     let prompts = match capabilities.prompts {
         Some(_) => peer.list_all_prompts().await.map_err(|e| format!("{name:?} prompts/list: {e}"))?,
         None => vec![],
     };
-    Ok(Listing { tools, resources, prompts })
+    Ok(Listing { tools, resources, resource_templates, prompts })
 }
 
 /// A freshly initialized server, listed; on protocol 2026-07-28 (where a tools change reaches a

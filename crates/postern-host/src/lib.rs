@@ -327,12 +327,12 @@ impl Serving {
             let engine = Arc::clone(&self.engine);
             tokio::spawn(async move { engine.upkeep(Duration::from_secs(1)).await })
         };
-        // Upstream MCP servers start with the gateway (a locked vault or a broken server is
-        // retried on first use and shown by `servers list`).
+        // Upstream MCP servers start with the gateway unless the owner said "on first use" (a
+        // locked vault or a broken server is retried on first use and shown by `servers list`).
         let upstreams = self.engine.upstreams().cloned();
         if let Some(u) = &upstreams {
             let u = Arc::clone(u);
-            tokio::spawn(async move { u.start_all().await });
+            tokio::spawn(async move { u.start_with_gateway().await });
         }
         self.bound.run(shutdown).await;
         if let Some(u) = upstreams {

@@ -14,7 +14,7 @@ mod ssh_host;
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
-pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer};
+pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer, ServerStart, ToolOverride};
 pub use sensitive::Sensitive;
 pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, SshHost};
 
@@ -325,6 +325,39 @@ impl Vault {
             .collect()
     }
 
+    /// Sets (or, with `None`, clears) the owner's contract for one of a server's tools,
+    /// journaled as `mcp_tool_contract_set` with the server's new spec.
+    pub fn set_mcp_tool_contract(
+        &self,
+        server: &str,
+        tool: &str,
+        contract: Option<ToolOverride>,
+        now: Timestamp,
+    ) -> Result<McpServer, VaultError> {
+        let mut s = self.mcp_server(server)?;
+        match contract.filter(|c| !c.is_empty()) {
+            Some(c) => s.tools.insert(tool.to_owned(), c),
+            None => s.tools.remove(tool),
+        };
+        s.validate()?;
+        let detail = json!({ "tool": tool, "contract": s.tools.get(tool) });
+        self.store.update_credential_spec(server, s.spec(), "mcp_tool_contract_set", detail, now)?;
+        Ok(s)
+    }
+
+    /// Sets when a server's process starts, journaled as `mcp_server_start_set`.
+    pub fn set_mcp_server_start(
+        &self,
+        server: &str,
+        start: ServerStart,
+        now: Timestamp,
+    ) -> Result<McpServer, VaultError> {
+        let mut s = self.mcp_server(server)?;
+        s.start = start;
+        self.store.update_credential_spec(server, s.spec(), "mcp_server_start_set", json!({ "start": start }), now)?;
+        Ok(s)
+    }
+
     /// Removes a server's metadata (journaled) and its keychain items.
     pub fn remove_mcp_server(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
         let server = self.mcp_server(name)?;
@@ -541,6 +574,33 @@ mod tests {
             idempotency_header: None,
             reads_have_effects: false,
         }
+    }
+
+    /// The owner's tool contracts and start setting live in the server's record: set, cleared
+    /// and refused (a contract that cannot hold changes nothing), each change journaled.
+    #[test]
+    fn a_servers_tool_contracts_and_start_are_owner_settings_on_its_record() {
+        let (_dir, v) = vault();
+        let server = McpServer { name: "gh".into(), command: "gh-mcp".into(), ..McpServer::default() };
+        v.add_mcp_server(&server, &[], Timestamp::from_millis(2)).expect("add");
+        let key = ToolOverride {
+            class: Some(postern_core::ReplayClass::IdempotencyKey),
+            idempotency_argument: Some("requestId".into()),
+            ..ToolOverride::default()
+        };
+        v.set_mcp_tool_contract("gh", "create_issue", Some(key.clone()), Timestamp::from_millis(3)).expect("set");
+        assert_eq!(v.mcp_server("gh").expect("gh").tools.get("create_issue"), Some(&key));
+        let bad = ToolOverride { class: Some(postern_core::ReplayClass::IdempotencyKey), ..ToolOverride::default() };
+        assert!(v.set_mcp_tool_contract("gh", "delete_repo", Some(bad), Timestamp::from_millis(4)).is_err());
+        assert_eq!(v.mcp_server("gh").expect("gh").tools.len(), 1, "a refused contract changes nothing");
+        v.set_mcp_tool_contract("gh", "create_issue", None, Timestamp::from_millis(5)).expect("clear");
+        assert!(v.mcp_server("gh").expect("gh").tools.is_empty());
+        v.set_mcp_server_start("gh", ServerStart::OnFirstUse, Timestamp::from_millis(6)).expect("start");
+        assert_eq!(v.mcp_server("gh").expect("gh").start, ServerStart::OnFirstUse);
+        assert!(matches!(
+            v.set_mcp_server_start("nope", ServerStart::OnFirstUse, Timestamp::from_millis(7)),
+            Err(VaultError::UnknownMcpServer(_))
+        ));
     }
 
     /// A keychain that counts reads (each is a D-Bus round trip with the OS keychain).

@@ -4,8 +4,10 @@
 //! so adding a server is an owner's act with a record, never an agent's.
 
 use crate::VaultError;
+use postern_core::ReplayClass;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The credentials table's `kind` of an MCP server's row.
 pub const KIND: &str = "mcp_server";
@@ -13,6 +15,80 @@ pub const KIND: &str = "mcp_server";
 /// The longest server name: namespaced tool names (`<server>__<tool>`) must stay within the
 /// 64 characters clients accept, so the server's part is kept short.
 pub const MAX_SERVER_NAME: usize = 24;
+
+/// When Postern starts a server's process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerStart {
+    /// With the gateway, so its tools are ready when the first agent connects.
+    #[default]
+    WithGateway,
+    /// When an agent first lists tools or calls one of its tools (a heavy server that is
+    /// rarely used costs nothing until then).
+    OnFirstUse,
+}
+
+impl ServerStart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerStart::WithGateway => "with_gateway",
+            ServerStart::OnFirstUse => "on_first_use",
+        }
+    }
+}
+
+/// What the owner says about one upstream tool, overriding what its annotations suggest (the
+/// server's annotations are only hints). Set in `tools.toml` under the server's name, or kept in
+/// the server's vault record when set from the app or `postern servers contract`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<ReplayClass>,
+    /// The argument Postern fills with the execution ID (class `idempotency_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_argument: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approve_every_use: bool,
+    /// Arguments that carry secrets, beyond those named like one (`token`, `password`, `key`, …):
+    /// digested in the record, masked in approval questions and journal rows.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub secret_arguments: BTreeSet<String>,
+}
+
+impl ToolOverride {
+    /// The classes an upstream tool can be held to (a status endpoint or an SSH marker is not
+    /// something an MCP server offers).
+    pub const CLASSES: [ReplayClass; 4] =
+        [ReplayClass::ReadOnly, ReplayClass::Idempotent, ReplayClass::IdempotencyKey, ReplayClass::Irreversible];
+
+    /// Checks what can be checked without the tool's schema.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(class) = self.class
+            && !Self::CLASSES.contains(&class)
+        {
+            return Err(format!(
+                "class {} does not fit an upstream MCP tool (read_only, idempotent, idempotency_key or irreversible)",
+                class.as_str()
+            ));
+        }
+        match (self.class, &self.idempotency_argument) {
+            (Some(ReplayClass::IdempotencyKey), None) => Err(
+                "class idempotency_key needs idempotency_argument: the argument Postern fills with the execution ID"
+                    .into(),
+            ),
+            (Some(c), Some(_)) if c != ReplayClass::IdempotencyKey => {
+                Err(format!("idempotency_argument goes with class idempotency_key, not {}", c.as_str()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Nothing set: the same as no override.
+    pub fn is_empty(&self) -> bool {
+        *self == ToolOverride::default()
+    }
+}
 
 /// An upstream MCP server: one Postern launches over stdio (its secret values are in the
 /// keychain), or a remote Streamable HTTP server reached with a vault credential.
@@ -32,6 +108,10 @@ pub struct McpServer {
     pub url: Option<String>,
     /// The vault credential (bearer or header) sent to a remote server; its binding must allow `url`.
     pub credential: Option<String>,
+    pub start: ServerStart,
+    /// The owner's contract for some of its tools (by the server's own tool name), set from the
+    /// app or `postern servers contract`.
+    pub tools: BTreeMap<String, ToolOverride>,
 }
 
 impl McpServer {
@@ -69,7 +149,7 @@ impl McpServer {
             {
                 return invalid("a remote server (--url) has no command or environment".into());
             }
-            return Ok(());
+            return self.validate_tools();
         }
         if self.credential.is_some() {
             return invalid("--credential is for a remote server (--url); a stdio server takes --secret-env".into());
@@ -88,18 +168,38 @@ impl McpServer {
         if let Some(both) = self.secret_env.iter().find(|k| self.env.contains_key(*k)) {
             return invalid(format!("{both:?} is given both as a plain value and as a secret"));
         }
+        self.validate_tools()
+    }
+
+    fn validate_tools(&self) -> Result<(), VaultError> {
+        for (tool, over) in &self.tools {
+            over.validate()
+                .map_err(|e| VaultError::InvalidCredential(format!("tool {tool:?} of {:?}: {e}", self.name)))?;
+        }
         Ok(())
+    }
+
+    pub(crate) fn spec(&self) -> Value {
+        let mut spec = match &self.url {
+            Some(url) => json!({ "transport": "http", "url": url, "credential": self.credential }),
+            None => json!({ "transport": "stdio", "command": self.command, "args": self.args, "env": self.env,
+                            "secret_env": self.secret_env }),
+        };
+        // Only what differs from the defaults, so records written before these existed read the same.
+        if self.start != ServerStart::default() {
+            spec["start"] = json!(self.start);
+        }
+        if !self.tools.is_empty() {
+            spec["tools"] = json!(self.tools);
+        }
+        spec
     }
 
     pub(crate) fn to_record(&self, created_at: i64) -> postern_store::CredentialRecord {
         postern_store::CredentialRecord {
             name: self.name.clone(),
             kind: KIND.into(),
-            spec: match &self.url {
-                Some(url) => json!({ "transport": "http", "url": url, "credential": self.credential }),
-                None => json!({ "transport": "stdio", "command": self.command, "args": self.args, "env": self.env,
-                                "secret_env": self.secret_env }),
-            },
+            spec: self.spec(),
             bindings: json!([]),
             approve_every_use: self.approve_every_use,
             created_at,
@@ -114,12 +214,22 @@ impl McpServer {
             serde_json::from_value(r.spec.get(key).cloned().unwrap_or(Value::Array(vec![]))).map_err(|_| corrupt(key))
         };
         let text = |key: &str| r.spec.get(key).and_then(Value::as_str).map(str::to_owned);
+        let start: ServerStart = match r.spec.get("start") {
+            Some(v) => serde_json::from_value(v.clone()).map_err(|_| corrupt("start"))?,
+            None => ServerStart::default(),
+        };
+        let tools: BTreeMap<String, ToolOverride> = match r.spec.get("tools") {
+            Some(v) => serde_json::from_value(v.clone()).map_err(|_| corrupt("tools"))?,
+            None => BTreeMap::new(),
+        };
         if r.spec.get("transport").and_then(Value::as_str) == Some("http") {
             return Ok(McpServer {
                 name: r.name.clone(),
                 url: Some(text("url").ok_or_else(|| corrupt("url"))?),
                 credential: text("credential"),
                 approve_every_use: r.approve_every_use,
+                start,
+                tools,
                 ..McpServer::default()
             });
         }
@@ -132,6 +242,8 @@ impl McpServer {
             approve_every_use: r.approve_every_use,
             url: None,
             credential: None,
+            start,
+            tools,
         })
     }
 }
@@ -150,6 +262,15 @@ mod tests {
             approve_every_use: false,
             url: None,
             credential: None,
+            start: ServerStart::OnFirstUse,
+            tools: BTreeMap::from([(
+                "create_issue".into(),
+                ToolOverride {
+                    class: Some(ReplayClass::IdempotencyKey),
+                    idempotency_argument: Some("requestId".into()),
+                    ..ToolOverride::default()
+                },
+            )]),
         }
     }
 
@@ -179,5 +300,38 @@ mod tests {
         assert!(McpServer { secret_env: vec!["LOG_LEVEL".into()], ..server() }.validate().is_err());
         assert!(McpServer { command: " ".into(), ..server() }.validate().is_err());
         assert!(server().validate().is_ok());
+    }
+
+    #[test]
+    fn a_contract_that_cannot_hold_for_an_upstream_tool_is_refused() {
+        let with = |o: ToolOverride| McpServer { tools: BTreeMap::from([("t".into(), o)]), ..server() };
+        for bad in [
+            ToolOverride { class: Some(ReplayClass::SshMarker), ..ToolOverride::default() },
+            ToolOverride { class: Some(ReplayClass::StatusQuery), ..ToolOverride::default() },
+            ToolOverride { class: Some(ReplayClass::IdempotencyKey), ..ToolOverride::default() },
+            ToolOverride {
+                class: Some(ReplayClass::Irreversible),
+                idempotency_argument: Some("k".into()),
+                ..ToolOverride::default()
+            },
+        ] {
+            assert!(with(bad.clone()).validate().is_err(), "{bad:?}");
+        }
+        with(ToolOverride { approve_every_use: true, ..ToolOverride::default() }).validate().expect("valid");
+    }
+
+    #[test]
+    fn a_record_written_before_start_and_tools_existed_reads_with_their_defaults() {
+        let old = postern_store::CredentialRecord {
+            name: "gh".into(),
+            kind: KIND.into(),
+            spec: json!({ "transport": "stdio", "command": "gh-mcp", "args": [], "env": {}, "secret_env": [] }),
+            bindings: json!([]),
+            approve_every_use: false,
+            created_at: 1,
+        };
+        let s = McpServer::from_record(&old).expect("reads");
+        assert_eq!((s.start, s.tools.len()), (ServerStart::WithGateway, 0));
+        assert_eq!(s.spec(), old.spec, "and writes back the same spec");
     }
 }

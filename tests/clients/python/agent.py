@@ -110,6 +110,9 @@ class Agent:
             if what == "resources":
                 listed = await session.list_resources()
                 data = [{"uri": str(r.uri), "name": r.name} for r in listed.resources]
+            elif what == "templates":
+                listed = await session.list_resource_templates()
+                data = [{"uri_template": t.uri_template, "name": t.name} for t in listed.resource_templates]
             elif what == "resource":
                 read = await session.read_resource(cmd["uri"])
                 data = [{"uri": str(c.uri), "text": getattr(c, "text", None)} for c in read.contents]

@@ -19,10 +19,11 @@ import type { NewServer } from './bindings/NewServer';
 import type { EnvValue } from './bindings/EnvValue';
 import type { ImportOffer } from './bindings/ImportOffer';
 import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
+import type { ToolContractInput } from './bindings/ToolContractInput';
 
 export type {
   ApprovalView, AuditView, EnvValue, ExecutionDetail, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerRow,
-  SessionRow, StatusView, ToolsView, UpstreamToolRow, VaultView,
+  SessionRow, StatusView, ToolContractInput, ToolsView, UpstreamToolRow, VaultView,
 };
 
 /** A failed command: the app's error code and message. */
@@ -59,6 +60,9 @@ export const ipc = {
   restartServer: (name: string) => call<void>('restart_server', { name }),
   addServer: (server: NewServer) => call<void>('add_server', { server }),
   removeServer: (name: string) => call<void>('remove_server', { name }),
+  setToolContract: (server: string, tool: string, contract: ToolContractInput | null) =>
+    call<void>('set_tool_contract', { server, tool, contract }),
+  setServerStart: (name: string, start: string) => call<void>('set_server_start', { name, start }),
   importOffer: () => call<ImportOffer>('import_offer'),
   importApply: () => call<number>('import_apply'),
   vault: () => call<VaultView>('vault'),

@@ -90,9 +90,14 @@ describe('Servers', () => {
   const server = (state: string, last_error: string | null): ServerRow => ({
     name: 'github', state, last_error, launched: 'npx -y @modelcontextprotocol/server-github', secret_env: ['GITHUB_TOKEN'],
     approve_every_use: false,
+    start: 'with_gateway',
     tools: [
-      { name: 'github__search_issues', contract: 'read_only', contract_from: 'annotations' },
-      { name: 'github__create_issue', contract: 'irreversible', contract_from: 'default' },
+      { name: 'github__search_issues', tool: 'search_issues', contract: 'read_only', idempotency_argument: null,
+        contract_from: 'annotations', approve_every_use: false, arguments: ['query'] },
+      { name: 'github__create_issue', tool: 'create_issue', contract: 'irreversible', idempotency_argument: null,
+        contract_from: 'default', approve_every_use: false, arguments: ['title', 'requestId'] },
+      { name: 'github__delete_repo', tool: 'delete_repo', contract: 'irreversible', idempotency_argument: null,
+        contract_from: 'tools.toml', approve_every_use: true, arguments: ['repo'] },
     ],
   });
 
@@ -112,6 +117,26 @@ describe('Servers', () => {
     await fireEvent.click(screen.getByText('Restart'));
     expect(restartServer).toHaveBeenCalledWith('github');
     await waitFor(() => expect(screen.getByTestId('server-state-github').textContent).toBe('running'));
+  });
+
+  it('lets the owner hold a tool to a contract, not where tools.toml decides, and choose when it starts', async () => {
+    const setToolContract = vi.fn(async () => undefined);
+    const setServerStart = vi.fn(async () => undefined);
+    const ipc = { servers: vi.fn(async () => [server('running', null)]), setToolContract, setServerStart } as unknown as Ipc;
+    render(Servers, { props: { ipc } });
+    const pick = (await screen.findByTestId('contract-github__create_issue')) as HTMLSelectElement;
+    await fireEvent.change(pick, { target: { value: 'idempotency_key' } });
+    expect(setToolContract).toHaveBeenCalledWith('github', 'create_issue', {
+      class: 'idempotency_key', idempotency_argument: 'title', approve_every_use: false,
+    });
+    await fireEvent.click(screen.getByTestId('every-use-github__search_issues'));
+    expect(setToolContract).toHaveBeenCalledWith('github', 'search_issues', {
+      class: null, idempotency_argument: null, approve_every_use: true,
+    });
+    expect((screen.getByTestId('contract-github__delete_repo') as HTMLSelectElement).disabled).toBe(true);
+    expect(screen.getByTestId('contract-from-github__delete_repo').textContent).toContain('tools.toml');
+    await fireEvent.change(screen.getByTestId('server-start-github'), { target: { value: 'on_first_use' } });
+    expect(setServerStart).toHaveBeenCalledWith('github', 'on_first_use');
   });
 
   it('says how to bring servers in when there are none', async () => {

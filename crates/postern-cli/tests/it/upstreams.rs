@@ -277,7 +277,48 @@ fn servers_are_added_listed_inspected_and_removed_without_their_secret_showing()
     assert_eq!(contract("counter__balance"), Some((json!("read_only"), json!("annotations"))));
     assert_eq!(contract("counter__set_flag"), Some((json!("idempotent"), json!("annotations"))));
     assert_eq!(contract("counter__pay"), Some((json!("irreversible"), json!("default"))));
-    assert_eq!(contract("counter__charge"), Some((json!("idempotency_key"), json!("override"))));
+    assert_eq!(contract("counter__charge"), Some((json!("idempotency_key"), json!("tools.toml"))));
+
+    // The owner holds a tool to a contract of their own (the app's Servers view does the same):
+    // checked against the tool's schema, refused where tools.toml decides, journaled.
+    let manifest_arg = manifest.to_str().unwrap();
+    let owner = |args: &[&str]| {
+        let all: Vec<&str> = ["servers", "contract", "counter"].iter().chain(args).copied().collect();
+        postern_with(&[all.as_slice(), &["--tools", manifest_arg]].concat(), Some(data.path()), None, &[])
+    };
+    let wrong = owner(&["pay", "--class", "idempotency-key", "--idempotency-argument", "nonce"]);
+    assert_eq!(wrong.code, 2, "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("\"nonce\" is not an argument of counter__pay (its arguments: "), "{}", wrong.stderr);
+    let decided = owner(&["charge", "--class", "idempotent"]);
+    assert_eq!(decided.code, 2, "{}", decided.stderr);
+    assert!(decided.stderr.contains("set in tools.toml ([servers.counter.tools.charge])"), "{}", decided.stderr);
+    let missing = owner(&["refund", "--class", "idempotent"]);
+    assert!(missing.code == 2 && missing.stderr.contains("offers no tool \"refund\""), "{}", missing.stderr);
+    let set = owner(&["pay", "--class", "idempotent"]);
+    assert_eq!(set.code, 0, "{}", set.stderr);
+    let contract_of = |tool: &str| {
+        let listed = postern_with(
+            &["servers", "tools", "counter", "--json", "--tools", manifest_arg],
+            Some(data.path()),
+            None,
+            &[],
+        );
+        assert_eq!(listed.code, 0, "{}", listed.stderr);
+        let tools: Value = serde_json::from_str(&listed.stdout).unwrap();
+        let t = tools.as_array().unwrap().iter().find(|t| t["name"] == tool).unwrap().clone();
+        (t["contract"].clone(), t["contract_from"].clone())
+    };
+    assert_eq!(contract_of("counter__pay"), (json!("idempotent"), json!("owner")));
+    let cleared = owner(&["pay", "--clear"]);
+    assert_eq!(cleared.code, 0, "{}", cleared.stderr);
+    assert_eq!(contract_of("counter__pay"), (json!("irreversible"), json!("default")));
+    let journal = postern_with(&["audit", "verify"], Some(data.path()), None, &[]);
+    assert_eq!(journal.code, 0, "the journal verifies after the owner's changes: {}", journal.stderr);
+
+    let lazy = postern_with(&["servers", "set", "counter", "--start", "on-first-use"], Some(data.path()), None, &[]);
+    assert_eq!(lazy.code, 0, "{}", lazy.stderr);
+    let list = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
+    assert_eq!(serde_json::from_str::<Value>(&list.stdout).unwrap()[0]["start"], "on_first_use");
 
     assert_eq!(any_file_contains(data.path(), CANARY), None, "the secret is only in the keychain");
     let removed = postern_with(&["servers", "remove", "counter"], Some(data.path()), None, &[]);
@@ -514,6 +555,15 @@ fn upstream_resources_and_prompts_are_offered_namespaced_and_each_read_is_journa
     assert_eq!(effects["data"][0]["text"], "[]");
     let unknown = read(json!({ "what": "resource", "uri": "counter://effects" }));
     assert_eq!(unknown["ok"], false, "only namespaced URIs: {unknown}");
+    let templates = read(json!({ "what": "templates" }));
+    assert_eq!(
+        templates["data"],
+        json!([{ "uri_template": "postern://counter/counter://effects/{kind}", "name": "counter__effects_of_kind" }]),
+        "{templates}"
+    );
+    let expanded = read(json!({ "what": "resource", "uri": "postern://counter/counter://effects/pay" }));
+    assert_eq!(expanded["ok"], true, "a URI expanded from a template reads through: {expanded}");
+    assert_eq!(expanded["data"][0]["text"], "[]");
 
     let prompts = read(json!({ "what": "prompts" }));
     assert_eq!(prompts["data"], json!([{ "name": "counter__settle" }]), "{prompts}");
@@ -524,7 +574,7 @@ fn upstream_resources_and_prompts_are_offered_namespaced_and_each_read_is_journa
     let rows = gw.activity();
     let accepted: Vec<&Value> = rows[before..].iter().filter(|r| r["event"] == "accepted").collect();
     let tools: Vec<&str> = accepted.iter().map(|r| r["detail"]["tool"].as_str().unwrap()).collect();
-    assert_eq!(tools, ["counter__resources/read", "counter__prompts/get"], "{accepted:?}");
+    assert_eq!(tools, ["counter__resources/read", "counter__resources/read", "counter__prompts/get"], "{accepted:?}");
     assert_eq!(count(dir.path(), "pay"), 0);
 }
 
@@ -548,4 +598,48 @@ fn an_upstream_tools_change_reaches_a_connected_agent_and_the_new_tool_is_callab
     assert!(fresh["description"].as_str().unwrap().contains("Replay contract: read_only"), "{fresh}");
     let hello = agent.call_and_wait("hello", "counter__fresh", json!({}));
     assert!(hello["text"].to_string().contains("fresh says hello"), "{hello}");
+}
+
+/// A server set to start on first use stays stopped while the gateway runs, until an agent
+/// lists tools; one set to start with the gateway is running before any agent comes.
+#[test]
+fn a_server_set_to_start_on_first_use_waits_for_an_agent() {
+    let data = tempfile::tempdir().unwrap();
+    let (eager_dir, lazy_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for (name, dir) in [("eager", &eager_dir), ("lazy", &lazy_dir)] {
+        let add = add_counter(data.path(), dir.path(), name, &format!("{CANARY}\n"));
+        assert_eq!(add.code, 0, "{}", add.stderr);
+    }
+    let set = postern_with(&["servers", "set", "lazy", "--start", "on-first-use"], Some(data.path()), None, &[]);
+    assert_eq!(set.code, 0, "{}", set.stderr);
+    let gw = Gateway::start_in(data, "");
+    let states = || {
+        let list = gw.postern(&["servers", "list", "--json"]);
+        assert_eq!(list.code, 0, "{}", list.stderr);
+        let servers: Value = serde_json::from_str(&list.stdout).unwrap();
+        let state = |name: &str| {
+            servers.as_array().unwrap().iter().find(|s| s["name"] == name).unwrap()["state"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        (state("eager"), state("lazy"))
+    };
+    // The gateway starts its servers under one lock, in one pass: once the eager one is
+    // reported running, that pass is over, and the lazy one was left alone.
+    super::gateway_support::eventually("the eager server running", std::time::Duration::from_secs(60), || {
+        (states().0 == "running").then_some(())
+    });
+    assert_eq!(states(), ("running".into(), "stopped".into()));
+    let table = gw.postern(&["servers", "list"]);
+    assert!(table.stdout.contains("stopped (starts on first use)"), "{}", table.stdout);
+
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let tools = agent.tools();
+    assert!(tools["tools"].as_array().unwrap().iter().any(|t| t["name"] == "lazy__pay"), "{tools}");
+    assert_eq!(states(), ("running".into(), "running".into()));
+    let paid = agent.call_and_wait("pay", "lazy__pay", json!({ "amount": 3 }));
+    assert_eq!(paid["structured"]["state"], "completed", "{paid}");
+    assert_eq!((count(lazy_dir.path(), "pay"), count(eager_dir.path(), "pay")), (1, 0));
 }

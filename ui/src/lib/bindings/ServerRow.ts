@@ -16,4 +16,8 @@ launched: string,
 /**
  * Names of the environment values kept in the keychain (never their values).
  */
-secret_env: Array<string>, approve_every_use: boolean, tools: Array<UpstreamToolRow>, };
+secret_env: Array<string>, approve_every_use: boolean, 
+/**
+ * `with_gateway` or `on_first_use`.
+ */
+start: string, tools: Array<UpstreamToolRow>, };

@@ -3,8 +3,25 @@
 /**
  * An upstream tool as agents see it, with the contract Postern holds it to.
  */
-export type UpstreamToolRow = { name: string, contract: string, 
+export type UpstreamToolRow = { 
 /**
- * `annotations` (the server's hints), `override` (tools.toml) or `default`.
+ * `<server>__<tool>`, as agents call it.
  */
-contract_from: string, };
+name: string, 
+/**
+ * The server's own name for it (what a contract is set for).
+ */
+tool: string, contract: string, 
+/**
+ * With `idempotency_key`: the argument Postern fills with the execution ID.
+ */
+idempotency_argument: string | null, 
+/**
+ * `annotations` (the server's hints), `default` (no hint), `tools.toml` (the file decides;
+ * the app does not edit it) or `owner` (set here or with `postern servers contract`).
+ */
+contract_from: string, approve_every_use: boolean, 
+/**
+ * The tool's argument names, for choosing the idempotency argument.
+ */
+arguments: Array<string>, };
