@@ -171,7 +171,17 @@ enum AgentsCommand {
 #[derive(Subcommand, Debug)]
 enum ToolsCommand {
     /// Check a manifest: every tool, its replay contract; every problem with file and line.
-    Check { file: PathBuf },
+    /// Without FILE, the one `serve` would use (no default file: the built-in tools).
+    Check { file: Option<PathBuf> },
+    /// The tools agents are offered (built-ins and the manifest's; upstream servers' tools are
+    /// listed by `postern servers tools NAME`), each with its replay contract.
+    List {
+        /// Tool manifest (default: tools.toml in the config directory, or POSTERN_TOOLS).
+        #[arg(long, env = "POSTERN_TOOLS", value_name = "FILE")]
+        tools: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -307,7 +317,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             AgentsCommand::List { json } => agents::list(&data_dir, json),
             AgentsCommand::Revoke { name } => agents::revoke(&data_dir, &name),
         },
-        Command::Tools { command: ToolsCommand::Check { file } } => tools_check(&file),
+        Command::Tools { command: ToolsCommand::Check { file } } => tools_check(file.as_deref(), false),
+        Command::Tools { command: ToolsCommand::List { tools, json } } => tools_check(tools.as_deref(), json),
         Command::Servers { command } => match command {
             ServersCommand::Add(args) => servers::add(&data_dir, args),
             ServersCommand::List { json } => servers::list(&data_dir, json),
@@ -338,33 +349,69 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     }
 }
 
-fn tools_check(file: &std::path::Path) -> Result<ExitCode, Failure> {
-    match postern_gateway::Manifest::load(file) {
-        Ok(manifest) => {
-            let mut t = render::table(&["tool", "method", "url", "credential", "replay contract"]);
-            for tool in manifest.tools() {
-                t.add_row(vec![
-                    tool.name.clone(),
-                    tool.method.clone(),
-                    tool.url_template.clone(),
-                    tool.credential.clone().unwrap_or_default(),
-                    if tool.read_only_by_verb {
-                        format!("read_only (by its {} verb)", tool.method)
-                    } else {
-                        tool.contract.class.as_str().to_owned()
-                    },
-                ]);
-            }
-            println!("{}", t.trim_fmt());
-            Ok(ExitCode::SUCCESS)
+/// The tools every gateway offers without a manifest: name, method, URL, credential, contract.
+const BUILT_INS: [[&str; 5]; 2] = [
+    [
+        "http_request",
+        "any",
+        "any allowed target",
+        "the one bound to its host",
+        "read_only for GET/HEAD; else idempotency_key if the credential names an idempotency header, else irreversible",
+    ],
+    ["ssh_exec", "ssh", "a vault SSH host", "the host's key", "ssh_marker"],
+];
+
+/// `tools check` and `tools list`: the manifest found the way `serve`, `call` and the app find
+/// it (a file named explicitly must exist; no default file means the built-in tools only).
+fn tools_check(file: Option<&std::path::Path>, json: bool) -> Result<ExitCode, Failure> {
+    let loaded = postern_host::load_manifest(file)?;
+    if !loaded.problems.is_empty() {
+        for e in &loaded.problems {
+            eprintln!("{e}");
         }
-        Err(errors) => {
-            for e in &errors {
-                eprintln!("{e}");
-            }
-            Err(Failure { code: 2, error: anyhow::anyhow!("{} problem(s) in {}", errors.len(), file.display()) })
-        }
+        return Err(Failure {
+            code: 2,
+            error: anyhow::anyhow!("{} problem(s) in {}", loaded.problems.len(), loaded.path.display()),
+        });
     }
+    let mut rows: Vec<[String; 5]> = BUILT_INS
+        .iter()
+        .filter(|[name, ..]| loaded.manifest.tool(name).is_none())
+        .map(|row| row.map(str::to_owned))
+        .collect();
+    rows.extend(loaded.manifest.tools().map(|tool| {
+        [
+            tool.name.clone(),
+            tool.method.clone(),
+            tool.url_template.clone(),
+            tool.credential.clone().unwrap_or_default(),
+            if tool.read_only_by_verb {
+                format!("read_only (by its {} verb)", tool.method)
+            } else {
+                tool.contract.class.as_str().to_owned()
+            },
+        ]
+    }));
+    if json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|[name, method, url, credential, contract]| {
+                serde_json::json!({ "name": name, "method": method, "url": url, "credential": credential,
+                                    "contract": contract })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::from)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = render::table(&["tool", "method", "url", "credential", "replay contract"]);
+    for row in rows {
+        t.add_row(row.to_vec());
+    }
+    println!("{}", t.trim_fmt());
+    if !loaded.path.exists() {
+        eprintln!("no {} yet: the built-in tools only", loaded.path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {

@@ -31,8 +31,9 @@ pub enum HostError {
     Location(String),
     #[error("{variable}={value:?} is not valid: {problem}")]
     Setting { variable: &'static str, value: String, problem: String },
-    #[error("cannot read the tool manifest {}: {source}", path.display())]
-    Manifest { path: PathBuf, source: std::io::Error },
+    /// The reason is part of the message (not a `source`, which reporters would print twice).
+    #[error("cannot read the tool manifest {}: {reason}", path.display())]
+    Manifest { path: PathBuf, reason: std::io::Error },
     #[error("{source}\nA Postern gateway is already serving {}; agents connect to it with `postern mcp`.", data_dir.display())]
     InUse { data_dir: PathBuf, source: StoreError },
     #[error(transparent)]
@@ -100,7 +101,7 @@ pub fn load_manifest(explicit: Option<&Path>) -> Result<ManifestLoad, HostError>
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => String::new(),
-        Err(source) => return Err(HostError::Manifest { path, source }),
+        Err(reason) => return Err(HostError::Manifest { path, reason }),
     };
     Ok(match Manifest::parse(&text, &path) {
         Ok(manifest) => ManifestLoad { manifest, path, problems: vec![] },

@@ -1,14 +1,14 @@
 import { fireEvent, render, screen, waitFor } from '@testing-library/svelte';
 import { describe, expect, it, vi } from 'vitest';
 import Vault from './Vault.svelte';
-import type { Ipc, VaultView } from '../lib/ipc';
+import type { Ipc, NewCredential, VaultView } from '../lib/ipc';
 
 const empty: VaultView = { locked: false, credentials: [], ssh_hosts: [] };
 
 describe('Vault', () => {
   it('shows the empty state, then adds a credential without ever showing its secret', async () => {
     let view = empty;
-    const addCredential = vi.fn(async () => {
+    const addCredential = vi.fn(async (_credential: NewCredential) => {
       view = { ...empty, credentials: [{ name: 'pay', kind: 'bearer', hosts: ['api.example.com'], approve_every_use: true }] };
     });
     const ipc = { vault: vi.fn(async () => view), addCredential } as unknown as Ipc;

@@ -13,7 +13,7 @@ const listen = async () => () => {};
 describe('Approvals', () => {
   it('lists waiting questions newest first and opens one', async () => {
     const q = (id: string, at: number): ApprovalView => ({
-      id, kind: 'per_use', execution_id: `act_${id}`, title: `question ${id}`, intro: null, rows: [], timeline: [],
+      id, kind: 'per_use', execution_id: `act_${id}`, title: `question ${id}`, intro: null, details: null, rows: [], timeline: [],
       choices: [], asked_at: at, deadline: at + 120_000,
     });
     const openApproval = vi.fn(async () => undefined);

@@ -114,4 +114,21 @@ fn call_without_a_manifest_has_the_built_in_tools() {
     let run = postern_with(&named, Some(dir.path()), None, &env);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("cannot read the tool manifest"), "{}", run.stderr);
+
+    // `tools list` and `tools check` find it the same way.
+    let listed = postern_with(&["tools", "list", "--json"], Some(dir.path()), None, &env);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let names: Vec<String> = serde_json::from_str::<Vec<Value>>(&listed.stdout)
+        .expect("json")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(names, ["http_request", "ssh_exec"]);
+    let checked = postern_with(&["tools", "check"], Some(dir.path()), None, &env);
+    assert_eq!(checked.code, 0, "{}", checked.stderr);
+    assert!(checked.stderr.contains("the built-in tools only"), "{}", checked.stderr);
+    let named =
+        postern_with(&["tools", "list", "--tools", missing.to_str().expect("utf-8")], Some(dir.path()), None, &env);
+    assert_eq!(named.code, 2, "{}", named.stderr);
+    assert!(named.stderr.contains("cannot read the tool manifest"), "{}", named.stderr);
 }

@@ -221,9 +221,11 @@ impl Engine {
                 None => contract.class = postern_core::ReplayClass::Irreversible,
             }
         }
-        let body = args.get("body").map(|b| serde_json::to_vec(b).unwrap_or_default());
-        if body.is_some() && !headers.iter().any(|(k, _)| k == "content-type") {
-            headers.push(("content-type".into(), "application/json".into()));
+        let (body, content_type) = crate::manifest::http_request_body(args.get("body"));
+        if let (Some(_), Some(content_type)) = (&body, content_type)
+            && !headers.iter().any(|(k, _)| k == "content-type")
+        {
+            headers.push(("content-type".into(), content_type.into()));
         }
         // Headers and query parameters named like secrets (an agent's own API key, a signed URL)
         // are kept out of the record, the journal and the approval text.

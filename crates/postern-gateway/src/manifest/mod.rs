@@ -150,10 +150,28 @@ pub fn http_request_schema() -> Value {
             "method": { "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"] },
             "url": { "type": "string", "minLength": 1 },
             "headers": { "type": "object", "additionalProperties": { "type": "string" } },
-            "body": {},
+            "body": {
+                "description": "The request body. An object or array is sent as JSON. A string is sent as its own bytes, as written (a JSON text, a form, plain text): give its Content-Type in headers, else it is application/json when the string is valid JSON and text/plain otherwise. Retries are matched on the body as sent: the same string, or the same object in any key order."
+            },
             "credential": { "type": "string", "description": "only to choose between several credentials bound to the URL" }
         }
     })
+}
+
+/// The bytes `http_request` sends for the `body` an agent gave, and the content type they get
+/// unless the agent set one: an object, array, number or boolean goes as JSON; a string goes as
+/// its own bytes (what most models send for a JSON body, and the only way to send a form or
+/// plain text), as `application/json` when it parses as JSON, else `text/plain; charset=utf-8`.
+/// No body, or `null`: nothing is sent.
+pub fn http_request_body(body: Option<&Value>) -> (Option<Vec<u8>>, Option<&'static str>) {
+    match body {
+        None | Some(Value::Null) => (None, None),
+        Some(Value::String(text)) => {
+            let json = serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
+            (Some(text.as_bytes().to_vec()), Some(if json { "application/json" } else { "text/plain; charset=utf-8" }))
+        }
+        Some(other) => (Some(serde_json::to_vec(other).unwrap_or_default()), Some("application/json")),
+    }
 }
 
 /// One tool, fully checked.
@@ -717,6 +735,51 @@ input_schema = { type = "object", properties = { other = { type = "string" } } }
         for climbing in [".", ".."] {
             let err = url(climbing).unwrap_err();
             assert_eq!(err.field, "/account", "{climbing}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::http_request_body;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "\\PC{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map("\\PC{0,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Whatever string an agent sends (control characters, quotes, half a JSON text, bytes
+        /// that look like headers) goes out byte for byte, and is called JSON only when it is.
+        #[test]
+        fn a_string_body_is_sent_byte_for_byte(text in "\\PC*|[\\x00-\\x7f]{0,64}") {
+            let (bytes, content_type) = http_request_body(Some(&Value::String(text.clone())));
+            prop_assert_eq!(bytes, Some(text.as_bytes().to_vec()));
+            let is_json = serde_json::from_str::<Value>(&text).is_ok();
+            prop_assert_eq!(content_type == Some("application/json"), is_json);
+        }
+
+        /// Any other value is sent as JSON that reads back as the same value.
+        #[test]
+        fn a_structured_body_is_sent_as_json_of_itself(value in json_value()) {
+            prop_assume!(!value.is_string() && !value.is_null());
+            let (bytes, content_type) = http_request_body(Some(&value));
+            let back: Value = serde_json::from_slice(&bytes.unwrap()).unwrap();
+            prop_assert_eq!(back, value);
+            prop_assert_eq!(content_type, Some("application/json"));
         }
     }
 }

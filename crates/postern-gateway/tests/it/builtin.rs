@@ -150,3 +150,36 @@ async fn host_names_go_through_the_guarded_resolver_and_still_connect() {
     assert_eq!(outcome.result.unwrap().body, "you sent ", "no credential is bound to the name localhost");
     assert_eq!(target.requests.load(Ordering::SeqCst), 1);
 }
+
+/// A body as agents send it: an object or array goes as JSON; a string goes as its own bytes,
+/// with the agent's `Content-Type`, else `application/json` when it is JSON, else `text/plain`.
+/// The target checks what it received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_body_is_sent_as_its_bytes_and_an_object_as_json() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let url = format!("http://{addr}/v1/inspect");
+    let cases = [
+        (json!({"amount": 5}), json!({}), "application/json", br#"{"amount":5}"#.to_vec()),
+        (json!([1, 2]), json!({}), "application/json", b"[1,2]".to_vec()),
+        (json!("{\"amount\": 5}"), json!({}), "application/json", br#"{"amount": 5}"#.to_vec()),
+        (
+            json!("a=1&b=caf%C3%A9"),
+            json!({"Content-Type": "application/x-www-form-urlencoded"}),
+            "application/x-www-form-urlencoded",
+            b"a=1&b=caf%C3%A9".to_vec(),
+        ),
+        (json!("hello, target"), json!({}), "text/plain; charset=utf-8", b"hello, target".to_vec()),
+    ];
+    for (i, (body, headers, content_type, bytes)) in cases.into_iter().enumerate() {
+        let args = json!({"method": "POST", "url": url, "headers": headers, "body": body});
+        let outcome = rig.engine.call(call("http_request", args, 1, 10 + i as u64)).await.unwrap();
+        assert_eq!(outcome.state, ExecutionState::Completed, "{body}");
+        let received = target.received.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(
+            (received.0.as_str(), String::from_utf8_lossy(&received.1).into_owned()),
+            (content_type, String::from_utf8_lossy(&bytes).into_owned()),
+            "{body}"
+        );
+    }
+}

@@ -42,6 +42,8 @@ pub struct Target {
     pub seen_keys: Mutex<Vec<String>>,
     pub seen_credentials: Mutex<Vec<String>>,
     pub delay_ms: AtomicU64,
+    /// What `/v1/inspect` received: its content type and body bytes.
+    pub received: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
 async fn payments(State(t): State<Arc<Target>>, headers: HeaderMap, body: axum::body::Bytes) -> impl IntoResponse {
@@ -80,6 +82,13 @@ async fn payments(State(t): State<Arc<Target>>, headers: HeaderMap, body: axum::
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     (StatusCode::CREATED, axum::Json(created)).into_response()
+}
+
+async fn inspect(State(t): State<Arc<Target>>, headers: HeaderMap, body: axum::body::Bytes) -> impl IntoResponse {
+    t.requests.fetch_add(1, Ordering::SeqCst);
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    t.received.lock().unwrap().push((content_type, body.to_vec()));
+    StatusCode::NO_CONTENT
 }
 
 async fn irreversible(State(t): State<Arc<Target>>) -> impl IntoResponse {
@@ -140,6 +149,7 @@ pub async fn serve_target(listener: TcpListener) -> Arc<Target> {
     let app = Router::new()
         .route("/v1/payments", post(payments))
         .route("/v1/tickets", post(irreversible))
+        .route("/v1/inspect", post(inspect))
         .route("/v1/echo", get(echo))
         .route("/v1/mirror", get(mirror))
         .route("/v1/status/{key}", get(status))
