@@ -170,6 +170,14 @@ impl DialogApprover {
 }
 
 impl Approver for DialogApprover {
+    fn kind(&self) -> &'static str {
+        "desktop app"
+    }
+
+    fn where_to_unlock(&self) -> &'static str {
+        "unlock it in the Postern desktop app (the Unlock button in its main window)"
+    }
+
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
         let kind = match r.ask {
             postern_gateway::Ask::PerUse => "per_use",

@@ -117,9 +117,10 @@ pub fn verify(
     Ok(if report.intact() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+/// `audit checkpoint`: signed by this process, or by the running gateway that holds the journal.
 pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failure> {
-    let host = postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned()))?;
-    let cp = host.vault.sign_checkpoint(host.store.checkpoint(now())?)?;
+    let answer = crate::route::perform(data_dir, postern_gateway::control::ControlRequest::Checkpoint)?;
+    let cp: postern_store::Checkpoint = serde_json::from_value(answer).context("read the checkpoint")?;
     let text = serde_json::to_string_pretty(&cp).context("encode checkpoint")? + "\n";
     match out {
         Some(path) => {
@@ -139,7 +140,18 @@ pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failu
 
 /// `audit rederive`: the authority tables rebuilt from a verified journal; says what changed.
 pub fn rederive(data_dir: &Path) -> Result<ExitCode, Failure> {
-    let changed = Store::rederive_authority(&location::database(data_dir), now())?;
+    let changed = match Store::rederive_authority(&location::database(data_dir), now()) {
+        Err(postern_store::StoreError::InUse { .. }) => {
+            return Err(Failure {
+                code: 1,
+                error: anyhow::anyhow!(
+                    "`audit rederive` rebuilds the tables every decision is read from, so it needs the journal to \
+                     itself: stop the running gateway (or quit the desktop app), run it, and start the gateway again"
+                ),
+            });
+        }
+        other => other?,
+    };
     if changed.is_empty() {
         println!("the authority tables already match the journal; nothing changed");
     } else {
@@ -148,5 +160,12 @@ pub fn rederive(data_dir: &Path) -> Result<ExitCode, Failure> {
         }
         println!("{} row(s) rebuilt from the journal (journaled as authority_rederived)", changed.len());
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `audit pubkey`: the journal-signing key's public half (asked of the gateway when one runs).
+pub fn pubkey(data_dir: &Path) -> Result<ExitCode, Failure> {
+    let answer = crate::route::perform(data_dir, postern_gateway::control::ControlRequest::PublicKey)?;
+    println!("{}", answer.as_str().unwrap_or_default());
     Ok(ExitCode::SUCCESS)
 }

@@ -39,17 +39,35 @@ fn actor() -> Actor {
 }
 
 pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
-    // The same lookup as `serve`: without a manifest, the built-in tools.
-    let manifest = crate::serve::manifest(args.tools.as_deref())?;
     let arguments: serde_json::Value =
         serde_json::from_str(&args.args).map_err(|e| Failure { code: 2, error: anyhow!("--args is not JSON: {e}") })?;
-    let engine = Host::open(HostConfig::new(data_dir.to_owned()))?.engine(manifest, Arc::new(LockOnlyApprover))?;
+    let outcome = match Host::open(HostConfig::new(data_dir.to_owned())) {
+        Ok(host) => local(host, &args, arguments)?,
+        Err(postern_host::HostError::InUse { .. }) => through_gateway(data_dir, &args, arguments)?,
+        Err(e) => return Err(e.into()),
+    };
+    print(&outcome, args.json)?;
+    // Delivery is not marked: stdout does not prove the calling script received the result, so
+    // the execution stays `completed` and the same call with the same --scope returns it again.
+    let result = &outcome["result"];
+    let ok = result.get("status").is_some()
+        || result.get("exit_status") == Some(&serde_json::json!(0))
+        || (result.get("upstream_result").is_some() && result["is_error"] != true);
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// No gateway runs: this process opens the journal and runs the engine, asking no one (a call
+/// that needs a reviewer is denied).
+fn local(host: Host, args: &CallArgs, arguments: serde_json::Value) -> Result<serde_json::Value, Failure> {
+    // The same lookup as `serve`: without a manifest, the built-in tools.
+    let manifest = crate::serve::manifest(args.tools.as_deref())?;
+    let engine = host.engine(manifest, Arc::new(LockOnlyApprover))?;
     let mut random = [0u8; 16];
     getrandom_fill(&mut random)?;
     let session = SessionId::from_parts(now(), u128::from_le_bytes(random));
     let scope = args.scope.as_deref().map_or_else(|| IntentScope::agent_run(session), IntentScope::named);
     let call = Call {
-        tool: args.tool,
+        tool: args.tool.clone(),
         arguments,
         actor: actor(),
         intent_scope: scope,
@@ -67,48 +85,96 @@ pub fn run(data_dir: &Path, args: CallArgs) -> Result<ExitCode, Failure> {
         };
         Failure { code, error: e.into() }
     })?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&outcome).context("encode")?);
-    } else {
-        println!("execution  {}", outcome.execution_id);
-        println!(
-            "state      {}{}",
-            outcome.state,
-            if outcome.attached { format!(" ({})", outcome.decision) } else { String::new() }
-        );
-        if let Some(ssh) = &outcome.ssh {
-            match (&ssh.exit_status, &ssh.exit_signal) {
-                (Some(code), _) => println!("exit       {code}"),
-                (None, Some(sig)) => println!("signal     {sig}"),
-                (None, None) => println!("exit       unknown"),
-            }
-            if let Some(t) = &ssh.timed_out {
-                println!("timeout    {t}");
-            }
-            if ssh.truncated {
-                println!("output     truncated at the cap");
-            }
-            println!();
-            print!("{}", ssh.stdout);
-            eprint!("{}", ssh.stderr);
-        } else if let Some(result) = &outcome.result {
-            println!("status     {}{}", result.status, if result.truncated { " (body truncated)" } else { "" });
-            if result.secret_echoed {
-                println!("warning    the target echoed the credential back; it was redacted from the result");
-            }
-            println!();
-            println!("{}", result.body);
-        } else if !outcome.detail.is_null() && outcome.detail != serde_json::json!({}) {
-            println!("detail     {}", render::brief(&outcome.detail, 200));
-        }
+    Ok(postern_gateway::mcp::outcome_result(&outcome).structured_content.unwrap_or_default())
+}
+
+/// A gateway holds the journal: the call goes through its MCP socket as the client
+/// `postern-call`, identified by the gateway like any bridge — the call belongs to the agent run
+/// of the process above it (the terminal, or the agent that ran the command), so a repeat from
+/// there is a retry — and its approver is asked as for any agent.
+fn through_gateway(
+    data_dir: &Path,
+    args: &CallArgs,
+    arguments: serde_json::Value,
+) -> Result<serde_json::Value, Failure> {
+    if args.scope.is_some() {
+        return Err(Failure {
+            code: 2,
+            error: anyhow!(
+                "--scope names an intent scope of its own, which only a call run without a gateway can have; \
+                 through the running gateway a call belongs to the agent run of the process that ran `postern call` \
+                 (your terminal, or the agent), so repeating it there is recognised as a retry (drop --scope, or \
+                 stop the gateway)"
+            ),
+        });
     }
-    // Delivery is not marked: stdout does not prove the calling script received the result, so
-    // the execution stays `completed` and the same call with the same --scope returns it again.
-    Ok(if outcome.result.is_some() || outcome.ssh.as_ref().is_some_and(|s| s.exit_status == Some(0)) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    if args.tools.is_some() {
+        eprintln!("note: a gateway is running; its tool manifest applies (--tools is not used)");
+    }
+    let serde_json::Value::Object(arguments) = arguments else {
+        return Err(Failure { code: 2, error: anyhow!("--args must be a JSON object") });
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let answer = runtime
+        .block_on(postern_gateway::socket::call_through(data_dir, "postern-call", &args.tool, arguments))
+        .map_err(|message| Failure { code: 2, error: anyhow!("{message}") })?;
+    if answer.structured.is_null() {
+        return Err(Failure { code: 1, error: anyhow!("{}", answer.text) });
+    }
+    Ok(answer.structured)
+}
+
+/// The outcome as agents get it in `structuredContent`, for people or as JSON: the same whether
+/// this process ran the call or the gateway did.
+fn print(outcome: &serde_json::Value, json: bool) -> Result<(), Failure> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(outcome).context("encode")?);
+        return Ok(());
+    }
+    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+    println!("execution  {}", text(&outcome["execution_id"]));
+    println!(
+        "state      {}{}",
+        text(&outcome["state"]),
+        if outcome["attached"] == true { format!(" ({})", text(&outcome["decision"])) } else { String::new() }
+    );
+    let result = &outcome["result"];
+    if result.get("stdout").is_some() {
+        match (&result["exit_status"], &result["exit_signal"]) {
+            (code, _) if !code.is_null() => println!("exit       {code}"),
+            (_, sig) if !sig.is_null() => println!("signal     {}", text(sig)),
+            _ => println!("exit       unknown"),
+        }
+        if !result["timed_out"].is_null() {
+            println!("timeout    {}", text(&result["timed_out"]));
+        }
+        if result["truncated"] == true {
+            println!("output     truncated at the cap");
+        }
+        println!();
+        print!("{}", text(&result["stdout"]));
+        eprint!("{}", text(&result["stderr"]));
+    } else if result.get("status").is_some() {
+        println!(
+            "status     {}{}",
+            result["status"],
+            if result["truncated"] == true { " (body truncated)" } else { "" }
+        );
+        if result["secret_echoed"] == true {
+            println!("warning    the target echoed the credential back; it was redacted from the result");
+        }
+        println!();
+        println!("{}", text(&result["body"]));
+    } else if let Some(upstream) = result.get("upstream_result") {
+        println!("server     {}", text(&result["server"]));
+        println!();
+        println!("{}", serde_json::to_string_pretty(upstream).context("encode")?);
+    } else if !outcome["detail"].is_null() && outcome["detail"] != serde_json::json!({}) {
+        println!("detail     {}", render::brief(&outcome["detail"], 200));
+    } else if let Some(message) = outcome["message"].as_str() {
+        println!("detail     {message}");
+    }
+    Ok(())
 }
 
 fn getrandom_fill(buf: &mut [u8]) -> Result<(), Failure> {

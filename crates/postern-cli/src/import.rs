@@ -1,13 +1,13 @@
 //! `postern servers import`: the plan printed (secrets by name and length only), confirmed, and
 //! carried out by `postern_host::import`; `--undo` restores the files.
 
-use crate::{Failure, vault::open};
+use crate::Failure;
 use anyhow::{Context, anyhow};
 use postern_host::{
     import::{self, ImportError},
     now,
 };
-use std::{path::Path, process::ExitCode};
+use std::{path::Path, process::ExitCode, sync::Arc};
 
 #[derive(clap::Args, Debug)]
 pub struct ImportArgs {
@@ -39,10 +39,23 @@ fn failure(e: ImportError) -> Failure {
     Failure { code, error: anyhow!(e) }
 }
 
+/// The import's target: the vault, or — while a gateway holds the journal — that gateway.
+fn target(data_dir: &Path) -> Result<Box<dyn import::ImportTarget>, Failure> {
+    match postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned())) {
+        Ok(host) => Ok(Box::new(host.vault)),
+        Err(postern_host::HostError::InUse { .. }) => {
+            let keychain = Arc::new(postern_vault::OsKeychain::connect()?);
+            Ok(Box::new(import::ThroughGateway::new(data_dir, keychain).map_err(failure)?))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
+    let target = target(data_dir)?;
+    let vault = target.as_ref();
     if args.undo {
-        let undone = import::undo(&vault, data_dir, now()).map_err(failure)?;
+        let undone = import::undo(vault, data_dir, now()).map_err(failure)?;
         for path in undone.restored {
             println!("restored {}", path.display());
         }
@@ -51,7 +64,7 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let plan = import::plan(&vault, &args.from, &postern_command()).map_err(failure)?;
+    let plan = import::plan(vault, &args.from, &postern_command()).map_err(failure)?;
     for (source, why) in &plan.left_alone {
         println!("{} ({}): {why}; left alone", source.label, source.path.display());
     }
@@ -88,7 +101,7 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
         println!("nothing changed");
         return Ok(ExitCode::SUCCESS);
     }
-    let moved = import::apply(&vault, data_dir, plan, now()).map_err(failure)?;
+    let moved = import::apply(vault, data_dir, plan, now()).map_err(failure)?;
     println!(
         "moved {} server(s) into Postern; their agents now start `postern mcp`. `postern servers import --undo` \
          restores the files (the originals are kept in the OS keychain, not on disk).",

@@ -27,12 +27,25 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `postern status`: opens (or creates) the journal and recovers it — or, while a gateway holds
+/// it, reads it and asks that gateway about itself.
 pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
     let db = location::database(data_dir);
-    let (store, recovery) = postern_host::open_journal(data_dir, postern_host::now())?;
-    let head = store.view().head()?;
-    let states = store.view().state_counts()?;
-    let sessions = store.view().sessions()?;
+    let (recovered, gateway) = match postern_host::open_journal(data_dir, postern_host::now()) {
+        // Opened (created if new) and recovered; it is read below like any journal.
+        Ok((_store, recovery)) => (recovery.outcome_unknown, None),
+        Err(postern_host::HostError::InUse { .. }) => {
+            let answer = crate::route::perform(data_dir, postern_gateway::control::ControlRequest::GatewayStatus)?;
+            let info: postern_gateway::control::GatewayInfo =
+                serde_json::from_value(answer).context("read the gateway's status")?;
+            (vec![], Some(info))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let view = view(data_dir)?;
+    let head = view.head()?;
+    let states = view.state_counts()?;
+    let sessions = view.sessions()?;
     if as_json {
         print_json(&json!({
             "data_dir": data_dir.display().to_string(),
@@ -41,7 +54,8 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
             "journal": head,
             "executions_by_state": states.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "active_sessions": sessions.iter().filter(|s| s.ended_at.is_none()).count(),
-            "recovered_to_outcome_unknown": recovery.outcome_unknown,
+            "recovered_to_outcome_unknown": recovered,
+            "gateway": gateway,
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -55,12 +69,26 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
         if by_state.is_empty() { String::new() } else { format!(" ({})", by_state.join(", ")) }
     );
     println!("sessions    {} ({} active)", sessions.len(), sessions.iter().filter(|s| s.ended_at.is_none()).count());
-    if !recovery.outcome_unknown.is_empty() {
+    match &gateway {
+        Some(g) => {
+            let up = (postern_host::now().as_millis() - g.started_at).max(0) / 1000;
+            println!(
+                "gateway     running: pid {}, up {}, approver {}, socket {}{}",
+                g.pid,
+                render::duration_secs(u64::try_from(up).unwrap_or_default()),
+                g.approver,
+                g.socket,
+                g.http.as_deref().map(|h| format!(", {h}")).unwrap_or_default()
+            );
+        }
+        None => println!("gateway     not running (start one with `postern serve` or the desktop app)"),
+    }
+    if !recovered.is_empty() {
         println!(
             "recovered   {} execution(s) left dispatched by a previous run are now outcome_unknown:",
-            recovery.outcome_unknown.len()
+            recovered.len()
         );
-        for id in &recovery.outcome_unknown {
+        for id in &recovered {
             println!("  - {id}");
         }
     }

@@ -307,10 +307,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Audit { command: AuditCommand::Checkpoint { out } } => audit::checkpoint(&data_dir, out.as_deref()),
         Command::Audit { command: AuditCommand::Rederive } => audit::rederive(&data_dir),
-        Command::Audit { command: AuditCommand::Pubkey } => {
-            println!("{}", vault::open(&data_dir)?.journal_public_key()?);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Audit { command: AuditCommand::Pubkey } => audit::pubkey(&data_dir),
         Command::Call(args) => call::run(&data_dir, args),
         Command::Agents { command } => match command {
             AgentsCommand::Add { name } => agents::add(&data_dir, &name),

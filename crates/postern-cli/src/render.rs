@@ -32,3 +32,25 @@ pub fn brief(value: &serde_json::Value, max: usize) -> String {
         s
     }
 }
+
+/// A duration for people: `42s`, `5m 3s`, `2h 10m`, `3d 4h`.
+pub fn duration_secs(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    #[test]
+    fn durations_read_at_a_glance() {
+        let cases = [(0, "0s"), (42, "42s"), (303, "5m 3s"), (7_800, "2h 10m"), (273_600, "3d 4h")];
+        for (secs, shown) in cases {
+            assert_eq!(super::duration_secs(secs), shown);
+        }
+    }
+}

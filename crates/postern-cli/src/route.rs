@@ -3,6 +3,7 @@
 
 use crate::Failure;
 use anyhow::{Context, anyhow};
+use serde_json::Value;
 use std::path::Path;
 
 /// Asks the running gateway for `op`, which its control socket does not offer: the gateway
@@ -17,22 +18,35 @@ pub fn refused_by_gateway(data_dir: &Path, op: &str) -> Result<(), Failure> {
         postern_gateway::control::ControlReply::Refused { message, .. } => {
             Err(Failure { code: 1, error: anyhow!("{message}") })
         }
-        postern_gateway::control::ControlReply::Done | postern_gateway::control::ControlReply::Servers { .. } => {
-            Err(Failure { code: 1, error: anyhow!("the gateway carried out a request it should have refused") })
-        }
+        _ => Err(Failure { code: 1, error: anyhow!("the gateway carried out a request it should have refused") }),
     }
 }
 
-/// Performs a write operation on `data_dir`: on the journal itself, or — when a gateway holds
-/// it — through that gateway's control socket (the route is chosen once, in `postern-host`).
-pub fn perform(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<(), Failure> {
+/// Performs an operation on `data_dir`: on the journal itself, or — when a gateway holds it —
+/// through that gateway's control socket (the route is chosen once, in `postern-host`). Returns
+/// the answer of a question (`Value::Null` for a change).
+pub fn perform(data_dir: &Path, request: postern_gateway::control::ControlRequest) -> Result<Value, Failure> {
+    perform_with(data_dir, request, &postern_host::operations::Overrides::new())
+}
+
+/// [`perform`] with the contract overrides of the manifest the command found (used when no
+/// gateway runs and this process starts an upstream server itself).
+pub fn perform_with(
+    data_dir: &Path,
+    request: postern_gateway::control::ControlRequest,
+    overrides: &postern_host::operations::Overrides,
+) -> Result<Value, Failure> {
     use postern_gateway::control::{ControlCode, ControlReply};
     let now = postern_host::now();
-    match postern_host::operations::Route::of(data_dir, now)?.perform(request, now) {
-        ControlReply::Done | ControlReply::Servers { .. } => Ok(()),
+    match postern_host::operations::Route::of(data_dir, now)?.perform_with(request, now, overrides) {
+        ControlReply::Done | ControlReply::Servers { .. } => Ok(Value::Null),
+        ControlReply::Answer { answer } => Ok(answer),
         ControlReply::Refused { code, message } => {
             let code = match code {
-                ControlCode::UnknownAgent | ControlCode::DuplicateAgent | ControlCode::InvalidRequest => 2,
+                ControlCode::UnknownAgent
+                | ControlCode::DuplicateAgent
+                | ControlCode::InvalidRequest
+                | ControlCode::Invalid => 2,
                 _ => 1,
             };
             Err(Failure { code, error: anyhow!("{message}") })

@@ -2,12 +2,12 @@
 //! execution. Adding one is the owner's act at a terminal; secret environment values are read
 //! from a hidden prompt or standard input (never argv) straight into the keychain.
 
-use crate::{Failure, render, vault::open};
+use crate::{Failure, render};
 use anyhow::{Context, anyhow};
 use postern_core::ReplayClass;
-use postern_host::now;
+use postern_gateway::control::{ControlRequest, SecretText};
 use postern_vault::{McpServer, Sensitive, ServerStart, ToolOverride};
-use std::{collections::BTreeMap, io::Read, path::Path, process::ExitCode, sync::Arc};
+use std::{collections::BTreeMap, io::Read, path::Path, process::ExitCode};
 
 #[derive(clap::Args, Debug)]
 pub struct Add {
@@ -64,8 +64,9 @@ pub struct Set {
 
 /// `postern servers set NAME --start …`: journaled; a running gateway applies it at its next start.
 pub fn set(data_dir: &Path, args: Set) -> Result<ExitCode, Failure> {
-    let server = open(data_dir)?.set_mcp_server_start(&args.name, args.start.into(), now())?;
-    eprintln!("MCP server {:?} now starts {}", server.name, server.start.as_str().replace('_', " "));
+    let start: ServerStart = args.start.into();
+    crate::route::perform(data_dir, ControlRequest::SetServerStart { name: args.name.clone(), start })?;
+    eprintln!("MCP server {:?} now starts {}", args.name, start.as_str().replace('_', " "));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -107,10 +108,7 @@ pub struct Contract {
 /// `postern servers contract SERVER TOOL …`: starts the server to check the tool and the
 /// argument against its schema, then keeps the contract in the server's record (journaled).
 pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
-    vault.mcp_server(&args.server)?;
     let overrides = crate::serve::manifest(args.tools.as_deref())?.server_overrides().clone();
-    let upstreams = postern_gateway::upstream::Upstreams::new(Arc::clone(&vault), overrides);
     let contract = (!args.clear).then(|| ToolOverride {
         class: args.class.map(|c| match c {
             Class::ReadOnly => ReplayClass::ReadOnly,
@@ -122,13 +120,8 @@ pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
         approve_every_use: args.approve_every_use,
         secret_arguments: args.secret_argument.into_iter().collect(),
     });
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
-    let set = runtime.block_on(async {
-        let set = upstreams.set_contract(&args.server, &args.tool, contract, now()).await;
-        upstreams.stop_all().await;
-        set
-    });
-    set.map_err(|e| Failure { code: 2, error: e.into() })?;
+    let request = ControlRequest::SetToolContract { server: args.server.clone(), tool: args.tool.clone(), contract };
+    crate::route::perform_with(data_dir, request, &overrides)?;
     if args.clear {
         eprintln!("{}__{}: the owner's contract is cleared; its annotations decide", args.server, args.tool);
     } else {
@@ -175,29 +168,13 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
         },
     };
     server.validate()?;
-    let vault = open(data_dir)?;
-    if let (Some(url), Some(name)) = (&server.url, &server.credential) {
-        let credential = vault.credential(name)?;
-        let parsed = url::Url::parse(url).map_err(|e| Failure { code: 2, error: anyhow!("--url: {e}") })?;
-        if !credential.allows(&parsed) {
-            return Err(Failure {
-                code: 2,
-                error: anyhow!(
-                    "credential {name:?} is not bound to {url} (see `postern vault list`); nothing was added"
-                ),
-            });
-        }
-        postern_gateway::http::check_target(&parsed).map_err(|e| Failure { code: 2, error: anyhow!("--url: {e}") })?;
-    }
     let secrets = read_secrets(&server.secret_env)?;
-    vault.add_mcp_server(&server, &secrets, now())?;
+    let (name, count) = (server.name.clone(), secrets.len());
+    let secrets = secrets.iter().map(|(k, v)| (k.clone(), SecretText::new(v.expose().clone()))).collect();
+    crate::route::perform(data_dir, ControlRequest::AddServer { server, secrets })?;
     eprintln!(
-        "added MCP server {:?} ({} secret value(s) in the OS keychain); its tools are offered as {}__<tool> by the \
-         gateway (see `postern servers tools {}`)",
-        server.name,
-        secrets.len(),
-        server.name,
-        server.name
+        "added MCP server {name:?} ({count} secret value(s) in the OS keychain); its tools are offered as \
+         {name}__<tool> by the gateway (see `postern servers tools {name}`)"
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -317,7 +294,9 @@ pub fn restart(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Ok(ControlReply::Refused { message, .. }) => Err(Failure { code: 1, error: anyhow!("{message}") }),
-        Ok(ControlReply::Done) => Err(Failure { code: 1, error: anyhow!("the gateway gave no status") }),
+        Ok(ControlReply::Done | ControlReply::Answer { .. }) => {
+            Err(Failure { code: 1, error: anyhow!("the gateway gave no status") })
+        }
         Err(_) => Err(Failure {
             code: 1,
             error: anyhow!("no gateway is running here: servers start with `postern serve` (or the desktop app)"),
@@ -326,7 +305,15 @@ pub fn restart(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
 }
 
 pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
-    open(data_dir)?.remove_mcp_server(name, now())?;
+    // Only a server: `vault remove` is the command for credentials and SSH hosts.
+    let is_server = crate::journal::view(data_dir)?
+        .credentials()?
+        .iter()
+        .any(|r| r.kind == postern_vault::MCP_SERVER_KIND && r.name == name);
+    if !is_server {
+        return Err(postern_vault::VaultError::UnknownMcpServer(name.to_owned()).into());
+    }
+    crate::route::perform(data_dir, ControlRequest::Remove { name: name.to_owned() })?;
     eprintln!("removed MCP server {name:?} and its secret values from the keychain");
     Ok(ExitCode::SUCCESS)
 }
@@ -334,47 +321,26 @@ pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
 /// Starts the server (as the gateway would), lists its tools with the contract Postern derives
 /// for each, and stops it.
 pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
-    vault.mcp_server(name)?;
     let overrides = crate::serve::manifest(manifest)?.server_overrides().clone();
-    let upstreams = postern_gateway::upstream::Upstreams::new(Arc::clone(&vault), overrides);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
-    let (status, tools) = runtime.block_on(async {
-        upstreams.ensure_started(name).await;
-        let status = upstreams.status().await;
-        let tools = upstreams.tools();
-        upstreams.stop_all().await;
-        (status, tools)
-    });
-    let status = status.into_iter().find(|s| s.name == name);
-    if let Some(e) = status.as_ref().and_then(|s| s.last_error.clone()) {
-        return Err(Failure { code: 1, error: anyhow!("MCP server {name:?} did not start: {e}") });
-    }
-    let tools: Vec<_> = tools.into_iter().filter(|t| t.server == name).collect();
+    let answer =
+        crate::route::perform_with(data_dir, ControlRequest::ServerTools { name: name.to_owned() }, &overrides)?;
+    let tools = answer.as_array().cloned().unwrap_or_default();
     if json {
-        let out: Vec<_> = tools
-            .iter()
-            .map(|t| {
-                serde_json::json!({ "name": t.name, "tool": t.tool, "contract": t.contract.class.as_str(),
-                                    "contract_from": t.contract_source,
-                                    "idempotency_argument": t.contract.idempotency_argument,
-                                    "approve_every_use": t.approve_every_use, "description": t.description })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
+        println!("{}", serde_json::to_string_pretty(&tools).context("encode")?);
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = render::table(&["tool (as agents see it)", "replay contract", "from", "approve every use"]);
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
     for tool in &tools {
-        let contract = match &tool.contract.idempotency_argument {
-            Some(a) => format!("{} ({a})", tool.contract.class.as_str()),
-            None => tool.contract.class.as_str().to_owned(),
+        let contract = match tool["idempotency_argument"].as_str() {
+            Some(a) => format!("{} ({a})", text(&tool["contract"])),
+            None => text(&tool["contract"]),
         };
         t.add_row(vec![
-            tool.name.clone(),
+            text(&tool["name"]),
             contract,
-            tool.contract_source.to_owned(),
-            if tool.approve_every_use { "yes" } else { "no" }.into(),
+            text(&tool["contract_from"]),
+            if tool["approve_every_use"] == true { "yes" } else { "no" }.into(),
         ]);
     }
     println!("{}", t.trim_fmt());

@@ -197,6 +197,14 @@ impl TerminalApprover {
 }
 
 impl Approver for TerminalApprover {
+    fn kind(&self) -> &'static str {
+        "terminal"
+    }
+
+    fn where_to_unlock(&self) -> &'static str {
+        "type `unlock` at the terminal running `postern serve --approver terminal`"
+    }
+
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
         let shown = r.presentation();
         let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();

@@ -4,6 +4,7 @@
 
 use crate::{Failure, render};
 use anyhow::{Context, anyhow};
+use postern_gateway::control::{ControlRequest, SecretText};
 use postern_host::now;
 use postern_vault::{Binding, Credential, CredentialKind, HostKeyPolicy, Sensitive, SshHost, Vault};
 use std::{io::Read, path::Path, process::ExitCode, sync::Arc};
@@ -93,11 +94,15 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
         reads_have_effects: args.reads_have_effects,
     };
     credential.validate()?;
-    let vault = open(data_dir)?;
     let secret = read_secret()?;
-    vault.add_credential(&credential, &secret, now())?;
-    eprintln!("stored credential {:?} in the OS keychain", credential.name);
-    for b in credential.bindings.iter().filter(|b| b.loopback_without_port()) {
+    let name = credential.name.clone();
+    let bindings = credential.bindings.clone();
+    crate::route::perform(
+        data_dir,
+        ControlRequest::AddCredential { credential, secret: SecretText::new(secret.expose().clone()) },
+    )?;
+    eprintln!("stored credential {name:?} in the OS keychain");
+    for b in bindings.iter().filter(|b| b.loopback_without_port()) {
         eprintln!(
             "warning: {} is a loopback address bound without a port: any program on this machine that listens \
              on another port of it is sent this credential; bind HOST:PORT (e.g. 127.0.0.1:8080) instead",
@@ -185,12 +190,19 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
         approve_every_use: args.approve_every_use,
     };
     host.validate()?;
-    open(data_dir)?.add_ssh_host(&host, &key, passphrase.as_ref(), now())?;
-    match &host.host_key_fingerprint {
-        Some(f) => eprintln!("stored SSH host {:?}; its host key is pinned: {f}", host.name),
+    let (name, fingerprint) = (host.name.clone(), host.host_key_fingerprint.clone());
+    crate::route::perform(
+        data_dir,
+        ControlRequest::AddSshHost {
+            host,
+            key: SecretText::new(key.expose().clone()),
+            passphrase: passphrase.as_ref().map(|p| SecretText::new(p.expose().clone())),
+        },
+    )?;
+    match fingerprint {
+        Some(f) => eprintln!("stored SSH host {name:?}; its host key is pinned: {f}"),
         None => eprintln!(
-            "stored SSH host {:?}; its host key will be pinned at the first successful login (accept-new)",
-            host.name
+            "stored SSH host {name:?}; its host key will be pinned at the first successful login (accept-new)"
         ),
     }
     Ok(ExitCode::SUCCESS)
@@ -209,11 +221,22 @@ fn http_request_contract(c: &Credential) -> String {
     }
 }
 
+/// Reads the journal (read-only, so it works beside a running gateway): names, kinds and
+/// bindings, never a secret.
 pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
-    let credentials = vault.credentials()?;
-    let hosts = vault.ssh_hosts()?;
-    let locked = vault.is_locked()?;
+    let view = crate::journal::view(data_dir)?;
+    let records = view.credentials()?;
+    let credentials = records
+        .iter()
+        .filter(|r| r.kind != postern_vault::SSH_HOST_KIND && r.kind != postern_vault::MCP_SERVER_KIND)
+        .map(Credential::from_record)
+        .collect::<Result<Vec<_>, _>>()?;
+    let hosts = records
+        .iter()
+        .filter(|r| r.kind == postern_vault::SSH_HOST_KIND)
+        .map(SshHost::from_record)
+        .collect::<Result<Vec<_>, _>>()?;
+    let locked = view.locked()?;
     if json {
         let out = serde_json::json!({ "locked": locked, "credentials": credentials, "ssh_hosts": hosts });
         println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
@@ -258,48 +281,25 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Removes a credential, an SSH host or an MCP server, and its keychain items.
 pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
-    if vault.mcp_server(name).is_ok() {
-        vault.remove_mcp_server(name, now())?;
-        eprintln!("removed MCP server {name:?} and its secret values from the keychain");
-        return Ok(ExitCode::SUCCESS);
-    }
-    if vault.ssh_host(name).is_ok() {
-        vault.remove_ssh_host(name, now())?;
-        eprintln!("removed SSH host {name:?} and its key from the keychain");
-        return Ok(ExitCode::SUCCESS);
-    }
-    vault.remove_credential(name, now())?;
-    eprintln!("removed credential {name:?} and its keychain item");
+    crate::route::perform(data_dir, ControlRequest::Remove { name: name.to_owned() })?;
+    eprintln!("removed {name:?} and its secrets from the OS keychain");
     Ok(ExitCode::SUCCESS)
 }
 
-/// `postern ssh gc`: removes marker directories older than `days` on one host.
+/// `postern ssh gc`: removes marker directories older than `days` on one host (at least 1 day:
+/// a younger marker may belong to an execution still being recovered).
 pub fn ssh_gc(data_dir: &Path, name: &str, days: u32) -> Result<ExitCode, Failure> {
-    let vault = open(data_dir)?;
-    let host = vault.ssh_host(name)?;
-    let (key, passphrase) = vault.ssh_key_of(&host)?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
-    let removed = runtime.block_on(async {
-        let connection = postern_gateway::ssh::connect(&host, &key, passphrase.as_ref()).await?;
-        let command = postern_gateway::ssh::marker_gc(&host.marker_root, days);
-        let sent = connection.exec(&command, std::time::Duration::from_secs(120), 4096, None).await;
-        connection.close().await;
-        Ok::<_, Failure>(sent)
-    })?;
-    match removed {
-        postern_gateway::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => {
-            eprintln!(
-                "removed {} marker director{} older than {days} days under {} on {name}",
-                result.stdout.trim(),
-                if result.stdout.trim() == "1" { "y" } else { "ies" },
-                host.marker_root
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        other => Err(anyhow!("the clean-up on {name} did not finish: {other:?}").into()),
-    }
+    let answer =
+        crate::route::perform(data_dir, ControlRequest::SshGc { host: name.to_owned(), older_than_days: days.max(1) })?;
+    let removed = answer["removed"].as_u64().unwrap_or_default();
+    eprintln!(
+        "removed {removed} marker director{} older than {} days on {name}",
+        if removed == 1 { "y" } else { "ies" },
+        days.max(1)
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
@@ -333,9 +333,9 @@ pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
 }
 
 fn route_lock(route: &postern_host::operations::Route) -> Result<(), Failure> {
-    use postern_gateway::control::{ControlReply, ControlRequest};
+    use postern_gateway::control::ControlReply;
     match route.perform(ControlRequest::LockVault { by: "cli".into() }, now()) {
-        ControlReply::Done | ControlReply::Servers { .. } => Ok(()),
         ControlReply::Refused { message, .. } => Err(Failure { code: 1, error: anyhow!("{message}") }),
+        _ => Ok(()),
     }
 }

@@ -1,18 +1,22 @@
-//! The control socket: while a gateway holds the journal, the CLI's write commands that make
-//! sense against a live gateway go through it instead of opening the journal themselves.
+//! The control socket: while a gateway holds the journal, the CLI's commands that change the
+//! vault or ask the gateway something go through it instead of opening the journal themselves,
+//! with the same outcome as when run alone.
 //!
-//! Deliberately small: it can add an agent (the CLI sends only the token's hash), revoke one,
-//! revoke an agent run, lock the vault, and say how the upstream MCP servers are doing. Nothing here can grant, unlock or approve: the
-//! socket is reachable by any process of this user, agents included (see the README's security
-//! notes).
+//! It changes the vault's contents (agents, credentials, SSH hosts, MCP servers and their
+//! contracts, the lock) and answers questions (status, an upstream's tools, a checkpoint). It
+//! never grants authority — no unlock, approval, session grant or allowlist: the socket is
+//! reachable by any process of this user, agents included, and those need a person in the
+//! approver. Every change made through it is journaled with the peer process that asked
+//! (`control_request_applied`), so a change an agent made is told apart from the owner's.
 
 use crate::{
-    refusal::{Refusals, Refused, local_peer},
+    refusal::{Refused, local_peer},
     socket::SocketError,
 };
 use postern_store::Store;
+use postern_vault::{Credential, McpServer, Sensitive, ServerStart, SshHost, ToolOverride, Vault, VaultError};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
@@ -22,8 +26,37 @@ use tokio::{
     net::{UnixListener, UnixStream},
 };
 
+/// A secret carried by a control request (a credential's value, a private key), read by the CLI
+/// from a hidden prompt or standard input and sent over the owner-only socket: it prints as
+/// `<redacted>` and is wiped when dropped.
+pub struct SecretText(pub Sensitive<String>);
+
+impl SecretText {
+    pub fn new(text: String) -> Self {
+        SecretText(Sensitive::new(text))
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Serialize for SecretText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.expose())
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(SecretText::new)
+    }
+}
+
 /// One control request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op")]
 pub enum ControlRequest {
     #[serde(rename = "agents.add")]
@@ -40,6 +73,34 @@ pub enum ControlRequest {
     /// Stops an upstream MCP server and starts it again.
     #[serde(rename = "servers.restart")]
     RestartServer { name: String },
+    /// Read-only: the running gateway (pid, since when, its approver, where it listens).
+    #[serde(rename = "gateway.status")]
+    GatewayStatus,
+    #[serde(rename = "vault.add")]
+    AddCredential { credential: Credential, secret: SecretText },
+    #[serde(rename = "vault.add_ssh")]
+    AddSshHost { host: SshHost, key: SecretText, passphrase: Option<SecretText> },
+    /// Removes a credential, an SSH host or an MCP server (and its keychain items).
+    #[serde(rename = "vault.remove")]
+    Remove { name: String },
+    #[serde(rename = "servers.add")]
+    AddServer { server: McpServer, secrets: Vec<(String, SecretText)> },
+    #[serde(rename = "servers.set")]
+    SetServerStart { name: String, start: ServerStart },
+    #[serde(rename = "servers.contract")]
+    SetToolContract { server: String, tool: String, contract: Option<ToolOverride> },
+    /// Read-only: a server's tools as agents see them, each with its contract (started if needed).
+    #[serde(rename = "servers.tools")]
+    ServerTools { name: String },
+    /// A signed checkpoint of the journal's head (the truth about the journal, which anyone may
+    /// ask for).
+    #[serde(rename = "audit.checkpoint")]
+    Checkpoint,
+    #[serde(rename = "audit.pubkey")]
+    PublicKey,
+    /// Removes marker directories older than `older_than_days` (at least 1) on an SSH host.
+    #[serde(rename = "ssh.gc")]
+    SshGc { host: String, older_than_days: u32 },
 }
 
 /// The operations the control socket offers, by their `op` tag. [`ControlRequest::op`] maps
@@ -59,12 +120,47 @@ pub enum ControlOp {
     ServersStatus,
     #[serde(rename = "servers.restart")]
     RestartServer,
+    #[serde(rename = "gateway.status")]
+    GatewayStatus,
+    #[serde(rename = "vault.add")]
+    AddCredential,
+    #[serde(rename = "vault.add_ssh")]
+    AddSshHost,
+    #[serde(rename = "vault.remove")]
+    Remove,
+    #[serde(rename = "servers.add")]
+    AddServer,
+    #[serde(rename = "servers.set")]
+    SetServerStart,
+    #[serde(rename = "servers.contract")]
+    SetToolContract,
+    #[serde(rename = "servers.tools")]
+    ServerTools,
+    #[serde(rename = "audit.checkpoint")]
+    Checkpoint,
+    #[serde(rename = "audit.pubkey")]
+    PublicKey,
+    #[serde(rename = "ssh.gc")]
+    SshGc,
 }
 
 impl ControlOp {
     /// Whether `op` names an operation the socket offers.
     pub fn offered(op: &str) -> bool {
         serde_json::from_value::<ControlOp>(serde_json::Value::String(op.to_owned())).is_ok()
+    }
+
+    /// Whether it changes the vault or the journal (journaled with its peer when it came over
+    /// the socket); the others only read.
+    pub fn changes(self) -> bool {
+        !matches!(
+            self,
+            ControlOp::ServersStatus
+                | ControlOp::GatewayStatus
+                | ControlOp::ServerTools
+                | ControlOp::PublicKey
+                | ControlOp::RestartServer
+        )
     }
 }
 
@@ -77,8 +173,72 @@ impl ControlRequest {
             ControlRequest::RevokeSession { .. } => ControlOp::RevokeSession,
             ControlRequest::ServersStatus => ControlOp::ServersStatus,
             ControlRequest::RestartServer { .. } => ControlOp::RestartServer,
+            ControlRequest::GatewayStatus => ControlOp::GatewayStatus,
+            ControlRequest::AddCredential { .. } => ControlOp::AddCredential,
+            ControlRequest::AddSshHost { .. } => ControlOp::AddSshHost,
+            ControlRequest::Remove { .. } => ControlOp::Remove,
+            ControlRequest::AddServer { .. } => ControlOp::AddServer,
+            ControlRequest::SetServerStart { .. } => ControlOp::SetServerStart,
+            ControlRequest::SetToolContract { .. } => ControlOp::SetToolContract,
+            ControlRequest::ServerTools { .. } => ControlOp::ServerTools,
+            ControlRequest::Checkpoint => ControlOp::Checkpoint,
+            ControlRequest::PublicKey => ControlOp::PublicKey,
+            ControlRequest::SshGc { .. } => ControlOp::SshGc,
         }
     }
+
+    /// Whether carrying it out needs the vault (the OS keychain), not only the journal.
+    pub fn needs_vault(&self) -> bool {
+        !matches!(
+            self.op(),
+            ControlOp::AddAgent
+                | ControlOp::RevokeAgent
+                | ControlOp::LockVault
+                | ControlOp::RevokeSession
+                | ControlOp::ServersStatus
+                | ControlOp::GatewayStatus
+        )
+    }
+
+    /// What the journal says was asked (names only: never a secret, an environment value or a
+    /// command line).
+    fn summary(&self) -> Value {
+        let name = match self {
+            ControlRequest::AddAgent { name, .. }
+            | ControlRequest::RevokeAgent { name }
+            | ControlRequest::RestartServer { name }
+            | ControlRequest::Remove { name }
+            | ControlRequest::SetServerStart { name, .. }
+            | ControlRequest::ServerTools { name } => Some(name.clone()),
+            ControlRequest::AddCredential { credential, .. } => Some(credential.name.clone()),
+            ControlRequest::AddSshHost { host, .. } => Some(host.name.clone()),
+            ControlRequest::AddServer { server, .. } => Some(server.name.clone()),
+            ControlRequest::SetToolContract { server, tool, .. } => Some(format!("{server}__{tool}")),
+            ControlRequest::SshGc { host, .. } => Some(host.clone()),
+            ControlRequest::RevokeSession { id } => Some(id.to_string()),
+            ControlRequest::LockVault { .. }
+            | ControlRequest::ServersStatus
+            | ControlRequest::GatewayStatus
+            | ControlRequest::Checkpoint
+            | ControlRequest::PublicKey => None,
+        };
+        json!({ "op": self.op(), "name": name })
+    }
+}
+
+/// The running gateway, as `gateway.status` tells it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayInfo {
+    pub pid: u32,
+    /// Milliseconds since the Unix epoch.
+    pub started_at: i64,
+    /// Who answers approvals: `none`, `terminal`, `desktop app`.
+    pub approver: String,
+    /// Where to unlock the vault of this gateway (the socket never unlocks).
+    pub where_to_unlock: String,
+    pub socket: String,
+    pub http: Option<String>,
+    pub version: String,
 }
 
 /// Why a control request was not carried out, for the caller to act on.
@@ -95,11 +255,33 @@ pub enum ControlCode {
     SessionRevoked,
     /// The journal cannot take the write (disk full, I/O error, read-only).
     JournalUnwritable,
+    /// The request names something that does not exist or cannot be (an unknown credential, a
+    /// duplicate name, a contract that cannot hold): the message says what.
+    Invalid,
+    /// The vault is locked: unlock it in the approver.
+    VaultLocked,
+    /// The OS keychain is unreachable or refused.
+    Keychain,
     /// Anything else; the message says what.
     Failed,
 }
 
 impl ControlCode {
+    fn of_vault(e: &VaultError) -> ControlCode {
+        match e {
+            VaultError::Store(e) => ControlCode::of(e),
+            VaultError::Locked => ControlCode::VaultLocked,
+            VaultError::KeychainUnavailable { .. } | VaultError::Keychain { .. } => ControlCode::Keychain,
+            VaultError::UnknownCredential(_)
+            | VaultError::UnknownSshHost(_)
+            | VaultError::UnknownMcpServer(_)
+            | VaultError::DuplicateCredential(_)
+            | VaultError::InvalidCredential(_)
+            | VaultError::EmptySecret => ControlCode::Invalid,
+            _ => ControlCode::Failed,
+        }
+    }
+
     fn of(e: &postern_store::StoreError) -> ControlCode {
         use postern_store::StoreError as E;
         match e {
@@ -126,6 +308,20 @@ pub enum ControlReply {
     Servers {
         servers: Vec<crate::upstream::ServerStatus>,
     },
+    /// The answer to a question (`gateway.status`, `servers.tools`, `audit.checkpoint`, …).
+    Answer {
+        answer: Value,
+    },
+}
+
+impl ControlReply {
+    fn refused(code: ControlCode, message: impl Into<String>) -> Self {
+        ControlReply::Refused { code, message: message.into() }
+    }
+
+    fn of_vault(e: &VaultError) -> Self {
+        ControlReply::refused(ControlCode::of_vault(e), e.to_string())
+    }
 }
 
 pub fn control_path(data_dir: &Path) -> PathBuf {
@@ -137,41 +333,226 @@ pub fn bind(data_dir: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
     crate::socket::bind_at(&control_path(data_dir))
 }
 
-/// Carries out `request` on `store` (what the socket does for a caller, and what a command does
-/// itself when no gateway holds the journal).
-pub fn apply(store: &Store, request: ControlRequest, now: postern_core::Timestamp) -> ControlReply {
-    let done = match request {
-        ControlRequest::AddAgent { name, token_sha256 } => store.add_agent(&name, &token_sha256, now).map(|_| ()),
-        ControlRequest::RevokeAgent { name } => store.revoke_agent(&name, now).map(|_| ()),
-        ControlRequest::LockVault { by } => store.set_locked(true, json!({ "by": by }), now).map(|_| ()),
+/// What carries out a request: the journal, the vault (when the request needs it), the upstream
+/// servers, and — inside a gateway — what it says about itself.
+#[derive(Debug)]
+pub struct Authority {
+    pub store: Arc<Store>,
+    pub vault: Option<Arc<Vault>>,
+    pub upstreams: Option<Arc<crate::upstream::Upstreams>>,
+    /// `None` when the command opened the journal itself (no gateway runs).
+    pub gateway: Option<GatewayInfo>,
+}
+
+/// Runs a journal or vault write on the blocking pool (each is a durable SQLite transaction,
+/// and a keychain call is a D-Bus round trip).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ControlReply> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ControlReply::refused(ControlCode::Failed, e.to_string()))
+}
+
+/// Carries out `request` (what the socket does for a caller, and what a command does itself when
+/// no gateway holds the journal).
+pub async fn apply(a: &Authority, request: ControlRequest, now: postern_core::Timestamp) -> ControlReply {
+    match apply_inner(a, request, now).await {
+        Ok(reply) | Err(reply) => reply,
+    }
+}
+
+async fn apply_inner(
+    a: &Authority,
+    request: ControlRequest,
+    now: postern_core::Timestamp,
+) -> Result<ControlReply, ControlReply> {
+    let store = Arc::clone(&a.store);
+    let vault =
+        || a.vault.clone().ok_or_else(|| ControlReply::refused(ControlCode::Failed, "the vault is not open here"));
+    let no_gateway = || {
+        ControlReply::refused(
+            ControlCode::Failed,
+            "no gateway is running: its upstream servers start with `postern serve` (or the desktop app)",
+        )
+    };
+    let journal = |r: Result<postern_store::JournalEntry, postern_store::StoreError>| match r {
+        Ok(_) => ControlReply::Done,
+        Err(e) => ControlReply::refused(ControlCode::of(&e), e.to_string()),
+    };
+    let vaulted = |r: Result<(), VaultError>| match r {
+        Ok(()) => ControlReply::Done,
+        Err(e) => ControlReply::of_vault(&e),
+    };
+    Ok(match request {
+        ControlRequest::AddAgent { name, token_sha256 } => {
+            journal(blocking(move || store.add_agent(&name, &token_sha256, now)).await?)
+        }
+        ControlRequest::RevokeAgent { name } => journal(blocking(move || store.revoke_agent(&name, now)).await?),
+        ControlRequest::LockVault { by } => {
+            journal(blocking(move || store.set_locked(true, json!({ "by": by }), now)).await?)
+        }
         ControlRequest::RevokeSession { id } => {
-            store.set_session_standing(id, false, "cli", json!({}), now).map(|_| ())
+            journal(blocking(move || store.set_session_standing(id, false, "cli", json!({}), now)).await?)
         }
         // Without a gateway nothing runs: every server is stopped (the caller lists them).
-        ControlRequest::ServersStatus => return ControlReply::Servers { servers: vec![] },
-        ControlRequest::RestartServer { .. } => {
-            return ControlReply::Refused {
-                code: ControlCode::Failed,
-                message: "no gateway is running: its upstream servers start with `postern serve` (or the app)".into(),
-            };
+        ControlRequest::ServersStatus => ControlReply::Servers {
+            servers: match (&a.gateway, &a.upstreams) {
+                (Some(_), Some(u)) => u.status().await,
+                _ => vec![],
+            },
+        },
+        ControlRequest::RestartServer { name } => match (&a.gateway, &a.upstreams) {
+            (Some(_), Some(u)) => match u.restart(&name).await {
+                Ok(status) => ControlReply::Servers { servers: vec![status] },
+                Err(e) => ControlReply::refused(ControlCode::Failed, e.to_string()),
+            },
+            _ => return Err(no_gateway()),
+        },
+        ControlRequest::GatewayStatus => match &a.gateway {
+            Some(info) => ControlReply::Answer { answer: json!(info) },
+            None => return Err(ControlReply::refused(ControlCode::Failed, "no gateway is running here")),
+        },
+        ControlRequest::AddCredential { credential, secret } => {
+            let v = vault()?;
+            vaulted(blocking(move || v.add_credential(&credential, &secret.0, now)).await?)
         }
-    };
-    match done {
-        Ok(()) => ControlReply::Done,
-        Err(e) => ControlReply::Refused { code: ControlCode::of(&e), message: e.to_string() },
-    }
+        ControlRequest::AddSshHost { host, key, passphrase } => {
+            let v = vault()?;
+            vaulted(blocking(move || v.add_ssh_host(&host, &key.0, passphrase.as_ref().map(|p| &p.0), now)).await?)
+        }
+        ControlRequest::Remove { name } => {
+            let v = vault()?;
+            if let Some(u) = &a.upstreams
+                && v.mcp_server(&name).is_ok()
+            {
+                u.forget(&name).await;
+            }
+            vaulted(
+                blocking(move || {
+                    if v.mcp_server(&name).is_ok() {
+                        v.remove_mcp_server(&name, now)
+                    } else if v.ssh_host(&name).is_ok() {
+                        v.remove_ssh_host(&name, now)
+                    } else {
+                        v.remove_credential(&name, now)
+                    }
+                })
+                .await?,
+            )
+        }
+        ControlRequest::AddServer { server, secrets } => {
+            let v = vault()?;
+            if let (Some(url), Some(name)) = (&server.url, &server.credential) {
+                let credential = v.credential(name).map_err(|e| ControlReply::of_vault(&e))?;
+                let parsed = url::Url::parse(url)
+                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
+                if !credential.allows(&parsed) {
+                    return Err(ControlReply::refused(
+                        ControlCode::Invalid,
+                        format!(
+                            "credential {name:?} is not bound to {url} (see `postern vault list`); nothing was added"
+                        ),
+                    ));
+                }
+                crate::http::check_target(&parsed)
+                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
+            }
+            let start = server.start == ServerStart::WithGateway && a.gateway.is_some();
+            let name = server.name.clone();
+            let secrets: Vec<(String, Sensitive<String>)> = secrets.into_iter().map(|(k, s)| (k, s.0)).collect();
+            let added = vaulted(blocking(move || v.add_mcp_server(&server, &secrets, now)).await?);
+            if let (ControlReply::Done, true, Some(u)) = (&added, start, &a.upstreams) {
+                u.ensure_started(&name).await;
+            }
+            added
+        }
+        ControlRequest::SetServerStart { name, start } => {
+            let v = vault()?;
+            let started = name.clone();
+            let set = vaulted(blocking(move || v.set_mcp_server_start(&name, start, now).map(drop)).await?);
+            if let (ControlReply::Done, ServerStart::WithGateway, Some(_), Some(u)) =
+                (&set, start, &a.gateway, &a.upstreams)
+            {
+                u.ensure_started(&started).await;
+            }
+            set
+        }
+        ControlRequest::SetToolContract { server, tool, contract } => {
+            let u = a.upstreams.as_ref().ok_or_else(no_gateway)?;
+            match u.set_contract(&server, &tool, contract, now).await {
+                Ok(()) => ControlReply::Done,
+                Err(crate::upstream::UpstreamError::Vault(e)) => ControlReply::of_vault(&e),
+                Err(e @ crate::upstream::UpstreamError::Unavailable { .. }) => {
+                    ControlReply::refused(ControlCode::Failed, e.to_string())
+                }
+                Err(e) => ControlReply::refused(ControlCode::Invalid, e.to_string()),
+            }
+        }
+        ControlRequest::ServerTools { name } => {
+            let v = vault()?;
+            v.mcp_server(&name).map_err(|e| ControlReply::of_vault(&e))?;
+            let u = a.upstreams.as_ref().ok_or_else(no_gateway)?;
+            u.ensure_started(&name).await;
+            let status = u.status().await.into_iter().find(|s| s.name == name);
+            if let Some(e) = status.as_ref().and_then(|s| s.last_error.clone()) {
+                return Err(ControlReply::refused(
+                    ControlCode::Failed,
+                    format!("MCP server {name:?} did not start: {e}"),
+                ));
+            }
+            let tools: Vec<Value> = u
+                .tools()
+                .into_iter()
+                .filter(|t| t.server == name)
+                .map(|t| {
+                    json!({ "name": t.name, "tool": t.tool, "contract": t.contract.class.as_str(),
+                            "contract_from": t.contract_source,
+                            "idempotency_argument": t.contract.idempotency_argument,
+                            "approve_every_use": t.approve_every_use, "description": t.description })
+                })
+                .collect();
+            ControlReply::Answer { answer: Value::Array(tools) }
+        }
+        ControlRequest::Checkpoint => {
+            let v = vault()?;
+            let signed = blocking(move || {
+                let cp = store.checkpoint(now).map_err(VaultError::from)?;
+                v.sign_checkpoint(cp)
+            })
+            .await?;
+            match signed {
+                Ok(cp) => ControlReply::Answer { answer: json!(cp) },
+                Err(e) => ControlReply::of_vault(&e),
+            }
+        }
+        ControlRequest::PublicKey => {
+            let v = vault()?;
+            match blocking(move || v.journal_public_key()).await? {
+                Ok(key) => ControlReply::Answer { answer: json!(key) },
+                Err(e) => ControlReply::of_vault(&e),
+            }
+        }
+        ControlRequest::SshGc { host, older_than_days } => {
+            let v = vault()?;
+            match crate::ssh::marker_gc_on(&v, &host, older_than_days.max(1)).await {
+                Ok(removed) => ControlReply::Answer { answer: json!({ "removed": removed }) },
+                Err(e) => ControlReply::refused(ControlCode::Failed, e),
+            }
+        }
+    })
 }
 
 /// Serves control requests until `shutdown` resolves. Anything else asked of it — an unlock, an
 /// approval, a session grant — is refused and journaled (see [`crate::refusal`]).
 pub async fn serve(
-    store: Arc<Store>,
-    clock: crate::engine::Clock,
-    refusals: Arc<Refusals>,
-    upstreams: Option<Arc<crate::upstream::Upstreams>>,
+    gateway: Arc<crate::mcp::Gateway>,
+    info: GatewayInfo,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let authority = Arc::new(Authority {
+        store: Arc::clone(&gateway.store),
+        vault: Some(Arc::clone(gateway.engine.vault())),
+        upstreams: gateway.engine.upstreams().cloned(),
+        gateway: Some(info),
+    });
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -181,36 +562,25 @@ pub async fn serve(
                 Err(_) => continue,
             },
         };
-        let (store, clock, refusals) = (Arc::clone(&store), Arc::clone(&clock), Arc::clone(&refusals));
-        let upstreams = upstreams.clone();
+        let (authority, clock, refusals) =
+            (Arc::clone(&authority), Arc::clone(&gateway.clock), Arc::clone(&gateway.refusals));
         let peer = local_peer(stream.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok()));
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
-            let mut lines = BufReader::new(read).take(64 * 1024).lines();
+            let mut lines = BufReader::new(read).take(MAX_REQUEST_BYTES).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 let reply = match serde_json::from_str::<ControlRequest>(&line) {
-                    Ok(ControlRequest::ServersStatus) => ControlReply::Servers {
-                        servers: match &upstreams {
-                            Some(u) => u.status().await,
-                            None => vec![],
-                        },
-                    },
-                    Ok(ControlRequest::RestartServer { name }) => match &upstreams {
-                        Some(u) => match u.restart(&name).await {
-                            Ok(status) => ControlReply::Servers { servers: vec![status] },
-                            Err(e) => ControlReply::Refused { code: ControlCode::Failed, message: e.to_string() },
-                        },
-                        None => ControlReply::Refused {
-                            code: ControlCode::Failed,
-                            message: "this gateway runs no upstream servers".into(),
-                        },
-                    },
                     Ok(request) => {
-                        let store = Arc::clone(&store);
+                        let (op, summary) = (request.op(), request.summary());
                         let now = clock();
-                        tokio::task::spawn_blocking(move || apply(&store, request, now)).await.unwrap_or_else(|e| {
-                            ControlReply::Refused { code: ControlCode::Failed, message: e.to_string() }
-                        })
+                        let reply = apply(&authority, request, now).await;
+                        if op.changes() && matches!(reply, ControlReply::Done | ControlReply::Answer { .. }) {
+                            let store = Arc::clone(&authority.store);
+                            let mut detail = summary;
+                            detail["peer"] = peer.clone();
+                            let _ = blocking(move || store.control_applied(detail, now)).await;
+                        }
+                        reply
                     }
                     Err(e) => {
                         let op = serde_json::from_str::<serde_json::Value>(&line)
@@ -219,15 +589,23 @@ pub async fn serve(
                         let attempted = op.clone().unwrap_or_else(|| "(not a control request)".into());
                         let refused = Refused { interface: "control_socket", attempted, peer: peer.clone() };
                         refusals.record_async(refused).await;
+                        let unlock = authority.gateway.as_ref().map(|g| g.where_to_unlock.clone()).unwrap_or_default();
                         match op {
+                            Some(op) if op == "vault.unlock" => ControlReply::Refused {
+                                code: ControlCode::NotOffered,
+                                message: format!(
+                                    "a running gateway holds the vault, and unlocking is not offered over its control \
+                                     socket (any process of this user, an agent included, can reach it): {unlock}. This \
+                                     attempt was journaled."
+                                ),
+                            },
                             Some(op) if !ControlOp::offered(&op) => ControlReply::Refused {
                                 code: ControlCode::NotOffered,
                                 message: format!(
                                     "{op:?} is not offered over the control socket: any process of this user can \
-                                     reach it, so it can only add or revoke agents, revoke agent runs and lock the \
-                                     vault. Approvals, unlocking and session grants are answered in the approver \
-                                     (the desktop app, or `postern serve --approver terminal`). This attempt was \
-                                     journaled."
+                                     reach it, so it never grants authority. Approvals, unlocking and session grants \
+                                     are answered in the approver ({}). This attempt was journaled.",
+                                    authority.gateway.as_ref().map_or("none", |g| g.approver.as_str())
                                 ),
                             },
                             _ => ControlReply::Refused {
@@ -246,6 +624,10 @@ pub async fn serve(
         });
     }
 }
+
+/// The most a caller may send on one connection (an SSH private key and its request fit many
+/// times over).
+const MAX_REQUEST_BYTES: u64 = 256 * 1024;
 
 /// The client side: sends one request to the gateway serving `data_dir`.
 pub async fn request(data_dir: &Path, request: &ControlRequest) -> std::io::Result<ControlReply> {
@@ -278,6 +660,12 @@ mod tests {
             ControlRequest::RevokeAgent { name: "a".into() },
             ControlRequest::LockVault { by: "cli".into() },
             ControlRequest::RevokeSession { id: session },
+            ControlRequest::GatewayStatus,
+            ControlRequest::Remove { name: "a".into() },
+            ControlRequest::Checkpoint,
+            ControlRequest::PublicKey,
+            ControlRequest::ServerTools { name: "a".into() },
+            ControlRequest::SshGc { host: "h".into(), older_than_days: 3 },
         ] {
             let tag = serde_json::to_value(&request).unwrap()["op"].clone();
             assert_eq!(tag, serde_json::to_value(request.op()).unwrap());
@@ -288,5 +676,29 @@ mod tests {
         }
         // A malformed id is refused by the request's type, not passed along as text.
         assert!(serde_json::from_str::<ControlRequest>(r#"{"op":"sessions.revoke","id":"nope"}"#).is_err());
+    }
+
+    /// A secret carried by a request never shows in its Debug output or in what the journal
+    /// records about it, and survives the trip over the socket intact.
+    #[test]
+    fn a_carried_secret_stays_out_of_debug_and_the_journal_summary() {
+        let canary = "CANARY-control-secret-9d1e";
+        let credential = Credential {
+            name: "bank".into(),
+            kind: postern_vault::CredentialKind::Bearer,
+            bindings: vec![postern_vault::Binding::new("api.example", None).unwrap()],
+            approve_every_use: false,
+            idempotency_header: None,
+            reads_have_effects: false,
+        };
+        let request = ControlRequest::AddCredential { credential, secret: SecretText::new(canary.into()) };
+        assert!(!format!("{request:?}").contains(canary));
+        assert!(!request.summary().to_string().contains(canary));
+        assert_eq!(request.summary(), json!({ "op": "vault.add", "name": "bank" }));
+        let wire = serde_json::to_string(&request).unwrap();
+        let ControlRequest::AddCredential { secret, .. } = serde_json::from_str(&wire).unwrap() else {
+            panic!("round trip");
+        };
+        assert_eq!(secret.0.expose(), canary);
     }
 }

@@ -84,14 +84,18 @@ impl BoundGateway {
             self.options.max_message_bytes,
             wait(stop_rx.clone()),
         ));
-        let control_task = tokio::spawn(crate::control::serve(
-            Arc::clone(&self.gateway.store),
-            Arc::clone(&self.gateway.clock),
-            Arc::clone(&self.gateway.refusals),
-            self.gateway.engine.upstreams().cloned(),
-            self.control,
-            wait(stop_rx.clone()),
-        ));
+        let approver = self.gateway.engine.approver();
+        let info = crate::control::GatewayInfo {
+            pid: std::process::id(),
+            started_at: (self.gateway.clock)().as_millis(),
+            approver: approver.kind().to_owned(),
+            where_to_unlock: approver.where_to_unlock().to_owned(),
+            socket: self.endpoints.socket.display().to_string(),
+            http: self.endpoints.http.map(|a| format!("http://{a}/mcp")),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let control_task =
+            tokio::spawn(crate::control::serve(Arc::clone(&self.gateway), info, self.control, wait(stop_rx.clone())));
         let http_task = self.http.map(|listener| {
             tokio::spawn(streamable::serve(
                 Arc::clone(&self.gateway),

@@ -128,6 +128,48 @@ pub fn socket_path(data_dir: &Path) -> PathBuf {
     runtime_dir(data_dir).join("mcp.sock")
 }
 
+/// What a tool call through the running gateway answered: the structured outcome agents get
+/// (`execution_id`, `state`, `result`, `detail`, …), whether it is an error, and its text.
+#[derive(Debug, Clone)]
+pub struct SocketCallAnswer {
+    pub structured: Value,
+    pub is_error: bool,
+    pub text: String,
+}
+
+/// Calls one tool through the running gateway's MCP socket as an MCP client named `client`
+/// (`postern call` beside a gateway): the gateway identifies this process like any agent, and
+/// the ladder, the journal and retry matching apply unchanged. A JSON-RPC error (an unknown
+/// tool, invalid arguments) comes back as `Err` with its message.
+pub async fn call_through(
+    data_dir: &Path,
+    client: &str,
+    tool: &str,
+    arguments: serde_json::Map<String, Value>,
+) -> Result<SocketCallAnswer, String> {
+    let stream = UnixStream::connect(socket_path(data_dir))
+        .await
+        .map_err(|e| format!("cannot reach the running gateway's socket {}: {e}", socket_path(data_dir).display()))?;
+    let (read, write) = stream.into_split();
+    let mut config = rmcp::model::ClientConfig::default();
+    config.client_info = rmcp::model::Implementation::new(client, env!("CARGO_PKG_VERSION"));
+    let service =
+        config.serve((read, write)).await.map_err(|e| format!("the gateway did not accept the session: {e}"))?;
+    let params = rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+    let called = service.peer().call_tool(params).await;
+    let _ = service.cancel().await;
+    let result = called.map_err(|e| match e {
+        rmcp::ServiceError::McpError(e) => e.message.to_string(),
+        other => other.to_string(),
+    })?;
+    let text = result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n");
+    Ok(SocketCallAnswer {
+        structured: result.structured_content.unwrap_or(Value::Null),
+        is_error: result.is_error == Some(true),
+        text,
+    })
+}
+
 /// Creates (or checks) `dir` and its parent as 0700 directories owned by this user.
 fn prepare_dir(dir: &Path) -> Result<(), SocketError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};

@@ -464,6 +464,25 @@ pub fn parse_marker(line: &str) -> Option<Marker> {
     }
 }
 
+/// `postern ssh gc`: connects to the vault's SSH host `name` with its key and removes its marker
+/// directories older than `days`; the number removed, or why nothing was.
+pub async fn marker_gc_on(vault: &postern_vault::Vault, name: &str, days: u32) -> Result<u64, String> {
+    let host = vault.ssh_host(name).map_err(|e| e.to_string())?;
+    let (key, passphrase) = vault.ssh_key_of(&host).map_err(|e| e.to_string())?;
+    let connection = connect(&host, &key, passphrase.as_ref()).await.map_err(|e| e.to_string())?;
+    let command = marker_gc(&host.marker_root, days);
+    let sent = connection.exec(&command, Duration::from_secs(120), 4096, None).await;
+    connection.close().await;
+    match sent {
+        SshSent::Finished { result, .. } if result.exit_status == Some(0) => result
+            .stdout
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("the clean-up on {name} answered {:?}", result.stdout.trim())),
+        other => Err(format!("the clean-up on {name} did not finish: {other:?}")),
+    }
+}
+
 /// Removes marker directories older than `days` under `root`; prints how many it removed.
 pub fn marker_gc(root: &str, days: u32) -> String {
     let script = format!(

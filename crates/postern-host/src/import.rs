@@ -9,7 +9,7 @@
 //! the I/O.
 
 use postern_core::ErrorCode;
-use postern_vault::{MAX_SERVER_NAME, McpServer, Sensitive, Vault, VaultError};
+use postern_vault::{FileBackups, MAX_SERVER_NAME, McpServer, Sensitive, Vault, VaultError};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::{
@@ -32,6 +32,9 @@ pub enum ImportError {
     Io { what: String, source: std::io::Error },
     #[error(transparent)]
     Vault(#[from] VaultError),
+    /// The running gateway refused a change (its message says why).
+    #[error("{0}")]
+    Gateway(String),
 }
 
 impl ErrorCode for ImportError {
@@ -43,6 +46,7 @@ impl ErrorCode for ImportError {
             ImportError::NoBackup(_) => "no_import_backup",
             ImportError::Io { .. } => "import_io_error",
             ImportError::Vault(e) => e.code(),
+            ImportError::Gateway(_) => "gateway_refused",
         }
     }
 }
@@ -50,6 +54,143 @@ impl ErrorCode for ImportError {
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImportError {
     let what = what.into();
     move |source| ImportError::Io { what, source }
+}
+
+/// Where an import puts what it moves: the vault itself (no gateway runs, or the app, which runs
+/// the gateway), or the running gateway, through its control socket (`postern servers import`
+/// beside `postern serve`). The files' backups are keychain items either way.
+pub trait ImportTarget {
+    /// Names already taken by a server, a credential or an SSH host.
+    fn taken(&self) -> Result<BTreeSet<String>, ImportError>;
+    fn add_server(
+        &self,
+        server: McpServer,
+        secrets: Vec<(String, Sensitive<String>)>,
+        now: postern_core::Timestamp,
+    ) -> Result<(), ImportError>;
+    fn has_server(&self, name: &str) -> Result<bool, ImportError>;
+    fn remove_server(&self, name: &str, now: postern_core::Timestamp) -> Result<(), ImportError>;
+    fn backups(&self) -> FileBackups;
+}
+
+impl ImportTarget for Vault {
+    fn taken(&self) -> Result<BTreeSet<String>, ImportError> {
+        let mut taken: BTreeSet<String> = self.mcp_servers()?.into_iter().map(|s| s.name).collect();
+        taken.extend(self.credentials()?.into_iter().map(|c| c.name));
+        taken.extend(self.ssh_hosts()?.into_iter().map(|h| h.name));
+        Ok(taken)
+    }
+
+    fn add_server(
+        &self,
+        server: McpServer,
+        secrets: Vec<(String, Sensitive<String>)>,
+        now: postern_core::Timestamp,
+    ) -> Result<(), ImportError> {
+        Ok(self.add_mcp_server(&server, &secrets, now)?)
+    }
+
+    fn has_server(&self, name: &str) -> Result<bool, ImportError> {
+        Ok(self.mcp_server(name).is_ok())
+    }
+
+    fn remove_server(&self, name: &str, now: postern_core::Timestamp) -> Result<(), ImportError> {
+        Ok(self.remove_mcp_server(name, now)?)
+    }
+
+    fn backups(&self) -> FileBackups {
+        self.file_backups()
+    }
+}
+
+impl<T: ImportTarget> ImportTarget for std::sync::Arc<T> {
+    fn taken(&self) -> Result<BTreeSet<String>, ImportError> {
+        (**self).taken()
+    }
+
+    fn add_server(
+        &self,
+        server: McpServer,
+        secrets: Vec<(String, Sensitive<String>)>,
+        now: postern_core::Timestamp,
+    ) -> Result<(), ImportError> {
+        (**self).add_server(server, secrets, now)
+    }
+
+    fn has_server(&self, name: &str) -> Result<bool, ImportError> {
+        (**self).has_server(name)
+    }
+
+    fn remove_server(&self, name: &str, now: postern_core::Timestamp) -> Result<(), ImportError> {
+        (**self).remove_server(name, now)
+    }
+
+    fn backups(&self) -> FileBackups {
+        (**self).backups()
+    }
+}
+
+/// The running gateway that holds `data_dir`'s journal, as an import's target: names read from
+/// the journal (read-only), servers added and removed through its control socket, backups kept
+/// in the keychain under the installation's id.
+#[derive(Debug)]
+pub struct ThroughGateway {
+    data_dir: PathBuf,
+    backups: FileBackups,
+}
+
+impl ThroughGateway {
+    pub fn new(data_dir: &Path, keychain: std::sync::Arc<dyn postern_vault::SecretStore>) -> Result<Self, ImportError> {
+        let view = postern_store::JournalView::open_read_only(&crate::database(data_dir)).map_err(VaultError::from)?;
+        let installation = view
+            .installation_id()
+            .map_err(VaultError::from)?
+            .ok_or_else(|| ImportError::Gateway("the journal has no installation id yet".into()))?;
+        Ok(ThroughGateway { data_dir: data_dir.to_owned(), backups: FileBackups::new(keychain, installation) })
+    }
+
+    fn perform(&self, request: postern_gateway::control::ControlRequest) -> Result<(), ImportError> {
+        let now = crate::now();
+        match crate::operations::Route::Gateway(self.data_dir.clone()).perform(request, now) {
+            postern_gateway::control::ControlReply::Refused { message, .. } => Err(ImportError::Gateway(message)),
+            _ => Ok(()),
+        }
+    }
+
+    fn records(&self) -> Result<Vec<postern_store::CredentialRecord>, ImportError> {
+        let view =
+            postern_store::JournalView::open_read_only(&crate::database(&self.data_dir)).map_err(VaultError::from)?;
+        Ok(view.credentials().map_err(VaultError::from)?)
+    }
+}
+
+impl ImportTarget for ThroughGateway {
+    fn taken(&self) -> Result<BTreeSet<String>, ImportError> {
+        Ok(self.records()?.into_iter().map(|r| r.name).collect())
+    }
+
+    fn add_server(
+        &self,
+        server: McpServer,
+        secrets: Vec<(String, Sensitive<String>)>,
+        _now: postern_core::Timestamp,
+    ) -> Result<(), ImportError> {
+        use postern_gateway::control::{ControlRequest, SecretText};
+        let secrets = secrets.into_iter().map(|(k, v)| (k, SecretText(v))).collect();
+        self.perform(ControlRequest::AddServer { server, secrets })
+    }
+
+    fn has_server(&self, name: &str) -> Result<bool, ImportError> {
+        Ok(self.records()?.iter().any(|r| r.name == name && r.kind == postern_vault::MCP_SERVER_KIND))
+    }
+
+    fn remove_server(&self, name: &str, _now: postern_core::Timestamp) -> Result<(), ImportError> {
+        self.perform(postern_gateway::control::ControlRequest::Remove { name: name.to_owned() })
+    }
+
+    fn backups(&self) -> FileBackups {
+        self.backups.clone()
+    }
 }
 
 /// How one config file lays out its servers.
@@ -342,10 +483,8 @@ impl Plan {
 
 /// What an import would do with the config files `from` names (see [`sources`]); agents would be
 /// pointed at `postern_command mcp`. Reads files and the vault; changes nothing.
-pub fn plan(vault: &Vault, from: &[String], postern_command: &str) -> Result<Plan, ImportError> {
-    let mut taken: BTreeSet<String> = vault.mcp_servers()?.into_iter().map(|s| s.name).collect();
-    taken.extend(vault.credentials()?.into_iter().map(|c| c.name));
-    taken.extend(vault.ssh_hosts()?.into_iter().map(|h| h.name));
+pub fn plan(target: &dyn ImportTarget, from: &[String], postern_command: &str) -> Result<Plan, ImportError> {
+    let mut taken = target.taken()?;
     let mut plan = Plan::default();
     for source in sources(from)? {
         let Ok(bytes) = std::fs::read(&source.path) else {
@@ -383,7 +522,7 @@ pub fn plan(vault: &Vault, from: &[String], postern_command: &str) -> Result<Pla
 /// Carries out `plan`: each server into the vault (its secret values into the keychain), each
 /// file's original bytes into the keychain, each file rewritten. Returns the servers' names.
 pub fn apply(
-    vault: &Vault,
+    target: &dyn ImportTarget,
     data_dir: &Path,
     plan: Plan,
     now: postern_core::Timestamp,
@@ -403,11 +542,11 @@ pub fn apply(
             };
             let values: Vec<(String, Sensitive<String>)> =
                 secret.into_iter().map(|(k, v)| (k, Sensitive::new(v))).collect();
-            vault.add_mcp_server(&server, &values, now)?;
+            target.add_server(server, values, now)?;
             record.servers.push(name);
         }
         let backup = sha256_hex(source.path.to_string_lossy().as_bytes());
-        vault.keep_file_backup(&backup, &bytes)?;
+        target.backups().keep(&backup, &bytes)?;
         replace_file(&source.path, &after)?;
         record.files.push(FileRecord { path: source.path, backup, written_sha256: sha256_hex(&after) });
     }
@@ -428,7 +567,7 @@ pub struct Undone {
 
 /// Restores the files of the last import byte for byte (refused if one changed since) and
 /// removes the servers it added.
-pub fn undo(vault: &Vault, data_dir: &Path, now: postern_core::Timestamp) -> Result<Undone, ImportError> {
+pub fn undo(target: &dyn ImportTarget, data_dir: &Path, now: postern_core::Timestamp) -> Result<Undone, ImportError> {
     let path = record_path(data_dir);
     let text = std::fs::read(&path).map_err(|_| ImportError::NothingToUndo)?;
     let record: Record = serde_json::from_slice(&text)
@@ -441,14 +580,15 @@ pub fn undo(vault: &Vault, data_dir: &Path, now: postern_core::Timestamp) -> Res
     }
     let mut undone = Undone { restored: vec![], removed: vec![] };
     for f in &record.files {
-        let original = vault.file_backup(&f.backup)?.ok_or_else(|| ImportError::NoBackup(f.path.clone()))?;
+        let backups = target.backups();
+        let original = backups.get(&f.backup)?.ok_or_else(|| ImportError::NoBackup(f.path.clone()))?;
         replace_file(&f.path, original.expose())?;
-        vault.drop_file_backup(&f.backup)?;
+        backups.drop_backup(&f.backup)?;
         undone.restored.push(f.path.clone());
     }
     for name in &record.servers {
-        if vault.mcp_server(name).is_ok() {
-            vault.remove_mcp_server(name, now)?;
+        if target.has_server(name)? {
+            target.remove_server(name, now)?;
             undone.removed.push(name.clone());
         }
     }

@@ -1,16 +1,25 @@
-//! The operations the CLI (and later the app) performs on a data directory — add or revoke an
-//! agent token, revoke an agent run, lock the vault — with one route chosen once: the journal
-//! itself when no gateway holds it, else the running gateway's control socket. Operations that
-//! grant authority (unlocking, approvals, grants) are not among them: the socket refuses them.
+//! The operations the CLI (and later the app) performs on a data directory — agents, the vault's
+//! credentials, SSH hosts and MCP servers, the lock, checkpoints — with one route chosen once:
+//! the journal itself when no gateway holds it, else the running gateway's control socket, with
+//! the same answer either way. Operations that grant authority (unlocking, approvals, grants)
+//! are not among them: the socket refuses them.
 
 use crate::HostError;
 use postern_core::Timestamp;
-use postern_gateway::control::{self, ControlCode, ControlReply, ControlRequest};
+use postern_gateway::{
+    control::{self, Authority, ControlCode, ControlReply, ControlRequest},
+    upstream::{ToolOverride, Upstreams},
+};
 use postern_store::Store;
+use postern_vault::{OsKeychain, Vault};
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Arc,
 };
+
+/// Per upstream server, per tool: the contract overrides of the manifest a local route uses.
+pub type Overrides = BTreeMap<String, BTreeMap<String, ToolOverride>>;
 
 /// Where an operation goes.
 #[derive(Debug)]
@@ -32,22 +41,48 @@ impl Route {
     }
 
     /// Carries out `request` the same way whichever the route: the answer is the control
-    /// protocol's (`Done`, or `Refused` with a code and a message).
+    /// protocol's (`Done`, an answer, or `Refused` with a code and a message).
     pub fn perform(&self, request: ControlRequest, now: Timestamp) -> ControlReply {
+        self.perform_with(request, now, &Overrides::new())
+    }
+
+    /// [`Route::perform`] where a local route starts upstream servers itself (`servers.tools`,
+    /// `servers.contract`): with the contract overrides of the manifest the command found. A
+    /// gateway uses its own.
+    pub fn perform_with(&self, request: ControlRequest, now: Timestamp, overrides: &Overrides) -> ControlReply {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(r) => r,
+            Err(e) => return refused(format!("cannot start the runtime: {e}")),
+        };
         match self {
-            Route::Local(store) => control::apply(store, request, now),
-            Route::Gateway(data_dir) => {
-                let asked = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .and_then(|runtime| runtime.block_on(control::request(data_dir, &request)));
-                asked.unwrap_or_else(|e| ControlReply::Refused {
-                    code: ControlCode::Failed,
-                    message: format!(
-                        "the journal is held by a running gateway, and its control socket did not answer: {e}"
-                    ),
+            Route::Local(store) => {
+                let vault = if request.needs_vault() {
+                    let opened = OsKeychain::connect()
+                        .and_then(|keychain| Vault::open(Arc::clone(store), Arc::new(keychain), now));
+                    match opened {
+                        Ok(v) => Some(Arc::new(v)),
+                        Err(e) => return refused(e.to_string()),
+                    }
+                } else {
+                    None
+                };
+                let upstreams = vault.as_ref().map(|v| Arc::new(Upstreams::new(Arc::clone(v), overrides.clone())));
+                let authority = Authority { store: Arc::clone(store), vault, upstreams, gateway: None };
+                runtime.block_on(async {
+                    let reply = control::apply(&authority, request, now).await;
+                    if let Some(u) = &authority.upstreams {
+                        u.stop_all().await;
+                    }
+                    reply
                 })
             }
+            Route::Gateway(data_dir) => runtime.block_on(control::request(data_dir, &request)).unwrap_or_else(|e| {
+                refused(format!("the journal is held by a running gateway, and its control socket did not answer: {e}"))
+            }),
         }
     }
+}
+
+fn refused(message: String) -> ControlReply {
+    ControlReply::Refused { code: ControlCode::Failed, message }
 }

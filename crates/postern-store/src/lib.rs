@@ -467,6 +467,13 @@ impl Store {
         self.writer.call(WriteKind::DURABLE, move |w| w.vault_row("request_refused", detail, at))
     }
 
+    /// Journals that a change arrived over the control socket (`control_request_applied` on the
+    /// vault stream: the operation and the peer process), beside the change's own row, so an
+    /// incident responder can tell the owner's terminal from another process of the same user.
+    pub fn control_applied(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row("control_request_applied", detail, at))
+    }
+
     /// A new execution for a retry a reviewer chose to "dispatch anew": no retry matching (the
     /// reviewer has seen the prior), `anew` (prior, reason, reviewer) recorded on its `accepted`
     /// row, then `steps`, all in one durable transaction.

@@ -466,6 +466,14 @@ impl JournalView {
         })
     }
 
+    /// The installation's id (the prefix of its keychain items), once a vault was opened on it.
+    pub fn installation_id(&self) -> Result<Option<String>, StoreError> {
+        self.with(|c| {
+            use rusqlite::OptionalExtension;
+            Ok(c.prepare_cached("SELECT id FROM installation")?.query_row([], |r| r.get(0)).optional()?)
+        })
+    }
+
     pub fn locked(&self) -> Result<bool, StoreError> {
         self.with(|c| {
             Ok(c.query_row("SELECT locked FROM vault_state", [], |r| r.get::<_, bool>(0)).optional()?.unwrap_or(false))

@@ -179,7 +179,8 @@ impl Credential {
         }
     }
 
-    pub(crate) fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
+    /// Read from a credentials-table row (readers without a vault use it on a read-only view).
+    pub fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
         let corrupt = |what: &str| VaultError::InvalidCredential(format!("stored credential {:?}: {what}", r.name));
         let text = |key: &str| r.spec.get(key).and_then(Value::as_str).map(str::to_owned).ok_or_else(|| corrupt(key));
         let kind = match r.kind.as_str() {

@@ -16,13 +16,51 @@ pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
 pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer, ServerStart, ToolOverride};
 pub use sensitive::Sensitive;
-pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, SshHost};
+pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, KIND as SSH_HOST_KIND, SshHost};
 
 use ed25519_dalek::{Signer, SigningKey, Verifier, VerifyingKey};
 use postern_core::{FingerprintKey, Timestamp};
 use postern_store::{Checkpoint, Store};
 use serde_json::json;
 use std::sync::Arc;
+
+/// The bytes of files Postern rewrote (agent configs holding plaintext tokens), kept as keychain
+/// items of one installation so a rewrite can be undone without the secrets being on disk again.
+/// Reachable without the journal (beside a running gateway), from the installation's id.
+#[derive(Clone)]
+pub struct FileBackups {
+    keychain: Arc<dyn SecretStore>,
+    installation: String,
+}
+
+impl std::fmt::Debug for FileBackups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileBackups").field("installation", &self.installation).finish_non_exhaustive()
+    }
+}
+
+impl FileBackups {
+    /// The backups of the installation `installation` (its id, as the journal holds it).
+    pub fn new(keychain: Arc<dyn SecretStore>, installation: String) -> Self {
+        FileBackups { keychain, installation }
+    }
+
+    fn item(&self, key: &str) -> String {
+        format!("{}/backup/{key}", self.installation)
+    }
+
+    pub fn keep(&self, key: &str, bytes: &[u8]) -> Result<(), VaultError> {
+        self.keychain.set(&self.item(key), bytes)
+    }
+
+    pub fn get(&self, key: &str) -> Result<Option<Sensitive<Vec<u8>>>, VaultError> {
+        self.keychain.get(&self.item(key))
+    }
+
+    pub fn drop_backup(&self, key: &str) -> Result<(), VaultError> {
+        self.keychain.delete(&self.item(key)).map(|_| ())
+    }
+}
 
 /// The vault of one installation (one data directory).
 #[derive(Debug)]
@@ -377,15 +415,20 @@ impl Vault {
     /// tokens) as a keychain item, so the rewrite can be undone without the secrets ever being
     /// on disk again. `key` names the backup (not a secret).
     pub fn keep_file_backup(&self, key: &str, bytes: &[u8]) -> Result<(), VaultError> {
-        self.keychain.set(&self.item(&format!("backup/{key}")), bytes)
+        self.file_backups().keep(key, bytes)
     }
 
     pub fn file_backup(&self, key: &str) -> Result<Option<Sensitive<Vec<u8>>>, VaultError> {
-        self.keychain.get(&self.item(&format!("backup/{key}")))
+        self.file_backups().get(key)
     }
 
     pub fn drop_file_backup(&self, key: &str) -> Result<(), VaultError> {
-        self.keychain.delete(&self.item(&format!("backup/{key}"))).map(|_| ())
+        self.file_backups().drop_backup(key)
+    }
+
+    /// This installation's file backups in the keychain.
+    pub fn file_backups(&self) -> FileBackups {
+        FileBackups { keychain: Arc::clone(&self.keychain), installation: self.installation.clone() }
     }
 
     fn ssh_items(&self, name: &str) -> (String, String) {

@@ -92,7 +92,7 @@ impl ToolOverride {
 
 /// An upstream MCP server: one Postern launches over stdio (its secret values are in the
 /// keychain), or a remote Streamable HTTP server reached with a vault credential.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct McpServer {
     pub name: String,
     /// The program, found on `PATH` when it has no `/` (empty for a remote server).
@@ -108,9 +108,11 @@ pub struct McpServer {
     pub url: Option<String>,
     /// The vault credential (bearer or header) sent to a remote server; its binding must allow `url`.
     pub credential: Option<String>,
+    #[serde(default)]
     pub start: ServerStart,
     /// The owner's contract for some of its tools (by the server's own tool name), set from the
     /// app or `postern servers contract`.
+    #[serde(default)]
     pub tools: BTreeMap<String, ToolOverride>,
 }
 

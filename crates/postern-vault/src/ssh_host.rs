@@ -45,7 +45,7 @@ pub struct SshHost {
     pub approve_every_use: bool,
 }
 
-pub(crate) const KIND: &str = "ssh_host";
+pub const KIND: &str = "ssh_host";
 
 impl SshHost {
     pub fn validate(&self) -> Result<(), VaultError> {
@@ -103,7 +103,8 @@ impl SshHost {
         })
     }
 
-    pub(crate) fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
+    /// Read from a credentials-table row (readers without a vault use it on a read-only view).
+    pub fn from_record(r: &postern_store::CredentialRecord) -> Result<Self, VaultError> {
         let corrupt = |what: &str| VaultError::InvalidCredential(format!("stored SSH host {:?}: {what}", r.name));
         let text = |key: &str| r.spec.get(key).and_then(Value::as_str).map(str::to_owned);
         Ok(SshHost {

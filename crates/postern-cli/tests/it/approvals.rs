@@ -422,7 +422,7 @@ fn self_approval_through_every_interface_an_agent_reaches_fails_and_is_journaled
     // The CLI, run by the agent: unlocking is refused the same way.
     let unlock = gw.postern(&["vault", "unlock"]);
     assert_eq!(unlock.code, 1);
-    assert!(unlock.stderr.contains("not offered over the control socket"), "{}", unlock.stderr);
+    assert!(unlock.stderr.contains("unlocking is not offered over its control socket"), "{}", unlock.stderr);
     // MCP: no method and no tool approves.
     let method = raw_mcp(
         &gw,

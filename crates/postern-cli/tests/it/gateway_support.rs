@@ -226,11 +226,22 @@ impl Gateway {
     pub fn start_with(data_dir: tempfile::TempDir, manifest: &str, env: &[(&str, &str)]) -> Gateway {
         let tools = data_dir.path().join("tools.toml");
         std::fs::write(&tools, manifest).unwrap();
+        let tools = tools.to_str().unwrap().to_owned();
+        Self::spawn(data_dir, &[env, &[("POSTERN_TOOLS", tools.as_str())]].concat())
+    }
+
+    /// `postern serve` as a newcomer runs it: no manifest anywhere (`config_home` is empty), so
+    /// the built-in tools.
+    pub fn start_without_manifest(data_dir: tempfile::TempDir, config_home: &Path) -> Gateway {
+        Self::spawn(data_dir, &[("XDG_CONFIG_HOME", config_home.to_str().unwrap())])
+    }
+
+    fn spawn(data_dir: tempfile::TempDir, env: &[(&str, &str)]) -> Gateway {
         let mut child = Command::new(postern_bin())
+            .env_remove("POSTERN_TOOLS")
             .envs(env.iter().copied())
             .args(["serve", "--port", "0", "--drain-seconds", "20"])
             .env("POSTERN_DATA_DIR", data_dir.path())
-            .env("POSTERN_TOOLS", &tools)
             .env("POSTERN_LOG", "info,rmcp=error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -5,6 +5,7 @@
 mod agents;
 mod approvals;
 mod audit;
+mod beside;
 mod call;
 mod faults;
 mod gateway;

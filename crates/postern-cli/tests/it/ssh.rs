@@ -76,7 +76,7 @@ fn add_ssh_pins_the_host_key_imports_an_encrypted_key_and_runs_a_command() {
 
     let (code, out) = s.exec("box", "echo hi; exit 0");
     assert_eq!(code, 0, "{out}");
-    assert_eq!(out["ssh"]["stdout"], "hi\n");
+    assert_eq!(out["result"]["stdout"], "hi\n");
     assert_eq!(out["state"], "completed");
     // The encrypted key and its passphrase are in the keychain only.
     let key_body = std::fs::read_to_string(s.sshd.dir.path().join("id_locked")).unwrap();

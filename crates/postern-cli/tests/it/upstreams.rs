@@ -7,7 +7,7 @@ use super::support::{any_file_contains, postern_with};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
-const CANARY: &str = "canary-upstream-token-5f1c9e2a7d";
+pub(super) const CANARY: &str = "canary-upstream-token-5f1c9e2a7d";
 
 /// Overrides the owner makes for the counting server: `charge` honours an idempotency key.
 const MANIFEST: &str = r#"
@@ -27,7 +27,7 @@ fn python() -> PathBuf {
 
 /// `postern servers add NAME` for the counting server keeping its effects in `dir`, with
 /// `stdin` as what the secret prompt reads.
-fn add_counter(data: &Path, dir: &Path, name: &str, stdin: &str) -> super::support::Run {
+pub(super) fn add_counter(data: &Path, dir: &Path, name: &str, stdin: &str) -> super::support::Run {
     std::fs::write(dir.join("expected_token"), CANARY).unwrap();
     let counter_dir = format!("COUNTER_DIR={}", dir.display());
     let script = repo_root().join("tests/upstreams/counting.py");
@@ -59,7 +59,7 @@ fn effects(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn count(dir: &Path, kind: &str) -> usize {
+pub(super) fn count(dir: &Path, kind: &str) -> usize {
     effects(dir).iter().filter(|e| e["kind"] == kind).count()
 }
 

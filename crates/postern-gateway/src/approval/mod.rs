@@ -226,6 +226,18 @@ pub trait Approver: Send + Sync + std::fmt::Debug {
     fn review_retry(&self, _request: &RetryReviewRequest) -> Option<ReviewVerdict> {
         None
     }
+
+    /// Who answers, as `status` and `doctor` say it: `none`, `terminal`, `desktop app`.
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+
+    /// Where a person unlocks the vault of a gateway asking this approver: what `postern vault
+    /// unlock` says while the gateway runs (the control socket never unlocks).
+    fn where_to_unlock(&self) -> &'static str {
+        "this gateway has no approver: stop it (Ctrl-C or SIGTERM) and run `postern vault unlock`, or start it \
+         with `postern serve --approver terminal` and type `unlock` there"
+    }
 }
 
 /// The headless policy when no reviewer runs (`postern serve` without an approver): a per-use

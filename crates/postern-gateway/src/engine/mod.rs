@@ -359,6 +359,15 @@ impl Engine {
         self.upstreams.as_ref()
     }
 
+    pub fn vault(&self) -> &Arc<Vault> {
+        &self.vault
+    }
+
+    /// Who answers this engine's questions (see [`Approver::kind`]).
+    pub fn approver(&self) -> &Arc<dyn Approver> {
+        &self.approver
+    }
+
     /// How long a reviewer has to answer (default 120 s); then the call is denied with
     /// `approval_timed_out`.
     pub fn with_approval_timeout(mut self, timeout: Duration) -> Self {
