@@ -45,6 +45,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check this machine's Postern — keychain, data directory, journal, sockets, HTTP port, a
+    /// running gateway, the agent configs — and say how to fix what is wrong. Changes nothing.
+    Doctor {
+        /// The HTTP port a gateway would use (default 7387).
+        #[arg(long, default_value_t = postern_gateway::streamable::DEFAULT_PORT)]
+        port: u16,
+        #[arg(long)]
+        json: bool,
+    },
     /// Verify the journal or export a checkpoint of it.
     Audit {
         #[command(subcommand)]
@@ -301,6 +310,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Serve(args) => serve::serve(&data_dir, args),
         Command::Mcp => bridge::bridge(&data_dir),
         Command::Status { json } => journal::status(&data_dir, json),
+        Command::Doctor { port, json } => doctor(&data_dir, port, json),
         Command::Audit { command: AuditCommand::Verify { db, checkpoint, pubkey, chain_only, json } } => {
             let db = db.unwrap_or_else(|| location::database(&data_dir));
             audit::verify(&db, checkpoint.as_deref(), pubkey.as_deref(), chain_only, json)
@@ -344,6 +354,35 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Sessions { command: Some(SessionsCommand::Revoke { id }), .. } => journal::revoke(&data_dir, id),
         Command::Execution { command: ExecutionCommand::Show { id, json } } => journal::show(&data_dir, id, json),
     }
+}
+
+/// `postern doctor`: every check, its verdict, what it found and the fix; exit 1 if one failed.
+fn doctor(data_dir: &std::path::Path, port: u16, json: bool) -> Result<ExitCode, Failure> {
+    use postern_host::doctor::Verdict;
+    let checks = postern_host::doctor::run(data_dir, port);
+    let failed = checks.iter().any(|c| c.verdict == Verdict::Fail);
+    if json {
+        let out = serde_json::json!({ "ok": !failed, "checks": checks });
+        println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::from)?);
+    } else {
+        for c in &checks {
+            let mark = match c.verdict {
+                Verdict::Ok => "ok  ",
+                Verdict::Warn => "warn",
+                Verdict::Fail => "FAIL",
+            };
+            println!("{mark}  {:<17} {}", c.name, c.found);
+            if !c.fix.is_empty() {
+                println!("      {:<17} fix: {}", "", c.fix);
+            }
+        }
+        println!();
+        println!(
+            "{}",
+            if failed { "Postern cannot work here until the FAIL lines are fixed." } else { "Postern can work here." }
+        );
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 /// The tools every gateway offers without a manifest: name, method, URL, credential, contract.

@@ -4,6 +4,7 @@
 //! how it stops (drain the executions in flight, flush the journal). `postern serve` and the
 //! desktop app differ only in the approver and the UI.
 
+pub mod doctor;
 pub mod import;
 pub mod operations;
 
@@ -397,6 +398,11 @@ mod tests {
         let data_dir = dir.path().join("a/postern");
         let (store, _) = open_journal(&data_dir, Timestamp::from_millis(1)).unwrap();
         assert_eq!(std::fs::metadata(&data_dir).unwrap().permissions().mode() & 0o777, 0o700);
+        // The journal and its WAL are owner-only too, whatever the umask.
+        for file in ["postern.db", "postern.db-wal"] {
+            let mode = std::fs::metadata(data_dir.join(file)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{file}");
+        }
         let held = open_journal(&data_dir, Timestamp::from_millis(2)).unwrap_err();
         assert_eq!(held.code(), "journal_in_use", "{held}");
         drop(store);

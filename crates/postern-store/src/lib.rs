@@ -16,6 +16,11 @@ mod view;
 mod writer;
 
 pub use audit::{Checkpoint, Finding, VerifyReport};
+
+/// The SQLite library Postern's journal runs on (bundled, so the same everywhere).
+pub fn sqlite_version() -> &'static str {
+    rusqlite::version()
+}
 pub use incident::{CallRecord, IdempotencyKey, Incident, Related, ResultRef, Times};
 pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
 pub use schema::{APPLICATION_ID, supported_version};
@@ -314,6 +319,18 @@ impl Store {
             return Err(StoreError::Unusable { path: path.to_owned(), problem: Unusable::Empty });
         }
         let is_new = !path.exists();
+        #[cfg(unix)]
+        if is_new {
+            // Owner-only from the first byte (SQLite gives the -wal and -shm files the main
+            // file's mode): the journal holds who did what, even without a secret in it.
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|source| StoreError::Io { path: path.to_owned(), source })?;
+        }
         let mut conn = rusqlite::Connection::open(path)?;
         schema::check_identity(&conn, path, true)?;
         // Only now that the file is known to be (or become) a Postern journal.

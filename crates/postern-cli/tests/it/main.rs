@@ -7,6 +7,7 @@ mod approvals;
 mod audit;
 mod beside;
 mod call;
+mod doctor;
 mod faults;
 mod gateway;
 mod gateway_support;
