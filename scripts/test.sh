@@ -20,6 +20,12 @@ command -v ssh-keygen >/dev/null || need+=(openssh-client)
 pkg-config --exists webkit2gtk-4.1 2>/dev/null || need+=(libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libxdo-dev libssl-dev pkg-config)
 command -v Xvfb >/dev/null || need+=(xvfb)
 command -v WebKitWebDriver >/dev/null || need+=(webkit2gtk-driver)
+# Notifications as a desktop shows them (dunst, watched with dbus-monitor), the X focus (xdotool)
+# and a screenshot of the whole screen (ImageMagick's import), for the desktop E2E.
+command -v dunst >/dev/null || need+=(dunst)
+command -v dbus-monitor >/dev/null || need+=(dbus-bin)
+command -v xdotool >/dev/null || need+=(xdotool)
+command -v import >/dev/null || need+=(imagemagick)
 if ((${#need[@]})); then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh needs: ${need[*]} (sudo apt-get install ${need[*]})" >&2

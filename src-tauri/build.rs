@@ -26,6 +26,8 @@ fn main() {
         "remove_server",
         "set_tool_contract",
         "set_server_start",
+        "settings",
+        "set_autostart",
         "import_offer",
         "import_apply",
     ])))

@@ -271,6 +271,8 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         remove_server,
         set_tool_contract,
         set_server_start,
+        settings,
+        set_autostart,
         import_offer,
         import_apply,
     ]
@@ -849,4 +851,38 @@ mod tests {
             assert_eq!(host_key_policy(bad).unwrap_err().code, "invalid_host_key_policy", "{bad:?}");
         }
     }
+}
+
+/// The app's settings that live outside the vault.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct SettingsView {
+    /// The app starts at login (its XDG autostart entry exists).
+    pub autostart: bool,
+    /// Where that entry is (or would be).
+    pub autostart_path: String,
+}
+
+fn config_home() -> Result<std::path::PathBuf, IpcError> {
+    postern_host::login::config_home()
+        .ok_or_else(|| IpcError::new("no_home_directory", "cannot find the config directory (HOME is not set)"))
+}
+
+#[tauri::command]
+pub fn settings() -> Result<SettingsView, IpcError> {
+    let home = config_home()?;
+    Ok(SettingsView {
+        autostart: postern_host::login::autostart_enabled(&home),
+        autostart_path: home.join("autostart").join(postern_host::login::AUTOSTART_FILE).display().to_string(),
+    })
+}
+
+/// Starts the app at login (an XDG autostart entry running this executable), or stops doing so.
+#[tauri::command]
+pub fn set_autostart(on: bool) -> Result<SettingsView, IpcError> {
+    let home = config_home()?;
+    let exe = std::env::current_exe().map_err(|e| IpcError::new("io_error", format!("find this executable: {e}")))?;
+    postern_host::login::set_autostart(&home, on.then_some(exe.as_path()))
+        .map_err(|e| IpcError::new("io_error", format!("write the autostart entry: {e}")))?;
+    settings()
 }

@@ -64,12 +64,20 @@ def wait_for(what, f, limit=30.0):
 
 class Target(http.server.BaseHTTPRequestHandler):
     posts = 0
+    vanished = 0
     hold = threading.Event()
     lock = threading.Lock()
 
     def do_POST(self):
         length = int(self.headers.get("content-length", 0))
         self.rfile.read(length)
+        if self.path == "/vanish":
+            # Takes the request and hangs up without an answer: the outcome is unknown.
+            with Target.lock:
+                Target.vanished += 1
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         with Target.lock:
             Target.posts += 1
             n = Target.posts
@@ -84,6 +92,69 @@ class Target(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class Notifications:
+    """The desktop's notification daemon (dunst, under the test's Xvfb and D-Bus session) and a
+    `dbus-monitor` recording every Notify call it receives, so a test can check that a
+    notification was raised and act on it as a person would."""
+
+    def __init__(self):
+        self.log = tempfile.NamedTemporaryFile(prefix="postern-notify-", suffix=".log", delete=False)
+        TEMPORARY.append(self.log.name)
+        self.monitor = subprocess.Popen(
+            ["dbus-monitor", "--session", "interface='org.freedesktop.Notifications',member='Notify'"],
+            stdout=self.log, stderr=subprocess.DEVNULL)
+        self.daemon = subprocess.Popen(["dunst"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for("the notification daemon", lambda: subprocess.run(
+            ["dunstctl", "is-paused"], capture_output=True).returncode == 0, 15)
+
+    def raised(self, summary):
+        with open(self.log.name) as f:
+            return f'string "{summary}"' in f.read()
+
+    def wait(self, summary, limit=15.0):
+        wait_for(f"the notification {summary!r}", lambda: self.raised(summary), limit)
+
+    def activate_newest(self):
+        """Clicks the newest notification on screen (its default action), as a person would."""
+        subprocess.run(["dunstctl", "action", "0"], check=True, timeout=5)
+
+    def stop(self):
+        for p in (self.daemon, self.monitor):
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def focused_window_name():
+    out = subprocess.run(["xdotool", "getwindowfocus", "getwindowname"], capture_output=True, text=True, timeout=5)
+    return out.stdout.strip()
+
+
+def window_names():
+    """The names of the app's visible X windows."""
+    ids = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", "Postern"],
+                         capture_output=True, text=True, timeout=5).stdout.split()
+    return [subprocess.run(["xdotool", "getwindowname", i], capture_output=True, text=True, timeout=5).stdout.strip()
+            for i in ids]
+
+
+def focus_window_named(name):
+    """Gives the X input focus to the app window titled exactly `name` (there is no window
+    manager under Xvfb, so xdotool sets it directly)."""
+    ids = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", f"^{name}$"],
+                         capture_output=True, text=True, timeout=5).stdout.split()
+    check(ids, f"a window named {name!r}")
+    subprocess.run(["xdotool", "windowfocus", ids[-1]], check=True, timeout=5)
+
+
+def root_screenshot(name):
+    """The whole X screen (notifications are not part of any webview)."""
+    if SHOTS:
+        subprocess.run(["import", "-window", "root", os.path.join(SHOTS, name)], check=True, timeout=20)
 
 
 def free_port():
@@ -219,6 +290,15 @@ class Browser:
         except WebDriverException as e:
             step(f"the dialog closed while typing ({type(e).__name__})")
 
+    def in_view(self, css):
+        """Whether every element `css` matches lies wholly inside the window as it is shown,
+        without scrolling anything."""
+        return self.do(lambda d: d.execute_script(
+            "const els = [...document.querySelectorAll(arguments[0])];"
+            "return els.length > 0 && els.every(e => { const r = e.getBoundingClientRect();"
+            " return r.top >= 0 && r.left >= 0 && r.bottom <= window.innerHeight && r.right <= window.innerWidth; });",
+            css))
+
     def answer(self, css):
         """Clicks a dialog's answer with a real (WebDriver) click once the dialog is armed — a
         scripted click is not trusted and answers nothing. The app closes the dialog as soon as
@@ -264,10 +344,15 @@ def main():
             'contract = { class = "irreversible" }\n\n'
             f'[[tool]]\nname = "wire"\nmethod = "POST"\nurl = "{base}/wire"\n'
             'input_schema = { type = "object", properties = { amount = { type = "integer" } } }\n'
+            'contract = { class = "irreversible" }\n\n'
+            f'[[tool]]\nname = "vanish"\nmethod = "POST"\nurl = "{base}/vanish"\n'
+            'input_schema = { type = "object", properties = { amount = { type = "integer" } } }\n'
             'contract = { class = "irreversible" }\n'
         )
+    config = tempfile.mkdtemp(prefix="postern-desktop-config-")
+    TEMPORARY.append(config)
     env = dict(os.environ, POSTERN_DATA_DIR=data, POSTERN_TOOLS=tools, POSTERN_PORT="0",
-               WEBKIT_DISABLE_DMABUF_RENDERER="1", NO_COLOR="1")
+               WEBKIT_DISABLE_DMABUF_RENDERER="1", NO_COLOR="1", XDG_CONFIG_HOME=config)
     add = subprocess.run(
         [POSTERN, "vault", "add", "bank", "--kind", "bearer", "--host", "127.0.0.1", "--approve-every-use"],
         input=SECRET + "\n", capture_output=True, text=True, env=env,
@@ -292,6 +377,7 @@ def main():
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     agent = None
     driver = None
+    notes = Notifications()
     try:
         wait_for("tauri-driver", lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 15)
         opts = ArgOptions()
@@ -332,6 +418,7 @@ def main():
         check(shown["body"] == '{"amount":5}', shown)
         check(SECRET not in b.do(lambda d: d.page_source), "the secret is never shown")
         check(int(b.text("[data-testid=countdown]").split()[0]) > 100, "a countdown")
+        check(b.in_view("button[data-key]"), "the choices are visible without scrolling")
         check(Target.posts == 0, "nothing is sent while the reviewer decides")
         # Another window of the app (here the main one) cannot answer the question.
         question = b.do(lambda d: d.current_url).rsplit("/approval/", 1)[1]
@@ -346,6 +433,16 @@ def main():
               f"the main window cannot answer: {refused}")
         b.on(dialog)
         shot(driver, "dialog-per-use.png")
+        # The question raised a notification; with the focus elsewhere, clicking it brings the
+        # dialog forward.
+        notes.wait("Postern: approval needed")
+        root_screenshot("notification-approval.png")
+        dialog_title = next((n for n in window_names() if n.startswith("Postern — ")), None)
+        check(dialog_title, f"the dialog's X window: {window_names()}")
+        focus_window_named("Postern")
+        wait_for("the focus on the main window", lambda: focused_window_name() == "Postern", 10)
+        notes.activate_newest()
+        wait_for("the dialog focused by the notification", lambda: focused_window_name() == dialog_title, 10)
         step("approving with the key, once armed")
         b.armed()
         b.keys("y")
@@ -369,7 +466,6 @@ def main():
         check(target.startswith("POST http://127.0.0.1"), f"the target in the detail pane: {target}")
         for event in ["accepted", "approval_requested", "approval_granted", "authorized", "dispatched", "completed"]:
             check(event in timeline, f"{event} in the timeline: {timeline}")
-        shot(driver, "view-activity.png")
 
         # Scenario 2: retry review.
         step("scenario 2")
@@ -415,12 +511,36 @@ def main():
         timeline = b.text("[data-testid=dialog-timeline]")
         check("dispatched" in timeline and "completed_result_not_delivered" in timeline, timeline)
         check(not b.find("button[data-key=c]"), "no status route for irreversible")
+        # At the default size the record is long; the choices and the countdown stay in view.
+        check(b.in_view("button[data-key]") and b.in_view("[data-testid=countdown]"),
+              "the retry review's choices and countdown are visible without scrolling")
         shot(driver, "dialog-retry-review.png")
         b.answer("button[data-key=r]")
         retry = agent.result("retry")
         check(retry["ok"] and retry["structured"]["execution_id"] == wire, retry)
         check(retry["structured"]["attached"] is True, retry)
         check(Target.posts == 2, f"the wire was sent once (target counted {Target.posts} POSTs in all)")
+        # A call whose target takes the request and hangs up: nobody knows whether it happened.
+        # The app watches the journal and raises a notification.
+        agent.call("vanish", "vanish", {"amount": 1})
+        vanished = agent.result("vanish")
+        check(vanished.get("structured", {}).get("state") == "outcome_unknown", vanished)
+        check(Target.vanished == 1, f"the vanishing target was reached once ({Target.vanished})")
+        notes.wait("Postern: an outcome needs review")
+
+        # Activity: each state a badge (the uncertain one stands out), the legend, and the
+        # first call's lifecycle in the detail pane.
+        b.on(main_window)
+        b.click("button[data-view=Activity]")
+        gone = vanished["structured"]["execution_id"]
+        wait_for("the vanished call in Activity", lambda: b.find(f"[data-execution='{gone}']"))
+        b.click(f"[data-execution='{execution}']")
+        wait_for("the timeline", lambda: b.find("[data-testid=timeline]"))
+        groups = b.do(lambda d: [e.get_attribute("data-group") for e in
+                                 d.find_elements(By.CSS_SELECTOR, "[data-testid=state] [data-group]")])
+        check("uncertain" in groups and "done" in groups, f"state badges by group: {groups}")
+        check("needs a look" in b.text("[data-testid=legend]"), "the legend")
+        shot(driver, "view-activity.png")
 
         b.on(main_window)
         b.click("button[data-view=Sessions]")
@@ -457,6 +577,18 @@ def main():
             d.find_element(By.CSS_SELECTOR, "[data-testid='contract-counter__pay']")))
         wait_for("the owner's contract", lambda: b.text("[data-testid='contract-from-counter__pay']") == "set by you")
         check(chosen("counter__pay").startswith("idempotent"), chosen("counter__pay"))
+        # Start at login: the Settings switch writes and removes the XDG autostart entry.
+        b.click("button[data-view=Settings]")
+        wait_for("the Settings view", lambda: b.find("[data-testid=autostart]"))
+        entry = os.path.join(config, "autostart", "postern.desktop")
+        check(not os.path.exists(entry), "no autostart entry yet")
+        b.click("[data-testid=autostart]")
+        wait_for("the autostart entry", lambda: os.path.exists(entry))
+        with open(entry) as f:
+            text = f.read()
+        check(f"\nExec={APP}\n" in text or f'\nExec="{APP}"\n' in text, text)
+        b.click("[data-testid=autostart]")
+        wait_for("the autostart entry removed", lambda: not os.path.exists(entry))
         b.click("button[data-view=Audit]")
         b.click("[data-testid=verify]")
         wait_for("the audit", lambda: b.find("[data-testid=audit-result]"))
@@ -470,6 +602,7 @@ def main():
         # Quick lock from the window, then unlock there (the approver's own channel).
         b.click("[data-testid=lock]")
         wait_for("the lock", lambda: b.text("[data-testid=vault-state]") == "vault locked")
+        notes.wait("Postern: vault locked")
         agent.call("locked", "wire", {"amount": 1})
         denied = agent.result("locked")
         check(denied["structured"]["detail"]["rung"] == "vault_locked", denied)
@@ -482,6 +615,7 @@ def main():
             figures.update(bench_activity(int(os.environ["BENCH_ROWS"])))
         print(json.dumps({"ok": True, **figures}))
     finally:
+        notes.stop()
         if agent:
             agent.proc.kill()
         if driver:
@@ -570,4 +704,7 @@ if __name__ == "__main__":
         sys.exit(1)
     finally:
         for path in TEMPORARY:
-            shutil.rmtree(path, ignore_errors=True)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.remove(path)

@@ -14,6 +14,7 @@ mod render;
 mod route;
 mod serve;
 mod servers;
+mod service;
 mod terminal;
 mod vault;
 
@@ -53,6 +54,11 @@ enum Command {
         port: u16,
         #[arg(long)]
         json: bool,
+    },
+    /// Run `postern serve` as a systemd user service, started at login (headless: no approver).
+    Service {
+        #[command(subcommand)]
+        command: ServiceCommand,
     },
     /// Verify the journal or export a checkpoint of it.
     Audit {
@@ -156,6 +162,17 @@ enum ServersCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ServiceCommand {
+    /// Write ~/.config/systemd/user/postern.service and (unless --no-enable) enable and start it.
+    Install {
+        #[arg(long)]
+        no_enable: bool,
+    },
+    /// Stop and disable the service and remove its unit file.
+    Uninstall,
 }
 
 #[derive(Subcommand, Debug)]
@@ -311,6 +328,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Mcp => bridge::bridge(&data_dir),
         Command::Status { json } => journal::status(&data_dir, json),
         Command::Doctor { port, json } => doctor(&data_dir, port, json),
+        Command::Service { command: ServiceCommand::Install { no_enable } } => service::install(&data_dir, !no_enable),
+        Command::Service { command: ServiceCommand::Uninstall } => service::uninstall(),
         Command::Audit { command: AuditCommand::Verify { db, checkpoint, pubkey, chain_only, json } } => {
             let db = db.unwrap_or_else(|| location::database(&data_dir));
             audit::verify(&db, checkpoint.as_deref(), pubkey.as_deref(), chain_only, json)

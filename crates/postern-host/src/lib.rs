@@ -6,6 +6,7 @@
 
 pub mod doctor;
 pub mod import;
+pub mod login;
 pub mod operations;
 
 use postern_core::{ErrorCode, Timestamp};

@@ -49,7 +49,7 @@ impl Drop for Xvfb {
 #[test]
 fn approvals_and_retry_review_in_the_real_app() {
     // POSTERN_SCREENSHOTS=DIR keeps the screenshots (README's come from docs/screenshots).
-    for tool in ["tauri-driver", "WebKitWebDriver"] {
+    for tool in ["tauri-driver", "WebKitWebDriver", "dunst", "dunstctl", "dbus-monitor", "xdotool", "import"] {
         let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
         assert!(found.status.success(), "{tool} is missing: run the tests through scripts/test.sh");
     }
@@ -88,6 +88,8 @@ fn approvals_and_retry_review_in_the_real_app() {
         "view-tools.png",
         "view-audit.png",
         "view-first-run.png",
+        "view-servers.png",
+        "notification-approval.png",
     ] {
         assert!(shots.join(shot).exists(), "screenshot {shot} saved");
     }

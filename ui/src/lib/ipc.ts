@@ -20,10 +20,11 @@ import type { EnvValue } from './bindings/EnvValue';
 import type { ImportOffer } from './bindings/ImportOffer';
 import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
 import type { ToolContractInput } from './bindings/ToolContractInput';
+import type { SettingsView } from './bindings/SettingsView';
 
 export type {
   ApprovalView, AuditView, EnvValue, ExecutionDetail, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerRow,
-  SessionRow, StatusView, ToolContractInput, ToolsView, UpstreamToolRow, VaultView,
+  SessionRow, SettingsView, StatusView, ToolContractInput, ToolsView, UpstreamToolRow, VaultView,
 };
 
 /** A failed command: the app's error code and message. */
@@ -63,6 +64,8 @@ export const ipc = {
   setToolContract: (server: string, tool: string, contract: ToolContractInput | null) =>
     call<void>('set_tool_contract', { server, tool, contract }),
   setServerStart: (name: string, start: string) => call<void>('set_server_start', { name, start }),
+  settings: () => call<SettingsView>('settings'),
+  setAutostart: (on: boolean) => call<SettingsView>('set_autostart', { on }),
   importOffer: () => call<ImportOffer>('import_offer'),
   importApply: () => call<number>('import_apply'),
   vault: () => call<VaultView>('vault'),

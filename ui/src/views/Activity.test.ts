@@ -18,10 +18,38 @@ function rows(n: number, from = 0): ExecutionRow[] {
 }
 
 describe('Activity', () => {
-  it('shows the empty state', async () => {
+  it('says how to connect an agent when nothing has happened yet, and that filters match nothing', async () => {
     const ipc = { executions: vi.fn(async () => []) } as unknown as Ipc;
     render(Activity, { props: { ipc } });
-    expect(await screen.findByTestId('activity-empty')).toBeTruthy();
+    expect((await screen.findByTestId('activity-empty')).textContent).toContain('claude mcp add postern -- postern mcp');
+    expect(screen.getByTestId('copy-connect')).toBeTruthy();
+    await fireEvent.input(screen.getByTestId('search'), { target: { value: 'wire' } });
+    await fireEvent.submit(screen.getByTestId('search').closest('form')!);
+    await waitFor(() => expect(screen.getByTestId('activity-empty').textContent).toContain('No executions match'));
+  });
+
+  it('shows each state as a badge of its group, with a legend, and the lifecycle with uncertain steps apart', async () => {
+    const executionDetail = vi.fn(async () => ({
+      row: rows(1)[0], fingerprint: 'hmac-sha256:ab', idempotency_key: null, target: 'POST http://127.0.0.1/pay',
+      target_outcome: null, calls: [], related: [], result: null,
+      timeline: [
+        { at: 1, event: 'accepted', summary: '' },
+        { at: 2, event: 'authorized', summary: '' },
+        { at: 3, event: 'dispatched', summary: '' },
+        { at: 4, event: 'outcome_unknown', summary: '' },
+      ],
+    }));
+    const ipc = { executions: vi.fn(async () => rows(3)), executionDetail } as unknown as Ipc;
+    render(Activity, { props: { ipc } });
+    await screen.findByTestId('activity');
+    const groups = [...document.querySelectorAll('[data-testid=state] [data-group]')].map((b) => b.getAttribute('data-group'));
+    expect(groups).toEqual(['uncertain', 'done', 'done']);
+    expect(screen.getByTestId('legend').textContent).toContain('needs a look: outcome unknown');
+    await fireEvent.click(document.querySelector('[data-execution]')!);
+    const steps = [...(await screen.findByTestId('timeline')).querySelectorAll('li')];
+    expect(steps.map((s) => [s.getAttribute('data-event'), s.classList[0]])).toEqual([
+      ['accepted', 'progress'], ['authorized', 'progress'], ['dispatched', 'progress'], ['outcome_unknown', 'uncertain'],
+    ]);
   });
 
   it('pages by the last execution ID and filters by state', async () => {

@@ -5,6 +5,7 @@ import Audit from './Audit.svelte';
 import Sessions from './Sessions.svelte';
 import Tools from './Tools.svelte';
 import Servers from './Servers.svelte';
+import Settings from './Settings.svelte';
 import Connect from './Connect.svelte';
 import type { ApprovalView, Ipc, ServerRow, SessionRow, ToolsView } from '../lib/ipc';
 
@@ -188,5 +189,24 @@ describe('First run', () => {
     render(Connect, { props: { ipc, dataDir: '/d' } });
     await screen.findByTestId('first-run');
     expect(screen.queryByTestId('import-offer')).toBeNull();
+  });
+});
+
+describe('Settings', () => {
+  it('turns starting at login on and off', async () => {
+    let on = false;
+    const view = () => ({ autostart: on, autostart_path: '/home/u/.config/autostart/postern.desktop' });
+    const setAutostart = vi.fn(async (value: boolean) => {
+      on = value;
+      return view();
+    });
+    render(Settings, { props: { ipc: { settings: vi.fn(async () => view()), setAutostart } as unknown as Ipc } });
+    const box = (await screen.findByTestId('autostart')) as HTMLInputElement;
+    expect(box.checked).toBe(false);
+    await fireEvent.click(box);
+    expect(setAutostart).toHaveBeenCalledWith(true);
+    await waitFor(() => expect(screen.getByTestId('autostart-path').textContent).toContain('Started at login by'));
+    await fireEvent.click(box);
+    expect(setAutostart).toHaveBeenLastCalledWith(false);
   });
 });

@@ -12,6 +12,7 @@ mod faults;
 mod gateway;
 mod gateway_support;
 mod journal;
+mod service;
 mod ssh;
 mod upstreams;
 // The gateway's sshd harness, shared; this binary uses part of it.
