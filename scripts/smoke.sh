@@ -4,7 +4,10 @@
 # `initialize` and `tools/list` through `postern mcp`, then SIGTERM and `audit verify`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --locked -q -p postern-cli
+# POSTERN_BIN: an installed postern to check instead of this checkout's debug build.
+if [ -z "${POSTERN_BIN:-}" ]; then
+  cargo build --locked -q -p postern-cli
+fi
 home=$(mktemp -d)
 trap 'rm -rf "$home"' EXIT
 export XDG_DATA_HOME="$home/data" XDG_CONFIG_HOME="$home/config" XDG_RUNTIME_DIR="$home/run"
@@ -14,6 +17,7 @@ exec dbus-run-session -- bash -c '
   printf "%s" postern-smoke | gnome-keyring-daemon --unlock --components=secrets >/dev/null
   bin=target/debug/postern
   [ -n "${CARGO_TARGET_DIR:-}" ] && bin="$CARGO_TARGET_DIR/debug/postern"
+  [ -n "${POSTERN_BIN:-}" ] && bin="$POSTERN_BIN"
   "$bin" serve --port 0 2>"$XDG_RUNTIME_DIR/serve.log" &
   pid=$!
   for _ in $(seq 100); do grep -q "gateway ready" "$XDG_RUNTIME_DIR/serve.log" && break; sleep 0.1; done
