@@ -31,8 +31,8 @@ pub fn install(data_dir: &Path, enable: bool) -> Result<ExitCode, Failure> {
     let postern = std::env::current_exe().context("find this postern binary")?;
     let path = unit_path()?;
     std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).context("create the systemd user directory")?;
-    std::fs::write(&path, login::service_unit(&postern, data_dir))
-        .with_context(|| format!("write {}", path.display()))?;
+    let unit = login::service_unit(&postern, data_dir).context("write the unit")?;
+    std::fs::write(&path, unit).with_context(|| format!("write {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     let started = enable && systemctl(&["daemon-reload"]) && systemctl(&["enable", "--now", login::UNIT_FILE]);
     if started {

@@ -18,20 +18,43 @@ pub fn config_home() -> Option<PathBuf> {
     }
 }
 
-/// A value for a desktop entry's `Exec` key: quoted when it needs to be, with the characters the
-/// Desktop Entry Specification reserves inside quotes escaped.
-fn exec_arg(arg: &str) -> String {
-    let plain = !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b));
-    if plain {
+/// A path as one argument of a generated `Exec=` / `ExecStart=` line, or why it cannot be one: a
+/// line break or another control character would start a new key of the file (`ExecStartPre=…`),
+/// and a path that is not UTF-8 would be written as another path.
+fn line_safe(path: &Path) -> std::io::Result<&str> {
+    let refused =
+        |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{}: {why}", path.display()));
+    let text = path.to_str().ok_or_else(|| refused("not UTF-8, so it cannot be written into a launcher file"))?;
+    if text.chars().any(char::is_control) {
+        return Err(refused("holds a control character (a line break would start a new key of the file)"));
+    }
+    Ok(text)
+}
+
+/// How a launcher file reads one quoted argument: the characters escaped with a backslash inside
+/// double quotes, and those written twice (`%%`, systemd's `$$`).
+struct Dialect {
+    backslashed: &'static [char],
+    doubled: &'static [char],
+}
+
+/// The Desktop Entry Specification's `Exec` quoting.
+const DESKTOP_ENTRY: Dialect = Dialect { backslashed: &['"', '`', '$', '\\'], doubled: &['%'] };
+/// systemd's `ExecStart` quoting (`$` would expand a variable, `%` a specifier).
+const SYSTEMD: Dialect = Dialect { backslashed: &['"', '\\'], doubled: &['%', '$'] };
+
+/// `arg` as one argument of `dialect`: as it is when it is plain, else quoted and escaped.
+fn quote(arg: &str, dialect: &Dialect) -> String {
+    if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b)) {
         return arg.to_owned();
     }
     let mut quoted = String::from("\"");
     for c in arg.chars() {
-        if matches!(c, '"' | '`' | '$' | '\\') {
+        if dialect.backslashed.contains(&c) {
             quoted.push('\\');
         }
-        if c == '%' {
-            quoted.push('%');
+        if dialect.doubled.contains(&c) {
+            quoted.push(c);
         }
         quoted.push(c);
     }
@@ -40,8 +63,8 @@ fn exec_arg(arg: &str) -> String {
 }
 
 /// The XDG autostart entry that starts the desktop app `app` at login.
-pub fn autostart_entry(app: &Path) -> String {
-    format!(
+pub fn autostart_entry(app: &Path) -> std::io::Result<String> {
+    Ok(format!(
         "[Desktop Entry]\n\
          Type=Application\n\
          Name=Postern\n\
@@ -50,8 +73,8 @@ pub fn autostart_entry(app: &Path) -> String {
          Icon=postern-app\n\
          Terminal=false\n\
          X-GNOME-Autostart-enabled=true\n",
-        exec_arg(&app.to_string_lossy())
-    )
+        quote(line_safe(app)?, &DESKTOP_ENTRY)
+    ))
 }
 
 /// Whether the app starts at login (its autostart entry exists).
@@ -65,7 +88,8 @@ pub fn set_autostart(config_home: &Path, app: Option<&Path>) -> std::io::Result<
     match app {
         Some(app) => {
             std::fs::create_dir_all(path.parent().unwrap_or(config_home))?;
-            std::fs::write(&path, autostart_entry(app))?;
+            let entry = autostart_entry(app)?;
+            std::fs::write(&path, entry)?;
         }
         None => match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -77,16 +101,8 @@ pub fn set_autostart(config_home: &Path, app: Option<&Path>) -> std::io::Result<
 
 /// The systemd user unit that runs `postern serve` (the binary `postern`) on `data_dir`: started
 /// with the user's session, restarted if it fails, stopped with SIGTERM (the gateway drains).
-pub fn service_unit(postern: &Path, data_dir: &Path) -> String {
-    let quote = |p: &Path| {
-        let s = p.to_string_lossy();
-        if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b)) {
-            s.into_owned()
-        } else {
-            format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"").replace('%', "%%"))
-        }
-    };
-    format!(
+pub fn service_unit(postern: &Path, data_dir: &Path) -> std::io::Result<String> {
+    Ok(format!(
         "[Unit]\n\
          Description=Postern gateway (credential vault and MCP gateway for AI agents)\n\
          After=dbus.socket\n\
@@ -101,9 +117,9 @@ pub fn service_unit(postern: &Path, data_dir: &Path) -> String {
          \n\
          [Install]\n\
          WantedBy=default.target\n",
-        quote(postern),
-        quote(data_dir)
-    )
+        quote(line_safe(postern)?, &SYSTEMD),
+        quote(line_safe(data_dir)?, &SYSTEMD)
+    ))
 }
 
 #[cfg(test)]
@@ -129,7 +145,8 @@ mod tests {
 
     #[test]
     fn the_unit_runs_serve_on_the_data_directory_and_drains_on_stop() {
-        let unit = service_unit(Path::new("/usr/bin/postern"), Path::new("/home/u/.local/share/postern"));
+        let unit = service_unit(Path::new("/usr/bin/postern"), Path::new("/home/u/.local/share/postern"))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             unit,
             "[Unit]\nDescription=Postern gateway (credential vault and MCP gateway for AI agents)\n\
@@ -137,32 +154,85 @@ mod tests {
              ExecStart=/usr/bin/postern --data-dir /home/u/.local/share/postern serve\nRestart=on-failure\n\
              RestartSec=5\nKillSignal=SIGTERM\nTimeoutStopSec=45\n\n[Install]\nWantedBy=default.target\n"
         );
-        let spaced = service_unit(Path::new("/opt/my apps/postern"), Path::new("/data/100%"));
-        assert!(spaced.contains("ExecStart=\"/opt/my apps/postern\" --data-dir \"/data/100%%\" serve\n"), "{spaced}");
+        let spaced = service_unit(Path::new("/opt/my apps/postern"), Path::new("/data/100%/$HOME"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            spaced.contains("ExecStart=\"/opt/my apps/postern\" --data-dir \"/data/100%%/$$HOME\" serve\n"),
+            "{spaced}"
+        );
+    }
+
+    /// A line break in a path would start a new key of the file (`ExecStartPre=` runs a command,
+    /// a second `Exec=` replaces the app): such a path is refused, never written.
+    #[test]
+    fn a_path_that_would_add_a_line_is_refused() {
+        let evil = Path::new("/tmp/x\nExecStartPre=/bin/sh -c evil");
+        assert_eq!(
+            service_unit(Path::new("/usr/bin/postern"), evil).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::InvalidInput)
+        );
+        assert!(autostart_entry(Path::new("/opt/app\nExec=/bin/evil")).is_err());
+        assert!(autostart_entry(Path::new("/opt/app\u{1b}[2J")).is_err());
+        let home = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        assert!(set_autostart(home.path(), Some(Path::new("/a\nb"))).is_err());
+        assert!(!autostart_enabled(home.path()), "nothing is written for a refused path");
     }
 
     proptest! {
-        /// Whatever path the app lives at (spaces, quotes, `$`, `%`, newlines refused by the
-        /// filesystem aside), the entry stays one `Exec` line a launcher splits back into it.
+        /// Whatever the app's path holds — spaces, quotes, `$(…)`, backticks, `%`, backslashes,
+        /// escape sequences, line breaks — the entry either refuses it (control characters) or
+        /// keeps it one `Exec` argument that a launcher reads back as exactly that path.
         #[test]
-        fn a_hostile_path_stays_one_exec_argument(path in "/[a-zA-Z0-9 \"'$`%\\\\._-]{1,40}") {
-            let entry = autostart_entry(Path::new(&path));
-            let exec = entry.lines().find(|l| l.starts_with("Exec=")).unwrap_or_default();
-            prop_assert_eq!(entry.lines().filter(|l| l.starts_with("Exec=")).count(), 1);
-            prop_assert_eq!(unquote(&exec["Exec=".len()..]), path);
+        fn a_hostile_path_stays_one_exec_argument(path in "/[a-zA-Z0-9 \"'$`%\\\\()._\n\t\x1b-]{1,40}") {
+            match autostart_entry(Path::new(&path)) {
+                Err(_) => prop_assert!(path.chars().any(char::is_control)),
+                Ok(entry) => {
+                    prop_assert_eq!(entry.lines().filter(|l| l.starts_with("Exec=")).count(), 1);
+                    prop_assert_eq!(entry.lines().count(), 8);
+                    let exec = entry.lines().find(|l| l.starts_with("Exec=")).unwrap_or_default();
+                    prop_assert_eq!(unquote(&exec["Exec=".len()..], &DESKTOP_READER), Some(path));
+                }
+            }
+        }
+
+        /// The same for the unit's `ExecStart` (where `$` would expand a variable and `%` a
+        /// specifier): one line, and the data directory read back exactly.
+        #[test]
+        fn a_hostile_data_directory_stays_one_execstart_argument(dir in "/[a-zA-Z0-9 \"'$`%\\\\()._\n\t\x1b-]{1,40}") {
+            match service_unit(Path::new("/usr/bin/postern"), Path::new(&dir)) {
+                Err(_) => prop_assert!(dir.chars().any(char::is_control)),
+                Ok(unit) => {
+                    prop_assert_eq!(unit.lines().filter(|l| l.starts_with("Exec")).count(), 1);
+                    let line = unit.lines().find(|l| l.starts_with("ExecStart=")).unwrap_or_default();
+                    let arg = line.trim_start_matches("ExecStart=/usr/bin/postern --data-dir ").trim_end_matches(" serve");
+                    prop_assert_eq!(unquote(arg, &SYSTEMD_READER), Some(dir));
+                }
+            }
         }
     }
 
-    /// How a launcher reads one quoted `Exec` argument back (the Desktop Entry Specification's
-    /// rules: `%%` is `%`, a backslash escapes the next character inside quotes).
-    fn unquote(arg: &str) -> String {
-        let unpercent = |s: &str| s.replace("%%", "%");
-        let Some(inner) = arg.strip_prefix('"').and_then(|a| a.strip_suffix('"')) else { return unpercent(arg) };
+    /// The readers, written out here rather than taken from the writers' constants, so a writer
+    /// that forgets a character is caught: the specification's characters that expand when single.
+    const DESKTOP_READER: Dialect = Dialect { backslashed: &[], doubled: &['%'] };
+    const SYSTEMD_READER: Dialect = Dialect { backslashed: &[], doubled: &['%', '$'] };
+
+    /// How a launcher reads one argument back: inside double quotes a backslash escapes the next
+    /// character, and a doubled special character (`%%`, systemd's `$$`) is one. A lone one would
+    /// be expanded (a field code, a specifier, a variable): `None`, never the path.
+    fn unquote(arg: &str, dialect: &Dialect) -> Option<String> {
+        let inner = arg.strip_prefix('"').and_then(|a| a.strip_suffix('"'));
         let mut out = String::new();
-        let mut chars = inner.chars();
+        let mut chars = inner.unwrap_or(arg).chars().peekable();
         while let Some(c) = chars.next() {
-            out.push(if c == '\\' { chars.next().unwrap_or('\\') } else { c });
+            if inner.is_some() && c == '\\' {
+                out.push(chars.next()?);
+            } else if dialect.doubled.contains(&c) {
+                (chars.next() == Some(c)).then_some(())?;
+                out.push(c);
+            } else {
+                out.push(c);
+            }
         }
-        unpercent(&out)
+        Some(out)
     }
 }
