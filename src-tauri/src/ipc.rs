@@ -551,9 +551,9 @@ pub async fn set_tool_contract(
 pub async fn set_server_start(app: State<'_>, name: String, start: String) -> Result<(), IpcError> {
     let start: postern_vault::ServerStart = serde_json::from_value(serde_json::Value::String(start.clone()))
         .map_err(|_| IpcError::new("invalid_start", format!("no start setting {start:?}")))?;
-    app.vault.set_mcp_server_start(&name, start, crate::now())?;
-    if let (postern_vault::ServerStart::WithGateway, Some(upstreams)) = (start, app.engine.upstreams()) {
-        upstreams.ensure_started(&name).await;
+    match app.engine.upstreams() {
+        Some(upstreams) => upstreams.set_start(&name, start, crate::now()).await?,
+        None => drop(app.vault.set_mcp_server_start(&name, start, crate::now())?),
     }
     Ok(())
 }
@@ -645,10 +645,10 @@ pub fn add_server(app: State<'_>, server: NewServer) -> Result<(), IpcError> {
 /// Stops the server and removes it and its keychain secrets.
 #[tauri::command]
 pub async fn remove_server(app: State<'_>, name: String) -> Result<(), IpcError> {
-    if let Some(upstreams) = app.engine.upstreams() {
-        upstreams.forget(&name).await;
+    match app.engine.upstreams() {
+        Some(upstreams) => upstreams.remove(&name, crate::now()).await?,
+        None => app.vault.remove_mcp_server(&name, crate::now())?,
     }
-    app.vault.remove_mcp_server(&name, crate::now())?;
     Ok(())
 }
 
@@ -672,7 +672,7 @@ fn postern_on_path() -> String {
 
 #[tauri::command]
 pub fn import_offer(app: State<'_>) -> Result<ImportOffer, IpcError> {
-    let plan = postern_host::import::plan(&app.vault, &[], &postern_on_path())?;
+    let plan = postern_host::import::plan(app.vault.as_ref(), &[], &postern_on_path())?;
     Ok(ImportOffer {
         servers: u32::try_from(plan.servers()).unwrap_or(u32::MAX),
         secrets: u32::try_from(plan.secrets()).unwrap_or(u32::MAX),
@@ -683,8 +683,8 @@ pub fn import_offer(app: State<'_>) -> Result<ImportOffer, IpcError> {
 /// Moves them in (`postern servers import --yes`); returns how many servers moved.
 #[tauri::command]
 pub fn import_apply(app: State<'_>) -> Result<u32, IpcError> {
-    let plan = postern_host::import::plan(&app.vault, &[], &postern_on_path())?;
-    let moved = postern_host::import::apply(&app.vault, &app.data_dir, plan, crate::now())?;
+    let plan = postern_host::import::plan(app.vault.as_ref(), &[], &postern_on_path())?;
+    let moved = postern_host::import::apply(app.vault.as_ref(), &app.data_dir, plan, crate::now())?;
     Ok(u32::try_from(moved.len()).unwrap_or(u32::MAX))
 }
 

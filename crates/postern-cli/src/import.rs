@@ -39,21 +39,23 @@ fn failure(e: ImportError) -> Failure {
     Failure { code, error: anyhow!(e) }
 }
 
-/// The import's target: the vault, or — while a gateway holds the journal — that gateway.
-fn target(data_dir: &Path) -> Result<Box<dyn import::ImportTarget>, Failure> {
-    match postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned())) {
-        Ok(host) => Ok(Box::new(host.vault)),
+pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
+    // The import's target: the vault, or — while a gateway holds the journal — that gateway.
+    let host;
+    let gateway;
+    let opened = postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned()));
+    let vault: &dyn import::ImportTarget = match opened {
+        Ok(opened) => {
+            host = opened;
+            host.vault.as_ref()
+        }
         Err(postern_host::HostError::InUse { .. }) => {
             let keychain = Arc::new(postern_vault::OsKeychain::connect()?);
-            Ok(Box::new(import::ThroughGateway::new(data_dir, keychain).map_err(failure)?))
+            gateway = import::ThroughGateway::new(data_dir, keychain).map_err(failure)?;
+            &gateway
         }
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
-    let target = target(data_dir)?;
-    let vault = target.as_ref();
+        Err(e) => return Err(e.into()),
+    };
     if args.undo {
         let undone = import::undo(vault, data_dir, now()).map_err(failure)?;
         for path in undone.restored {

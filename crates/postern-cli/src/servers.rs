@@ -170,7 +170,7 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     server.validate()?;
     let secrets = read_secrets(&server.secret_env)?;
     let (name, count) = (server.name.clone(), secrets.len());
-    let secrets = secrets.iter().map(|(k, v)| (k.clone(), SecretText::new(v.expose().clone()))).collect();
+    let secrets = secrets.into_iter().map(|(k, v)| (k, SecretText(v))).collect();
     crate::route::perform(data_dir, ControlRequest::AddServer { server, secrets })?;
     eprintln!(
         "added MCP server {name:?} ({count} secret value(s) in the OS keychain); its tools are offered as \

@@ -97,10 +97,7 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     let secret = read_secret()?;
     let name = credential.name.clone();
     let bindings = credential.bindings.clone();
-    crate::route::perform(
-        data_dir,
-        ControlRequest::AddCredential { credential, secret: SecretText::new(secret.expose().clone()) },
-    )?;
+    crate::route::perform(data_dir, ControlRequest::AddCredential { credential, secret: SecretText(secret) })?;
     eprintln!("stored credential {name:?} in the OS keychain");
     for b in bindings.iter().filter(|b| b.loopback_without_port()) {
         eprintln!(
@@ -193,11 +190,7 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
     let (name, fingerprint) = (host.name.clone(), host.host_key_fingerprint.clone());
     crate::route::perform(
         data_dir,
-        ControlRequest::AddSshHost {
-            host,
-            key: SecretText::new(key.expose().clone()),
-            passphrase: passphrase.as_ref().map(|p| SecretText::new(p.expose().clone())),
-        },
+        ControlRequest::AddSshHost { host, key: SecretText(key), passphrase: passphrase.map(SecretText) },
     )?;
     match fingerprint {
         Some(f) => eprintln!("stored SSH host {name:?}; its host key is pinned: {f}"),

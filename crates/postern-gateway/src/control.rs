@@ -393,17 +393,17 @@ async fn apply_inner(
         }
         // Without a gateway nothing runs: every server is stopped (the caller lists them).
         ControlRequest::ServersStatus => ControlReply::Servers {
-            servers: match (&a.gateway, &a.upstreams) {
-                (Some(_), Some(u)) => u.status().await,
-                _ => vec![],
+            servers: match &a.upstreams {
+                Some(u) => u.status().await,
+                None => vec![],
             },
         },
-        ControlRequest::RestartServer { name } => match (&a.gateway, &a.upstreams) {
-            (Some(_), Some(u)) => match u.restart(&name).await {
+        ControlRequest::RestartServer { name } => match &a.upstreams {
+            Some(u) => match u.restart(&name).await {
                 Ok(status) => ControlReply::Servers { servers: vec![status] },
                 Err(e) => ControlReply::refused(ControlCode::Failed, e.to_string()),
             },
-            _ => return Err(no_gateway()),
+            None => return Err(no_gateway()),
         },
         ControlRequest::GatewayStatus => match &a.gateway {
             Some(info) => ControlReply::Answer { answer: json!(info) },
@@ -419,23 +419,22 @@ async fn apply_inner(
         }
         ControlRequest::Remove { name } => {
             let v = vault()?;
-            if let Some(u) = &a.upstreams
-                && v.mcp_server(&name).is_ok()
-            {
-                u.forget(&name).await;
+            match &a.upstreams {
+                // A server of a running gateway: its process is stopped before its record goes.
+                Some(u) if v.mcp_server(&name).is_ok() => vaulted(u.remove(&name, now).await),
+                _ => vaulted(
+                    blocking(move || {
+                        if v.mcp_server(&name).is_ok() {
+                            v.remove_mcp_server(&name, now)
+                        } else if v.ssh_host(&name).is_ok() {
+                            v.remove_ssh_host(&name, now)
+                        } else {
+                            v.remove_credential(&name, now)
+                        }
+                    })
+                    .await?,
+                ),
             }
-            vaulted(
-                blocking(move || {
-                    if v.mcp_server(&name).is_ok() {
-                        v.remove_mcp_server(&name, now)
-                    } else if v.ssh_host(&name).is_ok() {
-                        v.remove_ssh_host(&name, now)
-                    } else {
-                        v.remove_credential(&name, now)
-                    }
-                })
-                .await?,
-            )
         }
         ControlRequest::AddServer { server, secrets } => {
             let v = vault()?;
@@ -463,17 +462,13 @@ async fn apply_inner(
             }
             added
         }
-        ControlRequest::SetServerStart { name, start } => {
-            let v = vault()?;
-            let started = name.clone();
-            let set = vaulted(blocking(move || v.set_mcp_server_start(&name, start, now).map(drop)).await?);
-            if let (ControlReply::Done, ServerStart::WithGateway, Some(_), Some(u)) =
-                (&set, start, &a.gateway, &a.upstreams)
-            {
-                u.ensure_started(&started).await;
+        ControlRequest::SetServerStart { name, start } => match &a.upstreams {
+            Some(u) => vaulted(u.set_start(&name, start, now).await),
+            None => {
+                let v = vault()?;
+                vaulted(blocking(move || v.set_mcp_server_start(&name, start, now).map(drop)).await?)
             }
-            set
-        }
+        },
         ControlRequest::SetToolContract { server, tool, contract } => {
             let u = a.upstreams.as_ref().ok_or_else(no_gateway)?;
             match u.set_contract(&server, &tool, contract, now).await {
@@ -569,6 +564,9 @@ pub async fn serve(
             let (read, mut write) = stream.into_split();
             let mut lines = BufReader::new(read).take(MAX_REQUEST_BYTES).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                // A request may carry a secret: the line is wiped once parsed (best effort: the
+                // reader's own buffer is not, and the parsed secret is a `SecretText`).
+                let line = zeroize::Zeroizing::new(line);
                 let reply = match serde_json::from_str::<ControlRequest>(&line) {
                     Ok(request) => {
                         let (op, summary) = (request.op(), request.summary());
@@ -636,7 +634,9 @@ pub async fn request(data_dir: &Path, request: &ControlRequest) -> std::io::Resu
 
 /// Sends one raw line (e.g. an operation the socket does not offer, so the gateway journals the
 /// attempt and says where to do it instead).
-pub async fn request_line(data_dir: &Path, mut line: Vec<u8>) -> std::io::Result<ControlReply> {
+pub async fn request_line(data_dir: &Path, line: Vec<u8>) -> std::io::Result<ControlReply> {
+    // The line may carry a secret: wiped when sent (or when sending failed).
+    let mut line = zeroize::Zeroizing::new(line);
     let stream = UnixStream::connect(control_path(data_dir)).await?;
     let (read, mut write) = stream.into_split();
     line.push(b'\n');

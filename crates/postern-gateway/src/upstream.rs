@@ -464,13 +464,33 @@ impl Upstreams {
         *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Catalogue::default();
     }
 
-    /// Stops the server `name` (it is being removed) and forgets it.
-    pub async fn forget(&self, name: &str) {
-        let mut slots = self.slots.lock().await;
-        if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
-            running.stop().await;
+    /// Removes the server `name`: its process stopped first (SIGTERM, then SIGKILL), then its
+    /// record and keychain items (journaled).
+    pub async fn remove(&self, name: &str, now: postern_core::Timestamp) -> Result<(), VaultError> {
+        self.vault.mcp_server(name)?;
+        {
+            let mut slots = self.slots.lock().await;
+            if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
+                running.stop().await;
+            }
+            self.refresh_catalogue(&slots);
         }
-        self.refresh_catalogue(&slots);
+        self.vault.remove_mcp_server(name, now)
+    }
+
+    /// Sets when the server `name` starts (journaled); set to start with the gateway, it is
+    /// started now if it is not running.
+    pub async fn set_start(
+        &self,
+        name: &str,
+        start: postern_vault::ServerStart,
+        now: postern_core::Timestamp,
+    ) -> Result<(), VaultError> {
+        self.vault.set_mcp_server_start(name, start, now)?;
+        if start == postern_vault::ServerStart::WithGateway {
+            self.ensure_started(name).await;
+        }
+        Ok(())
     }
 
     /// Stops the server `name` and starts it again at once (a failed start is reported, and

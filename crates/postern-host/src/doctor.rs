@@ -67,13 +67,9 @@ fn versions() -> Check {
             "postern {}, SQLite {} (bundled), MCP protocols {}",
             env!("CARGO_PKG_VERSION"),
             postern_store::sqlite_version(),
-            rmcp_protocol()
+            postern_gateway::mcp::PROTOCOL_VERSIONS.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
         ),
     )
-}
-
-fn rmcp_protocol() -> String {
-    postern_gateway::mcp::PROTOCOL_VERSIONS.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// The Secret Service answers and its collection is unlocked: a probe read of an item that does

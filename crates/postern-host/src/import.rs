@@ -103,33 +103,6 @@ impl ImportTarget for Vault {
     }
 }
 
-impl<T: ImportTarget> ImportTarget for std::sync::Arc<T> {
-    fn taken(&self) -> Result<BTreeSet<String>, ImportError> {
-        (**self).taken()
-    }
-
-    fn add_server(
-        &self,
-        server: McpServer,
-        secrets: Vec<(String, Sensitive<String>)>,
-        now: postern_core::Timestamp,
-    ) -> Result<(), ImportError> {
-        (**self).add_server(server, secrets, now)
-    }
-
-    fn has_server(&self, name: &str) -> Result<bool, ImportError> {
-        (**self).has_server(name)
-    }
-
-    fn remove_server(&self, name: &str, now: postern_core::Timestamp) -> Result<(), ImportError> {
-        (**self).remove_server(name, now)
-    }
-
-    fn backups(&self) -> FileBackups {
-        (**self).backups()
-    }
-}
-
 /// The running gateway that holds `data_dir`'s journal, as an import's target: names read from
 /// the journal (read-only), servers added and removed through its control socket, backups kept
 /// in the keychain under the installation's id.

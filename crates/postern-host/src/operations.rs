@@ -7,7 +7,7 @@
 use crate::HostError;
 use postern_core::Timestamp;
 use postern_gateway::{
-    control::{self, Authority, ControlCode, ControlReply, ControlRequest},
+    control::{self, Authority, ControlCode, ControlOp, ControlReply, ControlRequest},
     upstream::{ToolOverride, Upstreams},
 };
 use postern_store::Store;
@@ -66,7 +66,13 @@ impl Route {
                 } else {
                     None
                 };
-                let upstreams = vault.as_ref().map(|v| Arc::new(Upstreams::new(Arc::clone(v), overrides.clone())));
+                // Only a contract check or a tool listing starts a server in this process; without
+                // upstreams, status says nothing runs and restart says no gateway runs.
+                let starts = matches!(request.op(), ControlOp::SetToolContract | ControlOp::ServerTools);
+                let upstreams = vault
+                    .as_ref()
+                    .filter(|_| starts)
+                    .map(|v| Arc::new(Upstreams::new(Arc::clone(v), overrides.clone())));
                 let authority = Authority { store: Arc::clone(store), vault, upstreams, gateway: None };
                 runtime.block_on(async {
                     let reply = control::apply(&authority, request, now).await;

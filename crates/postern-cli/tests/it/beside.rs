@@ -192,6 +192,8 @@ fn every_command_works_beside_a_running_gateway() {
     }
     assert!(applied.iter().all(|r| r["detail"]["peer"]["pid"].is_u64()), "{applied:?}");
     assert_eq!(super::support::any_file_contains(gw.path(), SECRET), None, "the secret went to the keychain only");
+    let log = gw.stderr.lock().unwrap().clone();
+    assert!(!log.contains(SECRET) && !log.contains(CANARY), "no secret carried over the socket is logged");
 }
 
 /// The journal's vault rows, read as `postern audit` would (read-only, beside the gateway).
