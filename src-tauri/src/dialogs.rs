@@ -5,7 +5,7 @@
 use crate::views::{ApprovalView, ChoiceView, Reply, TimelineRow};
 use crate::windows::{show_window, window_label};
 use postern_gateway::{
-    Approver, Authorization, AuthorizationRequest, RetryReviewRequest, ReviewVerdict,
+    Approver, Authorization, AuthorizationRequest, ChangeRequest, RetryReviewRequest, ReviewVerdict,
     approval::{Presentation, Withdrawal},
 };
 use std::{
@@ -189,6 +189,15 @@ impl Approver for DialogApprover {
             keys.contains(&reply.key).then_some(reply.key)
         });
         r.verdict(key, BY)
+    }
+
+    fn confirm_change(&self, r: &ChangeRequest) -> Option<bool> {
+        let shown = r.presentation();
+        let keys: Vec<char> = shown.choices.iter().map(|c| c.key).collect();
+        let key = self.ask("owner_change", String::new(), shown, r.timeout_ms, &r.withdrawn, |reply| {
+            keys.contains(&reply.key).then_some(reply.key)
+        });
+        Some(r.verdict(key))
     }
 
     fn reviews_retries(&self) -> bool {

@@ -42,7 +42,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     let db = location::database(data_dir);
     let agents = postern_store::JournalView::open_read_only(&db)?.agents()?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&agents).context("encode")?);
+        crate::render::print_json(&agents).context("encode")?;
         return Ok(ExitCode::SUCCESS);
     }
     if agents.is_empty() {

@@ -75,7 +75,7 @@ pub fn verify(
         value["database"] = serde_json::json!(db.display().to_string());
         value["intact"] = serde_json::json!(report.intact());
         value["elapsed_ms"] = serde_json::json!(elapsed.as_millis() as u64);
-        println!("{}", serde_json::to_string_pretty(&value).context("encode report")?);
+        crate::render::print_json(&value).context("encode report")?;
     } else {
         let rate = report.rows as f64 / elapsed.as_secs_f64().max(1e-9);
         println!("database    {}", db.display());
@@ -110,7 +110,7 @@ pub fn verify(
         } else {
             println!("result      TAMPERING FOUND");
             for finding in &report.findings {
-                println!("  - {finding}");
+                println!("  - {}", postern_core::Outside::line(&finding.to_string()));
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use crate::{Failure, render};
 use anyhow::{Context, anyhow};
-use postern_core::{Actor, IntentScope, SessionId};
+use postern_core::{Actor, IntentScope, Outside, SessionId};
 use postern_gateway::{Call, LockOnlyApprover};
 use postern_host::{Host, HostConfig, now};
 use std::{path::Path, process::ExitCode, sync::Arc};
@@ -128,10 +128,14 @@ fn through_gateway(
 /// this process ran the call or the gateway did.
 fn print(outcome: &serde_json::Value, json: bool) -> Result<(), Failure> {
     if json {
-        println!("{}", serde_json::to_string_pretty(outcome).context("encode")?);
+        crate::render::print_json(outcome).context("encode")?;
         return Ok(());
     }
-    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+    // What a target or a host sent back is outside text: one-line values are escaped whole, a
+    // body or an output keeps its lines.
+    let text =
+        |v: &serde_json::Value| Outside::line(&v.as_str().map_or_else(|| v.to_string(), str::to_owned)).to_string();
+    let block = |v: &serde_json::Value| Outside::block(v.as_str().unwrap_or_default()).to_string();
     println!("execution  {}", text(&outcome["execution_id"]));
     println!(
         "state      {}{}",
@@ -148,12 +152,12 @@ fn print(outcome: &serde_json::Value, json: bool) -> Result<(), Failure> {
         if !result["timed_out"].is_null() {
             println!("timeout    {}", text(&result["timed_out"]));
         }
-        if result["truncated"] == true {
-            println!("output     truncated at the cap");
+        if !result["result_too_large"].is_null() {
+            println!("output     larger than the result limit ({} bytes): not kept", result["result_too_large"]);
         }
         println!();
-        print!("{}", text(&result["stdout"]));
-        eprint!("{}", text(&result["stderr"]));
+        print!("{}", block(&result["stdout"]));
+        eprint!("{}", block(&result["stderr"]));
     } else if result.get("status").is_some() {
         println!(
             "status     {}{}",
@@ -161,18 +165,21 @@ fn print(outcome: &serde_json::Value, json: bool) -> Result<(), Failure> {
             if result["truncated"] == true { " (body truncated)" } else { "" }
         );
         if result["secret_echoed"] == true {
-            println!("warning    the target echoed the credential back; it was redacted from the result");
+            println!("warning    the target sent a secret of the call back; it was redacted from the result");
+        }
+        if !result["result_too_large"].is_null() {
+            println!("body       larger than the result limit ({} bytes): not kept", result["result_too_large"]);
         }
         println!();
-        println!("{}", text(&result["body"]));
+        println!("{}", block(&result["body"]));
     } else if let Some(upstream) = result.get("upstream_result") {
         println!("server     {}", text(&result["server"]));
         println!();
-        println!("{}", serde_json::to_string_pretty(upstream).context("encode")?);
+        crate::render::print_json(upstream).context("encode")?;
     } else if !outcome["detail"].is_null() && outcome["detail"] != serde_json::json!({}) {
         println!("detail     {}", render::brief(&outcome["detail"], 200));
     } else if let Some(message) = outcome["message"].as_str() {
-        println!("detail     {message}");
+        println!("detail     {}", Outside::line(message));
     }
     Ok(())
 }

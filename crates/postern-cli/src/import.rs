@@ -3,6 +3,7 @@
 
 use crate::Failure;
 use anyhow::{Context, anyhow};
+use postern_core::Outside;
 use postern_host::{
     import::{self, ImportError},
     now,
@@ -40,22 +41,11 @@ fn failure(e: ImportError) -> Failure {
 }
 
 pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
-    // The import's target: the vault, or — while a gateway holds the journal — that gateway.
-    let host;
-    let gateway;
-    let opened = postern_host::Host::open(postern_host::HostConfig::new(data_dir.to_owned()));
-    let vault: &dyn import::ImportTarget = match opened {
-        Ok(opened) => {
-            host = opened;
-            host.vault.as_ref()
-        }
-        Err(postern_host::HostError::InUse { .. }) => {
-            let keychain = Arc::new(postern_vault::OsKeychain::connect()?);
-            gateway = import::ThroughGateway::new(data_dir, keychain).map_err(failure)?;
-            &gateway
-        }
-        Err(e) => return Err(e.into()),
-    };
+    // The import's target: the data directory through the route every change takes (the journal
+    // itself, or the running gateway's control socket), so it passes the same checks.
+    let keychain = Arc::new(postern_vault::OsKeychain::connect()?);
+    let target = import::ThroughGateway::new(data_dir, keychain).map_err(failure)?;
+    let vault: &dyn import::ImportTarget = &target;
     if args.undo {
         let undone = import::undo(vault, data_dir, now()).map_err(failure)?;
         for path in undone.restored {
@@ -67,29 +57,52 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::SUCCESS);
     }
     let plan = import::plan(vault, &args.from, &postern_command()).map_err(failure)?;
+    // Everything from the config files is outside text (a cloned repository's `.mcp.json` is
+    // someone else's): printed escaped, so an entry cannot rewrite the lines of the plan.
+    let path = |p: &Path| Outside::line(&p.display().to_string()).to_string();
     for (source, why) in &plan.left_alone {
-        println!("{} ({}): {why}; left alone", source.label, source.path.display());
+        println!("{} ({}): {}; left alone", source.label, path(&source.path), Outside::line(why));
     }
     for file in &plan.files {
-        println!("{} ({})", file.source.label, file.source.path.display());
+        println!("{} ({})", file.source.label, path(&file.source.path));
+        if let Some(real) = &file.real_path {
+            println!("  a link to {}: that file is rewritten, the link is kept", path(real));
+        }
         for s in &file.skipped {
-            println!("  {:<24} left as it is: {}", s.key, s.reason);
+            println!("  {:<24} left as it is: {}", Outside::line(&s.key).to_string(), s.reason);
         }
         if file.named.is_empty() {
             println!("  no server to import");
             continue;
         }
         for (f, name) in &file.named {
-            let (secret, plain): (Vec<_>, Vec<_>) = f.env.iter().partition(|(k, v)| import::looks_secret(k, v));
-            println!("  {:<24} → Postern server {name:?}: {} {}", f.key, f.command, f.args.join(" "));
-            if !plain.is_empty() {
-                println!("      environment: {}", plain.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", "));
+            let (server, secrets) = f.to_server(name);
+            println!(
+                "  {:<24} → Postern server {name:?}: {}",
+                Outside::line(&f.key).to_string(),
+                Outside::line(&server.launched())
+            );
+            if !server.env.is_empty() {
+                let names: Vec<String> = server.env.keys().map(|k| Outside::line(k).to_string()).collect();
+                println!("      environment: {}", names.join(", "));
             }
-            for (k, v) in &secret {
-                println!("      secret → OS keychain: {k} ({} characters)", v.chars().count());
+            for (k, v) in &secrets {
+                println!(
+                    "      secret → OS keychain: {} ({} characters)",
+                    Outside::line(k),
+                    v.expose().chars().count()
+                );
             }
         }
-        println!("  afterwards its servers are: {}", file.servers_after().join(", "));
+        let after: Vec<String> = file.servers_after().iter().map(|k| Outside::line(k).to_string()).collect();
+        println!("  afterwards its servers are: {}", after.join(", "));
+        if let Some(repo) = &file.in_git {
+            println!(
+                "  WARNING: {} is in the git repository {}: its history still holds these secrets. Rotate them.",
+                path(file.real_path.as_deref().unwrap_or(&file.source.path)),
+                path(repo)
+            );
+        }
     }
     if plan.servers() == 0 {
         println!("nothing to import");

@@ -2,7 +2,7 @@
 
 use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
-use postern_core::{ExecutionId, SessionId};
+use postern_core::{ExecutionId, Outside, SessionId};
 use postern_store::{ActivityFilter, JournalEntry, JournalView, StoreError, Unusable};
 use serde_json::json;
 use std::{path::Path, process::ExitCode};
@@ -23,7 +23,7 @@ pub fn view(data_dir: &Path) -> Result<JournalView, Failure> {
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
-    println!("{}", serde_json::to_string_pretty(value).context("encode JSON")?);
+    render::print_json(value).context("encode JSON")?;
     Ok(())
 }
 
@@ -80,6 +80,7 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
                 g.socket,
                 g.http.as_deref().map(|h| format!(", {h}")).unwrap_or_default()
             );
+            println!("secrets     {} kept in the gateway's memory (none while the vault is locked)", g.kept_secrets);
         }
         None => println!("gateway     not running (start one with `postern serve` or the desktop app)"),
     }
@@ -95,7 +96,7 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn activity_table(rows: &[JournalEntry]) -> comfy_table::Table {
+fn activity_table(rows: &[JournalEntry]) -> render::Table {
     let mut t = render::table(&["seq", "time (UTC)", "execution", "event", "state", "detail"]);
     for e in rows {
         let r = &e.row;
@@ -203,20 +204,22 @@ pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode,
         print_json(&json!({ "incident": incident, "execution": summary, "timeline": timeline, "result": result }))?;
         return Ok(ExitCode::SUCCESS);
     }
+    // Much of an incident is what an agent or a target said: every such value is shown escaped.
+    let o = |text: &str| Outside::line(text).to_string();
     println!("execution     {}", incident.execution_id);
-    println!("tool          {} ({})", incident.tool, incident.channel);
+    println!("tool          {} ({})", o(&incident.tool), o(&incident.channel));
     match &incident.target {
         serde_json::Value::Object(t) if t.contains_key("url") => {
-            println!("target        {} {}", t["method"].as_str().unwrap_or(""), t["url"].as_str().unwrap_or(""))
+            println!("target        {} {}", o(t["method"].as_str().unwrap_or("")), o(t["url"].as_str().unwrap_or("")))
         }
-        other => println!("target        {other}"),
+        other => println!("target        {}", render::brief(other, 200)),
     }
-    println!("actor         {}", incident.actor);
-    println!("intent scope  {}", incident.intent_scope);
-    println!("fingerprint   {}", incident.fingerprint);
-    println!("contract      {}", incident.replay_contract.as_str().unwrap_or("?"));
+    println!("actor         {}", o(&incident.actor));
+    println!("intent scope  {}", o(&incident.intent_scope));
+    println!("fingerprint   {}", o(&incident.fingerprint));
+    println!("contract      {}", o(incident.replay_contract.as_str().unwrap_or("?")));
     if let Some(key) = &incident.idempotency_key {
-        println!("idempotency   {}: {}", key.header, key.value);
+        println!("idempotency   {}: {}", o(&key.header), o(&key.value));
     }
     println!("state         {}", incident.state);
     let times = &incident.times;
@@ -232,18 +235,18 @@ pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode,
         println!("target said   {}", render::brief(outcome, 100));
     }
     if let Some(r) = &incident.result_ref {
-        println!("result        {} bytes, sha256:{} (journal row {})", r.bytes, r.sha256, r.journal_seq);
+        println!("result        {} bytes, sha256:{} (journal row {})", r.bytes, o(&r.sha256), r.journal_seq);
     }
     for c in &incident.calls {
         let part = |label: &str, v: &Option<serde_json::Value>| match v {
             Some(serde_json::Value::Null) | None => String::new(),
-            Some(serde_json::Value::String(s)) => format!(" {label} {s}"),
-            Some(v) => format!(" {label} {v}"),
+            Some(serde_json::Value::String(s)) => format!(" {label} {}", o(s)),
+            Some(v) => format!(" {label} {}", render::brief(v, 200)),
         };
         println!(
             "call          {} {}{}{}{}{}",
             render::time(c.at),
-            c.event,
+            o(&c.event),
             part("decision", &c.decision),
             part("run", &c.agent_session),
             part("mcp-session", &c.mcp_session_id),
@@ -253,10 +256,10 @@ pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode,
     for r in &incident.related {
         println!(
             "related       {} {} (accepted {}, {})",
-            r.execution_id,
+            o(&r.execution_id.to_string()),
             r.state,
             render::time(r.accepted_at),
-            r.intent_scope
+            o(&r.intent_scope)
         );
     }
     println!();

@@ -382,7 +382,7 @@ fn doctor(data_dir: &std::path::Path, port: u16, json: bool) -> Result<ExitCode,
     let failed = checks.iter().any(|c| c.verdict == Verdict::Fail);
     if json {
         let out = serde_json::json!({ "ok": !failed, "checks": checks });
-        println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::from)?);
+        render::print_json(&out)?;
     } else {
         for c in &checks {
             let mark = match c.verdict {
@@ -390,9 +390,9 @@ fn doctor(data_dir: &std::path::Path, port: u16, json: bool) -> Result<ExitCode,
                 Verdict::Warn => "warn",
                 Verdict::Fail => "FAIL",
             };
-            println!("{mark}  {:<17} {}", c.name, c.found);
+            println!("{mark}  {:<17} {}", c.name, postern_core::Outside::line(&c.found));
             if !c.fix.is_empty() {
-                println!("      {:<17} fix: {}", "", c.fix);
+                println!("      {:<17} fix: {}", "", postern_core::Outside::line(&c.fix));
             }
         }
         println!();
@@ -422,7 +422,7 @@ fn tools_check(file: Option<&std::path::Path>, json: bool) -> Result<ExitCode, F
     let loaded = postern_host::load_manifest(file)?;
     if !loaded.problems.is_empty() {
         for e in &loaded.problems {
-            eprintln!("{e}");
+            eprintln!("{}", postern_core::Outside::line(&e.to_string()));
         }
         return Err(Failure {
             code: 2,
@@ -455,7 +455,7 @@ fn tools_check(file: Option<&std::path::Path>, json: bool) -> Result<ExitCode, F
                                     "contract": contract })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::from)?);
+        render::print_json(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = render::table(&["tool", "method", "url", "credential", "replay contract"]);
@@ -477,7 +477,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(Failure { code, error }) => {
-            eprintln!("postern: error: {error:#}");
+            // An error may quote outside text (a gateway's refusal, a server's message, a file).
+            eprintln!("postern: error: {}", postern_core::Outside::block(&format!("{error:#}")));
             ExitCode::from(code)
         }
     }

@@ -1,6 +1,10 @@
-//! Human-readable rendering shared by the commands: times, tables, short ids.
+//! Human-readable rendering shared by the commands: times, tables, short ids — and the rule that
+//! what came from outside (an agent, a target, an upstream server, a config file) reaches the
+//! terminal only through [`postern_core::Outside`]: every table cell and every JSON document is
+//! escaped here, by construction; single lines use `Outside::line` where they are written.
 
-use comfy_table::{Table, presets};
+use comfy_table::presets;
+use postern_core::Outside;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// RFC 3339 UTC with milliseconds, e.g. `2025-11-29T19:36:40.000Z`.
@@ -11,18 +15,45 @@ pub fn time(ms: i64) -> String {
     }
 }
 
-pub fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_style(presets::NOTHING);
-    t.set_header(header.to_vec());
-    t
+/// A table whose every cell is shown through [`Outside::line`]: a value cannot add a line,
+/// move the cursor or reorder the text around it.
+pub struct Table(comfy_table::Table);
+
+impl Table {
+    pub fn add_row<S: AsRef<str>>(&mut self, cells: Vec<S>) -> &mut Self {
+        self.0.add_row(cells.iter().map(|c| Outside::line(c.as_ref()).to_string()).collect::<Vec<_>>());
+        self
+    }
+
+    pub fn trim_fmt(&self) -> String {
+        self.0.trim_fmt()
+    }
 }
 
-/// A JSON value on one line, shortened for a table cell.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = comfy_table::Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header(header.to_vec());
+    Table(t)
+}
+
+/// A JSON document for the terminal (`--json` outputs): pretty, with every character a terminal
+/// would act on escaped (`serde_json` leaves DEL, C1 and bidi controls as they are).
+pub fn json(value: &impl serde::Serialize) -> Result<String, serde_json::Error> {
+    Ok(postern_core::outside::json_for_terminal(&serde_json::to_string_pretty(value)?))
+}
+
+/// Prints [`json`] on stdout.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", json(value)?);
+    Ok(())
+}
+
+/// A JSON value on one line, shortened for a table cell, safe for a terminal.
 pub fn brief(value: &serde_json::Value, max: usize) -> String {
     let text = match value {
         serde_json::Value::Object(m) if m.is_empty() => String::new(),
-        other => other.to_string(),
+        other => postern_core::outside::json_for_terminal(&other.to_string()),
     };
     if text.chars().count() <= max {
         text

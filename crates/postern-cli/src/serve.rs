@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// Largest MCP message accepted, in bytes.
     #[arg(long, default_value_t = socket::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    /// The most bytes a result may hold, for every channel (HTTP, SSH, upstream MCP servers): a
+    /// larger answer is not kept, and the agent is told `result_too_large` with the limit.
+    #[arg(long, env = "POSTERN_MAX_RESULT_BYTES", default_value_t = postern_gateway::http::DEFAULT_MAX_RESULT_BYTES)]
+    max_result_bytes: usize,
     /// How long a shutdown waits for executions in flight, in seconds.
     #[arg(long, default_value_t = 35)]
     drain_seconds: u64,
@@ -83,6 +87,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
     config.tools = args.tools.clone();
     config.http_port = (!args.no_http).then_some(args.port);
     config.max_message_bytes = args.max_message_bytes;
+    config.max_result_bytes = args.max_result_bytes;
     config.drain = Duration::from_secs(args.drain_seconds);
     config.approval_timeout = Duration::from_secs(args.approval_timeout);
     let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });

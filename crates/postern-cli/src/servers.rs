@@ -4,6 +4,7 @@
 
 use crate::{Failure, render};
 use anyhow::{Context, anyhow};
+use postern_core::Outside;
 use postern_core::ReplayClass;
 use postern_gateway::control::{ControlRequest, SecretText};
 use postern_vault::{McpServer, Sensitive, ServerStart, ToolOverride};
@@ -133,11 +134,40 @@ pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
 pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     let mut env = BTreeMap::new();
     for pair in &args.env {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| Failure { code: 2, error: anyhow!("--env {pair:?} is not KEY=VALUE") })?;
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(Failure { code: 2, error: anyhow!("--env needs KEY=VALUE (the value is not shown here)") });
+        };
+        // The value would be journaled (a row that can never be removed) and listed: a secret
+        // goes in through --secret-env, into the keychain.
+        if postern_host::plaintext::env_is_secret(k, v) {
+            return Err(Failure {
+                code: 2,
+                error: anyhow!(
+                    "--env {}=… looks like a secret (by its name or its value); nothing was added. Give it with \
+                     --secret-env {} instead: its value is then read from a hidden prompt (or standard input) into \
+                     the OS keychain",
+                    Outside::line(k),
+                    Outside::line(k)
+                ),
+            });
+        }
         env.insert(k.to_owned(), v.to_owned());
     }
+    if let Some(url) = &args.url
+        && let Some(range) = postern_host::plaintext::secret_in(url)
+    {
+        return Err(Failure {
+            code: 2,
+            error: anyhow!(
+                "--url holds a secret ({} characters at byte {}): it would be journaled, logged and listed. Keep \
+                 it in a vault credential (`postern vault add NAME --kind bearer|basic|header --host HOST`) and give \
+                 --credential NAME; nothing was added",
+                range.len(),
+                range.start
+            ),
+        });
+    }
+    let mut moved_from_argv = Vec::new();
     let server = match (&args.url, args.command.split_first()) {
         (Some(_), Some(_)) => {
             return Err(Failure { code: 2, error: anyhow!("give either --url or a command after `--`, not both") });
@@ -156,19 +186,36 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
             start: args.start.into(),
             ..McpServer::default()
         },
-        (None, Some((command, rest))) => McpServer {
-            name: args.name,
-            command: command.clone(),
-            args: rest.to_vec(),
-            env,
-            secret_env: args.secret_env,
-            approve_every_use: args.approve_every_use,
-            start: args.start.into(),
-            ..McpServer::default()
-        },
+        (None, Some((command, rest))) => {
+            // Secrets typed into the command line (a DSN's password, `--access-token …`) go to the
+            // keychain like --secret-env values; the server gets them back in its argv.
+            let postern_host::plaintext::SplitArgs { shown, places: secret_args, secrets } =
+                postern_host::plaintext::split_args(rest, &args.secret_env);
+            moved_from_argv = secrets;
+            McpServer {
+                name: args.name,
+                command: command.clone(),
+                args: shown,
+                env,
+                secret_env: args.secret_env,
+                secret_args,
+                approve_every_use: args.approve_every_use,
+                start: args.start.into(),
+                ..McpServer::default()
+            }
+        }
     };
     server.validate()?;
-    let secrets = read_secrets(&server.secret_env)?;
+    let mut secrets = read_secrets(&server.secret_env)?;
+    for (name, _) in &moved_from_argv {
+        eprintln!(
+            "the command line holds a secret ({}): it is kept in the OS keychain, listed as <{}>, and put back only \
+             into the server's arguments. It is still in your shell's history: clear it there",
+            Outside::line(name),
+            Outside::line(name)
+        );
+    }
+    secrets.extend(moved_from_argv);
     let (name, count) = (server.name.clone(), secrets.len());
     let secrets = secrets.into_iter().map(|(k, v)| (k, SecretText(v))).collect();
     crate::route::perform(data_dir, ControlRequest::AddServer { server, secrets })?;
@@ -240,18 +287,21 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
             },
         }
     };
+    let pid_of = |name: &str| statuses.as_ref().and_then(|all| all.iter().find(|s| s.name == name)).and_then(|s| s.pid);
     if json {
         let out: Vec<_> = servers
             .iter()
             .map(|s| {
                 let (state, tools, last_error) = state_of(&s.name);
                 serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
-                                    "secret_env": s.secret_env, "approve_every_use": s.approve_every_use,
+                                    "secret_env": s.secret_env,
+                                    "secret_args": s.secret_args.iter().map(|a| &a.name).collect::<Vec<_>>(),
+                                    "approve_every_use": s.approve_every_use,
                                     "url": s.url, "credential": s.credential, "start": s.start,
-                                    "state": state, "tools": tools, "last_error": last_error })
+                                    "state": state, "tools": tools, "last_error": last_error, "pid": pid_of(&s.name) })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
+        crate::render::print_json(&out).context("encode")?;
         return Ok(ExitCode::SUCCESS);
     }
     if servers.is_empty() {
@@ -274,7 +324,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
             tools.map_or_else(|| "-".into(), |n| n.to_string()),
             launched,
             s.env.keys().cloned().collect::<Vec<_>>().join(", "),
-            s.secret_env.join(", "),
+            s.secret_names().join(", "),
         ]);
     }
     println!("{}", t.trim_fmt());
@@ -326,7 +376,7 @@ pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -
         crate::route::perform_with(data_dir, ControlRequest::ServerTools { name: name.to_owned() }, &overrides)?;
     let tools = answer.as_array().cloned().unwrap_or_default();
     if json {
-        println!("{}", serde_json::to_string_pretty(&tools).context("encode")?);
+        crate::render::print_json(&tools).context("encode")?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = render::table(&["tool (as agents see it)", "replay contract", "from", "approve every use"]);

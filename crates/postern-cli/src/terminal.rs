@@ -7,8 +7,8 @@
 //! has read. Between questions the terminal takes three commands: `lock`, `unlock`, `status`.
 
 use postern_gateway::approval::{
-    Approver, Authorization, AuthorizationRequest, Presentation, RetryReviewRequest, ReviewVerdict, Withdrawal, pick,
-    when,
+    Approver, Authorization, AuthorizationRequest, ChangeRequest, Presentation, RetryReviewRequest, ReviewVerdict,
+    Withdrawal, pick, when,
 };
 use postern_gateway::engine::Clock;
 use postern_vault::Vault;
@@ -223,6 +223,13 @@ impl Approver for TerminalApprover {
             };
         }
         r.verdict(picked, BY)
+    }
+
+    fn confirm_change(&self, r: &ChangeRequest) -> Option<bool> {
+        let shown = r.presentation();
+        let keys: Vec<(char, &str)> = shown.choices.iter().map(|c| (c.key, c.label.as_str())).collect();
+        let key = self.choose(&text(&shown, r.timeout_ms), None, &keys, r.timeout_ms, &r.withdrawn);
+        Some(r.verdict(key))
     }
 
     fn reviews_retries(&self) -> bool {

@@ -232,7 +232,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     let locked = view.locked()?;
     if json {
         let out = serde_json::json!({ "locked": locked, "credentials": credentials, "ssh_hosts": hosts });
-        println!("{}", serde_json::to_string_pretty(&out).context("encode")?);
+        crate::render::print_json(&out).context("encode")?;
         return Ok(ExitCode::SUCCESS);
     }
     println!("vault {}", if locked { "LOCKED (every action is denied)" } else { "unlocked" });
@@ -281,8 +281,8 @@ pub fn remove(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `postern ssh gc`: removes marker directories older than `days` on one host (at least 1 day:
-/// a younger marker may belong to an execution still being recovered).
+/// `postern ssh gc`: removes marker directories older than `days` on one host (at least 1 day)
+/// whose executions are settled; the marker of an unsettled one is kept whatever its age.
 pub fn ssh_gc(data_dir: &Path, name: &str, days: u32) -> Result<ExitCode, Failure> {
     let answer =
         crate::route::perform(data_dir, ControlRequest::SshGc { host: name.to_owned(), older_than_days: days.max(1) })?;
@@ -292,6 +292,14 @@ pub fn ssh_gc(data_dir: &Path, name: &str, days: u32) -> Result<ExitCode, Failur
         if removed == 1 { "y" } else { "ies" },
         days.max(1)
     );
+    let (unsettled, unknown) =
+        (answer["kept_unsettled"].as_u64().unwrap_or_default(), answer["kept_unknown"].as_u64().unwrap_or_default());
+    if unsettled + unknown > 0 {
+        eprintln!(
+            "kept {unsettled} of an execution not settled yet (its marker is how Postern checks it without running it \
+             again) and {unknown} of an execution this journal does not know"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -311,6 +319,21 @@ pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Route::Local(store) => {
+            // Unlocking grants every call its credentials back: never from inside an agent run
+            // (which could otherwise unlock a vault its owner locked while no gateway runs).
+            let from = postern_host::operations::this_process(&store);
+            if let (false, Some(run)) = (locked, &from.agent_run) {
+                let detail = serde_json::json!({ "interface": "cli", "attempted": "vault.unlock",
+                                                 "peer": from.detail(), "decided": "refused_from_agent_run" });
+                let _ = store.refusal(detail, now());
+                return Err(Failure {
+                    code: 1,
+                    error: anyhow!(
+                        "refused: this command runs inside agent run {run}; an agent cannot unlock the vault. \
+                         Unlock it from your own terminal (this attempt was journaled)"
+                    ),
+                });
+            }
             drop(store);
             let vault = open(data_dir)?;
             if locked {

@@ -11,6 +11,7 @@ pub mod fingerprint;
 pub mod id;
 pub mod ladder;
 pub mod lifecycle;
+pub mod outside;
 pub mod record;
 pub mod retry;
 pub mod time;
@@ -24,6 +25,7 @@ pub use fingerprint::{Fingerprint, FingerprintKey, FingerprintParseError};
 pub use id::{ExecutionId, IdError, SessionId};
 pub use ladder::{LadderDecision, LadderInput, Rung, SessionStanding, decide_ladder};
 pub use lifecycle::{ExecutionState, IllegalTransition};
+pub use outside::Outside;
 pub use record::{
     ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, McpAction, RecordError, SshAction,
 };

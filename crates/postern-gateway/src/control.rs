@@ -6,13 +6,15 @@
 //! contracts, the lock) and answers questions (status, an upstream's tools, a checkpoint). It
 //! never grants authority — no unlock, approval, session grant or allowlist: the socket is
 //! reachable by any process of this user, agents included, and those need a person in the
-//! approver. Every change made through it is journaled with the peer process that asked
-//! (`control_request_applied`), so a change an agent made is told apart from the owner's.
+//! approver. Every change made through it is journaled with the peer process that asked and its
+//! ancestry (`control_request_applied`), so a change an agent made is told apart from the
+//! owner's. A change that weakens safety ([`ControlRequest::weakening`]: a weaker contract,
+//! approve-every-use off, a server added, something removed, markers deleted) is refused when
+//! the asking process descends from an agent run Postern knows, and otherwise needs the
+//! approver's confirmation when one is attached — one gate, [`apply`], for the socket and for a
+//! command that opened the journal itself.
 
-use crate::{
-    refusal::{Refused, local_peer},
-    socket::SocketError,
-};
+use crate::{provenance::Provenance, refusal::Refused, socket::SocketError};
 use postern_store::Store;
 use postern_vault::{Credential, McpServer, Sensitive, ServerStart, SshHost, ToolOverride, Vault, VaultError};
 use serde::{Deserialize, Serialize};
@@ -98,9 +100,13 @@ pub enum ControlRequest {
     Checkpoint,
     #[serde(rename = "audit.pubkey")]
     PublicKey,
-    /// Removes marker directories older than `older_than_days` (at least 1) on an SSH host.
+    /// Removes marker directories older than `older_than_days` (at least 1) on an SSH host, of
+    /// executions the journal shows settled only.
     #[serde(rename = "ssh.gc")]
     SshGc { host: String, older_than_days: u32 },
+    /// Journals an import of agent configs (`servers import` beside a running gateway) or its undo.
+    #[serde(rename = "import.record")]
+    RecordImport { event: postern_store::ImportEvent, detail: Value },
 }
 
 /// The operations the control socket offers, by their `op` tag. [`ControlRequest::op`] maps
@@ -142,6 +148,8 @@ pub enum ControlOp {
     PublicKey,
     #[serde(rename = "ssh.gc")]
     SshGc,
+    #[serde(rename = "import.record")]
+    RecordImport,
 }
 
 impl ControlOp {
@@ -184,6 +192,7 @@ impl ControlRequest {
             ControlRequest::Checkpoint => ControlOp::Checkpoint,
             ControlRequest::PublicKey => ControlOp::PublicKey,
             ControlRequest::SshGc { .. } => ControlOp::SshGc,
+            ControlRequest::RecordImport { .. } => ControlOp::RecordImport,
         }
     }
 
@@ -197,6 +206,7 @@ impl ControlRequest {
                 | ControlOp::RevokeSession
                 | ControlOp::ServersStatus
                 | ControlOp::GatewayStatus
+                | ControlOp::RecordImport
         )
     }
 
@@ -216,6 +226,7 @@ impl ControlRequest {
             ControlRequest::SetToolContract { server, tool, .. } => Some(format!("{server}__{tool}")),
             ControlRequest::SshGc { host, .. } => Some(host.clone()),
             ControlRequest::RevokeSession { id } => Some(id.to_string()),
+            ControlRequest::RecordImport { event, .. } => Some(event.as_str().to_owned()),
             ControlRequest::LockVault { .. }
             | ControlRequest::ServersStatus
             | ControlRequest::GatewayStatus
@@ -239,6 +250,9 @@ pub struct GatewayInfo {
     pub socket: String,
     pub http: Option<String>,
     pub version: String,
+    /// Vault secrets the gateway keeps in memory now (none while the vault is locked).
+    #[serde(default)]
+    pub kept_secrets: usize,
 }
 
 /// Why a control request was not carried out, for the caller to act on.
@@ -260,6 +274,10 @@ pub enum ControlCode {
     Invalid,
     /// The vault is locked: unlock it in the approver.
     VaultLocked,
+    /// A change that weakens safety, asked for by a process inside an agent run: never done.
+    FromAnAgentRun,
+    /// A change that weakens safety that the approver's person did not confirm.
+    NotConfirmed,
     /// The OS keychain is unreachable or refused.
     Keychain,
     /// Anything else; the message says what.
@@ -334,7 +352,7 @@ pub fn bind(data_dir: &Path) -> Result<(UnixListener, PathBuf), SocketError> {
 }
 
 /// What carries out a request: the journal, the vault (when the request needs it), the upstream
-/// servers, and — inside a gateway — what it says about itself.
+/// servers, and — inside a gateway — what it says about itself and who confirms a change.
 #[derive(Debug)]
 pub struct Authority {
     pub store: Arc<Store>,
@@ -342,6 +360,75 @@ pub struct Authority {
     pub upstreams: Option<Arc<crate::upstream::Upstreams>>,
     /// `None` when the command opened the journal itself (no gateway runs).
     pub gateway: Option<GatewayInfo>,
+    /// The gateway's approver, which confirms a change that weakens safety (`None`: nobody to ask).
+    pub approver: Option<Arc<dyn crate::Approver>>,
+    /// How long its person has to answer.
+    pub approval_timeout: std::time::Duration,
+}
+
+/// How strictly a replay contract holds a tool: the higher, the less an uncertain outcome allows.
+fn strictness(class: postern_core::ReplayClass) -> u8 {
+    use postern_core::ReplayClass as C;
+    match class {
+        C::ReadOnly => 0,
+        C::Idempotent => 1,
+        C::IdempotencyKey => 2,
+        C::StatusQuery | C::SshMarker => 3,
+        C::Irreversible => 4,
+    }
+}
+
+/// What a change that weakens safety is: in words, and why it is weaker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weakening {
+    pub change: String,
+    pub weakens: String,
+}
+
+impl ControlRequest {
+    /// Whether carrying this out weakens safety, given what holds now: a tool's contract made
+    /// weaker or its approve-every-use turned off, an MCP server added (a new command whose tools
+    /// reach every agent), a credential, SSH host or server removed, markers deleted on a host.
+    pub async fn weakening(&self, a: &Authority) -> Option<Weakening> {
+        let w = |change: String, weakens: &str| Some(Weakening { change, weakens: weakens.to_owned() });
+        match self {
+            ControlRequest::SetToolContract { server, tool, contract } => {
+                let u = a.upstreams.as_ref()?;
+                u.ensure_started(server).await;
+                let name = format!("{server}{}{tool}", crate::upstream::SEPARATOR);
+                let current = u.tools().into_iter().find(|t| t.name == name)?;
+                let (next, approve) = u.contract_with(server, tool, contract.as_ref())?;
+                let (was, will) = (current.contract.class, next.class);
+                let mut why = Vec::new();
+                if strictness(will) < strictness(was) {
+                    why.push(format!("an uncertain outcome would be {} instead of {}", will.as_str(), was.as_str()));
+                }
+                if current.approve_every_use && !approve {
+                    why.push("calls would no longer wait for a reviewer".to_owned());
+                }
+                if why.is_empty() {
+                    return None;
+                }
+                let change = match contract {
+                    None => format!("{name}: the owner's contract cleared ({} from now on)", will.as_str()),
+                    Some(_) => format!("{name}: contract {} → {}", was.as_str(), will.as_str()),
+                };
+                w(change, &why.join("; "))
+            }
+            ControlRequest::Remove { name } => {
+                w(format!("remove {name:?} (and its secrets)"), "what it protected or named goes with it")
+            }
+            ControlRequest::AddServer { server, .. } => w(
+                format!("add MCP server {:?}: {}", server.name, server.launched()),
+                "a new program runs with the gateway, and its tools are offered to every agent",
+            ),
+            ControlRequest::SshGc { host, older_than_days } => w(
+                format!("delete marker directories older than {older_than_days} day(s) on SSH host {host:?}"),
+                "a marker is how an uncertain command is checked without running it again",
+            ),
+            _ => None,
+        }
+    }
 }
 
 /// Runs a journal or vault write on the blocking pool (each is a durable SQLite transaction,
@@ -350,9 +437,78 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.map_err(|e| ControlReply::refused(ControlCode::Failed, e.to_string()))
 }
 
-/// Carries out `request` (what the socket does for a caller, and what a command does itself when
-/// no gateway holds the journal).
-pub async fn apply(a: &Authority, request: ControlRequest, now: postern_core::Timestamp) -> ControlReply {
+/// Carries out `request` for the process `from` describes (what the socket does for a caller,
+/// and what a command does itself when no gateway holds the journal). A change that weakens
+/// safety is refused from inside an agent run and needs the approver's confirmation otherwise;
+/// both outcomes are journaled with the ancestry.
+pub async fn apply(
+    a: &Authority,
+    request: ControlRequest,
+    now: postern_core::Timestamp,
+    from: &Provenance,
+) -> ControlReply {
+    if let Some(weakening) = request.weakening(a).await {
+        let refuse = |code: ControlCode, message: String, decided: &str| {
+            let store = Arc::clone(&a.store);
+            let detail = json!({
+                "interface": "control_socket", "attempted": request.summary(), "peer": from.detail(),
+                "change": weakening.change, "weakens": weakening.weakens, "decided": decided,
+            });
+            (store, detail, ControlReply::Refused { code, message })
+        };
+        if let Some(run) = &from.agent_run {
+            let message = format!(
+                "refused: {} weakens safety ({}), and it was asked for by a process inside agent run {run} ({}). \
+                 An agent cannot change what Postern holds it to; the owner makes this change from a terminal \
+                 outside the agent (or the desktop app). This attempt was journaled.",
+                weakening.change,
+                weakening.weakens,
+                from.lines().first().cloned().unwrap_or_default()
+            );
+            let (store, detail, reply) = refuse(ControlCode::FromAnAgentRun, message, "refused_from_agent_run");
+            let _ = blocking(move || store.refusal(detail, now)).await;
+            return reply;
+        }
+        if let Some(approver) = &a.approver {
+            let question = crate::ChangeRequest {
+                op: serde_json::to_value(request.op())
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                change: weakening.change.clone(),
+                weakens: weakening.weakens.clone(),
+                from: from.lines(),
+                timeout_ms: a.approval_timeout.as_millis() as u64,
+                withdrawn: crate::approval::Withdrawal::default(),
+            };
+            let (approver, asked) = (Arc::clone(approver), question.clone());
+            let answer = tokio::time::timeout(
+                a.approval_timeout + std::time::Duration::from_secs(1),
+                tokio::task::spawn_blocking(move || approver.confirm_change(&asked)),
+            )
+            .await;
+            match answer {
+                Ok(Ok(None)) => {}
+                Ok(Ok(Some(true))) => {
+                    let store = Arc::clone(&a.store);
+                    let detail = json!({ "change": weakening.change, "weakens": weakening.weakens,
+                                         "peer": from.detail(), "confirmed_by": "approver" });
+                    let _ = blocking(move || store.control_applied(detail, now)).await;
+                }
+                _ => {
+                    question.withdrawn.withdraw();
+                    let message = format!(
+                        "refused: {} weakens safety ({}), and the approver's person did not confirm it. This was \
+                         journaled.",
+                        weakening.change, weakening.weakens
+                    );
+                    let (store, detail, reply) = refuse(ControlCode::NotConfirmed, message, "not_confirmed");
+                    let _ = blocking(move || store.refusal(detail, now)).await;
+                    return reply;
+                }
+            }
+        }
+    }
     match apply_inner(a, request, now).await {
         Ok(reply) | Err(reply) => reply,
     }
@@ -406,7 +562,12 @@ async fn apply_inner(
             None => return Err(no_gateway()),
         },
         ControlRequest::GatewayStatus => match &a.gateway {
-            Some(info) => ControlReply::Answer { answer: json!(info) },
+            Some(info) => {
+                // What the gateway holds now: secrets kept in memory (none while locked).
+                let now =
+                    GatewayInfo { kept_secrets: a.vault.as_ref().map_or(0, |v| v.secrets_in_memory()), ..info.clone() };
+                ControlReply::Answer { answer: json!(now) }
+            }
             None => return Err(ControlReply::refused(ControlCode::Failed, "no gateway is running here")),
         },
         ControlRequest::AddCredential { credential, secret } => {
@@ -524,10 +685,13 @@ async fn apply_inner(
                 Err(e) => ControlReply::of_vault(&e),
             }
         }
+        ControlRequest::RecordImport { event, detail } => {
+            journal(blocking(move || store.import_recorded(event, detail, now)).await?)
+        }
         ControlRequest::SshGc { host, older_than_days } => {
             let v = vault()?;
-            match crate::ssh::marker_gc_on(&v, &host, older_than_days.max(1)).await {
-                Ok(removed) => ControlReply::Answer { answer: json!({ "removed": removed }) },
+            match crate::ssh::marker_gc_on(&v, a.store.view(), &host, older_than_days.max(1)).await {
+                Ok(report) => ControlReply::Answer { answer: json!(report) },
                 Err(e) => ControlReply::refused(ControlCode::Failed, e),
             }
         }
@@ -547,6 +711,8 @@ pub async fn serve(
         vault: Some(Arc::clone(gateway.engine.vault())),
         upstreams: gateway.engine.upstreams().cloned(),
         gateway: Some(info),
+        approver: Some(Arc::clone(gateway.engine.approver())),
+        approval_timeout: gateway.engine.approval_timeout(),
     });
     tokio::pin!(shutdown);
     loop {
@@ -559,7 +725,10 @@ pub async fn serve(
         };
         let (authority, clock, refusals) =
             (Arc::clone(&authority), Arc::clone(&gateway.clock), Arc::clone(&gateway.refusals));
-        let peer = local_peer(stream.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok()));
+        let pid = stream.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok());
+        let runs = Arc::clone(&gateway.runs);
+        let from = Provenance::of(pid, &|key| runs.run_of_process(key));
+        let peer = from.detail();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut lines = BufReader::new(read).take(MAX_REQUEST_BYTES).lines();
@@ -571,7 +740,7 @@ pub async fn serve(
                     Ok(request) => {
                         let (op, summary) = (request.op(), request.summary());
                         let now = clock();
-                        let reply = apply(&authority, request, now).await;
+                        let reply = apply(&authority, request, now, &from).await;
                         if op.changes() && matches!(reply, ControlReply::Done | ControlReply::Answer { .. }) {
                             let store = Arc::clone(&authority.store);
                             let mut detail = summary;

@@ -15,8 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Response bodies are stored up to this size; the rest is dropped and flagged.
-pub const DEFAULT_BODY_CAP: usize = 8 * 1024 * 1024;
+/// The most bytes of a channel's answer a result may hold, unless configured
+/// (`--max-result-bytes`): beyond it the answer is not kept, and the result says so
+/// (`result_too_large`). No agent can use more in one answer.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 
 /// Response headers worth keeping with a result (others are noise or may carry secrets).
 const KEPT_HEADERS: [&str; 6] = ["content-type", "location", "etag", "retry-after", "idempotency-key", "x-request-id"];
@@ -34,14 +36,12 @@ pub struct Outgoing {
     pub timeout: Duration,
 }
 
-/// A vault credential as one request carries it, with every form in which a target could send
-/// it back (so an echo is redacted from the result whatever its encoding).
+/// A vault credential as one request carries it: the header it goes in, and the secrets the
+/// outcome stage looks for in what the target sends back (every form of the value).
 pub struct InjectedCredential {
     pub header: String,
     pub value: Sensitive<String>,
-    /// Longest first: the header value as sent, the bare secret, and base64 of `user:secret` and
-    /// of the secret. Each is found in any mix of percent-, form- and JSON-escaped spellings.
-    echoes: Vec<Sensitive<String>>,
+    secrets: crate::redaction::CallSecrets,
 }
 
 impl fmt::Debug for InjectedCredential {
@@ -53,42 +53,23 @@ impl fmt::Debug for InjectedCredential {
 impl InjectedCredential {
     pub fn new(kind: &CredentialKind, secret: Sensitive<String>) -> InjectedCredential {
         use base64::Engine as _;
-        use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+        use base64::engine::general_purpose::STANDARD;
         let raw = secret.expose();
-        let mut echoes = vec![raw.to_owned(), STANDARD_NO_PAD.encode(raw), URL_SAFE_NO_PAD.encode(raw)];
         let (header, value) = match kind {
             CredentialKind::Bearer => ("authorization".to_owned(), format!("Bearer {raw}")),
             CredentialKind::Basic { username } => {
-                let pair = format!("{username}:{raw}");
-                echoes.extend([STANDARD_NO_PAD.encode(&pair), URL_SAFE_NO_PAD.encode(&pair)]);
-                ("authorization".to_owned(), format!("Basic {}", STANDARD.encode(&pair)))
+                ("authorization".to_owned(), format!("Basic {}", STANDARD.encode(format!("{username}:{raw}"))))
             }
             CredentialKind::Header { name } => (name.to_ascii_lowercase(), raw.to_owned()),
         };
-        echoes.push(value.clone());
-        echoes.retain(|e| !e.is_empty());
-        echoes.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        echoes.dedup();
-        InjectedCredential {
-            header,
-            value: Sensitive::new(value),
-            echoes: echoes.into_iter().map(Sensitive::new).collect(),
-        }
+        let mut secrets = crate::redaction::CallSecrets::default();
+        secrets.add_credential(kind, raw);
+        InjectedCredential { header, value: Sensitive::new(value), secrets }
     }
 
-    /// `bytes` with every echo of the secret, in any spelling, replaced by `<redacted>`, and
-    /// whether there was one.
-    pub fn redact(&self, bytes: &[u8]) -> (Vec<u8>, bool) {
-        let mut out = bytes.to_vec();
-        let mut found = false;
-        for echo in &self.echoes {
-            let (redacted, any) = crate::redaction::replace_spellings(&out, echo.expose(), b"<redacted>");
-            if any {
-                out = redacted;
-                found = true;
-            }
-        }
-        (out, found)
+    /// Every form of the secret a target could send back.
+    pub fn secrets(&self) -> &crate::redaction::CallSecrets {
+        &self.secrets
     }
 }
 
@@ -99,17 +80,32 @@ pub struct HttpResult {
     pub headers: Vec<(String, String)>,
     /// UTF-8 text, or `base64:` + standard base64 for other bytes.
     pub body: String,
+    /// The body broke off after the status line arrived (the rest is missing).
     pub truncated: bool,
-    /// The target sent the credential back; those bytes were replaced by `<redacted>`.
+    /// The target sent a secret of the call back; those bytes were replaced by `<redacted>` (a
+    /// vault secret) or `SECRET(name:digest)` (a secret argument).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub secret_echoed: bool,
+    /// The answer was larger than the limit (the number, in bytes): its body was not kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_too_large: Option<u64>,
 }
 
 #[derive(Debug)]
 pub enum Sent {
-    Response { result: HttpResult, elapsed: Duration },
-    NotSent { reason: String },
-    Unknown { reason: String },
+    /// An answer, as the target sent it (not yet through the outcome stage: never answer, journal
+    /// or log it as it is). `over_limit`: the body went on past the limit and was not read.
+    Response {
+        result: HttpResult,
+        elapsed: Duration,
+        over_limit: bool,
+    },
+    NotSent {
+        reason: String,
+    },
+    Unknown {
+        reason: String,
+    },
 }
 
 /// Why a target is refused before anything is sent.
@@ -220,8 +216,9 @@ fn base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Sends `out` and classifies the result by send phase.
-pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> Sent {
+/// Sends `out` and classifies the result by send phase. At most `limit` bytes of the body are
+/// read: a longer one is dropped (`over_limit`), so nothing unbounded is buffered.
+pub async fn send(client: &reqwest::Client, out: Outgoing, limit: usize) -> Sent {
     let started = Instant::now();
     let method = match reqwest::Method::from_bytes(out.method.as_bytes()) {
         Ok(m) => m,
@@ -255,21 +252,20 @@ pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> S
         Err(e) => return Sent::Unknown { reason: describe(&e) },
     };
     let status = response.status().as_u16();
-    let mut headers: Vec<(String, String)> = response
+    let headers: Vec<(String, String)> = response
         .headers()
         .iter()
         .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
         .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
     let mut body = Vec::new();
-    let mut truncated = false;
+    let (mut truncated, mut over_limit) = (false, false);
     loop {
         match response.chunk().await {
             Ok(Some(chunk)) => {
-                let room = body_cap.saturating_sub(body.len());
-                if chunk.len() > room {
-                    body.extend_from_slice(&chunk[..room]);
-                    truncated = true;
+                if chunk.len() > limit.saturating_sub(body.len()) {
+                    over_limit = true;
+                    body = Vec::new();
                     break;
                 }
                 body.extend_from_slice(&chunk);
@@ -282,21 +278,17 @@ pub async fn send(client: &reqwest::Client, out: Outgoing, body_cap: usize) -> S
             }
         }
     }
-    let mut secret_echoed = false;
-    if let Some(credential) = &out.credential {
-        let (redacted, echoed) = credential.redact(&body);
-        (body, secret_echoed) = (redacted, echoed);
-        for (_, value) in &mut headers {
-            let (redacted, echoed) = credential.redact(value.as_bytes());
-            if echoed {
-                *value = String::from_utf8_lossy(&redacted).into_owned();
-                secret_echoed = true;
-            }
-        }
-    }
     Sent::Response {
-        result: HttpResult { status, headers, body: encode_body(&body), truncated, secret_echoed },
+        result: HttpResult {
+            status,
+            headers,
+            body: encode_body(&body),
+            truncated,
+            secret_echoed: false,
+            result_too_large: None,
+        },
         elapsed: started.elapsed(),
+        over_limit,
     }
 }
 
@@ -323,75 +315,6 @@ fn describe(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    fn bearer(secret: &str) -> InjectedCredential {
-        InjectedCredential::new(&CredentialKind::Bearer, Sensitive::new(secret.to_owned()))
-    }
-
-    #[test]
-    fn every_spelling_of_the_secret_is_redacted() {
-        let c = InjectedCredential::new(
-            &CredentialKind::Basic { username: "ops".into() },
-            Sensitive::new("p@ss w/\"d".into()),
-        );
-        for echo in [
-            "p@ss w/\"d",
-            "p%40ss%20w%2F%22d",
-            "p%40ss+w%2f%22d",
-            "p@ss w\\/\\\"d",
-            "p\\u0040ss w/\\\"d",
-            "b3BzOnBAc3Mgdy8iZA",
-            "Basic b3BzOnBAc3Mgdy8iZA==",
-        ] {
-            let (out, found) = c.redact(format!("before {echo} after").as_bytes());
-            assert!(found, "{echo}");
-            assert_eq!(String::from_utf8(out).unwrap(), "before <redacted> after", "{echo}");
-        }
-        let (out, found) = c.redact(b"p@ss w/ nothing else");
-        assert!(!found);
-        assert_eq!(out, b"p@ss w/ nothing else");
-        assert!(!format!("{c:?}").contains("p@ss"));
-    }
-
-    /// One spelling of `secret`: each character as itself, percent-encoded (either case) or
-    /// JSON-escaped, as `choices` says.
-    fn spell(secret: &str, choices: &[u8]) -> String {
-        secret
-            .chars()
-            .zip(choices.iter().cycle())
-            .map(|(c, choice)| match choice % 4 {
-                0 => c.to_string(),
-                1 => c.to_string().bytes().map(|b| format!("%{b:02X}")).collect(),
-                2 => c.to_string().bytes().map(|b| format!("%{b:02x}")).collect(),
-                _ => match c {
-                    '"' | '\\' | '/' => format!("\\{c}"),
-                    c if (c as u32) < 0x10000 => format!("\\u{:04x}", c as u32),
-                    c => c.to_string(),
-                },
-            })
-            .collect()
-    }
-
-    proptest! {
-        /// Whatever the secret and however a hostile target spells it back, the result keeps no
-        /// spelling of it.
-        #[test]
-        fn a_secret_spelled_any_way_is_redacted(
-            secret in "#[ -~]{5,40}",
-            choices in proptest::collection::vec(any::<u8>(), 1..64),
-            before in "[a-z ]{0,20}",
-            after in "[a-z ]{0,20}",
-        ) {
-            let c = bearer(&secret);
-            let spelled = spell(&secret, &choices);
-            let (out, found) = c.redact(format!("{before}{spelled}{after}").as_bytes());
-            prop_assert!(found);
-            let out = String::from_utf8(out).unwrap();
-            prop_assert!(!out.contains(&secret), "{out}");
-            prop_assert!(!out.contains(&spelled), "{out}");
-        }
-    }
 
     #[test]
     fn names_resolving_only_to_link_local_addresses_are_refused() {

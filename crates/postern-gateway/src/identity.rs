@@ -62,6 +62,15 @@ fn start_and_parent(pid: u32) -> Option<(u64, u32)> {
     Some((start, ppid))
 }
 
+/// The process's key, its parent's pid and its session id (`/proc/<pid>/stat` fields 4 and 6).
+pub fn process_lineage(pid: u32) -> Option<(ProcessKey, u32, u32)> {
+    let fields = stat_fields(pid)?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    let session = fields.get(3)?.parse().ok()?;
+    let start_ticks = fields.get(19)?.parse().ok()?;
+    Some((ProcessKey { pid, start_ticks }, ppid, session))
+}
+
 pub fn process_key(pid: u32) -> Option<ProcessKey> {
     start_and_parent(pid).map(|(start_ticks, _)| ProcessKey { pid, start_ticks })
 }

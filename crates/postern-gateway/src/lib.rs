@@ -9,6 +9,7 @@ pub mod http;
 pub mod identity;
 pub mod manifest;
 pub mod mcp;
+pub mod provenance;
 pub mod redaction;
 pub mod refusal;
 pub mod resumption;
@@ -23,8 +24,8 @@ pub mod template;
 pub mod upstream;
 
 pub use approval::{
-    AgentRun, Approver, Ask, Authorization, AuthorizationRequest, Grant, LockOnlyApprover, RetryReviewRequest,
-    ReviewAnswer, ReviewChoice, ReviewVerdict,
+    AgentRun, Approver, Ask, Authorization, AuthorizationRequest, ChangeRequest, Grant, LockOnlyApprover,
+    RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict,
 };
 pub use engine::{Call, CallOutcome, CancelSignal, Decision, Engine, EngineError};
 pub use manifest::{Manifest, ManifestError, Tool};

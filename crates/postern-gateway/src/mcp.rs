@@ -177,6 +177,11 @@ impl PendingResponses {
         ticket.settle(false);
     }
 
+    /// Whether the peer announced itself as a `postern mcp` bridge.
+    pub(crate) fn is_bridge(&self) -> bool {
+        self.inner.lock().is_ok_and(|state| state.acknowledging)
+    }
+
     /// The peer is a `postern mcp` bridge that acknowledges each response it relayed.
     pub(crate) fn expect_acknowledgements(&self) {
         if let Ok(mut state) = self.inner.lock() {
@@ -288,6 +293,12 @@ impl PosternMcp {
             McpError::internal_error(format!("could not journal the agent run: {e}"), Some(json!({ "code": e.code() })))
         })?;
         let run = Arc::clone(&joined.run);
+        // Through a `postern mcp` bridge, or with an agent token: an agent's run (a connection
+        // that never announced a bridge is `postern call`, a person's command, or a raw client).
+        let bridged = self.pending.as_ref().is_some_and(|p| p.is_bridge());
+        if bridged || caller.transport == crate::runs::Transport::StreamableHttp {
+            run.spoke_as_agent();
+        }
         *lease = Some(joined);
         Ok(run)
     }
@@ -411,6 +422,15 @@ impl PosternMcp {
             .map_err(|e| McpError::invalid_params(e.to_string(), Some(json!({ "code": e.code() }))))?;
         let id = outcome.execution_id;
         match (&outcome.upstream, outcome.state) {
+            (Some(u), _) if u.result_too_large.is_some() => Err(McpError::internal_error(
+                format!(
+                    "MCP server {} answered with more than the result limit of {} bytes (execution {id}); the answer \
+                     was not read",
+                    u.server,
+                    u.result_too_large.unwrap_or_default()
+                ),
+                Some(json!({ "execution_id": id, "code": "result_too_large", "limit": u.result_too_large })),
+            )),
             (Some(u), ExecutionState::Completed) if !u.is_error => Ok(u.upstream_result.clone()),
             (Some(u), _) => Err(McpError::internal_error(
                 format!("MCP server {} answered with an error (execution {id})", u.server),
@@ -474,8 +494,8 @@ pub fn execution_report(
         .into_iter()
         .map(|e| json!({ "event": e.row.event, "state": e.row.state, "at": e.row.at, "detail": e.row.detail }))
         .collect();
-    let result =
-        view.result(id)?.and_then(|r| serde_json::from_slice::<Value>(&r.body).ok()).map_or(Value::Null, |v| v);
+    // Through the outcome stage, like every result an agent is answered with.
+    let result = engine.result_on_record(id).unwrap_or(Value::Null);
     let mut report = serde_json::to_value(&incident).map_err(|e| postern_store::StoreError::Corrupt(e.to_string()))?;
     if let Value::Object(m) = &mut report {
         m.insert("timeline".into(), Value::Array(timeline));
@@ -521,7 +541,22 @@ fn explain(o: &CallOutcome) -> (String, bool) {
             true,
         );
     }
+    let too_large = too_large(o);
     match o.state {
+        ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered
+            if too_large.is_some() =>
+        {
+            let status = o.result.as_ref().map_or_else(String::new, |r| format!(" (HTTP {})", r.status));
+            (
+                format!(
+                    "RESULT TOO LARGE: the action COMPLETED{status}, but its answer was larger than the result limit of \
+                     {} bytes (--max-result-bytes) and was not kept (result_too_large). Do not repeat the call to see \
+                     it: that would perform the action again. Execution {id}.{attached}",
+                    too_large.unwrap_or_default()
+                ),
+                true,
+            )
+        }
         ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered => {
             let status = match (&o.result, &o.ssh) {
                 (Some(r), _) => format!(": HTTP {}", r.status),
@@ -568,10 +603,19 @@ fn explain(o: &CallOutcome) -> (String, bool) {
     }
 }
 
+/// The result limit, when the execution's answer was larger (and not kept).
+fn too_large(o: &CallOutcome) -> Option<u64> {
+    o.result
+        .as_ref()
+        .and_then(|r| r.result_too_large)
+        .or_else(|| o.ssh.as_ref().and_then(|r| r.result_too_large))
+        .or_else(|| o.upstream.as_ref().and_then(|r| r.result_too_large))
+}
+
 /// A tool result: the execution's identity and state in `structuredContent` and in words.
 pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
     let (message, is_error) = explain(o);
-    let structured = json!({
+    let mut structured = json!({
         "execution_id": o.execution_id,
         "state": o.state,
         "attached": o.attached,
@@ -581,6 +625,9 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
             .or_else(|| o.upstream.as_ref().map(|r| json!(r))),
         "detail": o.detail,
     });
+    if let Some(limit) = too_large(o) {
+        structured["error"] = json!({ "code": "result_too_large", "limit": limit });
+    }
     let mut text = message;
     if let Some(r) = &o.result {
         text.push_str(&format!("\n\n{}", r.body));

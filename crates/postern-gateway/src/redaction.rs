@@ -31,12 +31,38 @@ pub fn sensitive_name(name: &str) -> bool {
     SENSITIVE_NAME_PARTS.iter().any(|part| name.contains(part))
 }
 
-/// The secret values one call carries, each with the label it is shown under.
-#[derive(Default)]
+/// The secret values one call carries, each with the label it is shown under: the contract's
+/// secret arguments (`SECRET(name:digest)`), and — added where the call is sent — the vault
+/// credential it injects, an SSH host's key, an upstream server's secret environment and
+/// arguments (`<redacted>`). The outcome stage searches what comes back for every one of them.
+#[derive(Default, Clone)]
 pub struct CallSecrets {
     /// Label (`name:digest`), and the value; longest value first.
-    items: Vec<(String, Sensitive<String>)>,
+    items: Vec<(String, SecretValue)>,
 }
+
+/// One value to search for (a `Sensitive` that can be copied into another call's set).
+struct SecretValue(Sensitive<String>);
+
+impl Clone for SecretValue {
+    fn clone(&self) -> Self {
+        SecretValue(Sensitive::new(self.0.expose().clone()))
+    }
+}
+
+impl SecretValue {
+    fn expose(&self) -> &str {
+        self.0.expose()
+    }
+}
+
+/// What a vault secret is replaced by wherever it comes back (a target's echo, an upstream's
+/// answer, its stderr).
+pub const REDACTED: &str = "<redacted>";
+
+/// A secret shorter than this is not searched for in what comes back: it cannot be told apart
+/// from ordinary text (a 2-character password would mask every occurrence of those letters).
+pub const MIN_SEARCHED: usize = 4;
 
 impl std::fmt::Debug for CallSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,11 +91,62 @@ impl CallSecrets {
         let digest = key.secret_digest(text.as_bytes());
         let short = digest.rsplit(':').next().unwrap_or(&digest).get(..12).unwrap_or_default().to_owned();
         let label = format!("SECRET({name}:{short})");
-        self.items.push((label.clone(), Sensitive::new(text.to_owned())));
+        self.push(&label, text);
         // As `sh` sees it inside single quotes (an SSH command quotes every argument).
         if text.contains('\'') {
-            self.items.push((label, Sensitive::new(text.replace('\'', r"'\''"))));
+            self.push(&label, &text.replace('\'', r"'\''"));
         }
+        // As a target may send it back encoded.
+        self.push_encodings(&label, text);
+    }
+
+    /// A vault secret (a credential's value, an upstream's secret environment value or
+    /// argument, an SSH key's text), with the forms a target could send it back in: itself and
+    /// its base64 (standard and URL-safe); each is also found percent-, form- or JSON-escaped.
+    pub fn add_vault_secret(&mut self, secret: &str) {
+        self.push(REDACTED, secret);
+        self.push_encodings(REDACTED, secret);
+    }
+
+    /// A vault credential as one request carries it: the secret, and the header value built from
+    /// it (`Bearer …`, `Basic base64(user:secret)`), with their encodings.
+    pub fn add_credential(&mut self, kind: &postern_vault::CredentialKind, secret: &str) {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::STANDARD;
+        self.add_vault_secret(secret);
+        match kind {
+            postern_vault::CredentialKind::Basic { username } => {
+                let pair = format!("{username}:{secret}");
+                self.push(REDACTED, &format!("Basic {}", STANDARD.encode(&pair)));
+                self.push(REDACTED, &STANDARD.encode(&pair));
+                self.push_encodings(REDACTED, &pair);
+            }
+            postern_vault::CredentialKind::Bearer => self.push(REDACTED, &format!("Bearer {secret}")),
+            postern_vault::CredentialKind::Header { .. } => {}
+        }
+    }
+
+    /// Everything `other` holds, too.
+    pub fn extend(&mut self, other: &CallSecrets) {
+        for (label, value) in &other.items {
+            self.push(label, value.expose());
+        }
+    }
+
+    fn push_encodings(&mut self, label: &str, text: &str) {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+        if text.len() >= MIN_SEARCHED {
+            self.push(label, &STANDARD_NO_PAD.encode(text));
+            self.push(label, &URL_SAFE_NO_PAD.encode(text));
+        }
+    }
+
+    fn push(&mut self, label: &str, value: &str) {
+        if value.is_empty() || self.items.iter().any(|(l, v)| l == label && v.expose() == value) {
+            return;
+        }
+        self.items.push((label.to_owned(), SecretValue(Sensitive::new(value.to_owned()))));
         self.items.sort_by_key(|(_, value)| std::cmp::Reverse(value.expose().len()));
     }
 
@@ -79,14 +156,80 @@ impl CallSecrets {
 
     /// `text` with every spelling of every secret replaced by its label.
     pub fn mask(&self, text: &str) -> String {
-        let mut out = text.as_bytes().to_vec();
-        for (label, value) in &self.items {
+        self.mask_found(text).0
+    }
+
+    /// [`CallSecrets::mask`], and whether anything was replaced.
+    pub fn mask_found(&self, text: &str) -> (String, bool) {
+        let (out, found) = self.mask_bytes(text.as_bytes(), 0);
+        (String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()), found)
+    }
+
+    /// `bytes` with every spelling of every secret at least `min` bytes long replaced by its
+    /// label, and whether anything was replaced.
+    pub fn mask_bytes(&self, bytes: &[u8], min: usize) -> (Vec<u8>, bool) {
+        let mut out = bytes.to_vec();
+        let mut any = false;
+        for (label, value) in self.items.iter().filter(|(_, v)| v.expose().len() >= min) {
             let (masked, found) = replace_spellings(&out, value.expose(), label.as_bytes());
             if found {
                 out = masked;
+                any = true;
             }
         }
-        String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        (out, any)
+    }
+
+    /// Masks, in place, every string inside `value` that comes back from outside (keys
+    /// included), and inside the base64 payloads of MCP content (`data`, `blob`) as decoded
+    /// bytes; whether anything was masked. Secrets shorter than [`MIN_SEARCHED`] are not looked
+    /// for.
+    pub fn mask_json(&self, value: &mut Value) -> bool {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::STANDARD;
+        if self.is_empty() {
+            return false;
+        }
+        let text = |s: &str| {
+            let (out, found) = self.mask_bytes(s.as_bytes(), MIN_SEARCHED);
+            found.then(|| String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+        };
+        match value {
+            Value::String(s) => match text(s) {
+                Some(masked) => {
+                    *s = masked;
+                    true
+                }
+                None => false,
+            },
+            Value::Array(items) => items.iter_mut().fold(false, |any, v| self.mask_json(v) | any),
+            Value::Object(map) => {
+                let mut any = false;
+                let renamed: Vec<(String, String)> =
+                    map.keys().filter_map(|k| text(k).map(|masked| (k.clone(), masked))).collect();
+                for (old, new) in renamed {
+                    if let Some(v) = map.remove(&old) {
+                        map.insert(new, v);
+                        any = true;
+                    }
+                }
+                for (key, v) in map.iter_mut() {
+                    if let (true, Value::String(encoded)) = (key == "data" || key == "blob", &*v)
+                        && let Ok(decoded) = STANDARD.decode(encoded.as_bytes())
+                    {
+                        let (masked, found) = self.mask_bytes(&decoded, MIN_SEARCHED);
+                        if found {
+                            *v = Value::String(STANDARD.encode(masked));
+                            any = true;
+                            continue;
+                        }
+                    }
+                    any |= self.mask_json(v);
+                }
+                any
+            }
+            Value::Bool(_) | Value::Null | Value::Number(_) => false,
+        }
     }
 }
 
@@ -187,4 +330,105 @@ pub fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>
         }
     }
     (out, found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postern_vault::CredentialKind;
+    use proptest::prelude::*;
+
+    fn credential(kind: &CredentialKind, secret: &str) -> CallSecrets {
+        let mut secrets = CallSecrets::default();
+        secrets.add_credential(kind, secret);
+        secrets
+    }
+
+    #[test]
+    fn every_spelling_of_a_credential_is_redacted() {
+        let c = credential(&CredentialKind::Basic { username: "ops".into() }, "p@ss w/\"d");
+        for echo in [
+            "p@ss w/\"d",
+            "p%40ss%20w%2F%22d",
+            "p%40ss+w%2f%22d",
+            "p@ss w\\/\\\"d",
+            "p\\u0040ss w/\\\"d",
+            "b3BzOnBAc3Mgdy8iZA",
+            "Basic b3BzOnBAc3Mgdy8iZA==",
+        ] {
+            let (out, found) = c.mask_found(&format!("before {echo} after"));
+            assert!(found, "{echo}");
+            assert!(!out.contains("p@ss") && !out.contains("b3BzOnBAc3Mgdy8iZA"), "{echo}: {out}");
+            assert!(out.starts_with("before <redacted>") && out.ends_with(" after"), "{echo}: {out}");
+        }
+        let (out, found) = c.mask_found("p@ss w/ nothing else");
+        assert!(!found);
+        assert_eq!(out, "p@ss w/ nothing else");
+        assert!(!format!("{c:?}").contains("p@ss"));
+    }
+
+    #[test]
+    fn json_is_masked_in_strings_keys_and_base64_payloads() {
+        use base64::Engine as _;
+        let c = credential(&CredentialKind::Bearer, "tok-CANARY-1234");
+        let blob = base64::engine::general_purpose::STANDARD.encode("binary tok-CANARY-1234 inside");
+        let mut value = serde_json::json!({
+            "content": [{ "type": "text", "text": "your token is tok-CANARY-1234" },
+                        { "type": "image", "data": blob, "mimeType": "image/png" }],
+            "tok-CANARY-1234": 1,
+            "n": 5,
+        });
+        assert!(c.mask_json(&mut value));
+        let text = value.to_string();
+        assert!(!text.contains("tok-CANARY-1234"), "{text}");
+        let data = value["content"][1]["data"].as_str().unwrap();
+        let decoded = base64::engine::general_purpose::STANDARD.decode(data).unwrap();
+        assert_eq!(decoded, b"binary <redacted> inside");
+        assert!(!c.mask_json(&mut serde_json::json!({ "plain": "nothing here" })));
+    }
+
+    #[test]
+    fn short_values_are_not_searched_for_in_what_comes_back() {
+        let c = credential(&CredentialKind::Bearer, "ab");
+        let mut value = serde_json::json!("a cab ride");
+        assert!(!c.mask_json(&mut value), "two characters cannot be told apart from text");
+    }
+
+    /// One spelling of `secret`: each character as itself, percent-encoded (either case) or
+    /// JSON-escaped, as `choices` says.
+    fn spell(secret: &str, choices: &[u8]) -> String {
+        secret
+            .chars()
+            .zip(choices.iter().cycle())
+            .map(|(c, choice)| match choice % 4 {
+                0 => c.to_string(),
+                1 => c.to_string().bytes().map(|b| format!("%{b:02X}")).collect(),
+                2 => c.to_string().bytes().map(|b| format!("%{b:02x}")).collect(),
+                _ => match c {
+                    '"' | '\\' | '/' => format!("\\{c}"),
+                    c if (c as u32) < 0x10000 => format!("\\u{:04x}", c as u32),
+                    c => c.to_string(),
+                },
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Whatever the secret and however a hostile target spells it back, the result keeps no
+        /// spelling of it.
+        #[test]
+        fn a_secret_spelled_any_way_is_redacted(
+            secret in "#[ -~]{5,40}",
+            choices in proptest::collection::vec(any::<u8>(), 1..64),
+            before in "[a-z ]{0,20}",
+            after in "[a-z ]{0,20}",
+        ) {
+            let c = credential(&CredentialKind::Bearer, &secret);
+            let spelled = spell(&secret, &choices);
+            let (out, found) = c.mask_found(&format!("{before}{spelled}{after}"));
+            prop_assert!(found);
+            prop_assert!(!out.contains(&secret), "{out}");
+            prop_assert!(!out.contains(&spelled), "{out}");
+        }
+    }
 }

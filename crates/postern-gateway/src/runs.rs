@@ -72,9 +72,18 @@ pub struct AgentRun {
     pub transport: Transport,
     /// MCP sessions / connections currently attached (runs without a process end at zero).
     attached: Mutex<usize>,
+    /// The run spoke MCP as an agent does — through a `postern mcp` bridge or with an agent token
+    /// over HTTP — not only through `postern call`: its process's descendants are inside an
+    /// agent run (see [`crate::provenance`]).
+    speaks_as_agent: std::sync::atomic::AtomicBool,
 }
 
 impl AgentRun {
+    /// Marks the run as one an agent holds (a bridge or an agent token reached it).
+    pub fn spoke_as_agent(&self) {
+        self.speaks_as_agent.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn intent_scope(&self) -> IntentScope {
         IntentScope::agent_run(self.session)
     }
@@ -152,6 +161,8 @@ impl AgentRuns {
                         actor: Actor::from_recorded(s.actor.clone()),
                         transport,
                         attached: Mutex::new(0),
+                        // A run the journal shows open was an agent's (only those are re-adopted).
+                        speaks_as_agent: std::sync::atomic::AtomicBool::new(true),
                     });
                     let rk = RunKey { actor: run.actor.clone(), process: Some(key.clone()) };
                     if let Ok(mut live) = self.live.lock() {
@@ -197,6 +208,7 @@ impl AgentRuns {
             actor: caller.actor(),
             transport: caller.transport,
             attached: Mutex::new(0),
+            speaks_as_agent: std::sync::atomic::AtomicBool::new(false),
         });
         // Two connections of one process may race here: the first insert wins.
         let winner = {
@@ -226,6 +238,17 @@ impl AgentRuns {
             self.watch(key, Arc::clone(&winner), process.key.clone());
         }
         Ok(winner)
+    }
+
+    /// The live agent run whose process is `key` and that an agent holds (a bridge or an agent
+    /// token reached it; a run only `postern call` made is a person's command), by its session id.
+    pub fn run_of_process(&self, key: &ProcessKey) -> Option<String> {
+        let live = self.live.lock().ok()?;
+        live.iter()
+            .find(|(k, run)| {
+                k.process.as_ref() == Some(key) && run.speaks_as_agent.load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .map(|(_, run)| run.session.to_string())
     }
 
     /// Ends the run when its process exits.

@@ -93,6 +93,7 @@ impl BoundGateway {
             socket: self.endpoints.socket.display().to_string(),
             http: self.endpoints.http.map(|a| format!("http://{a}/mcp")),
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            kept_secrets: 0,
         };
         let control_task =
             tokio::spawn(crate::control::serve(Arc::clone(&self.gateway), info, self.control, wait(stop_rx.clone())));

@@ -20,8 +20,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Default cap on stdout and stderr together.
-pub const DEFAULT_OUTPUT_CAP: usize = 8 * 1024 * 1024;
 /// How long connecting (TCP, key exchange, authentication) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a timeout's TERM, how long the command has to end before the channel is closed.
@@ -36,7 +34,7 @@ pub struct SshResult {
     pub exit_signal: Option<String>,
     pub stdout: String,
     pub stderr: String,
-    /// Output beyond the cap was dropped.
+    /// The output went on past the limit (the outcome stage then keeps none of it).
     pub truncated: bool,
     /// Set when the tool's timeout expired: what Postern did about it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,6 +43,12 @@ pub struct SshResult {
     /// status is the command's, its output is gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_marker: bool,
+    /// The output held a secret of the call (the host's key, a secret argument): masked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret_echoed: bool,
+    /// The output was larger than the limit (the number, in bytes): it was not kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_too_large: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -338,6 +342,8 @@ impl Output {
             truncated: self.truncated,
             timed_out,
             from_marker: false,
+            secret_echoed: false,
+            result_too_large: None,
         }
     }
 }
@@ -464,33 +470,89 @@ pub fn parse_marker(line: &str) -> Option<Marker> {
     }
 }
 
-/// `postern ssh gc`: connects to the vault's SSH host `name` with its key and removes its marker
-/// directories older than `days`; the number removed, or why nothing was.
-pub async fn marker_gc_on(vault: &postern_vault::Vault, name: &str, days: u32) -> Result<u64, String> {
+/// What a clean-up of a host's marker directories did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MarkerGc {
+    /// Removed: their executions are settled (the outcome is on record).
+    pub removed: u64,
+    /// Kept: their executions are unsettled (dispatched, uncertain, under review, not executed):
+    /// the marker is how such a command is checked without running it again.
+    pub kept_unsettled: u64,
+    /// Kept: this journal has no such execution (another installation's, or a journal lost).
+    pub kept_unknown: u64,
+}
+
+/// An execution whose outcome is on record: nothing will ever read its marker again.
+fn settled(state: postern_core::ExecutionState) -> bool {
+    use postern_core::ExecutionState as S;
+    matches!(
+        state,
+        S::Completed | S::CompletedResultNotDelivered | S::ResultDelivered | S::FailedBeforeDispatch | S::Denied
+    )
+}
+
+/// Removes, on SSH host `name`, the marker directories older than `days` whose executions the
+/// journal at `view` shows settled; every other one is kept, whatever its age.
+pub async fn marker_gc_on(
+    vault: &postern_vault::Vault,
+    view: &postern_store::JournalView,
+    name: &str,
+    days: u32,
+) -> Result<MarkerGc, String> {
     let host = vault.ssh_host(name).map_err(|e| e.to_string())?;
     let (key, passphrase) = vault.ssh_key_of(&host).map_err(|e| e.to_string())?;
     let connection = connect(&host, &key, passphrase.as_ref()).await.map_err(|e| e.to_string())?;
-    let command = marker_gc(&host.marker_root, days);
-    let sent = connection.exec(&command, Duration::from_secs(120), 4096, None).await;
-    connection.close().await;
-    match sent {
-        SshSent::Finished { result, .. } if result.exit_status == Some(0) => result
-            .stdout
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("the clean-up on {name} answered {:?}", result.stdout.trim())),
-        other => Err(format!("the clean-up on {name} did not finish: {other:?}")),
+    let listed = connection.exec(&marker_list(&host.marker_root, days), Duration::from_secs(120), 1 << 20, None).await;
+    let names = match listed {
+        SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
+        other => {
+            connection.close().await;
+            return Err(format!("the marker listing on {name} did not finish: {other:?}"));
+        }
+    };
+    let mut report = MarkerGc::default();
+    let mut remove = Vec::new();
+    // What the host lists is outside text: only names that are execution IDs are considered.
+    for id in names.lines().filter_map(|line| line.trim().parse::<ExecutionId>().ok()) {
+        let state = view
+            .execution(id)
+            .map_err(|e| e.to_string())?
+            .and_then(|e| e.state.parse::<postern_core::ExecutionState>().ok());
+        match state {
+            Some(state) if settled(state) => remove.push(id),
+            Some(_) => report.kept_unsettled += 1,
+            None => report.kept_unknown += 1,
+        }
     }
+    for chunk in remove.chunks(200) {
+        let sent =
+            connection.exec(&marker_remove(&host.marker_root, chunk), Duration::from_secs(120), 4096, None).await;
+        match sent {
+            SshSent::Finished { result, .. } if result.exit_status == Some(0) => report.removed += chunk.len() as u64,
+            other => {
+                connection.close().await;
+                return Err(format!("the clean-up on {name} did not finish: {other:?}"));
+            }
+        }
+    }
+    connection.close().await;
+    Ok(report)
 }
 
-/// Removes marker directories older than `days` under `root`; prints how many it removed.
-pub fn marker_gc(root: &str, days: u32) -> String {
+/// Lists (one per line) the names of the marker directories under `root` older than `days`.
+pub fn marker_list(root: &str, days: u32) -> String {
     let script = format!(
-        r#"[ -d "{root}" ] || {{ echo 0; exit 0; }}
-n=0
-for d in $(find "{root}" -mindepth 1 -maxdepth 1 -type d -name 'act_*' -mtime +{days}); do rm -rf "$d" && n=$((n+1)); done
-echo $n"#
+        r#"[ -d "{root}" ] || exit 0
+find "{root}" -mindepth 1 -maxdepth 1 -type d -name 'act_*' -mtime +{days} | while read -r d; do echo "${{d##*/}}"; done"#
     );
+    format!("sh -c {}", shell_quote(&script))
+}
+
+/// Removes the marker directories of `ids` under `root` (each an execution ID: nothing else
+/// reaches the command).
+pub fn marker_remove(root: &str, ids: &[ExecutionId]) -> String {
+    let paths: Vec<String> = ids.iter().map(|id| format!("\"{root}/{id}\"")).collect();
+    let script = format!("rm -rf -- {}", paths.join(" "));
     format!("sh -c {}", shell_quote(&script))
 }
 

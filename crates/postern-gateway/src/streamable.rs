@@ -98,18 +98,68 @@ pub const MAX_SESSIONS_PER_AGENT: usize = 64;
 /// How long a session counts without a request (rmcp's own idle timeout is 5 minutes).
 const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(330);
 
-/// The MCP sessions each agent token holds, with when each was last used.
+/// The MCP sessions each agent token holds, with when each was last used, and whose each session
+/// is: a session belongs to the token that opened it.
 #[derive(Debug, Default)]
 struct AgentSessions(
     std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
+    std::sync::Mutex<std::collections::HashMap<String, String>>,
 );
 
+/// Who may use an MCP session.
+enum SessionOwner {
+    /// This agent's token opened it.
+    This,
+    /// It was remembered without an owner (before sessions had one): it is this agent's now.
+    NowThis,
+    /// Another agent's.
+    Other(String),
+    /// Not a session Postern knows (rmcp answers for it).
+    Unknown,
+}
+
 impl AgentSessions {
+    /// Whose session `session` is, for `agent` asking (from memory, else the remembered sessions).
+    fn owner(&self, agent: &str, session: &str, view: &postern_store::JournalView) -> SessionOwner {
+        let known = self.1.lock().ok().and_then(|o| o.get(session).cloned());
+        let owner = match known {
+            Some(owner) => Some(owner),
+            None => match view.mcp_session_agent(session) {
+                Ok(Some(Some(owner))) => Some(owner),
+                // Remembered before sessions had owners: the first token to use it keeps it.
+                Ok(Some(None)) => None,
+                _ => return SessionOwner::Unknown,
+            },
+        };
+        match owner {
+            Some(owner) if owner != agent => SessionOwner::Other(owner),
+            Some(owner) => {
+                self.bind(session, &owner);
+                SessionOwner::This
+            }
+            None => {
+                self.bind(session, agent);
+                SessionOwner::NowThis
+            }
+        }
+    }
+
+    /// `session` is `agent`'s from now on (in memory; the caller persists it).
+    fn bind(&self, session: &str, agent: &str) {
+        if let Ok(mut owners) = self.1.lock() {
+            owners.entry(session.to_owned()).or_insert_with(|| agent.to_owned());
+        }
+    }
+
     /// Whether `agent` may open another session.
     fn may_open(&self, agent: &str) -> bool {
         let Ok(mut all) = self.0.lock() else { return false };
         let open = all.entry(agent.to_owned()).or_default();
         open.retain(|_, used| used.elapsed() < SESSION_IDLE);
+        // Owners of idle sessions are forgotten in memory (the remembered sessions keep them).
+        if let Ok(mut owners) = self.1.lock() {
+            owners.retain(|session, owner| owner != agent || open.contains_key(session));
+        }
         open.len() < MAX_SESSIONS_PER_AGENT
     }
 
@@ -124,6 +174,11 @@ impl AgentSessions {
             && let Some(open) = all.get_mut(agent)
         {
             open.remove(session);
+        }
+        if let Ok(mut owners) = self.1.lock()
+            && owners.get(session).is_some_and(|owner| owner == agent)
+        {
+            owners.remove(session);
         }
     }
 }
@@ -289,6 +344,28 @@ async fn guard(
     // and a cancellation withdraws its request (the client discards that answer).
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let agent_name = agent.name.clone();
+    // An MCP session is its opener's: another token may not call on it, read its streams, or
+    // (by carrying on in it) mark the first agent's result delivered.
+    if let Some(s) = &session {
+        match guard.sessions.owner(&agent_name, s, guard.gateway.engine.view()) {
+            SessionOwner::Other(owner) => {
+                let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
+                let attempted = format!("MCP session of agent {owner:?}");
+                let refused = crate::refusal::Refused { interface: "http", attempted, peer };
+                guard.gateway.refusals.record_async(refused).await;
+                return refuse(
+                    StatusCode::NOT_FOUND,
+                    "session_not_found",
+                    "no such MCP session for this token (a session belongs to the agent token that opened it)",
+                );
+            }
+            SessionOwner::NowThis => {
+                let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), s.clone(), agent_name.clone());
+                tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
+            }
+            SessionOwner::This | SessionOwner::Unknown => {}
+        }
+    }
     match &session {
         Some(s) if request.method() == axum::http::Method::DELETE => guard.sessions.ended(&agent_name, s),
         Some(s) => guard.sessions.used(&agent_name, s),
@@ -358,6 +435,9 @@ async fn guard(
         let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
         if let Some(new) = &new {
             guard.sessions.used(&agent_name, new);
+            guard.sessions.bind(new, &agent_name);
+            let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), new.clone(), agent_name.clone());
+            tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
         }
         new
     });

@@ -4,11 +4,21 @@
 //! on disk, so [`undo`] can restore its exact bytes. Shared by `postern servers import` and the
 //! desktop app's first-run offer.
 //!
-//! The parsing and rewriting are pure (`find_servers`, `rewrite`, `looks_secret`,
-//! `server_name`) and property-tested with hostile configs; [`plan`], [`apply`] and [`undo`] do
-//! the I/O.
+//! Secrets are recognised wherever the config puts them ([`crate::plaintext`]): environment
+//! values by name or by shape, and inside arguments (a DSN's password, the value of
+//! `--access-token`, an `Authorization:` header argument, a token with a well-known prefix);
+//! each goes to the keychain and is put back only into the child's argv or environment at
+//! spawn, so no journal row ever holds one. A config that is a symbolic link (a dotfiles
+//! repository) is rewritten where it really is, the link kept. The undo record is a 0600 file
+//! whose digest is journaled (`import_applied`); an undo whose record does not match is refused.
+//!
+//! The parsing and rewriting are pure (`find_servers`, `rewrite`, `server_name`,
+//! [`Found::to_server`]) and property-tested with hostile configs; [`plan`], [`apply`] and
+//! [`undo`] do the I/O.
 
+use crate::plaintext;
 use postern_core::ErrorCode;
+use postern_store::ImportEvent;
 use postern_vault::{FileBackups, MAX_SERVER_NAME, McpServer, Sensitive, Vault, VaultError};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -28,6 +38,12 @@ pub enum ImportError {
     ChangedSince(PathBuf),
     #[error("the keychain has no backup of {}", .0.display())]
     NoBackup(PathBuf),
+    #[error(
+        "the import record ({}) does not match the digest the journal holds for the last import: it was changed \
+         outside Postern, so nothing was restored or removed (the original files are still in the OS keychain)",
+        .0.display()
+    )]
+    RecordTampered(PathBuf),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error(transparent)]
@@ -44,6 +60,7 @@ impl ErrorCode for ImportError {
             ImportError::NothingToUndo => "nothing_to_undo",
             ImportError::ChangedSince(_) => "changed_since_import",
             ImportError::NoBackup(_) => "no_import_backup",
+            ImportError::RecordTampered(_) => "import_record_tampered",
             ImportError::Io { .. } => "import_io_error",
             ImportError::Vault(e) => e.code(),
             ImportError::Gateway(_) => "gateway_refused",
@@ -71,6 +88,25 @@ pub trait ImportTarget {
     fn has_server(&self, name: &str) -> Result<bool, ImportError>;
     fn remove_server(&self, name: &str, now: postern_core::Timestamp) -> Result<(), ImportError>;
     fn backups(&self) -> FileBackups;
+    /// Journals an import (the undo record's digest, files and servers) or its undo.
+    fn record(&self, event: ImportEvent, detail: Value, now: postern_core::Timestamp) -> Result<(), ImportError>;
+    /// The newest `import_applied` / `import_undone` row's detail, if any.
+    fn last_record(&self) -> Result<Option<(ImportEvent, Value)>, ImportError>;
+}
+
+/// The newest import event the journal at `view` holds.
+fn last_import(view: &postern_store::JournalView) -> Result<Option<(ImportEvent, Value)>, ImportError> {
+    let row = view
+        .last_vault_event(&[ImportEvent::ImportApplied.as_str(), ImportEvent::ImportUndone.as_str()])
+        .map_err(VaultError::from)?;
+    Ok(row.map(|e| {
+        let event = if e.row.event == ImportEvent::ImportApplied.as_str() {
+            ImportEvent::ImportApplied
+        } else {
+            ImportEvent::ImportUndone
+        };
+        (event, e.row.detail)
+    }))
 }
 
 impl ImportTarget for Vault {
@@ -101,30 +137,50 @@ impl ImportTarget for Vault {
     fn backups(&self) -> FileBackups {
         self.file_backups()
     }
+
+    fn record(&self, event: ImportEvent, detail: Value, now: postern_core::Timestamp) -> Result<(), ImportError> {
+        Ok(self.journal_import(event, detail, now)?)
+    }
+
+    fn last_record(&self) -> Result<Option<(ImportEvent, Value)>, ImportError> {
+        last_import(self.journal())
+    }
 }
 
-/// The running gateway that holds `data_dir`'s journal, as an import's target: names read from
-/// the journal (read-only), servers added and removed through its control socket, backups kept
-/// in the keychain under the installation's id.
+/// The data directory `data_dir` as an import's target, through the one route every CLI change
+/// takes (`operations::Route`): the journal itself when no gateway runs, else the running
+/// gateway's control socket — so an import passes the same gate as `servers add` (refused from
+/// inside an agent run). Names are read from the journal (read-only), backups kept in the
+/// keychain under the installation's id.
 #[derive(Debug)]
 pub struct ThroughGateway {
     data_dir: PathBuf,
+    route: crate::operations::Route,
     backups: FileBackups,
 }
 
 impl ThroughGateway {
     pub fn new(data_dir: &Path, keychain: std::sync::Arc<dyn postern_vault::SecretStore>) -> Result<Self, ImportError> {
+        let route =
+            crate::operations::Route::of(data_dir, crate::now()).map_err(|e| ImportError::Gateway(e.to_string()))?;
         let view = postern_store::JournalView::open_read_only(&crate::database(data_dir)).map_err(VaultError::from)?;
-        let installation = view
-            .installation_id()
-            .map_err(VaultError::from)?
-            .ok_or_else(|| ImportError::Gateway("the journal has no installation id yet".into()))?;
-        Ok(ThroughGateway { data_dir: data_dir.to_owned(), backups: FileBackups::new(keychain, installation) })
+        let installation = match view.installation_id().map_err(VaultError::from)? {
+            Some(id) => id,
+            None => {
+                // A journal no vault has opened yet: opening one names the installation.
+                let crate::operations::Route::Local(store) = &route else {
+                    return Err(ImportError::Gateway("the journal has no installation id yet".into()));
+                };
+                Vault::open(std::sync::Arc::clone(store), std::sync::Arc::clone(&keychain), crate::now())?
+                    .installation_id()
+                    .to_owned()
+            }
+        };
+        Ok(ThroughGateway { data_dir: data_dir.to_owned(), route, backups: FileBackups::new(keychain, installation) })
     }
 
     fn perform(&self, request: postern_gateway::control::ControlRequest) -> Result<(), ImportError> {
-        let now = crate::now();
-        match crate::operations::Route::Gateway(self.data_dir.clone()).perform(request, now) {
+        match self.route.perform(request, crate::now()) {
             postern_gateway::control::ControlReply::Refused { message, .. } => Err(ImportError::Gateway(message)),
             _ => Ok(()),
         }
@@ -164,6 +220,16 @@ impl ImportTarget for ThroughGateway {
     fn backups(&self) -> FileBackups {
         self.backups.clone()
     }
+
+    fn record(&self, event: ImportEvent, detail: Value, _now: postern_core::Timestamp) -> Result<(), ImportError> {
+        self.perform(postern_gateway::control::ControlRequest::RecordImport { event, detail })
+    }
+
+    fn last_record(&self) -> Result<Option<(ImportEvent, Value)>, ImportError> {
+        let view =
+            postern_store::JournalView::open_read_only(&crate::database(&self.data_dir)).map_err(VaultError::from)?;
+        last_import(&view)
+    }
 }
 
 /// How one config file lays out its servers.
@@ -202,34 +268,37 @@ impl std::fmt::Debug for Found {
     }
 }
 
+impl Found {
+    /// The vault's server for this entry, named `name`, and the secrets that go to the keychain:
+    /// environment values that are secrets (by name or by shape) and the secret parts of its
+    /// arguments, each by the name it is kept under.
+    pub fn to_server(&self, name: &str) -> (McpServer, Vec<(String, Sensitive<String>)>) {
+        let (secret, plain): (BTreeMap<_, _>, BTreeMap<_, _>) =
+            self.env.clone().into_iter().partition(|(k, v)| plaintext::env_is_secret(k, v));
+        let secret_env: Vec<String> = secret.keys().cloned().collect();
+        let plaintext::SplitArgs { shown: args, places: secret_args, secrets: arg_values } =
+            plaintext::split_args(&self.args, &secret_env);
+        let mut values: Vec<(String, Sensitive<String>)> =
+            secret.into_iter().map(|(k, v)| (k, Sensitive::new(v))).collect();
+        values.extend(arg_values);
+        let server = McpServer {
+            name: name.to_owned(),
+            command: self.command.clone(),
+            args,
+            env: plain,
+            secret_env,
+            secret_args,
+            ..McpServer::default()
+        };
+        (server, values)
+    }
+}
+
 /// Why an entry is left where it is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Skipped {
     pub key: String,
     pub reason: String,
-}
-
-/// Environment names that carry secrets by convention.
-const SECRET_WORDS: &[&str] = &["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "AUTH", "COOKIE"];
-
-/// Is this environment value a secret? By its name (`*TOKEN*`, `*KEY*`, …) or, whatever its
-/// name, by looking like one (long, high-entropy, no spaces, not a path or a URL).
-pub fn looks_secret(name: &str, value: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    if SECRET_WORDS.iter().any(|w| upper.contains(w)) && !value.is_empty() {
-        return true;
-    }
-    let plain_shape = value.contains(char::is_whitespace) || value.starts_with('/') || value.contains("://");
-    value.len() >= 20 && !plain_shape && entropy_bits_per_char(value) >= 3.5
-}
-
-fn entropy_bits_per_char(s: &str) -> f64 {
-    let mut counts: BTreeMap<char, usize> = BTreeMap::new();
-    for c in s.chars() {
-        *counts.entry(c).or_default() += 1;
-    }
-    let n = s.chars().count() as f64;
-    counts.values().map(|&k| k as f64 / n).map(|p| -p * p.log2()).sum()
 }
 
 fn server_maps(layout: Layout) -> &'static str {
@@ -402,6 +471,11 @@ pub fn sources(from: &[String]) -> Result<Vec<Source>, ImportError> {
 /// (with their vault names), and what the file will hold afterwards.
 pub struct FilePlan {
     pub source: Source,
+    /// Where the file really is, when `source.path` is a symbolic link to it (a dotfiles
+    /// repository): that file is rewritten, the link is kept.
+    pub real_path: Option<PathBuf>,
+    /// The git work tree the file is in, if any: its history still holds what the file held.
+    pub in_git: Option<PathBuf>,
     bytes: Vec<u8>,
     pub skipped: Vec<Skipped>,
     pub named: Vec<(Found, String)>,
@@ -444,13 +518,10 @@ impl Plan {
         self.files.iter().map(|f| f.named.len()).sum()
     }
 
-    /// How many environment values would move into the keychain.
+    /// How many plaintext secrets (environment values and parts of arguments) would move into
+    /// the keychain.
     pub fn secrets(&self) -> usize {
-        self.files
-            .iter()
-            .flat_map(|f| &f.named)
-            .map(|(f, _)| f.env.iter().filter(|(k, v)| looks_secret(k, v)).count())
-            .sum()
+        self.files.iter().flat_map(|f| &f.named).map(|(f, name)| f.to_server(name).1.len()).sum()
     }
 }
 
@@ -487,7 +558,9 @@ pub fn plan(target: &dyn ImportTarget, from: &[String], postern_command: &str) -
                 source: std::io::Error::other(e),
             })?
         };
-        plan.files.push(FilePlan { source, bytes, skipped, named, after });
+        let real = std::fs::canonicalize(&source.path).ok().filter(|real| *real != source.path);
+        let in_git = git_work_tree(real.as_deref().unwrap_or(&source.path));
+        plan.files.push(FilePlan { source, real_path: real, in_git, bytes, skipped, named, after });
     }
     Ok(plan)
 }
@@ -501,34 +574,46 @@ pub fn apply(
     now: postern_core::Timestamp,
 ) -> Result<Vec<String>, ImportError> {
     let mut record = Record { files: vec![], servers: vec![] };
-    for FilePlan { source, bytes, named, after, .. } in plan.files.into_iter().filter(|f| !f.named.is_empty()) {
+    for FilePlan { source, real_path, bytes, named, after, .. } in
+        plan.files.into_iter().filter(|f| !f.named.is_empty())
+    {
         for (f, name) in named {
-            let (secret, plain): (BTreeMap<_, _>, BTreeMap<_, _>) =
-                f.env.into_iter().partition(|(k, v)| looks_secret(k, v));
-            let server = McpServer {
-                name: name.clone(),
-                command: f.command,
-                args: f.args,
-                env: plain,
-                secret_env: secret.keys().cloned().collect(),
-                ..McpServer::default()
-            };
-            let values: Vec<(String, Sensitive<String>)> =
-                secret.into_iter().map(|(k, v)| (k, Sensitive::new(v))).collect();
+            let (server, values) = f.to_server(&name);
             target.add_server(server, values, now)?;
             record.servers.push(name);
         }
-        let backup = sha256_hex(source.path.to_string_lossy().as_bytes());
+        // A link is followed: the file it points to is rewritten, the link stays.
+        let path = real_path.unwrap_or(source.path);
+        let backup = sha256_hex(path.to_string_lossy().as_bytes());
         target.backups().keep(&backup, &bytes)?;
-        replace_file(&source.path, &after)?;
-        record.files.push(FileRecord { path: source.path, backup, written_sha256: sha256_hex(&after) });
+        replace_file(&path, &after)?;
+        record.files.push(FileRecord { path, backup, written_sha256: sha256_hex(&after) });
     }
     let path = record_path(data_dir);
-    std::fs::create_dir_all(path.parent().expect("a parent")).map_err(io("create the imports directory"))?;
     let text = serde_json::to_vec_pretty(&record)
         .map_err(|e| ImportError::Io { what: "encode".into(), source: std::io::Error::other(e) })?;
-    std::fs::write(&path, text).map_err(io("write the import record"))?;
+    write_private(&path, &text)?;
+    let detail = json!({
+        "record_sha256": sha256_hex(&text),
+        "files": record.files.iter().map(|f| f.path.display().to_string()).collect::<Vec<_>>(),
+        "servers": record.servers,
+    });
+    target.record(ImportEvent::ImportApplied, detail, now)?;
     Ok(record.servers)
+}
+
+/// Creates (or replaces) `path` owner-only (0600) with `bytes`, its directory 0700.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), ImportError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = path.parent().expect("a parent");
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io("create the imports directory"))?;
+    replace_file(path, bytes)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io("write the import record"))
+}
+
+/// The git work tree `path` is in (a directory above it holding `.git`), if any.
+fn git_work_tree(path: &Path) -> Option<PathBuf> {
+    path.ancestors().skip(1).find(|dir| dir.join(".git").exists()).map(Path::to_path_buf)
 }
 
 /// What [`undo`] restored and removed.
@@ -543,6 +628,13 @@ pub struct Undone {
 pub fn undo(target: &dyn ImportTarget, data_dir: &Path, now: postern_core::Timestamp) -> Result<Undone, ImportError> {
     let path = record_path(data_dir);
     let text = std::fs::read(&path).map_err(|_| ImportError::NothingToUndo)?;
+    // The record must be the one the journal vouches for: an edited one could name other files
+    // to write the originals (secrets and all) to, or other servers to remove.
+    match target.last_record()? {
+        Some((ImportEvent::ImportApplied, detail)) if detail["record_sha256"].as_str() == Some(&sha256_hex(&text)) => {}
+        Some((ImportEvent::ImportUndone, _)) | None => return Err(ImportError::NothingToUndo),
+        Some(_) => return Err(ImportError::RecordTampered(path)),
+    }
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| ImportError::Io { what: "read the import record".into(), source: std::io::Error::other(e) })?;
     for f in &record.files {
@@ -566,10 +658,14 @@ pub fn undo(target: &dyn ImportTarget, data_dir: &Path, now: postern_core::Times
         }
     }
     std::fs::remove_file(&path).map_err(io("remove the import record"))?;
+    let detail =
+        json!({ "record_sha256": sha256_hex(&text), "restored": undone.restored.len(), "removed": undone.removed });
+    target.record(ImportEvent::ImportUndone, detail, now)?;
     Ok(undone)
 }
 
-/// What an import did, kept in the data directory (no secrets: paths, hashes, names) for [`undo`].
+/// What an import did, kept in the data directory (no secrets: paths, hashes, names) for
+/// [`undo`], owner-only, its digest journaled.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Record {
     files: Vec<FileRecord>,
@@ -620,27 +716,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::Map;
-
-    #[test]
-    fn secrets_are_found_by_name_or_by_shape() {
-        for (name, value) in [
-            ("GITHUB_PERSONAL_ACCESS_TOKEN", "ghp_x"),
-            ("OPENAI_API_KEY", "sk-1"),
-            ("DB_PASSWORD", "hunter2"),
-            ("SOMETHING", "q8Zr3vN1xK0pL7wT5mB2cY9dF4hJ6gS"),
-        ] {
-            assert!(looks_secret(name, value), "{name}");
-        }
-        for (name, value) in [
-            ("LOG_LEVEL", "debug"),
-            ("ROOT", "/home/me/projects/with-a-long-path-name"),
-            ("BASE_URL", "https://api.example.com/v1/abcdefghijk"),
-            ("MODE", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
-            ("API_KEY", ""),
-        ] {
-            assert!(!looks_secret(name, value), "{name}");
-        }
-    }
 
     #[test]
     fn claude_code_servers_are_found_at_the_top_and_per_project_and_replaced_by_postern() {

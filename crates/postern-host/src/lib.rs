@@ -8,6 +8,7 @@ pub mod doctor;
 pub mod import;
 pub mod login;
 pub mod operations;
+pub mod plaintext;
 
 use postern_core::{ErrorCode, Timestamp};
 use postern_gateway::{
@@ -120,8 +121,9 @@ pub struct HostConfig {
     /// Streamable HTTP on 127.0.0.1 (`Some(0)`: any free port; `None`: off).
     pub http_port: Option<u16>,
     pub max_message_bytes: usize,
-    /// Most bytes of a target's answer kept in a result (the rest is cut, and the result says so).
-    pub body_cap: usize,
+    /// The most bytes a result may hold, for every channel (HTTP, SSH, upstream MCP servers):
+    /// a larger answer is not kept, and the result says `result_too_large` with the limit.
+    pub max_result_bytes: usize,
     /// How long a stop waits for executions in flight.
     pub drain: Duration,
     /// How long a reviewer has to answer.
@@ -132,14 +134,14 @@ pub struct HostConfig {
 
 impl HostConfig {
     /// Defaults for `data_dir`: HTTP on the default port, 4 MiB messages, 35 s drain, 120 s to
-    /// answer, 8 MiB kept of a target's answer, no idle lock.
+    /// answer, results of at most 1 MiB, no idle lock.
     pub fn new(data_dir: PathBuf) -> HostConfig {
         HostConfig {
             data_dir,
             tools: None,
             http_port: Some(postern_gateway::streamable::DEFAULT_PORT),
             max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
-            body_cap: postern_gateway::http::DEFAULT_BODY_CAP,
+            max_result_bytes: postern_gateway::http::DEFAULT_MAX_RESULT_BYTES,
             drain: Duration::from_secs(35),
             approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
             idle_lock: None,
@@ -147,8 +149,8 @@ impl HostConfig {
     }
 
     /// For a process configured by its environment (the desktop app): `POSTERN_DATA_DIR`,
-    /// `POSTERN_TOOLS`, `POSTERN_PORT`, `POSTERN_APPROVAL_TIMEOUT` and `POSTERN_IDLE_LOCK` (seconds;
-    /// 0: never), over `idle_lock` as the default. A value that does not parse is an error
+    /// `POSTERN_TOOLS`, `POSTERN_PORT`, `POSTERN_MAX_RESULT_BYTES`, `POSTERN_APPROVAL_TIMEOUT` and
+    /// `POSTERN_IDLE_LOCK` (seconds; 0: never), over `idle_lock` as the default. A value that does not parse is an error
     /// naming the variable, never silently the default.
     pub fn from_env(idle_lock: Option<Duration>) -> Result<HostConfig, HostError> {
         HostConfig::from_lookup(idle_lock, |name| std::env::var(name).ok())
@@ -184,6 +186,9 @@ impl HostConfig {
                 problem: "a port is at most 65535".into(),
             })?;
             config.http_port = Some(port);
+        }
+        if let Some(bytes) = number("POSTERN_MAX_RESULT_BYTES")? {
+            config.max_result_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
         if let Some(s) = number("POSTERN_APPROVAL_TIMEOUT")? {
             config.approval_timeout = Duration::from_secs(s);
@@ -258,7 +263,8 @@ impl Host {
     /// The engine serving `manifest`, asking `approver`.
     pub fn engine(&self, manifest: Manifest, approver: Arc<dyn Approver>) -> Result<Arc<Engine>, HostError> {
         let upstreams =
-            postern_gateway::upstream::Upstreams::new(Arc::clone(&self.vault), manifest.server_overrides().clone());
+            postern_gateway::upstream::Upstreams::new(Arc::clone(&self.vault), manifest.server_overrides().clone())
+                .with_max_result_bytes(self.config.max_result_bytes);
         let engine = Engine::new(
             Arc::clone(&self.store),
             Arc::clone(&self.vault),
@@ -267,7 +273,7 @@ impl Host {
             system_clock(),
         )?
         .with_approval_timeout(self.config.approval_timeout)
-        .with_body_cap(self.config.body_cap)
+        .with_max_result_bytes(self.config.max_result_bytes)
         .with_upstreams(Arc::new(upstreams));
         Ok(Arc::new(engine))
     }

@@ -8,6 +8,8 @@ use crate::HostError;
 use postern_core::Timestamp;
 use postern_gateway::{
     control::{self, Authority, ControlCode, ControlOp, ControlReply, ControlRequest},
+    identity::ProcessKey,
+    provenance::Provenance,
     upstream::{ToolOverride, Upstreams},
 };
 use postern_store::Store;
@@ -73,9 +75,19 @@ impl Route {
                     .as_ref()
                     .filter(|_| starts)
                     .map(|v| Arc::new(Upstreams::new(Arc::clone(v), overrides.clone())));
-                let authority = Authority { store: Arc::clone(store), vault, upstreams, gateway: None };
+                let authority = Authority {
+                    store: Arc::clone(store),
+                    vault,
+                    upstreams,
+                    gateway: None,
+                    approver: None,
+                    approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
+                };
+                // This process is the one asking: traced like a control socket's peer, against the
+                // agent runs the journal shows open (their process still alive).
+                let from = this_process(store);
                 runtime.block_on(async {
-                    let reply = control::apply(&authority, request, now).await;
+                    let reply = control::apply(&authority, request, now, &from).await;
                     if let Some(u) = &authority.upstreams {
                         u.stop_all().await;
                     }
@@ -87,6 +99,22 @@ impl Route {
             }),
         }
     }
+}
+
+/// This process and its ancestry, traced against the agent runs `store`'s journal shows open: a
+/// command that opened the journal itself is checked like a control socket's peer.
+pub fn this_process(store: &Store) -> Provenance {
+    Provenance::of(Some(std::process::id()), &|key| open_run_of(store, key))
+}
+
+/// The open agent run (by its session id) whose process is `key`, from the journal's Sessions.
+fn open_run_of(store: &Store, key: &ProcessKey) -> Option<String> {
+    let sessions = store.view().sessions().ok()?;
+    sessions
+        .into_iter()
+        .filter(|s| s.ended_at.is_none())
+        .find(|s| s.pid == Some(i64::from(key.pid)) && s.process_start == Some(key.start_ticks as i64))
+        .map(|s| s.id)
 }
 
 fn refused(message: String) -> ControlReply {

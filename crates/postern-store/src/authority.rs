@@ -192,6 +192,90 @@ pub fn check(conn: &Connection) -> Result<Vec<AuthorityMismatch>, StoreError> {
     Ok(AuthorityState::from_journal(conn)?.differences(&AuthorityState::from_tables(conn)?))
 }
 
+/// What a retry decision reads of an execution — its state, fingerprint, actor, intent scope and
+/// replay contract — compared with what the journal says (its last state row, its `accepted`
+/// row): the `executions` rows grant a retry "return the stored result" or "a new execution", so
+/// they are held to the chain like the authority tables. Every difference, and every execution
+/// the journal accepted that the table lacks.
+pub fn check_executions(conn: &Connection) -> Result<Vec<AuthorityMismatch>, StoreError> {
+    let mut out = Vec::new();
+    let mut stmt = conn.prepare(
+        "SELECT e.id, e.state, e.fingerprint, e.actor, e.intent_scope, e.contract,
+                (SELECT j.state FROM journal j WHERE j.execution_id = e.id AND j.state IS NOT NULL
+                 ORDER BY j.seq DESC LIMIT 1),
+                (SELECT j.body FROM journal j WHERE j.execution_id = e.id AND j.event = 'accepted'
+                 ORDER BY j.seq LIMIT 1)
+         FROM executions e",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let id: String = r.get(0)?;
+        let table = ExecutionFacts {
+            state: r.get(1)?,
+            fingerprint: r.get(2)?,
+            actor: r.get(3)?,
+            intent_scope: r.get(4)?,
+            contract: serde_json::from_str(&r.get::<_, String>(5)?).unwrap_or(Value::Null),
+        };
+        let last_state: Option<String> = r.get(6)?;
+        let accepted: Option<String> = r.get(7)?;
+        out.extend(compare_execution(&id, &table, last_state, accepted.as_deref()));
+    }
+    let mut missing = conn.prepare(
+        "SELECT execution_id FROM journal WHERE event = 'accepted' AND execution_id IS NOT NULL
+           AND execution_id NOT IN (SELECT id FROM executions)",
+    )?;
+    let mut rows = missing.query([])?;
+    while let Some(r) = rows.next()? {
+        let id: String = r.get(0)?;
+        out.push(AuthorityMismatch {
+            table: "executions",
+            key: id,
+            journal: "accepted".into(),
+            table_value: "absent".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// The facts of one `executions` row a retry decision reads.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ExecutionFacts {
+    pub(crate) state: String,
+    pub(crate) fingerprint: String,
+    pub(crate) actor: String,
+    pub(crate) intent_scope: String,
+    pub(crate) contract: Value,
+}
+
+/// Where the row `table` of execution `id` differs from its journal rows (its last state, its
+/// `accepted` row's body).
+pub(crate) fn compare_execution(
+    id: &str,
+    table: &ExecutionFacts,
+    last_state: Option<String>,
+    accepted: Option<&str>,
+) -> Vec<AuthorityMismatch> {
+    let mut out = Vec::new();
+    let mut differ = |field: &str, journal: String, table_value: String| {
+        if journal != table_value {
+            out.push(AuthorityMismatch { table: "executions", key: format!("{id} {field}"), journal, table_value });
+        }
+    };
+    differ("state", last_state.unwrap_or_else(|| "absent".into()), table.state.clone());
+    let accepted = accepted.and_then(|body| JournalRow::from_body(body.as_bytes()).ok()).map(|row| row.detail);
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map_or_else(|| "absent".to_owned(), str::to_owned);
+    let a = accepted.as_ref();
+    differ("fingerprint", text(a.map(|d| &d["fingerprint"])), table.fingerprint.clone());
+    differ("actor", text(a.map(|d| &d["actor"])), table.actor.clone());
+    differ("intent_scope", text(a.map(|d| &d["intent_scope"])), table.intent_scope.clone());
+    let contract = a.map(|d| d["contract"].clone()).unwrap_or(Value::Null);
+    if contract != table.contract {
+        differ("contract", contract.to_string(), table.contract.to_string());
+    }
+    out
+}
+
 /// Rewrites the authority tables from the journal (the caller has verified the chain), in one
 /// transaction; returns what it changed.
 pub fn rederive(conn: &mut Connection) -> Result<Vec<AuthorityMismatch>, StoreError> {

@@ -199,6 +199,23 @@ impl ErrorCode for StoreError {
     }
 }
 
+/// The journal events of an import of agent configs ([`Store::import_recorded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportEvent {
+    ImportApplied,
+    ImportUndone,
+}
+
+impl ImportEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImportEvent::ImportApplied => "import_applied",
+            ImportEvent::ImportUndone => "import_undone",
+        }
+    }
+}
+
 /// A request to run an action, as the engine hands it to the store after canonicalisation.
 #[derive(Clone, Debug)]
 pub struct NewExecution {
@@ -484,6 +501,18 @@ impl Store {
         self.writer.call(WriteKind::DURABLE, move |w| w.vault_row("request_refused", detail, at))
     }
 
+    /// Journals an import of agent configs (`import_applied`: the digest of the undo record, the
+    /// files rewritten, the servers added) or its undo (`import_undone`), on the vault stream: an
+    /// undo is carried out only from a record whose digest the journal holds.
+    pub fn import_recorded(
+        &self,
+        event: ImportEvent,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(event.as_str(), detail, at))
+    }
+
     /// Journals that a change arrived over the control socket (`control_request_applied` on the
     /// vault stream: the operation and the peer process), beside the change's own row, so an
     /// incident responder can tell the owner's terminal from another process of the same user.
@@ -622,6 +651,12 @@ impl Store {
     }
 
     /// Forgets MCP session `id` (its client ended it).
+    /// Binds a remembered MCP session to the agent token that opened it.
+    pub fn bind_mcp_session(&self, id: &str, agent: &str) -> Result<(), StoreError> {
+        let (id, agent) = (id.to_owned(), agent.to_owned());
+        self.writer.call(WriteKind::ORDERED, move |w| w.bind_mcp_session(&id, &agent))
+    }
+
     pub fn forget_mcp_session(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_owned();
         self.writer.call(WriteKind::DURABLE, move |w| w.forget_mcp_session(&id))

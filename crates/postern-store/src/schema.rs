@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 4, sql: include_str!("migrations/0004_approvals.sql") },
     Migration { version: 5, sql: include_str!("migrations/0005_mcp_sessions.sql") },
     Migration { version: 6, sql: include_str!("migrations/0006_authority_index.sql") },
+    Migration { version: 7, sql: include_str!("migrations/0007_retry_lookup.sql") },
 ];
 
 /// Highest schema version this build understands.

@@ -222,6 +222,22 @@ impl JournalView {
         Ok(out)
     }
 
+    /// The newest vault-stream row whose event is one of `events`, if any.
+    pub fn last_vault_event(&self, events: &[&str]) -> Result<Option<JournalEntry>, StoreError> {
+        let events: Vec<String> = events.iter().map(|e| (*e).to_owned()).collect();
+        let list = serde_json::to_string(&events).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut found = self.with(|c| {
+            Self::entries(
+                c,
+                "SELECT seq, body, row_hash FROM journal
+                 WHERE stream = 'vault' AND event IN (SELECT value FROM json_each(?1))
+                 ORDER BY seq DESC LIMIT 1",
+                [list],
+            )
+        })?;
+        Ok(found.pop())
+    }
+
     /// Every activity row of one execution, oldest first.
     pub fn timeline(&self, id: ExecutionId) -> Result<Vec<JournalEntry>, StoreError> {
         self.with(|c| {
@@ -281,6 +297,16 @@ impl JournalView {
     pub fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
         self.with(|c| {
             c.prepare_cached("SELECT initialize FROM mcp_sessions WHERE id = ?1")?
+                .query_row([id], |r| r.get(0))
+                .optional()
+                .map_err(StoreError::from)
+        })
+    }
+
+    /// The agent token a remembered MCP session belongs to (`Some(None)`: remembered, not bound).
+    pub fn mcp_session_agent(&self, id: &str) -> Result<Option<Option<String>>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached("SELECT agent FROM mcp_sessions WHERE id = ?1")?
                 .query_row([id], |r| r.get(0))
                 .optional()
                 .map_err(StoreError::from)

@@ -14,7 +14,7 @@ mod ssh_host;
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
-pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer, ServerStart, ToolOverride};
+pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer, SecretArg, ServerStart, ToolOverride};
 pub use sensitive::Sensitive;
 pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, KIND as SSH_HOST_KIND, SshHost};
 
@@ -301,11 +301,12 @@ impl Vault {
         now: Timestamp,
     ) -> Result<(), VaultError> {
         server.validate()?;
-        let named: Vec<&String> = secrets.iter().map(|(k, _)| k).collect();
-        if named.len() != server.secret_env.len() || server.secret_env.iter().any(|k| !named.contains(&k)) {
+        let named: Vec<&str> = secrets.iter().map(|(k, _)| k.as_str()).collect();
+        let declared = server.secret_names();
+        if named.len() != declared.len() || declared.iter().any(|k| !named.contains(k)) {
             return Err(VaultError::InvalidCredential(format!(
-                "server {:?} declares secret environment values {:?}; exactly those must be given",
-                server.name, server.secret_env
+                "server {:?} declares the secrets {declared:?}; exactly those must be given",
+                server.name
             )));
         }
         if let Some((k, _)) = secrets.iter().find(|(_, v)| v.expose().is_empty()) {
@@ -315,11 +316,11 @@ impl Vault {
             return Err(VaultError::DuplicateCredential(server.name.clone()));
         }
         for (k, v) in secrets {
-            self.keychain.set(&self.server_item(&server.name, k), v.expose().as_bytes())?;
+            self.keychain.set(&self.server_item(server, k), v.expose().as_bytes())?;
         }
         if let Err(e) = self.store.put_credential(server.to_record(now.as_millis()), now) {
             for (k, _) in secrets {
-                let _ = self.keychain.delete(&self.server_item(&server.name, k));
+                let _ = self.keychain.delete(&self.server_item(server, k));
             }
             return Err(match e {
                 postern_store::StoreError::DuplicateCredential(n) => VaultError::DuplicateCredential(n),
@@ -329,8 +330,11 @@ impl Vault {
         Ok(())
     }
 
-    fn server_item(&self, server: &str, key: &str) -> String {
-        self.item(&format!("mcp/{server}/env/{key}"))
+    /// The keychain item of one of a server's secrets: an environment value
+    /// (`mcp/<server>/env/<KEY>`) or an argument (`mcp/<server>/arg/<NAME>`).
+    fn server_item(&self, server: &McpServer, key: &str) -> String {
+        let kind = if server.secret_env.iter().any(|k| k == key) { "env" } else { "arg" };
+        self.item(&format!("mcp/{}/{kind}/{key}", server.name))
     }
 
     pub fn mcp_servers(&self) -> Result<Vec<McpServer>, VaultError> {
@@ -344,21 +348,22 @@ impl Vault {
             .ok_or_else(|| VaultError::UnknownMcpServer(name.into()))
     }
 
-    /// The server's secret environment values, to start its process. Refused while locked.
+    /// The server's secrets (environment values, then arguments, by name), to start its process.
+    /// Refused while locked.
     pub fn mcp_server_secrets(&self, server: &McpServer) -> Result<Vec<(String, Sensitive<String>)>, VaultError> {
         if self.is_locked()? {
             return Err(VaultError::Locked);
         }
         server
-            .secret_env
-            .iter()
+            .secret_names()
+            .into_iter()
             .map(|k| {
-                let item = self.server_item(&server.name, k);
+                let item = self.server_item(server, k);
                 let bytes =
                     self.read_item(&item)?.ok_or_else(|| VaultError::MissingSecret(format!("{}/{k}", server.name)))?;
                 let text = String::from_utf8(bytes.expose().clone())
                     .map_err(|_| VaultError::CorruptKey { item: item.clone(), detail: "not UTF-8".into() })?;
-                Ok((k.clone(), Sensitive::new(text)))
+                Ok((k.to_owned(), Sensitive::new(text)))
             })
             .collect()
     }
@@ -401,8 +406,8 @@ impl Vault {
         let server = self.mcp_server(name)?;
         self.store.remove_credential(name, now)?;
         let mut deleted = Ok(());
-        for k in &server.secret_env {
-            if let Err(e) = self.keychain.delete(&self.server_item(name, k)) {
+        for k in server.secret_names() {
+            if let Err(e) = self.keychain.delete(&self.server_item(&server, k)) {
                 deleted = Err(e);
             }
         }
@@ -424,6 +429,22 @@ impl Vault {
 
     pub fn drop_file_backup(&self, key: &str) -> Result<(), VaultError> {
         self.file_backups().drop_backup(key)
+    }
+
+    /// Journals an import of agent configs, or its undo (see `postern_host::import`).
+    pub fn journal_import(
+        &self,
+        event: postern_store::ImportEvent,
+        detail: serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(), VaultError> {
+        self.store.import_recorded(event, detail, now)?;
+        Ok(())
+    }
+
+    /// The journal this vault records into (read side).
+    pub fn journal(&self) -> &postern_store::JournalView {
+        self.store.view()
     }
 
     /// This installation's file backups in the keychain.

@@ -90,6 +90,25 @@ impl ToolOverride {
     }
 }
 
+/// An argument of a stdio server's command line that holds a secret (a DSN's password, the value
+/// of `--access-token`, a token in a header argument): at spawn, `args[index]` is `prefix`, the
+/// keychain item `name`, then `suffix`. The stored `args[index]` is what lists show:
+/// `prefix<NAME>suffix`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretArg {
+    pub index: usize,
+    pub name: String,
+    pub prefix: String,
+    pub suffix: String,
+}
+
+impl SecretArg {
+    /// What lists and the journal show in the argument's place.
+    pub fn shown(&self) -> String {
+        format!("{}<{}>{}", self.prefix, self.name, self.suffix)
+    }
+}
+
 /// An upstream MCP server: one Postern launches over stdio (its secret values are in the
 /// keychain), or a remote Streamable HTTP server reached with a vault credential.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +121,9 @@ pub struct McpServer {
     pub env: BTreeMap<String, String>,
     /// Names of environment values kept in the keychain and set only in this child's environment.
     pub secret_env: Vec<String>,
+    /// Arguments that hold a secret (kept in the keychain, put back only into this child's argv).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_args: Vec<SecretArg>,
     /// Every call to this server's tools needs a reviewer.
     pub approve_every_use: bool,
     /// A remote server's Streamable HTTP endpoint.
@@ -117,6 +139,12 @@ pub struct McpServer {
 }
 
 impl McpServer {
+    /// The names of every secret the server's keychain items hold (environment values, then
+    /// arguments).
+    pub fn secret_names(&self) -> Vec<&str> {
+        self.secret_env.iter().map(String::as_str).chain(self.secret_args.iter().map(|a| a.name.as_str())).collect()
+    }
+
     /// What launches it, as lists show it: the command line, or the URL and the credential.
     pub fn launched(&self) -> String {
         match &self.url {
@@ -142,12 +170,25 @@ impl McpServer {
             ));
         }
         if let Some(url) = &self.url {
-            let parsed =
-                url::Url::parse(url).map_err(|e| VaultError::InvalidCredential(format!("--url {url:?}: {e}")))?;
+            // Never echoed: a URL that is refused may be refused for the password it carries.
+            let parsed = url::Url::parse(url)
+                .map_err(|e| VaultError::InvalidCredential(format!("--url is not an absolute URL: {e}")))?;
+            if !parsed.username().is_empty() || parsed.password().is_some() {
+                return invalid(format!(
+                    "--url must not carry a user name or password (it would be journaled, logged and listed): add it \
+                     as a vault credential (`postern vault add NAME --kind basic --username USER --host {}`) and give \
+                     --credential NAME",
+                    parsed.host_str().unwrap_or_default()
+                ));
+            }
             if !matches!(parsed.scheme(), "https" | "http") {
                 return invalid(format!("--url {url:?} must be https (or http to a loopback address)"));
             }
-            if !self.command.is_empty() || !self.args.is_empty() || !self.env.is_empty() || !self.secret_env.is_empty()
+            if !self.command.is_empty()
+                || !self.args.is_empty()
+                || !self.env.is_empty()
+                || !self.secret_env.is_empty()
+                || !self.secret_args.is_empty()
             {
                 return invalid("a remote server (--url) has no command or environment".into());
             }
@@ -170,6 +211,18 @@ impl McpServer {
         if let Some(both) = self.secret_env.iter().find(|k| self.env.contains_key(*k)) {
             return invalid(format!("{both:?} is given both as a plain value and as a secret"));
         }
+        let names = self.secret_names();
+        if let Some(twice) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| n) {
+            return invalid(format!("the secret {twice:?} is named twice"));
+        }
+        for a in &self.secret_args {
+            if a.index >= self.args.len() || !env_name_ok(&a.name) {
+                return invalid(format!("secret argument {:?} does not name one of the arguments", a.name));
+            }
+            if self.args[a.index] != a.shown() {
+                return invalid(format!("argument {} must read {:?} where its secret goes", a.index, a.shown()));
+            }
+        }
         self.validate_tools()
     }
 
@@ -187,6 +240,9 @@ impl McpServer {
             None => json!({ "transport": "stdio", "command": self.command, "args": self.args, "env": self.env,
                             "secret_env": self.secret_env }),
         };
+        if !self.secret_args.is_empty() {
+            spec["secret_args"] = json!(self.secret_args);
+        }
         // Only what differs from the defaults, so records written before these existed read the same.
         if self.start != ServerStart::default() {
             spec["start"] = json!(self.start);
@@ -241,6 +297,10 @@ impl McpServer {
             args: strings("args")?,
             env: serde_json::from_value(r.spec.get("env").cloned().unwrap_or(json!({}))).map_err(|_| corrupt("env"))?,
             secret_env: strings("secret_env")?,
+            secret_args: match r.spec.get("secret_args") {
+                Some(v) => serde_json::from_value(v.clone()).map_err(|_| corrupt("secret_args"))?,
+                None => vec![],
+            },
             approve_every_use: r.approve_every_use,
             url: None,
             credential: None,
@@ -261,6 +321,7 @@ mod tests {
             args: vec!["-y".into(), "@modelcontextprotocol/server-github".into()],
             env: BTreeMap::from([("LOG_LEVEL".into(), "info".into())]),
             secret_env: vec!["GITHUB_TOKEN".into()],
+            secret_args: vec![],
             approve_every_use: false,
             url: None,
             credential: None,

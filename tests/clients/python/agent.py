@@ -11,6 +11,8 @@ Commands:
   {"op": "call", "tag": "t1", "tool": "...", "arguments": {...}}   (answered later, by tag)
   {"op": "drop"}          close the connection (cancels calls in flight)
   {"op": "tools"}         list tools
+  {"op": "run", "tag": "r1", "argv": [...], "env": {...}}   run a command as a child of the agent
+                          (as an agent's shell tool would); answers {"event": "ran", "code", "stdout", "stderr"}
   {"op": "exit"}
 Events: {"event": "...", ...}; a call answers {"event": "result", "tag": ..., "ok": bool, ...}.
 """
@@ -193,6 +195,11 @@ async def main():
                     await agent.read(cmd)
                 elif op == "listen":
                     await agent.listen()
+                elif op == "run":
+                    env = {**os.environ, **cmd.get("env", {})}
+                    done = await anyio.run_process(cmd["argv"], env=env, check=False)
+                    emit(event="ran", tag=cmd.get("tag"), code=done.returncode,
+                         stdout=done.stdout.decode(errors="replace"), stderr=done.stderr.decode(errors="replace"))
                 elif op == "exit":
                     break
             except Exception as e:

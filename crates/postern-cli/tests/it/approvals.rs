@@ -530,3 +530,50 @@ fn per_use_approval_covers_one_call_and_its_retry_joins_the_open_question() {
     assert!(!term.screen().contains(BANK_SECRET));
     assert!(super::support::any_file_contains(gw.path(), BANK_SECRET).is_none());
 }
+
+/// A change that weakens safety asked for from outside any agent run (here, the owner's own
+/// terminal) is put to the reviewer at the approver's terminal first: refused, nothing changes
+/// and the refusal is journaled; confirmed, it is made.
+#[test]
+fn a_change_that_weakens_safety_waits_for_the_reviewers_confirmation() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let add = super::upstreams::add_counter(data.path(), dir.path(), "counter", "token-for-the-counter\n");
+    assert_eq!(add.code, 0, "{}", add.stderr);
+    let (gw, mut term) = serve_on_terminal_in(data, "", &[]);
+    let contract = |args: &[&str]| {
+        let args: Vec<String> = ["servers", "contract", "counter"].iter().chain(args).map(|s| s.to_string()).collect();
+        let data = gw.path().to_owned();
+        std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            super::support::postern(&args, Some(&data))
+        })
+    };
+    // Stronger than the annotations say (set_flag is idempotent by its hint): no question.
+    let stronger = contract(&["set_flag", "--class", "irreversible"]).join().unwrap();
+    assert_eq!(stronger.code, 0, "{}", stronger.stderr);
+    // Back to what the hint says is weaker: asked, and refused.
+    let weaker = contract(&["set_flag", "--clear"]);
+    let shown = term.wait_for("choice (c/r)> ");
+    assert!(shown.contains("confirm a change"), "{shown}");
+    assert!(shown.contains("counter__set_flag"), "{shown}");
+    assert!(shown.contains("an uncertain outcome would be idempotent instead of irreversible"), "{shown}");
+    assert!(shown.contains("asked by     pid "), "the asking process is shown: {shown}");
+    term.type_line("r");
+    let refused = weaker.join().unwrap();
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(refused.stderr.contains("did not confirm"), "{}", refused.stderr);
+    let listed = |gw: &Gateway| {
+        let run = gw.postern(&["servers", "tools", "counter", "--json"]);
+        let tools: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stderr));
+        tools.as_array().unwrap().iter().find(|t| t["name"] == "counter__set_flag").unwrap()["contract"].clone()
+    };
+    assert_eq!(listed(&gw), json!("irreversible"), "nothing changed");
+    // Asked again, and confirmed.
+    let weaker = contract(&["set_flag", "--clear"]);
+    term.wait_for("choice (c/r)> ");
+    term.type_line("c");
+    let confirmed = weaker.join().unwrap();
+    assert_eq!(confirmed.code, 0, "{}", confirmed.stderr);
+    assert_eq!(listed(&gw), json!("idempotent"));
+}

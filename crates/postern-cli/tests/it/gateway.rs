@@ -101,7 +101,7 @@ fn identity_comes_from_the_kernel_and_a_run_is_one_process() {
     });
 }
 
-fn raw_http(addr: &str, request: &str) -> (u16, String) {
+pub(super) fn raw_http(addr: &str, request: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.write_all(request.as_bytes()).unwrap();
@@ -112,7 +112,7 @@ fn raw_http(addr: &str, request: &str) -> (u16, String) {
 }
 
 /// A JSON-RPC `body` POSTed to `/mcp` with `headers` (each ending in CRLF).
-fn post_mcp(addr: &str, headers: &str, body: &str) -> (u16, String) {
+pub(super) fn post_mcp(addr: &str, headers: &str, body: &str) -> (u16, String) {
     raw_http(
         addr,
         &format!(
@@ -123,7 +123,7 @@ fn post_mcp(addr: &str, headers: &str, body: &str) -> (u16, String) {
     )
 }
 
-fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
+pub(super) fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
     post_mcp(addr, headers, body)
 }

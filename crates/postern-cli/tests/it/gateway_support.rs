@@ -472,6 +472,17 @@ impl Agent {
         self.result(tag)
     }
 
+    /// Runs `postern ARGS` as a child of the agent's own process (as an agent's shell tool would),
+    /// on `gateway`'s data directory; the `ran` event (code, stdout, stderr).
+    pub fn run_postern(&mut self, tag: &str, gateway: &Gateway, args: &[&str]) -> Value {
+        let argv: Vec<&str> = std::iter::once(postern_bin()).chain(args.iter().copied()).collect();
+        self.send(json!({ "op": "run", "tag": tag, "argv": argv, "env": {
+            "POSTERN_DATA_DIR": gateway.path(),
+            "XDG_RUNTIME_DIR": std::env::var("XDG_RUNTIME_DIR").unwrap_or_default(),
+        } }));
+        self.expect("the command to end", |e| e["event"] == "ran" && e["tag"] == tag)
+    }
+
     pub fn drop_connection(&mut self) {
         self.send(json!({ "op": "drop" }));
         self.expect("dropped", |e| e["event"] == "dropped");

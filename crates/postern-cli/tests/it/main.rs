@@ -11,6 +11,7 @@ mod doctor;
 mod faults;
 mod gateway;
 mod gateway_support;
+mod hostile;
 mod journal;
 mod service;
 mod ssh;

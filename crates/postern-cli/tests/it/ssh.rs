@@ -161,3 +161,37 @@ fn a_gateway_crash_while_an_ssh_command_runs_is_recovered_through_the_marker() {
     assert!(!gw.stderr.lock().unwrap().contains(&key_line));
     assert!(super::support::any_file_contains(gw.path(), &key_line).is_none());
 }
+
+/// `ssh gc` removes a marker only when the journal shows its execution settled: the marker of an
+/// execution still uncertain (left dispatched, now outcome_unknown) is kept however old it is,
+/// and so is one this journal does not know. (Before: every marker older than the threshold went,
+/// and a recovery of the uncertain command would then read "absent" and run it again.)
+#[test]
+fn gc_keeps_the_markers_of_unsettled_executions_whatever_their_age() {
+    let journal = super::support::journal(1);
+    let sshd = Sshd::start();
+    let markers = tempfile::tempdir().unwrap();
+    let s = Setup { sshd, data: journal.dir, markers, tools: std::path::PathBuf::new() };
+    assert_eq!(s.add("box", "id_ed25519", &s.sshd.dir.path().join("host_ed25519.pub"), None).code, 0);
+    let settled = super::support::exec(1).to_string();
+    let uncertain = super::support::exec(999).to_string();
+    let unknown = "act_01M8RZZZZZZZZZZZZZZZZZZZZZ".to_owned();
+    for id in [&settled, &uncertain, &unknown] {
+        let dir = s.markers.path().join(id);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("started"), "1 1\n").unwrap();
+        assert!(std::process::Command::new("touch").args(["-d", "40 days ago"]).arg(&dir).status().unwrap().success());
+    }
+    let gc = postern(&["ssh", "gc", "box", "--older-than-days", "30"], Some(s.data.path()));
+    assert_eq!(gc.code, 0, "{}", gc.stderr);
+    assert!(gc.stderr.contains("removed 1 marker directory"), "{}", gc.stderr);
+    assert!(
+        gc.stderr.contains("kept 1 of an execution not settled yet")
+            && gc.stderr.contains("1 of an execution this journal does not know"),
+        "{}",
+        gc.stderr
+    );
+    assert!(!s.markers.path().join(&settled).exists(), "the settled execution's marker is removed");
+    assert!(s.markers.path().join(&uncertain).exists(), "the uncertain execution's marker is kept");
+    assert!(s.markers.path().join(&unknown).exists());
+}

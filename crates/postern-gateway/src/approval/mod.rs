@@ -227,6 +227,15 @@ pub trait Approver: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// A process outside every agent run asked, over the control socket, for a change that
+    /// weakens safety (a weaker contract, approve-every-use off, a server added, a credential
+    /// removed, …): its person confirms (`Some(true)`) or refuses (`Some(false)`, also when no
+    /// answer comes in time). `None`: no person is attached to ask, and the change goes ahead
+    /// (journaled with where it came from).
+    fn confirm_change(&self, _request: &ChangeRequest) -> Option<bool> {
+        None
+    }
+
     /// Who answers, as `status` and `doctor` say it: `none`, `terminal`, `desktop app`.
     fn kind(&self) -> &'static str {
         "none"
@@ -504,6 +513,54 @@ impl RetryReviewRequest {
             details: None,
         }
         .visible()
+    }
+}
+
+/// A change to what Postern trusts, asked for over the control socket by a process outside
+/// every agent run, put to the approver's person before it is made.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeRequest {
+    /// The control operation (`servers.contract`, `vault.remove`, …).
+    pub op: String,
+    /// What would change, in words.
+    pub change: String,
+    /// Why that weakens safety.
+    pub weakens: String,
+    /// The requesting process and its ancestry, one per line (`pid 4242 /usr/bin/bash`).
+    pub from: Vec<String>,
+    pub timeout_ms: u64,
+    #[serde(skip)]
+    pub withdrawn: Withdrawal,
+}
+
+impl ChangeRequest {
+    pub fn presentation(&self) -> Presentation {
+        let mut rows = vec![
+            ("change".to_owned(), self.change.clone()),
+            ("weakens".to_owned(), self.weakens.clone()),
+            ("operation".to_owned(), self.op.clone()),
+        ];
+        for (i, line) in self.from.iter().enumerate() {
+            rows.push((if i == 0 { "asked by" } else { "  under" }.to_owned(), line.clone()));
+        }
+        Presentation {
+            title: "confirm a change".into(),
+            intro: Some(
+                "A process of your user asked Postern, over its control socket, for a change that weakens safety. \
+                 Confirm it only if you asked for it yourself."
+                    .into(),
+            ),
+            rows,
+            timeline: vec![],
+            choices: vec![choice('c', "confirm the change"), choice('r', "refuse it")],
+            details: None,
+        }
+        .visible()
+    }
+
+    /// The answer for the key chosen (`None`: no answer in time — refused).
+    pub fn verdict(&self, key: Option<char>) -> bool {
+        key == Some('c')
     }
 }
 

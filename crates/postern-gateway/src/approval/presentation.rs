@@ -36,38 +36,27 @@ impl Presentation {
     }
 }
 
-/// `text` as a reviewer may safely see it: control characters (C0, DEL, C1: escape sequences,
-/// carriage returns, newlines, tabs) and invisible formatting characters (bidi overrides and
-/// isolates, zero-width characters, BOM) written as escapes, runs of 8 or more spaces counted.
+/// `text` as a reviewer may safely see it: [`postern_core::Outside::line`] (control and
+/// invisible formatting characters written as escapes, newlines included), and runs of 8 or
+/// more spaces counted (a long blank run could push the rest of a line out of sight).
 pub fn visible(text: &str) -> String {
-    fn blanks(out: &mut String, n: usize) {
+    let escaped = postern_core::Outside::line(text).to_string();
+    let mut out = String::with_capacity(escaped.len());
+    let mut spaces = 0;
+    let blanks = |out: &mut String, n: usize| {
         if n >= 8 {
             out.push_str(&format!("␠×{n}"));
         } else {
             out.extend(std::iter::repeat_n(' ', n));
         }
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut spaces = 0;
-    for c in text.chars() {
+    };
+    for c in escaped.chars() {
         if c == ' ' {
             spaces += 1;
             continue;
         }
         blanks(&mut out, std::mem::take(&mut spaces));
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{200b}'..='\u{200f}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2060}'..='\u{2069}'
-            | '\u{061c}'
-            | '\u{180e}'
-            | '\u{feff}' => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
+        out.push(c);
     }
     blanks(&mut out, spaces);
     out

@@ -2,6 +2,7 @@
 //! `Call` in; a `CallOutcome` with its `Decision`, or an `EngineError` with a machine-readable
 //! code, out).
 
+use super::Settled;
 use crate::{http, http::HttpResult, manifest::ArgumentError};
 use postern_core::{Actor, ErrorCode, ExecutionId, ExecutionState, IntentScope, RecordError, RetryDecision, SessionId};
 use postern_store::StoreError;
@@ -144,13 +145,15 @@ pub struct CallOutcome {
     pub read_only: bool,
     /// How the call was decided (`new_execution` for a fresh call).
     pub decision: Decision,
-    pub result: Option<HttpResult>,
+    /// An HTTP execution's result. Every result here went through the outcome stage (a
+    /// [`Settled`] is made nowhere else): secrets masked, size within the limit.
+    pub result: Option<Settled<HttpResult>>,
     /// An SSH execution's result (exit status, output).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ssh: Option<crate::ssh::SshResult>,
+    pub ssh: Option<Settled<crate::ssh::SshResult>>,
     /// An upstream MCP server's answer.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<crate::upstream::UpstreamResult>,
+    pub upstream: Option<Settled<crate::upstream::UpstreamResult>>,
     /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
     pub detail: Value,
 }

@@ -21,28 +21,21 @@ impl Engine {
             return Ok(self.outcome(id, ExecutionState::Denied, false, Decision::NewExecution, None, auth));
         }
         let out = self.outgoing(p, id)?;
+        let secrets = self.call_secrets(p, Some(&out));
         let dispatched = json!({ "target": p.shown_url, "method": p.method() });
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
-        let Observation { state, result, ssh, upstream, detail, completion } =
-            self.send(p, out, Attempt::First).await?;
-        if completion.is_none() {
-            steps.push((state, detail.clone()));
+        let observed = self.send(p, out, Attempt::First).await?;
+        let state = observed.state;
+        let staged = self.stage(&secrets, observed)?;
+        if staged.completion.is_none() {
+            steps.push((state, staged.detail.clone()));
         }
-        self.store.record_read_only_detached(new, steps, completion)?;
+        self.store.record_read_only_detached(new, steps, staged.completion)?;
         Ok(CallOutcome {
             read_only: true,
-            ssh,
-            upstream,
-            ..self.outcome(id, state, false, Decision::NewExecution, result, detail)
-        })
-    }
-
-    pub(super) fn completion(&self, result: &HttpResult, elapsed: Duration) -> Result<Completion, EngineError> {
-        Ok(Completion {
-            outcome: json!({ "http_status": result.status, "elapsed_ms": elapsed.as_millis() as u64,
-                             "truncated": result.truncated, "secret_echoed": result.secret_echoed }),
-            result: serde_json::to_vec(result).map_err(|e| EngineError::Internal(e.to_string()))?,
-            at: self.now(),
+            ssh: staged.ssh,
+            upstream: staged.upstream,
+            ..self.outcome(id, state, false, Decision::NewExecution, staged.result, staged.detail)
         })
     }
 
@@ -111,7 +104,7 @@ impl Engine {
             passphrase: out.passphrase.as_ref(),
             command: &out.command,
             timeout: out.timeout,
-            cap: crate::ssh::DEFAULT_OUTPUT_CAP,
+            cap: self.max_result_bytes,
             kill: Some(&out.kill),
         };
         self.ssh.exec(job, self.store.vault_epoch()).await
@@ -125,7 +118,7 @@ impl Engine {
         attempt: Attempt,
     ) -> Result<Observation, EngineError> {
         match wire {
-            Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.body_cap).await, attempt),
+            Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.max_result_bytes).await, attempt),
             Wire::Ssh(out) => self.observe_ssh(p, self.ssh_send(out).await),
             Wire::Mcp(out) => {
                 let sent = match &self.upstreams {
@@ -141,29 +134,23 @@ impl Engine {
     /// answer (a tool result, even `isError`, or a JSON-RPC error) → completed; written and then
     /// lost → outcome unknown, recovered by the tool's contract.
     fn observe_mcp(&self, p: &Prepared<'_>, sent: UpstreamSent) -> Result<Observation, EngineError> {
-        let nothing =
-            |state, detail| Observation { state, result: None, ssh: None, upstream: None, detail, completion: None };
         Ok(match sent {
-            UpstreamSent::NotSent { reason } => nothing(
+            UpstreamSent::NotSent { reason } => Observation::without_result(
                 ExecutionState::FailedBeforeDispatch,
                 json!({ "reason": reason, "code": "upstream_unavailable" }),
             ),
-            UpstreamSent::Lost { reason } => nothing(
+            UpstreamSent::Lost { reason } => Observation::without_result(
                 ExecutionState::OutcomeUnknown,
                 json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
             ),
-            UpstreamSent::Answered(answer) => Observation {
-                state: ExecutionState::Completed,
-                completion: Some(Completion {
-                    outcome: json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error }),
-                    result: serde_json::to_vec(&answer).map_err(|e| EngineError::Internal(e.to_string()))?,
-                    at: self.now(),
-                }),
-                result: None,
-                ssh: None,
-                upstream: Some(answer),
-                detail: json!({}),
-            },
+            UpstreamSent::Answered(answer) => {
+                let outcome = json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error });
+                Observation::completed(Raw::Upstream(answer), outcome)
+            }
+            UpstreamSent::TooLarge(answer) => {
+                let outcome = json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error });
+                Observation { over_limit: true, ..Observation::completed(Raw::Upstream(answer), outcome) }
+            }
         })
     }
 
@@ -174,63 +161,38 @@ impl Engine {
                 if result.exit_status == Some(125) && result.stderr.contains("postern-marker: exists") =>
             {
                 // Someone already created this execution's marker: it ran (or runs) elsewhere.
-                Observation {
-                    state: ExecutionState::OutcomeUnknown,
-                    result: None,
-                    ssh: None,
-                    upstream: None,
-                    detail: json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
-                    completion: None,
-                }
+                Observation::without_result(
+                    ExecutionState::OutcomeUnknown,
+                    json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
+                )
             }
             // Timed out, or the channel closed without an exit status: the command may have run
             // to any point. Unknown, not completed; the marker (or a reviewer) decides.
             SshSent::Finished { result, elapsed } if result.exit_status.is_none() && result.exit_signal.is_none() => {
-                Observation {
-                    state: ExecutionState::OutcomeUnknown,
-                    result: None,
-                    ssh: None,
-                    upstream: None,
-                    detail: json!({
+                Observation::without_result(
+                    ExecutionState::OutcomeUnknown,
+                    json!({
                         "reason": if result.timed_out.is_some() { "ssh_timed_out" } else { "ssh_no_exit_status" },
                         "explanation": "the remote command gave no exit status; it may have run partly or entirely",
                         "exit_signal": result.exit_signal, "timed_out": result.timed_out,
                         "elapsed_ms": elapsed.as_millis() as u64,
                         "recovery": p.tool.contract.class.as_str(),
                     }),
-                    completion: None,
-                }
+                )
             }
-            SshSent::Finished { result, elapsed } => Observation {
-                state: ExecutionState::Completed,
-                completion: Some(Completion {
-                    outcome: json!({ "exit_status": result.exit_status, "exit_signal": result.exit_signal,
-                                     "truncated": result.truncated, "timed_out": result.timed_out,
-                                     "elapsed_ms": elapsed.as_millis() as u64 }),
-                    result: serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?,
-                    at: self.now(),
-                }),
-                result: None,
-                ssh: Some(result),
-                upstream: None,
-                detail: json!({}),
-            },
-            SshSent::NotSent { code, reason } => Observation {
-                state: ExecutionState::FailedBeforeDispatch,
-                result: None,
-                ssh: None,
-                upstream: None,
-                detail: json!({ "reason": reason, "code": code }),
-                completion: None,
-            },
-            SshSent::Unknown { reason } => Observation {
-                state: ExecutionState::OutcomeUnknown,
-                result: None,
-                ssh: None,
-                upstream: None,
-                detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
-                completion: None,
-            },
+            SshSent::Finished { result, elapsed } => {
+                let outcome = json!({ "exit_status": result.exit_status, "exit_signal": result.exit_signal,
+                                      "timed_out": result.timed_out, "elapsed_ms": elapsed.as_millis() as u64 });
+                Observation::completed(Raw::Ssh(result), outcome)
+            }
+            SshSent::NotSent { code, reason } => Observation::without_result(
+                ExecutionState::FailedBeforeDispatch,
+                json!({ "reason": reason, "code": code }),
+            ),
+            SshSent::Unknown { reason } => Observation::without_result(
+                ExecutionState::OutcomeUnknown,
+                json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+            ),
         })
     }
 
@@ -289,6 +251,7 @@ impl Engine {
         attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {
         postern_store::crash::point("engine::dispatched::before_send");
+        let secrets = self.call_secrets(p, Some(&out));
         let mut observed = self.send(p, out, attempt).await?;
         if attempt == Attempt::SameKeyResend && observed.state == ExecutionState::FailedBeforeDispatch {
             // A recovery re-send that never left says nothing about the first attempt: its outcome
@@ -303,11 +266,16 @@ impl Engine {
                 "recovery": p.tool.contract.class.as_str(),
             });
         }
-        let Observation { state, result, ssh, upstream, detail, completion } = observed;
+        let state = observed.state;
+        let staged = self.stage(&secrets, observed)?;
         postern_store::crash::point("engine::observed::before_journal");
-        self.journal_observation(id, state, detail.clone(), completion).await?;
+        self.journal_observation(id, state, staged.detail.clone(), staged.completion).await?;
         postern_store::crash::point("engine::journaled::before_answer");
-        Ok(CallOutcome { ssh, upstream, ..self.outcome(id, state, attached, decision, result, detail) })
+        Ok(CallOutcome {
+            ssh: staged.ssh,
+            upstream: staged.upstream,
+            ..self.outcome(id, state, attached, decision, staged.result, staged.detail)
+        })
     }
 
     /// Journals what a sent request's attempt observed. If the journal cannot be written right
@@ -363,12 +331,9 @@ impl Engine {
             Sent::Response { result, .. }
                 if attempt == Attempt::SameKeyResend && inconclusive_resend_status(result.status) =>
             {
-                Observation {
-                    state: ExecutionState::OutcomeUnknown,
-                    result: None,
-                    ssh: None,
-                    upstream: None,
-                    detail: json!({
+                Observation::without_result(
+                    ExecutionState::OutcomeUnknown,
+                    json!({
                         "reason": "same_key_resend_inconclusive",
                         "http_status": result.status,
                         "explanation": "the target's answer to the re-send with the same idempotency key says nothing \
@@ -376,33 +341,20 @@ impl Engine {
                                         error); the outcome stays unknown — retry later",
                         "recovery": p.tool.contract.class.as_str(),
                     }),
-                    completion: None,
-                }
+                )
             }
-            Sent::Response { result, elapsed } => Observation {
-                state: ExecutionState::Completed,
-                completion: Some(self.completion(&result, elapsed)?),
-                result: Some(result),
-                ssh: None,
-                upstream: None,
-                detail: json!({}),
-            },
-            Sent::NotSent { reason } => Observation {
-                state: ExecutionState::FailedBeforeDispatch,
-                result: None,
-                ssh: None,
-                upstream: None,
-                detail: json!({ "reason": reason }),
-                completion: None,
-            },
-            Sent::Unknown { reason } => Observation {
-                state: ExecutionState::OutcomeUnknown,
-                result: None,
-                ssh: None,
-                upstream: None,
-                detail: json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
-                completion: None,
-            },
+            Sent::Response { result, elapsed, over_limit } => {
+                let outcome = json!({ "http_status": result.status, "elapsed_ms": elapsed.as_millis() as u64,
+                                      "truncated": result.truncated });
+                Observation { over_limit, ..Observation::completed(Raw::Http(result), outcome) }
+            }
+            Sent::NotSent { reason } => {
+                Observation::without_result(ExecutionState::FailedBeforeDispatch, json!({ "reason": reason }))
+            }
+            Sent::Unknown { reason } => Observation::without_result(
+                ExecutionState::OutcomeUnknown,
+                json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+            ),
         })
     }
 }

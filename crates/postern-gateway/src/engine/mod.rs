@@ -4,6 +4,7 @@
 mod authorize;
 mod call;
 mod dispatch;
+mod outcome;
 mod prepare;
 mod recover;
 
@@ -18,6 +19,8 @@ use crate::{
 };
 use call::cancelled_detail;
 pub use call::{Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
+pub use outcome::Settled;
+use outcome::{Observation, Raw};
 use postern_core::{
     ActionRequest, ActionTarget, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState, FingerprintKey,
     HttpAction, IntentScope, LadderDecision, LadderInput, RecordError, RetryDecision, ReviewReason, Rung, SessionId,
@@ -149,7 +152,8 @@ pub struct Engine {
     last_activity: std::sync::atomic::AtomicI64,
     http: reqwest::Client,
     clock: Clock,
-    body_cap: usize,
+    /// The most bytes a result may hold, for every channel (the outcome stage holds them to it).
+    max_result_bytes: usize,
     /// Authenticated SSH connections kept for reuse.
     ssh: crate::ssh_pool::SshPool,
     /// The upstream MCP servers whose tools are offered beside Postern's own.
@@ -169,16 +173,6 @@ impl std::fmt::Debug for Engine {
 enum Attempt {
     First,
     SameKeyResend,
-}
-
-/// The outcome of one send, before it is journaled.
-struct Observation {
-    state: ExecutionState,
-    result: Option<HttpResult>,
-    ssh: Option<crate::ssh::SshResult>,
-    upstream: Option<crate::upstream::UpstreamResult>,
-    detail: Value,
-    completion: Option<Completion>,
 }
 
 /// A manifest tool, or a built-in one made for this call.
@@ -343,7 +337,7 @@ impl Engine {
             last_activity: std::sync::atomic::AtomicI64::new(clock().as_millis()),
             http: http::client(),
             clock,
-            body_cap: http::DEFAULT_BODY_CAP,
+            max_result_bytes: http::DEFAULT_MAX_RESULT_BYTES,
             ssh: crate::ssh_pool::SshPool::default(),
             upstreams: None,
         })
@@ -368,6 +362,11 @@ impl Engine {
         &self.approver
     }
 
+    /// How long a reviewer has to answer.
+    pub fn approval_timeout(&self) -> Duration {
+        self.approval_timeout
+    }
+
     /// How long a reviewer has to answer (default 120 s); then the call is denied with
     /// `approval_timed_out`.
     pub fn with_approval_timeout(mut self, timeout: Duration) -> Self {
@@ -375,11 +374,16 @@ impl Engine {
         self
     }
 
-    /// Caps stored response bodies at `bytes` (default 8 MiB); longer bodies are truncated and
-    /// flagged.
-    pub fn with_body_cap(mut self, bytes: usize) -> Self {
-        self.body_cap = bytes;
+    /// Holds every channel's result to `bytes` (default 1 MiB, `--max-result-bytes`): a larger
+    /// answer is not kept, and the result says `result_too_large` with the limit.
+    pub fn with_max_result_bytes(mut self, bytes: usize) -> Self {
+        self.max_result_bytes = bytes;
         self
+    }
+
+    /// The limit every channel's result is held to.
+    pub fn max_result_bytes(&self) -> usize {
+        self.max_result_bytes
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -527,12 +531,26 @@ impl Engine {
         self.ssh.prune(self.store.vault_epoch());
     }
 
-    /// [`Engine::sweep`] every `period`, until the task is dropped.
+    /// [`Engine::sweep`] every `period`, until the task is dropped,
+    /// and — while the vault is locked — stops the upstream servers that hold a secret Postern
+    /// gave them (their processes and sessions must not outlive the lock with it).
+    /// and the servers that start with the gateway are started again once it is unlocked.
     pub async fn upkeep(&self, period: Duration) {
         let mut tick = tokio::time::interval(period);
+        let mut was_locked = false;
         loop {
             tick.tick().await;
             self.sweep();
+            let locked = self.vault.is_locked().unwrap_or(true);
+            if let Some(u) = &self.upstreams {
+                if locked {
+                    u.stop_holding_secrets().await;
+                } else if was_locked {
+                    let u = Arc::clone(u);
+                    tokio::spawn(async move { u.start_with_gateway().await });
+                }
+            }
+            was_locked = locked;
         }
     }
 
@@ -557,7 +575,7 @@ impl Engine {
         state: ExecutionState,
         attached: bool,
         decision: Decision,
-        result: Option<HttpResult>,
+        result: Option<Settled<HttpResult>>,
         detail: Value,
     ) -> CallOutcome {
         CallOutcome {
@@ -595,6 +613,11 @@ impl Engine {
     pub async fn remember_mcp_session(&self, id: String, initialize: String) -> Result<(), EngineError> {
         let at = self.now();
         self.on_store(move |store| store.remember_mcp_session(&id, &initialize, at)).await
+    }
+
+    /// Binds a remembered Streamable HTTP session to the agent token that opened it.
+    pub async fn bind_mcp_session(&self, id: String, agent: String) -> Result<(), EngineError> {
+        self.on_store(move |store| store.bind_mcp_session(&id, &agent)).await
     }
 
     /// Forgets a Streamable HTTP session its client ended.

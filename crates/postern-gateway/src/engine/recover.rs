@@ -76,7 +76,8 @@ impl Engine {
                 _ => self.dispatch(p, id, name, true).await,
             },
             RetryDecision::WaitForPrior { .. } => {
-                self.wait_for(id, p.tool.timeout + Duration::from_secs(5), name).await
+                let secrets = self.call_secrets(p, None);
+                self.wait_for(id, p.tool.timeout + Duration::from_secs(5), name, &secrets).await
             }
             RetryDecision::VerifyPrior {
                 verification:
@@ -91,7 +92,7 @@ impl Engine {
             RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
                 self.read_marker(p, id, state, name).await
             }
-            RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name).await,
+            RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name, &self.call_secrets(p, None)).await,
             RetryDecision::ReturnPriorDenial { .. } => {
                 Ok(self.outcome(id, ExecutionState::Denied, true, name, None, json!({})))
             }
@@ -160,11 +161,15 @@ impl Engine {
                 let state = self.current_state(id)?;
                 match state {
                     ExecutionState::Dispatched => {
-                        self.wait_for(id, p.tool.timeout + Duration::from_secs(5), Decision::ReturnRecordedResult).await
+                        let secrets = self.call_secrets(p, None);
+                        let limit = p.tool.timeout + Duration::from_secs(5);
+                        self.wait_for(id, limit, Decision::ReturnRecordedResult, &secrets).await
                     }
                     ExecutionState::Completed
                     | ExecutionState::CompletedResultNotDelivered
-                    | ExecutionState::ResultDelivered => self.stored(id, state, Decision::ReturnRecordedResult).await,
+                    | ExecutionState::ResultDelivered => {
+                        self.stored(id, state, Decision::ReturnRecordedResult, &self.call_secrets(p, None)).await
+                    }
                     other => {
                         let detail = json!({ "reason": request.known_outcome, "returned": "recorded_state" });
                         Ok(self.outcome(id, other, true, Decision::ReturnRecordedResult, None, detail))
@@ -346,16 +351,19 @@ impl Engine {
             idempotency: None,
             timeout: p.tool.timeout,
         };
-        match http::send(&self.http, out, self.body_cap).await {
-            Sent::Response { result, .. } if (200..300).contains(&result.status) => {
-                let bytes = serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?;
-                let completion = Completion {
-                    outcome: json!({ "verified_by": "status_query", "http_status": result.status }),
-                    result: bytes,
-                    at: self.now(),
-                };
-                self.store.complete_async(id, completion).await?;
-                Ok(self.outcome(id, ExecutionState::Completed, true, decision, Some(result), json!({})))
+        let mut secrets = p.secrets.clone();
+        if let Some(c) = &out.credential {
+            secrets.extend(c.secrets());
+        }
+        match http::send(&self.http, out, self.max_result_bytes).await {
+            Sent::Response { result, over_limit, .. } if (200..300).contains(&result.status) => {
+                let outcome = json!({ "verified_by": "status_query", "http_status": result.status });
+                let observed = Observation { over_limit, ..Observation::completed(Raw::Http(result), outcome) };
+                let staged = self.stage(&secrets, observed)?;
+                if let Some(completion) = staged.completion {
+                    self.store.complete_async(id, completion).await?;
+                }
+                Ok(self.outcome(id, ExecutionState::Completed, true, decision, staged.result, json!({})))
             }
             Sent::Response { result, .. } if result.status == 404 => {
                 let detail = json!({ "verified_by": "status_query", "http_status": 404 });
@@ -363,8 +371,12 @@ impl Engine {
                 // Proven not executed: the same execution may now be dispatched.
                 self.dispatch(p, id, decision, true).await
             }
-            other => {
-                let why = format!("the status query could not tell ({other:?})");
+            Sent::Response { result, .. } => {
+                let why = format!("the status query could not tell (HTTP {})", result.status);
+                self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
+            }
+            Sent::NotSent { reason } | Sent::Unknown { reason } => {
+                let why = secrets.mask(&format!("the status query could not tell ({reason})"));
                 self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
             }
         }
@@ -421,17 +433,18 @@ impl Engine {
                     truncated: false,
                     timed_out: None,
                     from_marker: true,
+                    secret_echoed: false,
+                    result_too_large: None,
                 };
-                let completion = Completion {
-                    outcome: json!({ "verified_by": "ssh_marker", "exit_status": exit_status, "finished_at": finished_at,
-                                     "output": "lost with the connection; the exit status is the marker's" }),
-                    result: serde_json::to_vec(&result).map_err(|e| EngineError::Internal(e.to_string()))?,
-                    at: self.now(),
-                };
-                self.store.complete_async(id, completion).await?;
+                let outcome = json!({ "verified_by": "ssh_marker", "exit_status": exit_status, "finished_at": finished_at,
+                                      "output": "lost with the connection; the exit status is the marker's" });
+                let staged = self.stage(&p.secrets, Observation::completed(Raw::Ssh(result), outcome))?;
+                if let Some(completion) = staged.completion {
+                    self.store.complete_async(id, completion).await?;
+                }
                 let detail = json!({ "verified_by": "ssh_marker" });
                 Ok(CallOutcome {
-                    ssh: Some(result),
+                    ssh: staged.ssh,
                     ..self.outcome(id, ExecutionState::Completed, true, decision, None, detail)
                 })
             }
@@ -479,35 +492,23 @@ impl Engine {
         Ok(self.outcome(id, ExecutionState::NeedsReview, true, decision, None, detail))
     }
 
+    /// The stored result of execution `id`, through the outcome stage with `secrets` (those of
+    /// the call it answers).
     pub(super) async fn stored(
         &self,
         id: ExecutionId,
         state: ExecutionState,
         decision: Decision,
+        secrets: &CallSecrets,
     ) -> Result<CallOutcome, EngineError> {
-        let stored = self.store.view().result(id)?;
-        let (mut result, mut ssh, mut upstream) = (None, None, None);
-        if let Some(r) = stored {
-            match serde_json::from_slice::<HttpResult>(&r.body) {
-                Ok(http) => result = Some(http),
-                Err(_) if r.body.starts_with(b"{\"server\"") => {
-                    upstream = Some(
-                        serde_json::from_slice::<crate::upstream::UpstreamResult>(&r.body)
-                            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?,
-                    );
-                }
-                Err(_) => {
-                    ssh = Some(
-                        serde_json::from_slice::<crate::ssh::SshResult>(&r.body)
-                            .map_err(|e| EngineError::Internal(format!("stored result of {id}: {e}")))?,
-                    );
-                }
-            }
-        }
+        let staged = match self.store.view().result(id)? {
+            Some(r) => self.stage_stored(id, secrets, &r.body)?,
+            None => outcome::Staged::default(),
+        };
         Ok(CallOutcome {
-            ssh,
-            upstream,
-            ..self.outcome(id, state, true, decision, result, json!({ "returned": "stored_result" }))
+            ssh: staged.ssh,
+            upstream: staged.upstream,
+            ..self.outcome(id, state, true, decision, staged.result, json!({ "returned": "stored_result" }))
         })
     }
 
@@ -517,6 +518,7 @@ impl Engine {
         id: ExecutionId,
         limit: Duration,
         decision: Decision,
+        secrets: &CallSecrets,
     ) -> Result<CallOutcome, EngineError> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
@@ -529,7 +531,7 @@ impl Engine {
                 return match state {
                     ExecutionState::Completed
                     | ExecutionState::CompletedResultNotDelivered
-                    | ExecutionState::ResultDelivered => self.stored(id, state, decision).await,
+                    | ExecutionState::ResultDelivered => self.stored(id, state, decision, secrets).await,
                     other => Ok(self.outcome(id, other, true, decision, None, json!({ "waited_for": id }))),
                 };
             }
@@ -557,7 +559,11 @@ impl Engine {
             ExecutionState::Completed
             | ExecutionState::CompletedResultNotDelivered
             | ExecutionState::ResultDelivered => {
-                CallOutcome { detail: json!({ "returned": "on_record" }), ..self.stored(id, state, decision).await? }
+                let secrets = CallSecrets::default();
+                CallOutcome {
+                    detail: json!({ "returned": "on_record" }),
+                    ..self.stored(id, state, decision, &secrets).await?
+                }
             }
             other => {
                 // Why it is in this state: the row that put it there.

@@ -349,10 +349,10 @@ async fn a_stalled_connection_times_out_as_unknown_not_as_failed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redirects_are_never_followed_and_large_bodies_are_capped_and_flagged() {
+async fn redirects_are_never_followed_and_a_body_over_the_result_limit_is_not_kept() {
     let (target, addr) = start_target().await;
     let mut rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
-    rig.host.config.body_cap = 1_000;
+    rig.host.config.max_result_bytes = 1_000;
     let engine = rig
         .host
         .engine(
@@ -368,9 +368,16 @@ async fn redirects_are_never_followed_and_large_bodies_are_capped_and_flagged() 
     assert_eq!(target.requests.load(Ordering::SeqCst), 1);
     let url = format!("http://{addr}/v1/large");
     let large = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 2)).await.unwrap();
-    let result = large.result.unwrap();
-    assert!(result.truncated);
-    assert_eq!(result.body.len(), 1_000);
+    let result = large.result.clone().unwrap();
+    assert_eq!((result.status, result.result_too_large, result.body.as_str()), (200, Some(1_000), ""), "{result:?}");
+    let answer = postern_gateway::mcp::outcome_result(&large);
+    assert_eq!(answer.is_error, Some(true), "the agent is told it cannot see the answer");
+    let structured = answer.structured_content.unwrap();
+    assert_eq!(structured["error"], json!({ "code": "result_too_large", "limit": 1_000 }), "{structured}");
+    assert_eq!(structured["state"], "completed", "the execution's true state");
+    rig.store.flush().unwrap();
+    let stored = engine.view().result(large.execution_id).unwrap().unwrap();
+    assert!(stored.body.len() < 1_000, "the journal keeps no more than the limit: {} bytes", stored.body.len());
 }
 
 /// A secret carried anywhere in a call — a manifest secret field placed in the URL, an agent's

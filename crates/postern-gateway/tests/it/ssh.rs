@@ -228,15 +228,16 @@ async fn exit_status_and_output_with_every_key_type() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn output_beyond_the_cap_is_truncated_and_flagged() {
+async fn output_beyond_the_result_limit_is_not_kept_and_the_exit_status_is() {
     let sshd = Sshd::start();
     let r = ssh_rig();
     r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
-    let out = r.engine.call(exec("box", "head -c 9000000 /dev/zero | tr '\\0' x; echo tail >&2")).await.unwrap();
-    let ssh = out.ssh.unwrap();
-    assert!(ssh.truncated);
-    assert_eq!(ssh.stdout.len() + ssh.stderr.len(), postern_gateway::ssh::DEFAULT_OUTPUT_CAP);
-    assert_eq!(ssh.exit_status, Some(0));
+    let out = r.engine.call(exec("box", "head -c 2000000 /dev/zero | tr '\\0' x; echo tail >&2")).await.unwrap();
+    let ssh = out.ssh.clone().unwrap();
+    let limit = postern_gateway::http::DEFAULT_MAX_RESULT_BYTES as u64;
+    assert_eq!((ssh.result_too_large, ssh.stdout.as_str(), ssh.stderr.as_str()), (Some(limit), "", ""), "{ssh:?}");
+    assert_eq!(ssh.exit_status, Some(0), "what is known of the command is kept");
+    assert_eq!(out.state, postern_core::ExecutionState::Completed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

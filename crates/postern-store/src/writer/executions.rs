@@ -17,23 +17,37 @@ impl Writer {
         self.states.insert(id, (state, session));
     }
 
-    pub(crate) fn find_prior(&self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
+    /// The prior execution a new one would be a retry of, read from the chain: the newest
+    /// `accepted` row with the same fingerprint, actor and intent scope (its contract, when it was
+    /// accepted), and that execution's last state row — never from the `executions` projection,
+    /// which another process could edit.
+    pub(crate) fn find_prior(&mut self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
         let found = self
             .conn
             .prepare_cached(
-                "SELECT id, state, accepted_at, contract FROM executions
-                 WHERE fingerprint = ?1 AND actor = ?2 AND intent_scope = ?3
-                 ORDER BY accepted_at DESC, id DESC LIMIT 1",
+                "SELECT execution_id, at, json_extract(body, '$.payload.contract') FROM journal
+                 WHERE fingerprint = ?1 AND event = 'accepted'
+                   AND json_extract(body, '$.payload.actor') = ?2
+                   AND json_extract(body, '$.payload.intent_scope') = ?3
+                 ORDER BY seq DESC LIMIT 1",
             )?
             .query_row(params![new.fingerprint.to_string(), new.actor.as_str(), new.intent_scope.as_str()], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
             })
             .optional()?;
-        let Some((id, state, accepted_at, contract)) = found else {
+        let Some((id, accepted_at, contract)) = found else {
             return Ok(None);
         };
+        let state: String = self
+            .conn
+            .prepare_cached(
+                "SELECT state FROM journal WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq DESC LIMIT 1",
+            )?
+            .query_row([&id], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| StoreError::Corrupt(format!("execution {id} has an accepted row and no state")))?;
         Ok(Some(PriorExecution {
-            id: id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))?,
+            id: id.parse().map_err(|e| StoreError::Corrupt(format!("journal execution_id {id:?}: {e}")))?,
             fingerprint: new.fingerprint,
             actor: Actor::from_recorded(new.actor.as_str()),
             intent_scope: IntentScope::from_recorded(new.intent_scope.as_str()),
@@ -51,6 +65,10 @@ impl Writer {
     /// Admission; with `anew` (a reviewer's "dispatch anew" for a retry), retry matching is
     /// skipped and `anew` is recorded on the `accepted` row.
     pub(crate) fn admit_with(&mut self, new: &NewExecution, anew: Option<&Value>) -> Result<Admission, StoreError> {
+        // Nothing is decided while what grants authority differs from the journal.
+        if let Some(found) = self.alarmed() {
+            return Err(StoreError::AuthorityTampered(found));
+        }
         let prior = if anew.is_some() { None } else { self.find_prior(new)? };
         let incoming =
             IncomingIntent { fingerprint: &new.fingerprint, actor: &new.actor, intent_scope: &new.intent_scope };

@@ -203,6 +203,7 @@ impl WriterHandle {
             synchronous_full: true,
             states: Default::default(),
             cache_invalid: false,
+            alarm_to_journal: None,
         };
         let thread = std::thread::Builder::new()
             .name("postern-journal-writer".into())
@@ -291,6 +292,8 @@ pub(crate) struct Writer {
     /// them; saves a read per transition. Cleared whenever a transaction or savepoint rolls back.
     states: std::collections::HashMap<ExecutionId, (ExecutionState, Option<SessionId>)>,
     cache_invalid: bool,
+    /// An alarm raised inside a batch, to be journaled once the batch is done.
+    alarm_to_journal: Option<Vec<crate::authority::AuthorityMismatch>>,
 }
 
 /// A row about to be appended (the writer assigns `seq`).
@@ -337,6 +340,7 @@ impl Writer {
                 }
             }
             self.commit_and_answer(batch);
+            self.journal_alarm();
         }
     }
 
@@ -348,23 +352,41 @@ impl Writer {
         }
     }
 
-    /// Another process committed to the database (nothing but this writer should): if the
-    /// authority tables now differ from the journal, raise the alarm and journal it once.
+    /// Another process committed to the database (nothing but this writer should): if what grants
+    /// authority — the authority tables, and the `executions` rows retry decisions read — now
+    /// differs from the journal, raise the alarm and journal it once.
     fn watch(&mut self) {
-        let Ok(now) = data_version(&self.conn) else { return };
+        if self.external_changes() {
+            self.journal_alarm();
+        }
+    }
+
+    /// Whether another process committed since this connection last looked, and then left the
+    /// authority tables or the executions projection different from the journal (the alarm is
+    /// raised then). Cheap when nothing changed: one `PRAGMA data_version`.
+    fn external_changes(&mut self) -> bool {
+        let Ok(now) = data_version(&self.conn) else { return false };
         if now == self.data_version {
-            return;
+            return false;
         }
         self.data_version = now;
         self.cache_invalid = true;
-        let Ok(found) = crate::authority::check(&self.conn) else { return };
+        let mut found = crate::authority::check(&self.conn).unwrap_or_default();
+        found.extend(crate::authority::check_executions(&self.conn).unwrap_or_default());
         if found.is_empty() {
-            return;
+            return false;
         }
+        self.raise(found)
+    }
+
+    /// Raises the alarm with `found`; `true` the first time (the row is then to be journaled).
+    fn raise(&mut self, found: Vec<crate::authority::AuthorityMismatch>) -> bool {
         let first = match self.alarm.lock() {
             Ok(mut alarm) => {
                 let first = alarm.is_none();
-                *alarm = Some(found.clone());
+                if first {
+                    *alarm = Some(found.clone());
+                }
                 first
             }
             Err(_) => false,
@@ -372,18 +394,30 @@ impl Writer {
         if first {
             tracing::error!(
                 differences = ?found.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "the authority tables were changed behind the journal's back; nothing is granted until postern \
-                 restarts on a journal that verifies"
+                "the authority tables or the executions rows were changed behind the journal's back; nothing is \
+                 granted until postern restarts on a journal that verifies"
             );
-            let detail = json!({ "differences": found.iter().map(ToString::to_string).collect::<Vec<_>>() });
-            let at = Timestamp::from_millis(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-            );
-            let tampered = move |w: &mut Writer| w.vault_row("authority_tampered", detail, at);
-            self.commit_and_answer(vec![job(WriteKind::DURABLE, tampered, Responder::Detached)]);
+            self.alarm_to_journal = Some(found);
         }
+        first
+    }
+
+    /// Journals the alarm raised, once, in a transaction of its own.
+    fn journal_alarm(&mut self) {
+        let Some(found) = self.alarm_to_journal.take() else { return };
+        let detail = json!({ "differences": found.iter().map(ToString::to_string).collect::<Vec<_>>() });
+        let at = Timestamp::from_millis(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        );
+        let tampered = move |w: &mut Writer| w.vault_row("authority_tampered", detail, at);
+        self.commit_and_answer(vec![job(WriteKind::DURABLE, tampered, Responder::Detached)]);
+    }
+
+    /// The alarm, if raised: what retry decisions and grants are refused on.
+    pub(crate) fn alarmed(&self) -> Option<Vec<crate::authority::AuthorityMismatch>> {
+        self.alarm.lock().ok().and_then(|a| a.clone())
     }
 
     /// Applies every job in one transaction. A job that fails is rolled back to its own
@@ -404,6 +438,10 @@ impl Writer {
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             return Some(e);
         }
+        // Another process may have committed between the last look and this transaction (which
+        // now holds the write lock): look again, so no job below reads a table edited behind the
+        // journal's back without the alarm up.
+        self.external_changes();
         for job in batch.iter_mut() {
             let head_at_savepoint = self.head;
             let mut failure = None;

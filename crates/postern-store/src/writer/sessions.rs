@@ -167,6 +167,15 @@ impl Writer {
         Ok(())
     }
 
+    /// Binds a remembered MCP session to the agent token that opened it (once: a bound session
+    /// keeps its owner).
+    pub(crate) fn bind_mcp_session(&mut self, id: &str, agent: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("UPDATE mcp_sessions SET agent = ?2 WHERE id = ?1 AND agent IS NULL")?
+            .execute([id, agent])?;
+        Ok(())
+    }
+
     pub(crate) fn forget_mcp_session(&mut self, id: &str) -> Result<(), StoreError> {
         self.conn.prepare_cached("DELETE FROM mcp_sessions WHERE id = ?1")?.execute([id])?;
         Ok(())

@@ -1,20 +1,35 @@
 //! Upstream MCP servers behind the gateway: each stdio server the owner added to the vault is a
 //! child process Postern speaks MCP to as a client (a remote one, a Streamable HTTP endpoint
 //! reached with a vault credential). Its tools are offered to agents namespaced
-//! (`<server>__<tool>`) with a replay contract derived from their annotations, and a forwarded
-//! call's outcome is classified for the journal: never written, answered, or lost in flight.
+//! (`<server>__<tool>`, see [`catalogue`]) with a replay contract derived from their
+//! annotations, and a forwarded call's outcome is classified for the journal: never written,
+//! answered, or lost in flight.
+//!
+//! A server cannot hold up another: each has its own start lock and start timeout. What it sends
+//! back is held to the result limit as it is read ([`frames`], [`remote`]); the secrets Postern
+//! gave it (its secret environment and arguments, its credential) are known here, for the
+//! outcome stage and for its stderr, which reaches the log masked and escaped.
 
-use postern_core::{AttachWindow, ReplayClass, ReplayContract};
+mod catalogue;
+mod frames;
+mod remote;
+
+use crate::redaction::CallSecrets;
+use catalogue::{Catalogue, Listing, read_operation};
+pub use catalogue::{
+    MAX_TOOL_NAME, SECRET_ARGUMENT_PARTS, derive_contract, secret_argument_name, tool_name_ok, uri_ok,
+};
+use postern_core::{Outside, ReplayContract};
 use postern_vault::{McpServer, Sensitive, Vault, VaultError};
 use rmcp::{
     ClientServiceExt,
-    model::{CallToolRequestParams, Tool as RmcpTool},
+    model::CallToolRequestParams,
     service::{RoleClient, RunningService},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -22,8 +37,6 @@ use tokio::io::AsyncBufReadExt;
 
 /// Separates the server from the tool in the names agents see.
 pub const SEPARATOR: &str = "__";
-/// Clients refuse tool names longer than this.
-pub const MAX_TOOL_NAME: usize = 64;
 /// The operations on an upstream that are not tool calls, journaled as read-only executions
 /// under `<server>__resources/read` and `<server>__prompts/get` (names no agent can call as tools).
 pub const READ_RESOURCE: &str = "resources/read";
@@ -35,12 +48,18 @@ pub const RESOURCE_PREFIX: &str = "postern://";
 pub const EXECUTION_META: &str = "io.postern/execution_id";
 /// How long a server has to start and answer `initialize` and `tools/list`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a tools/list waits for servers that are starting (one that takes longer offers its
+/// tools when it is ready: agents are told the tool list changed).
+const LIST_WAIT: Duration = Duration::from_secs(5);
 /// How long a forwarded call may take before its outcome is unknown.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// After a failed start, the next attempt waits this long, doubling with each failure up to
 /// [`MAX_RESTART_BACKOFF`]. A server that ran and then ended is started again on its next use.
 const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
+/// What a message may add to a result's size (JSON-RPC framing, the tool result's own fields):
+/// the transports read that much past the result limit, the outcome stage holds the result to it.
+const FRAMING: usize = 64 * 1024;
 
 /// What the owner says about one upstream tool (`tools.toml`, or the server's vault record).
 pub use postern_vault::ToolOverride;
@@ -98,83 +117,16 @@ pub struct UpstreamTool {
     pub operation: &'static str,
 }
 
-/// What [`derive_contract`] says when an override decided the class; [`Upstreams`] names which
-/// (`tools.toml` or `owner`).
-const OVERRIDE: &str = "override";
-
-/// Where an upstream tool's contract comes from: the owner's override, else its annotations
-/// (only hints from the server, which is why the contract is shown wherever tools are listed).
-pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayContract, &'static str) {
-    let key_argument = over.and_then(|o| o.idempotency_argument.as_deref());
-    let mut secret_fields: BTreeSet<String> = tool
-        .input_schema
-        .get("properties")
-        .and_then(Value::as_object)
-        .map(|p| p.keys().filter(|k| secret_argument_name(k)).cloned().collect())
-        .unwrap_or_default();
-    secret_fields.extend(over.map(|o| o.secret_arguments.iter().cloned()).into_iter().flatten());
-    secret_fields.retain(|k| Some(k.as_str()) != key_argument);
-    let base = ReplayContract {
-        attach_window: AttachWindow::Millis(15 * 60 * 1000),
-        secret_fields,
-        ..ReplayContract::read_only()
-    };
-    if let Some(o) = over
-        && let Some(class) = o.class
-    {
-        return (ReplayContract { class, idempotency_argument: o.idempotency_argument.clone(), ..base }, OVERRIDE);
-    }
-    if let Some(argument) = over.and_then(|o| o.idempotency_argument.clone()) {
-        let c = ReplayContract { class: ReplayClass::IdempotencyKey, idempotency_argument: Some(argument), ..base };
-        return (c, OVERRIDE);
-    }
-    let a = tool.annotations.as_ref();
-    let hint = |f: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| a.and_then(f) == Some(true);
-    if hint(|a| a.read_only_hint) {
-        (ReplayContract { class: ReplayClass::ReadOnly, ..base }, "annotations")
-    } else if hint(|a| a.idempotent_hint) {
-        (ReplayContract { class: ReplayClass::Idempotent, ..base }, "annotations")
-    } else {
-        (ReplayContract { class: ReplayClass::Irreversible, ..base }, "default")
-    }
-}
-
-/// Is an upstream tool's name one Postern offers? The MCP tool-name characters only (letters,
-/// digits, `_`, `-`, `.`, `/`): a hostile server cannot put control characters, spaces or
-/// look-alike Unicode into the names agents and reviewers read.
-pub fn tool_name_ok(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./".contains(&b))
-}
-
-/// Is an upstream tool's argument with this name a secret by its name? Narrower than the header
-/// rule (`key` alone is a map key, a sort key, a Redis key): tokens, secrets, passwords, API,
-/// access and private keys, credentials, authorization values and cookies.
-pub fn secret_argument_name(name: &str) -> bool {
-    let flat: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
-    [
-        "token",
-        "secret",
-        "password",
-        "passwd",
-        "pwd",
-        "apikey",
-        "accesskey",
-        "privatekey",
-        "credential",
-        "authorization",
-        "cookie",
-    ]
-    .iter()
-    .any(|part| flat.contains(part))
-}
-
-/// What happened to one forwarded call.
+/// What happened to one forwarded call. An answer is as the server sent it: it goes through
+/// the engine's outcome stage before anything answers, journals or logs it.
 #[derive(Debug)]
 pub enum UpstreamSent {
     /// Never written to the server: it is not running and could not be started.
     NotSent { reason: String },
     /// The server answered: a tool result (even `isError`) or a JSON-RPC error.
     Answered(UpstreamResult),
+    /// The server answered with more than the result limit: the answer was not read.
+    TooLarge(UpstreamResult),
     /// Written, and then the server died or went silent before answering.
     Lost { reason: String },
 }
@@ -187,13 +139,33 @@ pub struct UpstreamResult {
     /// The `CallToolResult` as the server sent it, or `{"error": …}` for a JSON-RPC error.
     pub upstream_result: Value,
     pub is_error: bool,
+    /// The answer held a secret of the call (the server's secret environment or arguments, its
+    /// credential, a secret argument): masked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret_echoed: bool,
+    /// The answer was larger than the limit (the number, in bytes): it was not kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_too_large: Option<u64>,
+}
+
+impl UpstreamResult {
+    fn new(server: &str, tool: &str, upstream_result: Value, is_error: bool) -> Self {
+        UpstreamResult {
+            server: server.into(),
+            tool: tool.into(),
+            upstream_result,
+            is_error,
+            secret_echoed: false,
+            result_too_large: None,
+        }
+    }
 }
 
 /// A server's state as `servers list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerStatus {
     pub name: String,
-    /// `running`, `stopped` or `crashed`.
+    /// `running`, `starting`, `stopped` or `crashed`.
     pub state: String,
     pub tools: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -211,14 +183,10 @@ struct Running {
     exited: Arc<std::sync::atomic::AtomicBool>,
     /// Set when the server said its tools changed: they are listed again at the next use.
     stale: Arc<std::sync::atomic::AtomicBool>,
-}
-
-#[derive(Clone, Default)]
-struct Listing {
-    tools: Vec<RmcpTool>,
-    resources: Vec<rmcp::model::Resource>,
-    resource_templates: Vec<rmcp::model::ResourceTemplate>,
-    prompts: Vec<rmcp::model::Prompt>,
+    /// The secrets Postern gave it (secret environment values and arguments, a remote server's
+    /// credential): what the outcome stage masks in its answers. Empty: it holds none, and may
+    /// run while the vault is locked.
+    secrets: CallSecrets,
 }
 
 /// Postern as an upstream's client: hears `notifications/tools/list_changed` (sent unscoped by
@@ -282,16 +250,7 @@ impl Running {
 /// How long a stdio server has to exit after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
-/// What the running servers offer, for the synchronous paths (lists, call preparation).
-#[derive(Default)]
-struct Catalogue {
-    tools: HashMap<String, UpstreamTool>,
-    /// Namespaced as agents see them.
-    resources: Vec<rmcp::model::Resource>,
-    resource_templates: Vec<rmcp::model::ResourceTemplate>,
-    prompts: Vec<rmcp::model::Prompt>,
-}
-
+/// One server's start lock and what it knows of its last start.
 #[derive(Default)]
 struct Slot {
     running: Option<Arc<Running>>,
@@ -301,15 +260,21 @@ struct Slot {
     failures: u32,
 }
 
-/// The upstream servers of one gateway: started lazily, restarted after a crash.
+/// The upstream servers of one gateway: started lazily, restarted after a crash, each on its own.
 pub struct Upstreams {
     vault: Arc<Vault>,
     overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>,
-    slots: tokio::sync::Mutex<HashMap<String, Slot>>,
+    /// One lock per server, held while it starts: a server that hangs while starting delays no
+    /// other server's calls.
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
+    /// The servers running now, by name: what the catalogue and the outcome stage read.
+    live: Mutex<HashMap<String, Arc<Running>>>,
     /// The tools of the running servers, for the synchronous paths (tool lists, call preparation).
     catalogue: Mutex<Catalogue>,
     /// Fires when an upstream's tools changed: each connected agent is told to list them again.
     changes: tokio::sync::broadcast::Sender<()>,
+    /// The result limit: what a server may send in one message (plus framing).
+    limit: usize,
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -318,41 +283,74 @@ impl std::fmt::Debug for Upstreams {
     }
 }
 
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Upstreams {
     /// `overrides`: per server, per upstream tool name, what the owner set in `tools.toml`.
     pub fn new(vault: Arc<Vault>, overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>) -> Self {
         Upstreams {
             vault,
             overrides,
-            slots: tokio::sync::Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
             catalogue: Mutex::new(Catalogue::default()),
             changes: tokio::sync::broadcast::channel(16).0,
+            limit: crate::http::DEFAULT_MAX_RESULT_BYTES,
         }
     }
 
-    /// Starts every server that is not running (each at most once per backoff period); errors
-    /// are kept for `status`, never raised: one broken server does not hide the others.
-    pub async fn start_all(&self) {
+    /// Holds what a server may send in one answer to `bytes` (the engine's result limit).
+    pub fn with_max_result_bytes(mut self, bytes: usize) -> Self {
+        self.limit = bytes;
+        self
+    }
+
+    /// The most a server may write in one message: the result limit and its framing.
+    fn message_limit(&self) -> usize {
+        self.limit.saturating_add(FRAMING)
+    }
+
+    /// Starts every server that is not running (each at most once per backoff period), all at
+    /// once, and waits for them at most [`LIST_WAIT`]; errors are kept for `status`, never
+    /// raised: one broken or slow server does not hide the others.
+    pub async fn start_all(self: &Arc<Self>) {
         self.start_where(|_| true).await;
     }
 
     /// Starts the servers that start with the gateway; the others (`on_first_use`) wait for an
     /// agent to list tools or call one of theirs.
-    pub async fn start_with_gateway(&self) {
+    pub async fn start_with_gateway(self: &Arc<Self>) {
         self.start_where(|s| s.start == postern_vault::ServerStart::WithGateway).await;
     }
 
-    async fn start_where(&self, wanted: impl Fn(&McpServer) -> bool) {
+    async fn start_where(self: &Arc<Self>, wanted: impl Fn(&McpServer) -> bool) {
         let Ok(servers) = self.vault.mcp_servers() else { return };
-        let servers: Vec<McpServer> = servers.into_iter().filter(|s| wanted(s)).collect();
-        let mut slots = self.slots.lock().await;
-        slots.retain(|name, _| servers.iter().any(|s| &s.name == name));
-        let mut started = false;
-        for server in servers {
-            started |= self.ensure(&mut slots, &server).await.is_ok_and(|(_, fresh)| fresh);
+        {
+            let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+            locked(&self.slots).retain(|name, _| names.contains(&name.as_str()));
+            locked(&self.live).retain(|name, _| names.contains(&name.as_str()));
         }
-        if started || self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).tools.is_empty() {
-            self.refresh_catalogue(&slots);
+        let mut starting = tokio::task::JoinSet::new();
+        for server in servers.into_iter().filter(|s| wanted(s)) {
+            let this = Arc::clone(self);
+            starting.spawn(async move {
+                if this.ensure(&server).await.is_ok_and(|(_, fresh)| fresh) {
+                    this.refresh_catalogue();
+                    // Agents that listed tools before it was ready list them again.
+                    let _ = this.changes.send(());
+                }
+            });
+        }
+        let all = async { while starting.join_next().await.is_some() {} };
+        if tokio::time::timeout(LIST_WAIT, all).await.is_err() {
+            // The slow ones go on in the background (a JoinSet that is dropped aborts its
+            // tasks, so it is detached first).
+            starting.detach_all();
+        }
+        if locked(&self.catalogue).tools.is_empty() {
+            self.refresh_catalogue();
         }
     }
 
@@ -369,7 +367,7 @@ impl Upstreams {
     /// The tool an agent named, if a running server offers it; or, for `<server>__resources/read`
     /// and `<server>__prompts/get`, the read-only operation on a running server.
     pub fn tool(&self, name: &str) -> Option<UpstreamTool> {
-        let catalogue = self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let catalogue = locked(&self.catalogue);
         if let Some(t) = catalogue.tools.get(name) {
             return Some(t.clone());
         }
@@ -380,24 +378,23 @@ impl Upstreams {
 
     /// Every upstream resource, its URI namespaced (`postern://<server>/<uri>`).
     pub fn resources(&self) -> Vec<rmcp::model::Resource> {
-        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resources.clone()
+        locked(&self.catalogue).resources.clone()
     }
 
     /// Every upstream resource template, namespaced like resources (`postern://<server>/<template>`):
     /// a URI an agent expands from one is read like any upstream resource.
     pub fn resource_templates(&self) -> Vec<rmcp::model::ResourceTemplate> {
-        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resource_templates.clone()
+        locked(&self.catalogue).resource_templates.clone()
     }
 
     /// Every upstream prompt, named `<server>__<prompt>`.
     pub fn prompts(&self) -> Vec<rmcp::model::Prompt> {
-        self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).prompts.clone()
+        locked(&self.catalogue).prompts.clone()
     }
 
     /// Every upstream tool offered now, by name.
     pub fn tools(&self) -> Vec<UpstreamTool> {
-        let catalogue = self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut tools: Vec<UpstreamTool> = catalogue.tools.values().cloned().collect();
+        let mut tools: Vec<UpstreamTool> = locked(&self.catalogue).tools.values().cloned().collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools
     }
@@ -424,25 +421,30 @@ impl Upstreams {
     /// Starts the server `name` if it is not running (a failure is kept for `status`).
     pub async fn ensure_started(&self, name: &str) {
         let Ok(server) = self.vault.mcp_server(name) else { return };
-        let mut slots = self.slots.lock().await;
-        if self.ensure(&mut slots, &server).await.is_ok_and(|(_, fresh)| fresh) {
-            self.refresh_catalogue(&slots);
+        if self.ensure(&server).await.is_ok_and(|(_, fresh)| fresh) {
+            self.refresh_catalogue();
         }
     }
 
     pub async fn status(&self) -> Vec<ServerStatus> {
         let servers = self.vault.mcp_servers().unwrap_or_default();
-        let slots = self.slots.lock().await;
         servers
             .iter()
             .map(|s| {
-                let slot = slots.get(&s.name);
-                let (state, running, last_error) = match slot {
-                    Some(Slot { running: Some(r), .. }) if r.alive() => ("running", Some(r), None),
-                    Some(Slot { running: Some(_), .. }) => {
-                        ("crashed", None, Some("the server's process ended".to_owned()))
-                    }
-                    Some(Slot { last_error: Some(e), .. }) => ("crashed", None, Some(e.clone())),
+                let slot = self.slot(&s.name);
+                let Ok(slot) = slot.try_lock() else {
+                    return ServerStatus {
+                        name: s.name.clone(),
+                        state: "starting".into(),
+                        tools: 0,
+                        pid: None,
+                        last_error: None,
+                    };
+                };
+                let (state, running, last_error) = match &*slot {
+                    Slot { running: Some(r), .. } if r.alive() => ("running", Some(r), None),
+                    Slot { running: Some(_), .. } => ("crashed", None, Some("the server's process ended".to_owned())),
+                    Slot { last_error: Some(e), .. } => ("crashed", None, Some(e.clone())),
                     _ => ("stopped", None, None),
                 };
                 ServerStatus {
@@ -458,23 +460,55 @@ impl Upstreams {
 
     /// Stops every server (their processes are killed when the last handle goes).
     pub async fn stop_all(&self) {
-        let mut slots = self.slots.lock().await;
-        let stopping: Vec<Arc<Running>> = slots.drain().filter_map(|(_, slot)| slot.running).collect();
+        let stopping: Vec<Arc<Running>> = locked(&self.live).drain().map(|(_, r)| r).collect();
+        locked(&self.slots).clear();
         futures_stop(stopping).await;
-        *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Catalogue::default();
+        *locked(&self.catalogue) = Catalogue::default();
+    }
+
+    /// The vault was locked: every server holding a secret Postern gave it — a stdio server with
+    /// secret environment values or arguments, a remote server reached with a credential — is
+    /// stopped (its process ended, its session closed), so no secret outlives the lock in a
+    /// process Postern runs. It starts again on the first use after an unlock. Returns how many
+    /// were stopped.
+    pub async fn stop_holding_secrets(&self) -> usize {
+        let stopping: Vec<(String, Arc<Running>)> = {
+            let mut live = locked(&self.live);
+            let names: Vec<String> =
+                live.iter().filter(|(_, r)| !r.secrets.is_empty()).map(|(n, _)| n.clone()).collect();
+            names.into_iter().filter_map(|n| live.remove(&n).map(|r| (n, r))).collect()
+        };
+        if stopping.is_empty() {
+            return 0;
+        }
+        for (name, _) in &stopping {
+            // The slot forgets it; a start under way finds the vault locked and fails.
+            if let Ok(mut slot) = self.slot(name).try_lock() {
+                slot.running = None;
+            }
+            tracing::info!(server = %name, "vault locked: upstream MCP server holding secrets stopped");
+        }
+        let count = stopping.len();
+        futures_stop(stopping.into_iter().map(|(_, r)| r).collect()).await;
+        self.refresh_catalogue();
+        let _ = self.changes.send(());
+        count
     }
 
     /// Removes the server `name`: its process stopped first (SIGTERM, then SIGKILL), then its
     /// record and keychain items (journaled).
     pub async fn remove(&self, name: &str, now: postern_core::Timestamp) -> Result<(), VaultError> {
         self.vault.mcp_server(name)?;
+        let slot = self.slot(name);
         {
-            let mut slots = self.slots.lock().await;
-            if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
+            let mut slot = slot.lock().await;
+            locked(&self.live).remove(name);
+            if let Some(running) = slot.running.take() {
                 running.stop().await;
             }
-            self.refresh_catalogue(&slots);
+            locked(&self.slots).remove(name);
         }
+        self.refresh_catalogue();
         self.vault.remove_mcp_server(name, now)
     }
 
@@ -498,14 +532,18 @@ impl Upstreams {
     pub async fn restart(&self, name: &str) -> Result<ServerStatus, UpstreamError> {
         let server = self.vault.mcp_server(name)?;
         {
-            let mut slots = self.slots.lock().await;
-            if let Some(running) = slots.remove(name).and_then(|slot| slot.running) {
+            let slot = self.slot(name);
+            let mut slot = slot.lock().await;
+            locked(&self.live).remove(name);
+            if let Some(running) = slot.running.take() {
                 running.stop().await;
             }
-            let started = self.ensure(&mut slots, &server).await;
-            self.refresh_catalogue(&slots);
-            started.map_err(|message| UpstreamError::Unavailable { server: name.into(), message })?;
+            slot.failed_at = None;
+            slot.failures = 0;
         }
+        let started = self.ensure(&server).await;
+        self.refresh_catalogue();
+        started.map_err(|message| UpstreamError::Unavailable { server: name.into(), message })?;
         tracing::info!(server = %name, "upstream MCP server restarted");
         self.status()
             .await
@@ -529,13 +567,15 @@ impl Upstreams {
             return Err(UpstreamError::SetInManifest { server: server.into(), tool: tool.into() });
         }
         let def = self.vault.mcp_server(server)?;
-        let mut slots = self.slots.lock().await;
         if contract.is_some() {
-            let (running, _) = self
-                .ensure(&mut slots, &def)
+            let (running, fresh) = self
+                .ensure(&def)
                 .await
                 .map_err(|message| UpstreamError::Unavailable { server: server.into(), message })?;
-            let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            if fresh {
+                self.refresh_catalogue();
+            }
+            let listing = locked(&running.listing).clone();
             let Some(t) = listing.tools.iter().find(|t| t.name == tool) else {
                 let offered = listing.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ");
                 return Err(UpstreamError::UnknownTool { server: server.into(), tool: tool.into(), offered });
@@ -555,14 +595,14 @@ impl Upstreams {
             }
         }
         self.vault.set_mcp_tool_contract(server, tool, contract, now)?;
-        self.refresh_catalogue(&slots);
+        self.refresh_catalogue();
         let _ = self.changes.send(());
         tracing::info!(%server, %tool, "upstream tool contract set by the owner");
         Ok(())
     }
 
     /// Forwards one call. `arguments` are what the agent sent (with the idempotency argument
-    /// filled); `execution` goes into `_meta`.
+    /// filled); `execution` goes into `_meta`. What comes back is as the server sent it.
     pub async fn call(
         &self,
         server: &str,
@@ -575,11 +615,10 @@ impl Upstreams {
             let Ok(def) = self.vault.mcp_server(server) else {
                 return UpstreamSent::NotSent { reason: format!("no MCP server named {server:?} in the vault") };
             };
-            let mut slots = self.slots.lock().await;
-            match self.ensure(&mut slots, &def).await {
+            match self.ensure(&def).await {
                 Ok((r, fresh)) => {
                     if fresh {
-                        self.refresh_catalogue(&slots);
+                        self.refresh_catalogue();
                     }
                     r
                 }
@@ -597,17 +636,15 @@ impl Upstreams {
         };
         let answer = tokio::time::timeout(timeout, running.service.peer().call_tool(params)).await;
         let answered = |upstream_result: Value, is_error: bool| {
-            UpstreamSent::Answered(UpstreamResult {
-                server: server.into(),
-                tool: tool.into(),
-                upstream_result,
-                is_error,
-            })
+            UpstreamSent::Answered(UpstreamResult::new(server, tool, upstream_result, is_error))
         };
         match answer {
             Ok(Ok(result)) => {
                 let is_error = result.is_error == Some(true);
                 answered(serde_json::to_value(&result).unwrap_or(Value::Null), is_error)
+            }
+            Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
+                UpstreamSent::TooLarge(UpstreamResult::new(server, tool, Value::Null, false))
             }
             Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
             Ok(Err(rmcp::ServiceError::UnexpectedResponse)) => answered(
@@ -624,20 +661,48 @@ impl Upstreams {
         }
     }
 
-    /// The running server, started if needed (then `true`: its tools may have changed).
-    async fn ensure(
+    /// The contract `server`'s tool `tool` would be held to with the owner's override `over`
+    /// (`None`: cleared), and whether it would need a reviewer for every use; `None` when the
+    /// server is not running or offers no such tool. `tools.toml` still wins where it decides.
+    pub fn contract_with(
         &self,
-        slots: &mut HashMap<String, Slot>,
-        server: &McpServer,
-    ) -> Result<(Arc<Running>, bool), String> {
-        let slot = slots.entry(server.name.clone()).or_default();
+        server: &str,
+        tool: &str,
+        over: Option<&ToolOverride>,
+    ) -> Option<(ReplayContract, bool)> {
+        let running = locked(&self.live).get(server).cloned()?;
+        let listing = locked(&running.listing).clone();
+        let t = listing.tools.iter().find(|t| t.name == tool)?;
+        let manifest = self.overrides.get(server).and_then(|o| o.get(tool));
+        let over = manifest.or(over);
+        let (contract, _) = derive_contract(t, over);
+        let server_def = self.vault.mcp_server(server).ok();
+        let approve = over.is_some_and(|o| o.approve_every_use) || server_def.is_some_and(|s| s.approve_every_use);
+        Some((contract, approve))
+    }
+
+    /// The secrets Postern gave the running server `name` (empty when it holds none, or is not
+    /// running): what the outcome stage masks in what it sends back.
+    pub fn secrets_of(&self, name: &str) -> CallSecrets {
+        locked(&self.live).get(name).map(|r| r.secrets.clone()).unwrap_or_default()
+    }
+
+    fn slot(&self, name: &str) -> Arc<tokio::sync::Mutex<Slot>> {
+        Arc::clone(locked(&self.slots).entry(name.to_owned()).or_default())
+    }
+
+    /// The running server, started if needed (then `true`: its tools may have changed). Holds
+    /// only this server's start lock.
+    async fn ensure(&self, server: &McpServer) -> Result<(Arc<Running>, bool), String> {
+        let slot = self.slot(&server.name);
+        let mut slot = slot.lock().await;
         if let Some(r) = &slot.running {
             if r.alive() && r.stale.swap(false, std::sync::atomic::Ordering::AcqRel) {
                 // It said its tools changed: list them again (the catalogue follows).
                 match listing(&r.service, &server.name).await {
-                    Ok(l) => *r.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = l,
+                    Ok(l) => *locked(&r.listing) = l,
                     Err(e) => {
-                        tracing::warn!(server = %server.name, error = %e, "upstream tools could not be listed again")
+                        tracing::warn!(server = %server.name, error = %r.secrets.mask(&e), "upstream tools could not be listed again")
                     }
                 }
                 return Ok((Arc::clone(r), true));
@@ -646,6 +711,7 @@ impl Upstreams {
                 return Ok((Arc::clone(r), false));
             }
             slot.running = None;
+            locked(&self.live).remove(&server.name);
             slot.last_error = Some("the server's process ended".into());
             tracing::warn!(server = %server.name, "upstream MCP server ended; it is started again on next use");
         }
@@ -665,13 +731,14 @@ impl Upstreams {
             Ok(running) => {
                 let running = Arc::new(running);
                 slot.running = Some(Arc::clone(&running));
+                locked(&self.live).insert(server.name.clone(), Arc::clone(&running));
                 slot.last_error = None;
                 slot.failed_at = None;
                 slot.failures = 0;
                 Ok((running, true))
             }
             Err(e) => {
-                tracing::warn!(server = %server.name, error = %e, "upstream MCP server did not start");
+                tracing::warn!(server = %server.name, error = %Outside::line(&e), "upstream MCP server did not start");
                 slot.last_error = Some(e.clone());
                 slot.failed_at = Some(Instant::now());
                 slot.failures = slot.failures.saturating_add(1);
@@ -689,15 +756,19 @@ impl Upstreams {
 
     /// A remote Streamable HTTP server, its credential (if any) injected as its header on every
     /// request; the URL must pass the same target rules as an HTTP tool's, and the credential's
-    /// binding must allow it.
+    /// binding must allow it. Its answers are read up to the result limit.
     async fn start_remote(&self, server: &McpServer, url: &str) -> Result<Running, String> {
         use rmcp::transport::{
             StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig,
         };
         let name = &server.name;
-        let parsed = url::Url::parse(url).map_err(|e| format!("{name:?}: the URL {url:?} does not parse: {e}"))?;
+        let parsed = url::Url::parse(url).map_err(|e| format!("{name:?}: its URL does not parse: {e}"))?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(format!("{name:?}: its URL carries a user name or password; give it a vault credential"));
+        }
         crate::http::check_target(&parsed).map_err(|e| format!("{name:?}: {e}"))?;
         let mut headers = HashMap::new();
+        let mut secrets = CallSecrets::default();
         if let Some(credential) = &server.credential {
             let c = self.vault.credential(credential).map_err(|e| format!("{name:?} cannot start: {e}"))?;
             if !c.allows(&parsed) {
@@ -705,6 +776,7 @@ impl Upstreams {
             }
             let secret = self.vault.secret_of(&c).map_err(|e| format!("{name:?} cannot start: {e}"))?;
             let injected = crate::http::InjectedCredential::new(&c.kind, secret);
+            secrets.extend(injected.secrets());
             let header = http::HeaderName::from_bytes(injected.header.as_bytes())
                 .map_err(|_| format!("{name:?}: {:?} is not a header name", injected.header))?;
             let mut value = http::HeaderValue::from_str(injected.value.expose())
@@ -712,47 +784,59 @@ impl Upstreams {
             value.set_sensitive(true);
             headers.insert(header, value);
         }
-        let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
-        let transport = StreamableHttpClientTransport::with_client(crate::http::client(), config);
+        let config = StreamableHttpClientTransportConfig::with_uri(url)
+            .custom_headers(headers)
+            .max_json_response_size(self.message_limit())
+            .max_sse_event_size(self.message_limit());
+        let transport = StreamableHttpClientTransport::with_client(remote::CappedHttp(crate::http::client()), config);
         let service = self
             .client()
             .serve_with_lifecycle(transport, lifecycle())
             .await
-            .map_err(|e| format!("{name:?} did not complete MCP initialization: {e}"))?;
-        let running = listed(service, None, name).await?;
+            .map_err(|e| secrets.mask(&format!("{name:?} did not complete MCP initialization: {e}")))?;
+        let running = listed(service, None, name, secrets).await?;
         tracing::info!(server = %name, tools = running.tool_count(), %url, "remote upstream MCP server connected");
         Ok(running)
     }
 
     async fn start_stdio(&self, server: &McpServer) -> Result<Running, String> {
-        let secrets = self
+        let values = self
             .vault
             .mcp_server_secrets(server)
             .map_err(|e: VaultError| format!("{:?} cannot start: {e}", server.name))?;
-        let mut command = child_command(server, &secrets);
+        let mut secrets = CallSecrets::default();
+        for (_, value) in &values {
+            secrets.add_vault_secret(value.expose());
+        }
+        let mut command = child_command(server, &values);
         let mut child =
             command.spawn().map_err(|e| format!("{:?} could not be started ({}): {e}", server.name, server.command))?;
-        drop(secrets);
+        drop(command);
+        drop(values);
         let pid = child.id();
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
             return Err("the server's standard streams were not available".into());
         };
         if let Some(stderr) = child.stderr.take() {
-            let name = server.name.clone();
+            // What the server writes there is outside text, and may be its environment: the log
+            // gets it masked and escaped, a line at a time, each at most a few KiB.
+            let (name, secrets) = (server.name.clone(), secrets.clone());
             tokio::spawn(async move {
-                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                let mut lines = tokio::io::BufReader::new(frames::CappedLines::new(stderr, 8 * 1024)).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::info!(server = %name, "upstream stderr: {line}");
+                    let line = secrets.mask(&line);
+                    tracing::info!(server = %name, "upstream stderr: {}", Outside::line(&line));
                 }
             });
         }
+        let stdout = frames::CappedLines::new(stdout, self.message_limit());
         // The child is owned by a task that reaps it once the transport is gone (kill on drop).
         let service = self
             .client()
             .serve_with_lifecycle((stdout, stdin), lifecycle())
             .await
-            .map_err(|e| format!("{:?} did not complete MCP initialization: {e}", server.name))?;
-        let running = listed(service, pid, &server.name).await?;
+            .map_err(|e| secrets.mask(&format!("{:?} did not complete MCP initialization: {e}", server.name)))?;
+        let running = listed(service, pid, &server.name, secrets).await?;
         let exited = Arc::clone(&running.exited);
         tokio::spawn(async move {
             let _ = child.wait().await;
@@ -762,74 +846,17 @@ impl Upstreams {
         Ok(running)
     }
 
-    fn refresh_catalogue(&self, slots: &HashMap<String, Slot>) {
-        let mut catalogue = HashMap::new();
-        let (mut resources, mut resource_templates, mut prompts) = (Vec::new(), Vec::new(), Vec::new());
-        for (server, slot) in slots {
-            let Some(running) = &slot.running else { continue };
-            let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-            for r in &listing.resources {
-                let mut r = r.clone();
-                r.uri = format!("{RESOURCE_PREFIX}{server}/{}", r.uri);
-                r.name = format!("{server}{SEPARATOR}{}", r.name);
-                resources.push(r);
-            }
-            for t in &listing.resource_templates {
-                let mut t = t.clone();
-                t.uri_template = format!("{RESOURCE_PREFIX}{server}/{}", t.uri_template);
-                t.name = format!("{server}{SEPARATOR}{}", t.name);
-                resource_templates.push(t);
-            }
-            for p in &listing.prompts {
-                let mut p = p.clone();
-                p.name = format!("{server}{SEPARATOR}{}", p.name);
-                prompts.push(p);
-            }
-            let overrides = self.overrides.get(server);
-            let server_def = self.vault.mcp_server(server).ok();
-            for t in &listing.tools {
-                let name = format!("{server}{SEPARATOR}{}", t.name);
-                if name.len() > MAX_TOOL_NAME || !tool_name_ok(&t.name) {
-                    tracing::warn!(%server, tool = %t.name.escape_debug(), "upstream tool not offered: its name is not 1–64 characters of letters, digits, `_`, `-`, `.` or `/` once namespaced");
-                    continue;
-                }
-                // tools.toml is the file the owner keeps under version control: it wins over a
-                // setting made in the app, which refuses to edit a tool the file decides.
-                let (over, source) = match overrides.and_then(|o| o.get(t.name.as_ref())) {
-                    Some(o) => (Some(o), "tools.toml"),
-                    None => (server_def.as_ref().and_then(|s| s.tools.get(t.name.as_ref())), "owner"),
-                };
-                let (contract, contract_source) = derive_contract(t, over);
-                let contract_source = if contract_source == OVERRIDE { source } else { contract_source };
-                let input_schema = Value::Object((*t.input_schema).clone());
-                let validator = jsonschema::validator_for(&input_schema).unwrap_or_else(|e| {
-                    tracing::warn!(%server, tool = %t.name, error = %e, "upstream input schema does not compile; arguments are not checked");
-                    jsonschema::validator_for(&json!({})).expect("the empty schema compiles")
-                });
-                catalogue.insert(
-                    name.clone(),
-                    UpstreamTool {
-                        server: server.clone(),
-                        tool: t.name.to_string(),
-                        name,
-                        description: t.description.as_deref().unwrap_or_default().to_owned(),
-                        input_schema,
-                        contract,
-                        contract_source,
-                        approve_every_use: over.is_some_and(|o| o.approve_every_use)
-                            || server_def.as_ref().is_some_and(|s| s.approve_every_use),
-                        validator: Arc::new(validator),
-                        operation: "tools/call",
-                    },
-                );
-            }
-        }
-        resources.sort_by(|a, b| a.uri.cmp(&b.uri));
-        resource_templates.sort_by(|a, b| a.uri_template.cmp(&b.uri_template));
-        prompts.sort_by(|a, b| a.name.cmp(&b.name));
-        *self.catalogue.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Catalogue { tools: catalogue, resources, resource_templates, prompts };
+    fn refresh_catalogue(&self) {
+        let running: Vec<(String, Arc<Running>)> =
+            locked(&self.live).iter().map(|(n, r)| (n.clone(), Arc::clone(r))).collect();
+        let catalogue = Catalogue::build(&running, &self.overrides, &self.vault);
+        *locked(&self.catalogue) = catalogue;
     }
+}
+
+/// Is this error the answer that stands in for one larger than the limit ([`frames`])?
+fn too_large(e: &rmcp::ErrorData) -> bool {
+    e.code.0 == frames::TOO_LARGE_CODE && e.data.as_ref().is_some_and(|d| d["postern"] == frames::TOO_LARGE_MARKER)
 }
 
 /// How Postern opens a session with an upstream: `server/discover` for protocol 2026-07-28
@@ -873,8 +900,9 @@ async fn listed(
     service: RunningService<RoleClient, UpstreamClient>,
     pid: Option<u32>,
     name: &str,
+    secrets: CallSecrets,
 ) -> Result<Running, String> {
-    let listing = listing(&service, name).await?;
+    let listing = listing(&service, name).await.map_err(|e| secrets.mask(&e))?;
     let client = service.service().clone();
     let announces = service
         .peer()
@@ -900,26 +928,14 @@ async fn listed(
             Err(e) => tracing::warn!(server = %name, error = %e, "could not listen for the server's tool changes"),
         }
     }
-    Ok(Running { service, listing: Mutex::new(listing), pid, exited: Arc::default(), stale: Arc::clone(&client.stale) })
-}
-
-/// The read-only operation `operation` on `server`, as the engine runs it.
-fn read_operation(server: &str, operation: &'static str) -> UpstreamTool {
-    static ANY: std::sync::LazyLock<Arc<jsonschema::Validator>> = std::sync::LazyLock::new(|| {
-        Arc::new(jsonschema::validator_for(&json!({})).expect("the empty schema compiles"))
-    });
-    UpstreamTool {
-        server: server.to_owned(),
-        tool: operation.to_owned(),
-        name: format!("{server}{SEPARATOR}{operation}"),
-        description: format!("{operation} on MCP server {server}"),
-        input_schema: json!({ "type": "object" }),
-        contract: ReplayContract::read_only(),
-        contract_source: "default",
-        approve_every_use: false,
-        validator: Arc::clone(&ANY),
-        operation,
-    }
+    Ok(Running {
+        service,
+        listing: Mutex::new(listing),
+        pid,
+        exited: Arc::default(),
+        stale: Arc::clone(&client.stale),
+        secrets,
+    })
 }
 
 /// `resources/read` (`arguments.uri`) or `prompts/get` (`arguments.name`, `arguments.arguments`).
@@ -945,15 +961,13 @@ async fn read(
         }
     };
     let answered = |upstream_result: Value, is_error: bool| {
-        UpstreamSent::Answered(UpstreamResult {
-            server: server.into(),
-            tool: operation.into(),
-            upstream_result,
-            is_error,
-        })
+        UpstreamSent::Answered(UpstreamResult::new(server, operation, upstream_result, is_error))
     };
     match answer {
         Ok(Ok(result)) => answered(result, false),
+        Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
+            UpstreamSent::TooLarge(UpstreamResult::new(server, operation, Value::Null, false))
+        }
         Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
         Ok(Err(e)) => {
             UpstreamSent::Lost { reason: format!("the connection to {server:?} ended before it answered: {e}") }
@@ -972,18 +986,26 @@ async fn futures_stop(servers: Vec<Arc<Running>>) {
 }
 
 /// The child's command: only the declared environment and a minimal PATH/HOME/LANG, never
-/// Postern's own environment; stdout is the MCP stream, stderr goes to Postern's log.
+/// Postern's own environment, and the secrets (by name) put back where they go — an environment
+/// value, or their place in an argument. stdout is the MCP stream, stderr goes to Postern's log.
 fn child_command(server: &McpServer, secrets: &[(String, Sensitive<String>)]) -> tokio::process::Command {
+    let secret = |name: &str| secrets.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.expose().as_str());
     let mut command = tokio::process::Command::new(&server.command);
-    command.args(&server.args).env_clear();
+    for (i, arg) in server.args.iter().enumerate() {
+        match server.secret_args.iter().find(|a| a.index == i) {
+            Some(a) => command.arg(format!("{}{}{}", a.prefix, secret(&a.name), a.suffix)),
+            None => command.arg(arg),
+        };
+    }
+    command.env_clear();
     for key in ["PATH", "HOME", "LANG"] {
         if let Some(v) = std::env::var_os(key) {
             command.env(key, v);
         }
     }
     command.envs(&server.env);
-    for (k, v) in secrets {
-        command.env(k, v.expose());
+    for k in &server.secret_env {
+        command.env(k, secret(k));
     }
     command
         .stdin(std::process::Stdio::piped())
@@ -991,77 +1013,4 @@ fn child_command(server: &McpServer, secrets: &[(String, Sensitive<String>)]) ->
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     command
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rmcp::model::ToolAnnotations;
-
-    fn tool(annotations: Option<ToolAnnotations>) -> RmcpTool {
-        let mut t = RmcpTool::new("t", "a tool", Arc::new(Map::new()));
-        t.annotations = annotations;
-        t
-    }
-
-    #[test]
-    fn contracts_follow_annotations_unless_the_owner_overrides_them() {
-        let class = |t: &RmcpTool, o: Option<&ToolOverride>| derive_contract(t, o).0.class;
-        assert_eq!(class(&tool(None), None), ReplayClass::Irreversible);
-        assert_eq!(class(&tool(Some(ToolAnnotations::new().read_only(true))), None), ReplayClass::ReadOnly);
-        assert_eq!(class(&tool(Some(ToolAnnotations::new().idempotent(true))), None), ReplayClass::Idempotent);
-        // A destructive hint alongside idempotent is still idempotent: repeating has no extra effect.
-        let both = ToolAnnotations::new().idempotent(true).destructive(true);
-        assert_eq!(class(&tool(Some(both)), None), ReplayClass::Idempotent);
-        // The owner's word beats the server's hints, both ways.
-        let keyed = ToolOverride { idempotency_argument: Some("idempotencyKey".into()), ..Default::default() };
-        let (c, source) = derive_contract(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&keyed));
-        assert_eq!(
-            (c.class, c.idempotency_argument.as_deref(), source),
-            (ReplayClass::IdempotencyKey, Some("idempotencyKey"), "override")
-        );
-        let distrust = ToolOverride { class: Some(ReplayClass::Irreversible), ..Default::default() };
-        assert_eq!(
-            class(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&distrust)),
-            ReplayClass::Irreversible
-        );
-        for (name, ok) in [
-            ("create_issue", true),
-            ("files/read.v2", true),
-            ("", false),
-            ("pay\u{1b}[2J", false),
-            ("pay now", false),
-            ("p\u{430}y", false),
-            ("a\u{202e}b", false),
-            ("$(id)", false),
-        ] {
-            assert_eq!(tool_name_ok(name), ok, "{name:?}");
-        }
-        for (name, secret) in [
-            ("api_key", true),
-            ("GITHUB_TOKEN", true),
-            ("private-key", true),
-            ("key", false),
-            ("keyword", false),
-            ("sort_key", false),
-            ("passwd", true),
-        ] {
-            assert_eq!(secret_argument_name(name), secret, "{name}");
-        }
-        // Arguments named like secrets, and those the owner names, are the contract's secrets.
-        let mut with_token = tool(None);
-        with_token.input_schema = Arc::new(
-            json!({ "properties": { "api_token": {}, "amount": {}, "memo": {}, "idempotencyKey": {} } })
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-        );
-        let memo = ToolOverride { secret_arguments: ["memo".into()].into(), ..keyed.clone() };
-        let (c, _) = derive_contract(&with_token, Some(&memo));
-        assert_eq!(c.secret_fields, ["api_token".to_owned(), "memo".to_owned()].into(), "the key is not a secret");
-        for (t, o) in [(tool(None), None), (tool(None), Some(&keyed))] {
-            let (c, _) = derive_contract(&t, o);
-            c.validate("t", postern_core::Channel::Mcp).expect("derived contracts are valid");
-        }
-    }
 }

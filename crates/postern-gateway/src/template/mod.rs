@@ -1,8 +1,10 @@
 //! Tool templates (a URL, an SSH command) parsed once at manifest load and rendered in one pass
 //! over the template, never over substituted text: an argument that contains `{other}` stays
-//! that text. For SSH commands, a placeholder must stand where a single-quoted word is exactly
-//! one shell word holding the argument; templates that would let an argument break out are
-//! refused at load.
+//! that text. For SSH commands, a placeholder must stand where a single-quoted word is one inert
+//! word of data: [`shell`] parses the command as `sh` would and refuses every other place at
+//! load.
+
+mod shell;
 
 /// One piece of a template.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,139 +92,10 @@ impl Template {
     }
 
     /// For an SSH command (each argument becomes one single-quoted word): refuses a placeholder
-    /// that stands inside quotes, backquotes or a here-document, right after `\` or `$`, or as
-    /// the code of `eval` / `-c` — where a quoted argument would not be one inert word.
+    /// anywhere but as a plain argument of a simple command that runs no interpreter or wrapper
+    /// (see [`shell`]), with why.
     pub fn check_shell_positions(&self) -> Result<(), String> {
-        let mut lexer = ShellLexer::default();
-        let mut previous_words: Vec<String> = Vec::new();
-        for segment in &self.segments {
-            match segment {
-                Segment::Literal(text) => {
-                    for c in text.chars() {
-                        lexer.push(c);
-                    }
-                    previous_words = text.split_whitespace().map(str::to_owned).collect();
-                }
-                Segment::Placeholder(name) => {
-                    let problem = match lexer.state {
-                        Quote::Single => Some("stands inside single quotes"),
-                        Quote::Double => Some("stands inside double quotes"),
-                        Quote::Backtick => Some("stands inside backquotes"),
-                        Quote::None if lexer.heredoc => Some("stands in a here-document, where quotes are text"),
-                        Quote::None if lexer.escaped => Some("follows a backslash, which would escape its quote"),
-                        Quote::None if lexer.last == Some('$') => Some("follows `$`, which would change its quoting"),
-                        Quote::None => None,
-                    };
-                    if let Some(problem) = problem {
-                        return Err(format!(
-                            "ssh.command placeholder {{{name}}} {problem}: write it as a bare word \
-                             (Postern quotes the value as one shell word)"
-                        ));
-                    }
-                    let glued_to_word = lexer.last.is_some_and(|c| !c.is_whitespace());
-                    let runs_it = !glued_to_word && runs_next_word(&previous_words);
-                    if lexer.command_start || runs_it {
-                        return Err(format!(
-                            "ssh.command placeholder {{{name}}} stands where a command goes{}: the argument would \
-                             choose what runs; an argument must stay data",
-                            if runs_it {
-                                format!(" (after `{}`)", previous_words.last().map_or("", String::as_str))
-                            } else {
-                                String::new()
-                            }
-                        ));
-                    }
-                    // The value is one quoted word: to the lexer, an ordinary word character.
-                    lexer.push('x');
-                    previous_words.clear();
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Words after which the next word is run as a command or as code.
-const RUNNERS: &[&str] = &[
-    "eval", "exec", "xargs", "sudo", "doas", "env", "nohup", "nice", "time", "command", "builtin", "then", "do",
-    "else", "!", "source", ".",
-];
-
-/// Interpreters whose `-c` / `-e` takes code.
-const INTERPRETERS: &[&str] =
-    &["sh", "bash", "dash", "zsh", "ksh", "fish", "python", "python3", "perl", "ruby", "node", "php", "awk"];
-
-/// Is the word after `words` (the blank-separated words just before it) run as code?
-fn runs_next_word(words: &[String]) -> bool {
-    let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
-    match words {
-        [.., last] if RUNNERS.contains(&last.as_str()) => true,
-        [.., interpreter, flag] if matches!(flag.as_str(), "-c" | "-e") => {
-            INTERPRETERS.contains(&base(interpreter).as_str())
-        }
-        _ => false,
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Quote {
-    #[default]
-    None,
-    Single,
-    Double,
-    Backtick,
-}
-
-/// Just enough of POSIX `sh` lexing to know whether a position is quoted, or where a command
-/// name goes.
-#[derive(Debug)]
-struct ShellLexer {
-    state: Quote,
-    escaped: bool,
-    /// Only blanks since the start or since `;`, `&`, `|`, `(` or a newline.
-    command_start: bool,
-    /// A `<<` was seen: what follows (on later lines) is a here-document body.
-    heredoc: bool,
-    /// Unquoted `<` in a row just before.
-    less_than: u8,
-    last: Option<char>,
-}
-
-impl Default for ShellLexer {
-    fn default() -> Self {
-        ShellLexer { state: Quote::None, escaped: false, command_start: true, heredoc: false, less_than: 0, last: None }
-    }
-}
-
-impl ShellLexer {
-    fn push(&mut self, c: char) {
-        self.last = Some(c);
-        if self.escaped {
-            self.escaped = false;
-            return;
-        }
-        if self.state == Quote::None {
-            // `<<` starts a here-document (`<<<`, a here-string, takes one word).
-            if c == '<' {
-                self.less_than = self.less_than.saturating_add(1);
-            } else {
-                self.heredoc |= self.less_than == 2;
-                self.less_than = 0;
-            }
-            match c {
-                ';' | '&' | '|' | '(' | '\n' => self.command_start = true,
-                c if c.is_whitespace() => {}
-                _ => self.command_start = false,
-            }
-        }
-        match (self.state, c) {
-            (Quote::None | Quote::Double | Quote::Backtick, '\\') => self.escaped = true,
-            (Quote::None, '\'') => self.state = Quote::Single,
-            (Quote::None, '"') => self.state = Quote::Double,
-            (Quote::None, '`') => self.state = Quote::Backtick,
-            (Quote::Single, '\'') | (Quote::Double, '"') | (Quote::Backtick, '`') => self.state = Quote::None,
-            _ => {}
-        }
+        shell::check(&self.segments)
     }
 }
 
@@ -255,7 +128,9 @@ mod tests {
             "echo \\{m}",
             "echo ${m}",
             "echo $({m})x \"$(echo {m})\"",
+            "echo $(( {m} + 1 ))",
             "cat <<EOF\n{m}\nEOF",
+            "cat <<{m}\nx\n",
             "eval {m}",
             "sh -c {m}",
             "{m} --help",
@@ -265,20 +140,65 @@ mod tests {
             "ls | xargs {m}",
             "/bin/bash -c {m}",
             "python3 -c {m}",
+            // Found in review: each turns an argument into code on the host.
+            "bash -lc {x}",
+            "bash --login -c {x}",
+            "sh -e -c {x}",
+            "sudo -u deploy {x}",
+            "env LANG=C {x}",
+            "timeout 30 {x}",
+            "nice -n 10 {x}",
+            "if {x}; then echo y; fi",
+            "while {x}; do sleep 1; done",
+            "xargs -0 {x}",
+            "su deploy -c {x}",
+            "perl -E {x}",
+            "python3 -Ic {x}",
+            "find . -exec {x} +",
+            // And the rest of the family.
+            "printf %s {x} | sh",
+            "echo {x} && bash -c 'ls'",
+            "PAGER={x} git log",
+            "$CMD {x}",
+            "psql -c {x}",
+            "psql -c{x}",
+            "node --eval={x}",
+            "find . -name {x} -exec rm {{}} +",
+            "for f in {x}; do rm \"$f\"; done",
+            "case {x} in a) echo a;; esac",
+            "f() {{ echo {x}; }}",
+            "echo {x} # {y}",
+            "echo {x} >&{fd}",
+            "echo 'unclosed {x}",
+            "/usr/bin/python3.11 script.py {x}",
+            "awk -f prog.awk {x}",
+            "ssh other-host cat {x}",
         ] {
             assert!(Template::parse(bad).check_shell_positions().is_err(), "{bad:?}");
         }
         for good in [
             "echo {m}",
+            "printf %s {x} >> f",
             "printf '%s\\n' {m} >> {file}",
             "git commit -m {m} --author={who}",
             "echo \"quoted\" {m} 'and' {n}",
-            "grep -e {pattern} <<< {text}",
-            "awk '{{print $1}}' {file}",
-            "grep -c {pattern} {file}",
+            "grep -F -- {pattern} <<< {text}",
+            "cut -d ' ' -f 1 {file}",
+            "grep -c -- {pattern} {file}",
+            "cd /srv && ls -la {dir} | sort | head -n 20",
+            "test -n {m} && echo yes || echo no",
+            "{{ echo {m}; echo done; }} > out.log 2>&1",
+            "tar -czf {archive} -C /srv data",
+            "find /srv -name {pattern} -type f",
         ] {
-            assert!(Template::parse(good).check_shell_positions().is_ok(), "{good:?}");
+            assert!(
+                Template::parse(good).check_shell_positions().is_ok(),
+                "{good:?}: {:?}",
+                Template::parse(good).check_shell_positions()
+            );
         }
+        let why = Template::parse("timeout 30 {x}").check_shell_positions().unwrap_err();
+        assert!(why.contains("`timeout`") && why.contains("runs its arguments as a command"), "{why}");
     }
 
     /// `sh -c` of a rendered command receives each argument as exactly one word, whatever it
@@ -294,8 +214,82 @@ mod tests {
         text.split('\0').filter(|w| !w.is_empty()).map(str::to_owned).collect()
     }
 
+    /// A command that runs code: an interpreter or a wrapper, by name or by path, with options.
+    fn runner() -> impl Strategy<Value = String> {
+        let names = prop_oneof![proptest::sample::select(vec![
+            "sh",
+            "bash",
+            "dash",
+            "zsh",
+            "python3",
+            "python3.12",
+            "perl",
+            "ruby",
+            "node",
+            "php",
+            "awk",
+            "sed",
+            "sudo",
+            "doas",
+            "su",
+            "env",
+            "timeout",
+            "nice",
+            "nohup",
+            "xargs",
+            "exec",
+            "eval",
+            "command",
+            "setsid",
+            "stdbuf",
+            "chroot",
+            "flock",
+            "watch",
+            "ssh",
+            "docker",
+            "kubectl",
+            "strace",
+            "script",
+        ]),];
+        (
+            names,
+            proptest::option::of("/(usr/)?(local/)?bin/"),
+            proptest::collection::vec("-{1,2}[a-z]{1,6}( [0-9a-z]{1,4})?", 0..3),
+        )
+            .prop_map(|(name, dir, options)| format!("{}{name} {}", dir.unwrap_or_default(), options.join(" ")))
+    }
+
+    /// Where a runner can stand: alone, after a list operator, in a pipeline, inside a compound
+    /// command, after another wrapper.
+    fn hostile_template() -> impl Strategy<Value = String> {
+        (runner(), runner(), 0u8..6).prop_map(|(a, b, shape)| match shape {
+            0 => format!("{a} {{x}}"),
+            1 => format!("cd /srv && {a} {{x}}"),
+            2 => format!("printf %s {{x}} | {a}"),
+            3 => format!("if true; then {a} {{x}}; fi"),
+            4 => format!("{b} {a} {{x}}"),
+            _ => format!("echo {{x}}; {a} -c 'true'"),
+        })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
+        /// However interpreters and wrappers are spelled, nested, piped into or chained, a
+        /// template that runs one with an argument in it is refused.
+        #[test]
+        fn a_template_that_runs_an_interpreter_or_a_wrapper_is_refused(template in hostile_template()) {
+            prop_assert!(Template::parse(&template).check_shell_positions().is_err(), "{template:?}");
+        }
+
+        /// The checker never panics on any template, and refuses every one whose placeholder a
+        /// quote, an expansion or a here-document would swallow.
+        #[test]
+        fn any_template_is_checked_without_panicking(template in any::<String>(), quote in "[\"'`]|\\$\\(|<<E\n") {
+            let _ = Template::parse(&template).check_shell_positions();
+            let swallowed = format!("echo {quote}{{x}}");
+            prop_assert!(Template::parse(&swallowed).check_shell_positions().is_err(), "{swallowed:?}");
+        }
+
         #[test]
         fn sh_receives_each_argument_as_one_word(
             a in "[^\\x00]{1,40}",
