@@ -44,7 +44,7 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
     // The import's target: the data directory through the route every change takes (the journal
     // itself, or the running gateway's control socket), so it passes the same checks.
     let keychain = Arc::new(postern_vault::OsKeychain::connect()?);
-    let target = import::ThroughGateway::new(data_dir, keychain).map_err(failure)?;
+    let target = import::ThroughRoute::new(data_dir, keychain).map_err(failure)?;
     let vault: &dyn import::ImportTarget = &target;
     if args.undo {
         let undone = import::undo(vault, data_dir, now()).map_err(failure)?;

@@ -153,13 +153,13 @@ impl ImportTarget for Vault {
 /// inside an agent run). Names are read from the journal (read-only), backups kept in the
 /// keychain under the installation's id.
 #[derive(Debug)]
-pub struct ThroughGateway {
+pub struct ThroughRoute {
     data_dir: PathBuf,
     route: crate::operations::Route,
     backups: FileBackups,
 }
 
-impl ThroughGateway {
+impl ThroughRoute {
     pub fn new(data_dir: &Path, keychain: std::sync::Arc<dyn postern_vault::SecretStore>) -> Result<Self, ImportError> {
         let route =
             crate::operations::Route::of(data_dir, crate::now()).map_err(|e| ImportError::Gateway(e.to_string()))?;
@@ -176,7 +176,7 @@ impl ThroughGateway {
                     .to_owned()
             }
         };
-        Ok(ThroughGateway { data_dir: data_dir.to_owned(), route, backups: FileBackups::new(keychain, installation) })
+        Ok(ThroughRoute { data_dir: data_dir.to_owned(), route, backups: FileBackups::new(keychain, installation) })
     }
 
     fn perform(&self, request: postern_gateway::control::ControlRequest) -> Result<(), ImportError> {
@@ -193,7 +193,7 @@ impl ThroughGateway {
     }
 }
 
-impl ImportTarget for ThroughGateway {
+impl ImportTarget for ThroughRoute {
     fn taken(&self) -> Result<BTreeSet<String>, ImportError> {
         Ok(self.records()?.into_iter().map(|r| r.name).collect())
     }
