@@ -83,8 +83,17 @@ pub fn import(data_dir: &Path, args: ImportArgs) -> Result<ExitCode, Failure> {
                 Outside::line(&server.launched())
             );
             if !server.env.is_empty() {
-                let names: Vec<String> = server.env.keys().map(|k| Outside::line(k).to_string()).collect();
-                println!("      environment: {}", names.join(", "));
+                let plain: Vec<String> =
+                    server.env.iter().map(|(k, v)| Outside::line(&format!("{k}={v}")).to_string()).collect();
+                println!("      environment: {}", plain.join(" "));
+            }
+            let loaders = server.loader_variables();
+            if !loaders.is_empty() {
+                println!(
+                    "      WARNING: it sets {}, which change(s) what code the program loads: import it only if you \
+                     wrote this file or read what it points to",
+                    Outside::line(&loaders.join(", "))
+                );
             }
             for (k, v) in &secrets {
                 println!(

@@ -216,6 +216,14 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
         );
     }
     secrets.extend(moved_from_argv);
+    let loaders = server.loader_variables();
+    if !loaders.is_empty() {
+        eprintln!(
+            "note: it sets {}, which change(s) what code the program loads or runs; a reviewer confirming this \
+             change sees the values",
+            Outside::line(&loaders.join(", "))
+        );
+    }
     let (name, count) = (server.name.clone(), secrets.len());
     let secrets = secrets.into_iter().map(|(k, v)| (k, SecretText(v))).collect();
     crate::route::perform(data_dir, ControlRequest::AddServer { server, secrets })?;

@@ -383,52 +383,139 @@ fn strictness(class: postern_core::ReplayClass) -> u8 {
 pub struct Weakening {
     pub change: String,
     pub weakens: String,
+    /// Whether the approver's person is asked when it comes from outside an agent run (a record
+    /// only an owner's command writes, after the owner agreed to it in the terminal, is not).
+    pub ask: bool,
 }
 
 impl ControlRequest {
     /// Whether carrying this out weakens safety, given what holds now: a tool's contract made
-    /// weaker or its approve-every-use turned off, an MCP server added (a new command whose tools
-    /// reach every agent), a credential, SSH host or server removed, markers deleted on a host.
+    /// weaker, its approve-every-use turned off, a secret argument or the idempotency argument
+    /// dropped or changed, an MCP server added or its start changed (a command whose tools reach
+    /// every agent), an agent token added, a credential, SSH host or server removed, markers
+    /// deleted on a host, an import record journaled. The match is exhaustive (a new request is
+    /// classified when it is written), and what cannot be compared counts as weaker: the answer
+    /// fails closed.
     pub async fn weakening(&self, a: &Authority) -> Option<Weakening> {
-        let w = |change: String, weakens: &str| Some(Weakening { change, weakens: weakens.to_owned() });
+        let w = |change: String, weakens: &str| Some(Weakening { change, weakens: weakens.to_owned(), ask: true });
         match self {
             ControlRequest::SetToolContract { server, tool, contract } => {
-                let u = a.upstreams.as_ref()?;
-                u.ensure_started(server).await;
                 let name = format!("{server}{}{tool}", crate::upstream::SEPARATOR);
-                let current = u.tools().into_iter().find(|t| t.name == name)?;
-                let (next, approve) = u.contract_with(server, tool, contract.as_ref())?;
-                let (was, will) = (current.contract.class, next.class);
-                let mut why = Vec::new();
-                if strictness(will) < strictness(was) {
-                    why.push(format!("an uncertain outcome would be {} instead of {}", will.as_str(), was.as_str()));
-                }
-                if current.approve_every_use && !approve {
-                    why.push("calls would no longer wait for a reviewer".to_owned());
-                }
+                let why = contract_weakens(a, server, tool, contract.as_ref()).await;
                 if why.is_empty() {
                     return None;
                 }
                 let change = match contract {
-                    None => format!("{name}: the owner's contract cleared ({} from now on)", will.as_str()),
-                    Some(_) => format!("{name}: contract {} → {}", was.as_str(), will.as_str()),
+                    None => format!("{name}: the owner's contract cleared"),
+                    Some(c) => format!(
+                        "{name}: contract set to {}",
+                        c.class.map(|c| c.as_str()).unwrap_or("what the tool's annotations suggest")
+                    ),
                 };
                 w(change, &why.join("; "))
             }
             ControlRequest::Remove { name } => {
                 w(format!("remove {name:?} (and its secrets)"), "what it protected or named goes with it")
             }
-            ControlRequest::AddServer { server, .. } => w(
-                format!("add MCP server {:?}: {}", server.name, server.launched()),
-                "a new program runs with the gateway, and its tools are offered to every agent",
+            ControlRequest::AddServer { server, .. } => {
+                let loaders = server.loader_variables();
+                let mut weakens =
+                    "a new program runs with the gateway, and its tools are offered to every agent".to_owned();
+                if !loaders.is_empty() {
+                    weakens.push_str(&format!("; it sets {}, which change(s) what code it loads", loaders.join(", ")));
+                }
+                w(format!("add MCP server {:?}: {}", server.name, server.described()), &weakens)
+            }
+            ControlRequest::SetServerStart { name, start } => w(
+                format!("start MCP server {name:?} {}", start.as_str()),
+                "when a program runs with the gateway changes",
+            ),
+            ControlRequest::AddAgent { name, .. } => w(
+                format!("add agent {name:?} (a new token)"),
+                "a new token can call every tool, whatever was revoked before",
             ),
             ControlRequest::SshGc { host, older_than_days } => w(
                 format!("delete marker directories older than {older_than_days} day(s) on SSH host {host:?}"),
                 "a marker is how an uncertain command is checked without running it again",
             ),
-            _ => None,
+            ControlRequest::RecordImport { event, .. } => Some(Weakening {
+                change: format!("journal an import record ({})", event.as_str()),
+                weakens: "`servers import --undo` trusts the record the journal vouches for".to_owned(),
+                ask: false,
+            }),
+            // Stronger or read-only: a lock, a revocation, a status, a checkpoint. Adding a
+            // credential or an SSH host widens nothing an agent could not already call with it.
+            ControlRequest::RevokeAgent { .. }
+            | ControlRequest::LockVault { .. }
+            | ControlRequest::RevokeSession { .. }
+            | ControlRequest::ServersStatus
+            | ControlRequest::RestartServer { .. }
+            | ControlRequest::GatewayStatus
+            | ControlRequest::AddCredential { .. }
+            | ControlRequest::AddSshHost { .. }
+            | ControlRequest::ServerTools { .. }
+            | ControlRequest::Checkpoint
+            | ControlRequest::PublicKey => None,
         }
     }
+}
+
+/// Why setting `server`'s tool `tool` to `next` is weaker than what holds now (empty: it is not).
+/// The owner's current override is read from the vault; the effective class is compared when
+/// the server runs and lists the tool, and otherwise an override that names no class, or a less
+/// strict one, than the current override counts as weaker.
+async fn contract_weakens(a: &Authority, server: &str, tool: &str, next: Option<&ToolOverride>) -> Vec<String> {
+    let Some(vault) = &a.vault else { return vec!["the current contract could not be read".to_owned()] };
+    let current = match vault.mcp_server(server) {
+        Ok(s) => s.tools.get(tool).cloned().unwrap_or_default(),
+        Err(_) => return vec!["the current contract could not be read".to_owned()],
+    };
+    let next = next.cloned().unwrap_or_default();
+    let mut why = Vec::new();
+    let effective = match &a.upstreams {
+        Some(u) => {
+            u.ensure_started(server).await;
+            u.contract_with(server, tool, Some(&current)).zip(u.contract_with(server, tool, Some(&next)))
+        }
+        None => None,
+    };
+    match effective {
+        Some(((was, approve_was), (will, approve_will))) => {
+            if strictness(will.class) < strictness(was.class) {
+                why.push(format!(
+                    "an uncertain outcome would be {} instead of {}",
+                    will.class.as_str(),
+                    was.class.as_str()
+                ));
+            }
+            if approve_was && !approve_will {
+                why.push("calls would no longer wait for a reviewer".to_owned());
+            }
+        }
+        None => {
+            let rank = |o: &ToolOverride| o.class.map(strictness);
+            match (rank(&current), rank(&next)) {
+                (Some(was), Some(will)) if will >= was => {}
+                (None, None) => {}
+                (_, Some(will)) if will == strictness(postern_core::ReplayClass::Irreversible) => {}
+                _ => why.push(
+                    "the owner's class would be dropped or lowered (the tool could not be listed to compare)"
+                        .to_owned(),
+                ),
+            }
+            if current.approve_every_use && !next.approve_every_use {
+                why.push("calls would no longer wait for a reviewer".to_owned());
+            }
+        }
+    }
+    let dropped: Vec<&String> = current.secret_arguments.difference(&next.secret_arguments).collect();
+    if !dropped.is_empty() {
+        why.push(format!("{dropped:?} would no longer be treated as secret"));
+    }
+    if current.idempotency_argument.is_some() && current.idempotency_argument != next.idempotency_argument {
+        why.push("the execution ID would go into another argument (or none)".to_owned());
+    }
+    why
 }
 
 /// Runs a journal or vault write on the blocking pool (each is a durable SQLite transaction,
@@ -469,7 +556,7 @@ pub async fn apply(
             let _ = blocking(move || store.refusal(detail, now)).await;
             return reply;
         }
-        if let Some(approver) = &a.approver {
+        if let Some(approver) = a.approver.as_ref().filter(|_| weakening.ask) {
             let question = crate::ChangeRequest {
                 op: serde_json::to_value(request.op())
                     .ok()

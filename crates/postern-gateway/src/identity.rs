@@ -62,13 +62,9 @@ fn start_and_parent(pid: u32) -> Option<(u64, u32)> {
     Some((start, ppid))
 }
 
-/// The process's key, its parent's pid and its session id (`/proc/<pid>/stat` fields 4 and 6).
-pub fn process_lineage(pid: u32) -> Option<(ProcessKey, u32, u32)> {
-    let fields = stat_fields(pid)?;
-    let ppid = fields.get(1)?.parse().ok()?;
-    let session = fields.get(3)?.parse().ok()?;
-    let start_ticks = fields.get(19)?.parse().ok()?;
-    Some((ProcessKey { pid, start_ticks }, ppid, session))
+/// The process's key and its parent's pid.
+pub fn process_lineage(pid: u32) -> Option<(ProcessKey, u32)> {
+    start_and_parent(pid).map(|(start_ticks, ppid)| (ProcessKey { pid, start_ticks }, ppid))
 }
 
 pub fn process_key(pid: u32) -> Option<ProcessKey> {

@@ -1,20 +1,22 @@
 //! Who asked for a change over the control socket, as the kernel tells it: the peer process and
-//! its ancestry up to its session leader, and whether any of them is the process of an agent run
+//! its ancestry up to init (past its session leader: `setsid` starts a new session but keeps
+//! the parent), and whether any of them is the process of an agent run
 //! Postern knows. Any process of the owner's user can reach the socket, agents included; the
 //! owner's own commands and an agent's look alike except for where they come from, so a change
 //! that weakens safety is refused when it comes from inside an agent run, and is put to the
 //! approver's person otherwise (see `control::apply`). Both are journaled with the ancestry.
 //!
-//! What this cannot see: a process that left its agent's process tree (double fork, `setsid`,
-//! a systemd unit it started), or an agent Postern has never seen connect. With an approver
-//! attached, such a process still needs the person's confirmation.
+//! What this cannot see: a process that left its agent's process tree (a double fork that
+//! reparents it to init or a subreaper, a systemd unit it started), or an agent Postern has
+//! never seen connect. With an approver attached, such a process still needs the person's
+//! confirmation; without one, the ancestry in the journal is all there is.
 
 use crate::identity::{self, ProcessKey};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// The most ancestors recorded (a session leader is usually a few levels up).
-const MAX_DEPTH: usize = 32;
+/// The most ancestors recorded (init is usually a dozen levels up).
+const MAX_DEPTH: usize = 64;
 
 /// One process in the chain.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -27,7 +29,7 @@ pub struct Ancestor {
 /// The peer and its ancestry, and the agent run (by its session id) it descends from, if any.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Provenance {
-    /// The peer first, then its parent, … up to its session leader (or init).
+    /// The peer first, then its parent, … up to the child of init.
     pub chain: Vec<Ancestor>,
     /// The agent run whose process is in the chain.
     pub agent_run: Option<String>,
@@ -40,7 +42,7 @@ impl Provenance {
         let mut chain = Vec::new();
         let mut agent_run = None;
         for _ in 0..MAX_DEPTH {
-            let Some((key, parent, session)) = identity::process_lineage(pid) else { break };
+            let Some((key, parent)) = identity::process_lineage(pid) else { break };
             if agent_run.is_none() {
                 agent_run = run_of(&key);
             }
@@ -49,7 +51,7 @@ impl Provenance {
                 start_ticks: key.start_ticks,
                 executable: std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.display().to_string()),
             });
-            if session == pid || parent <= 1 {
+            if parent <= 1 {
                 break;
             }
             pid = parent;
@@ -86,15 +88,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_process_is_traced_to_its_session_leader_and_matched_to_a_run() {
+    fn this_process_is_traced_to_init_and_matched_to_a_run() {
         let me = std::process::id();
         let mine = identity::process_key(me).unwrap();
         let traced = Provenance::of(Some(me), &|_| None);
         assert_eq!(traced.pid(), Some(me));
         assert!(!traced.chain.is_empty() && traced.agent_run.is_none());
         // A run whose process is this one, or one of its ancestors, is found.
+        // The walk goes past the session leader (a `setsid` child keeps its parent) to init's child.
+        let last = traced.chain.last().unwrap();
+        assert_eq!(identity::process_lineage(last.pid).map(|(_, parent)| parent <= 1), Some(true), "{traced:?}");
         let parent = traced.chain.get(1).map(|a| ProcessKey { pid: a.pid, start_ticks: a.start_ticks });
-        for key in [Some(mine), parent].into_iter().flatten() {
+        let top = ProcessKey { pid: last.pid, start_ticks: last.start_ticks };
+        for key in [Some(mine), parent, Some(top)].into_iter().flatten() {
             let found = Provenance::of(Some(me), &|k| (*k == key).then(|| "ses_run".to_owned()));
             assert_eq!(found.agent_run.as_deref(), Some("ses_run"));
         }

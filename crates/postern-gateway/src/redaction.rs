@@ -228,7 +228,15 @@ impl CallSecrets {
                 }
                 any
             }
-            Value::Bool(_) | Value::Null | Value::Number(_) => false,
+            // A numeric secret (a PIN, an account number) sent back as a JSON number.
+            Value::Number(n) => match text(&n.to_string()) {
+                Some(masked) => {
+                    *value = Value::String(masked);
+                    true
+                }
+                None => false,
+            },
+            Value::Bool(_) | Value::Null => false,
         }
     }
 }
@@ -285,24 +293,37 @@ fn hex_value(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
-/// Where a spelling of `needle` that starts at `at` ends (the longest), if one does.
-fn spelling_at(haystack: &[u8], at: usize, needle: &[char]) -> Option<usize> {
-    // Depth-first over the spellings of each character; an explicit stack, as secrets are long.
-    let mut stack = vec![(0usize, at)];
-    let mut best = None;
-    while let Some((i, pos)) = stack.pop() {
-        if i == needle.len() {
-            best = best.max(Some(pos));
-            continue;
+/// Where a spelling of `needle` that starts at `at` ends (the longest), if one does. The search
+/// keeps the set of positions each prefix of `needle` can end at (a character has several
+/// spellings, so prefixes branch: `\\` is one backslash or two), never the paths to them, and
+/// spends one unit of `budget` per position it looks at: `None` in the outer `Option` when the
+/// budget ran out.
+fn spelling_at(haystack: &[u8], at: usize, needle: &[char], budget: &mut usize) -> Option<Option<usize>> {
+    let mut frontier = vec![at];
+    for &c in needle {
+        let mut next = Vec::new();
+        for &pos in &frontier {
+            *budget = budget.checked_sub(1)?;
+            next.extend(spelled_at(haystack, pos, c));
         }
-        for end in spelled_at(haystack, pos, needle[i]) {
-            stack.push((i + 1, end));
+        next.sort_unstable();
+        next.dedup();
+        if next.is_empty() {
+            return Some(None);
         }
+        frontier = next;
     }
-    best
+    Some(frontier.last().copied())
 }
 
+/// How many positions [`replace_spellings`] may look at per byte of its haystack: ordinary text
+/// needs one or two; only input built to make spellings branch (runs of `\`, `%`) needs more.
+const STEPS_PER_BYTE: usize = 64;
+
 /// `haystack` with every spelling of `needle` replaced by `with`, and whether there was one.
+/// Input built to make the search branch beyond [`STEPS_PER_BYTE`] is not searched further: it
+/// is replaced whole by `with` (and counts as found), so a hostile echo costs linear time and
+/// gets nothing through.
 pub fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>, bool) {
     let chars: Vec<char> = needle.chars().collect();
     let mut out = Vec::with_capacity(haystack.len());
@@ -310,6 +331,7 @@ pub fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>
     let Some(&first) = chars.first() else { return (haystack.to_vec(), false) };
     let mut utf8 = [0u8; 4];
     let lead = first.encode_utf8(&mut utf8).as_bytes()[0];
+    let mut budget = haystack.len().saturating_mul(STEPS_PER_BYTE).saturating_add(4096);
     while i < haystack.len() {
         // Most positions cannot start a spelling: skip them without looking further.
         if !matches!(haystack[i], b'%' | b'+' | b'\\') && haystack[i] != lead {
@@ -317,16 +339,17 @@ pub fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>
             i += 1;
             continue;
         }
-        match spelling_at(haystack, i, &chars) {
-            Some(end) => {
+        match spelling_at(haystack, i, &chars, &mut budget) {
+            Some(Some(end)) => {
                 out.extend_from_slice(with);
                 i = end;
                 found = true;
             }
-            _ => {
+            Some(None) => {
                 out.push(haystack[i]);
                 i += 1;
             }
+            None => return (with.to_vec(), true),
         }
     }
     (out, found)
@@ -337,6 +360,23 @@ mod tests {
     use super::*;
     use postern_vault::CredentialKind;
     use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the secret and the text around it are made of (characters that have several
+        /// spellings included), a secret echoed as itself never survives masking.
+        #[test]
+        fn an_echoed_secret_never_survives_hostile_surroundings(
+            secret in "[\\\\%+ \"/a-c5C]{4,24}",
+            before in "[\\\\%+ \"/a-c5Cu0]{0,200}",
+            after in "[\\\\%+ \"/a-c5Cu0]{0,200}",
+        ) {
+            let mut c = CallSecrets::default();
+            c.add_vault_secret(&secret);
+            let (out, found) = c.mask_found(&format!("{before}{secret}{after}"));
+            prop_assert!(found);
+            prop_assert!(!out.contains(&secret), "{:?}", out);
+        }
+    }
 
     fn credential(kind: &CredentialKind, secret: &str) -> CallSecrets {
         let mut secrets = CallSecrets::default();
@@ -367,6 +407,24 @@ mod tests {
         assert!(!format!("{c:?}").contains("p@ss"));
     }
 
+    /// A secret and an echo built so that spellings branch at every character (`\\` is one
+    /// backslash, JSON-escaped, or two): the search stays linear, and the secret does not get
+    /// through.
+    #[test]
+    fn an_echo_built_to_make_the_search_branch_costs_linear_work_and_leaks_nothing() {
+        let secret = format!("{}Z", "\\".repeat(60));
+        let mut c = CallSecrets::default();
+        c.add_vault_secret(&secret);
+        for echo in [
+            format!("{}{secret}{}", "\\".repeat(100), "\\".repeat(100)),
+            format!("{}x", "\\".repeat(50_000)),
+            "%5C%5c\\\\".repeat(10_000),
+        ] {
+            let (out, _) = c.mask_found(&echo);
+            assert!(!out.contains(&secret), "the secret got through");
+        }
+    }
+
     #[test]
     fn json_is_masked_in_strings_keys_and_base64_payloads() {
         use base64::Engine as _;
@@ -385,6 +443,11 @@ mod tests {
         let decoded = base64::engine::general_purpose::STANDARD.decode(data).unwrap();
         assert_eq!(decoded, b"binary <redacted> inside");
         assert!(!c.mask_json(&mut serde_json::json!({ "plain": "nothing here" })));
+        let mut pin = CallSecrets::default();
+        pin.add_vault_secret("804213");
+        let mut value = serde_json::json!({ "pin": 804213, "other": 5 });
+        assert!(pin.mask_json(&mut value));
+        assert_eq!(value, serde_json::json!({ "pin": REDACTED, "other": 5 }));
     }
 
     #[test]

@@ -94,8 +94,32 @@ pub struct AgentRuns {
     store: Arc<Store>,
     clock: Clock,
     live: Mutex<HashMap<RunKey, Arc<AgentRun>>>,
+    /// Processes with a `postern mcp` bridge connected (how many), whether or not they have
+    /// called a tool yet (a run starts at the first call): an agent from the moment it connects.
+    bridged: Mutex<HashMap<ProcessKey, usize>>,
     /// How often a run's process is checked for exit.
     poll: Duration,
+}
+
+/// Counts a bridged connection of one agent process while it is held (see
+/// [`AgentRuns::bridge_connected`]).
+#[derive(Debug)]
+pub struct BridgedProcess {
+    runs: Arc<AgentRuns>,
+    key: ProcessKey,
+}
+
+impl Drop for BridgedProcess {
+    fn drop(&mut self) {
+        if let Ok(mut bridged) = self.runs.bridged.lock()
+            && let Some(n) = bridged.get_mut(&self.key)
+        {
+            *n -= 1;
+            if *n == 0 {
+                bridged.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for AgentRuns {
@@ -136,7 +160,13 @@ fn random_u128() -> u128 {
 
 impl AgentRuns {
     pub fn new(store: Arc<Store>, clock: Clock) -> Arc<Self> {
-        Arc::new(AgentRuns { store, clock, live: Mutex::new(HashMap::new()), poll: Duration::from_millis(500) })
+        Arc::new(AgentRuns {
+            store,
+            clock,
+            live: Mutex::new(HashMap::new()),
+            bridged: Mutex::new(HashMap::new()),
+            poll: Duration::from_millis(500),
+        })
     }
 
     /// Re-adopts runs the journal shows open: a process still alive (same pid *and* start
@@ -242,13 +272,30 @@ impl AgentRuns {
 
     /// The live agent run whose process is `key` and that an agent holds (a bridge or an agent
     /// token reached it; a run only `postern call` made is a person's command), by its session id.
+    /// A process with a bridge connected that has not called yet is named `bridge:<pid>`.
     pub fn run_of_process(&self, key: &ProcessKey) -> Option<String> {
-        let live = self.live.lock().ok()?;
-        live.iter()
-            .find(|(k, run)| {
-                k.process.as_ref() == Some(key) && run.speaks_as_agent.load(std::sync::atomic::Ordering::Relaxed)
-            })
-            .map(|(_, run)| run.session.to_string())
+        let run = self.live.lock().ok().and_then(|live| {
+            live.iter()
+                .find(|(k, run)| {
+                    k.process.as_ref() == Some(key) && run.speaks_as_agent.load(std::sync::atomic::Ordering::Relaxed)
+                })
+                .map(|(_, run)| run.session.to_string())
+        });
+        run.or_else(|| {
+            let bridged = self.bridged.lock().ok()?;
+            bridged.contains_key(key).then(|| format!("bridge:{}", key.pid))
+        })
+    }
+
+    /// Process `key` has a `postern mcp` bridge connected: an agent's, for [`run_of_process`]
+    /// (its commands over the control socket are an agent's), until the guard is dropped.
+    ///
+    /// [`run_of_process`]: AgentRuns::run_of_process
+    pub fn bridge_connected(self: &Arc<Self>, key: ProcessKey) -> BridgedProcess {
+        if let Ok(mut bridged) = self.bridged.lock() {
+            *bridged.entry(key.clone()).or_default() += 1;
+        }
+        BridgedProcess { runs: Arc::clone(self), key }
     }
 
     /// Ends the run when its process exits.

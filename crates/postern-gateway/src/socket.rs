@@ -258,6 +258,17 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
         "bridge connected"
     );
     let pending = Arc::new(PendingResponses::default());
+    // Once the peer says it is a bridge, its agent counts as one for the control socket, from
+    // before its first call to the end of the connection.
+    let bridged: Arc<std::sync::Mutex<Option<crate::runs::BridgedProcess>>> = Arc::default();
+    let on_hello: Option<Box<dyn FnOnce() + Send>> = caller.process.as_ref().map(|p| {
+        let (runs, key, slot) = (Arc::clone(&gateway.runs), p.key.clone(), Arc::clone(&bridged));
+        Box::new(move || {
+            if let Ok(mut slot) = slot.lock() {
+                *slot = Some(runs.bridge_connected(key));
+            }
+        }) as Box<dyn FnOnce() + Send>
+    });
     let (read, write) = stream.into_split();
     let write = Arc::new(tokio::sync::Mutex::new(Some(write)));
     let flooded = {
@@ -281,6 +292,7 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
         line: Vec::new(),
         seen: 0,
         flooded: Some(Box::new(flooded)),
+        on_hello: std::sync::Mutex::new(on_hello),
     };
     let handler = PosternMcp::for_connection(gateway, caller, Arc::clone(&pending));
     match handler.serve(transport).await {
@@ -290,6 +302,7 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
         Err(e) => tracing::info!(error = %e, "bridge connection ended before initialization"),
     }
     pending.close();
+    drop(bridged);
 }
 
 /// Newline-delimited JSON-RPC over one socket connection, with delivery tracking: a response
@@ -307,6 +320,8 @@ struct LineTransport {
     seen: usize,
     /// Journals (once) that this connection was closed for flooding bad input.
     flooded: Option<Box<dyn FnOnce() + Send>>,
+    /// Marks the peer's agent as bridged (once), when the bridge says hello.
+    on_hello: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// Answers to bad input a connection may owe at once before it is closed for not reading them.
@@ -441,6 +456,9 @@ impl LineTransport {
             match value.get("method").and_then(Value::as_str) {
                 Some(BRIDGE_HELLO_METHOD) => {
                     self.pending.expect_acknowledgements();
+                    if let Some(hello) = self.on_hello.lock().ok().and_then(|mut h| h.take()) {
+                        hello();
+                    }
                     return Ok(None);
                 }
                 Some(DELIVERED_METHOD) => {

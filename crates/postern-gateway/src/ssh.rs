@@ -7,7 +7,7 @@
 //! once the `exec` request is out, a connection that drops before the exit status arrives is
 //! `Unknown`.
 
-use postern_core::ExecutionId;
+use postern_core::{ExecutionId, Outside};
 use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use russh::{
     ChannelMsg, Sig,
@@ -65,6 +65,22 @@ pub enum SshSent {
     Unknown {
         reason: String,
     },
+}
+
+impl SshSent {
+    /// What happened, in words, without what the host wrote (its output is outside text that
+    /// only the outcome stage may pass on): for errors about a marker probe or a clean-up.
+    pub fn summary(&self) -> String {
+        match self {
+            SshSent::Finished { result, .. } => match (result.exit_status, &result.exit_signal) {
+                (Some(status), _) => format!("it exited with status {status}"),
+                (None, Some(signal)) => format!("it was ended by signal {}", Outside::line(signal)),
+                (None, None) => "it ended without an exit status".to_owned(),
+            },
+            SshSent::NotSent { code, reason } => format!("{code}: {}", Outside::line(reason)),
+            SshSent::Unknown { reason } => format!("its outcome is unknown: {}", Outside::line(reason)),
+        }
+    }
 }
 
 /// Why a connection could not be used; every one of these happens before a command is sent.
@@ -507,17 +523,19 @@ pub async fn marker_gc_on(
         SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
         other => {
             connection.close().await;
-            return Err(format!("the marker listing on {name} did not finish: {other:?}"));
+            return Err(format!("the marker listing on {name} did not finish: {}", other.summary()));
         }
     };
     let mut report = MarkerGc::default();
     let mut remove = Vec::new();
     // What the host lists is outside text: only names that are execution IDs are considered.
     for id in names.lines().filter_map(|line| line.trim().parse::<ExecutionId>().ok()) {
+        // From the chain, not the projection: a forged `executions` row cannot get a marker
+        // removed.
         let state = view
-            .execution(id)
+            .journal_state(id)
             .map_err(|e| e.to_string())?
-            .and_then(|e| e.state.parse::<postern_core::ExecutionState>().ok());
+            .and_then(|state| state.parse::<postern_core::ExecutionState>().ok());
         match state {
             Some(state) if settled(state) => remove.push(id),
             Some(_) => report.kept_unsettled += 1,
@@ -531,7 +549,7 @@ pub async fn marker_gc_on(
             SshSent::Finished { result, .. } if result.exit_status == Some(0) => report.removed += chunk.len() as u64,
             other => {
                 connection.close().await;
-                return Err(format!("the clean-up on {name} did not finish: {other:?}"));
+                return Err(format!("the clean-up on {name} did not finish: {}", other.summary()));
             }
         }
     }

@@ -39,8 +39,9 @@ pub enum ImportError {
     #[error("the keychain has no backup of {}", .0.display())]
     NoBackup(PathBuf),
     #[error(
-        "the import record ({}) does not match the digest the journal holds for the last import: it was changed \
-         outside Postern, so nothing was restored or removed (the original files are still in the OS keychain)",
+        "the import record ({}) does not match what the last import wrote (the digest the journal holds, or the \
+         backups it names): it was changed outside Postern, so nothing was restored or removed (the original files \
+         are still in the OS keychain)",
         .0.display()
     )]
     RecordTampered(PathBuf),
@@ -638,7 +639,12 @@ pub fn undo(target: &dyn ImportTarget, data_dir: &Path, now: postern_core::Times
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| ImportError::Io { what: "read the import record".into(), source: std::io::Error::other(e) })?;
     for f in &record.files {
-        let current = std::fs::read(&f.path).unwrap_or_default();
+        // A backup is kept under its own file's digest: a record naming another path for it
+        // would write that file's original (secrets and all) somewhere else.
+        if f.backup != sha256_hex(f.path.to_string_lossy().as_bytes()) {
+            return Err(ImportError::RecordTampered(path));
+        }
+        let current = std::fs::read(&f.path).map_err(|_| ImportError::ChangedSince(f.path.clone()))?;
         if sha256_hex(&current) != f.written_sha256 {
             return Err(ImportError::ChangedSince(f.path.clone()));
         }

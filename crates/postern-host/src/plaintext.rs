@@ -50,12 +50,74 @@ const TOKEN_PREFIXES: &[&str] = &[
 ];
 
 /// Parts of a name (a flag, a header, a query parameter) that say its value is a secret, beyond
-/// those that make an upstream tool's argument one: `auth`, `bearer`, `signature`.
-const MORE_SECRET_NAME_PARTS: &[&str] = &["auth", "bearer", "signature"];
+/// those that make an upstream tool's argument one: `auth`, `bearer`, `signature`,
+/// `passphrase`.
+const MORE_SECRET_NAME_PARTS: &[&str] = &["auth", "bearer", "signature", "passphrase"];
 
-/// Environment names that carry secrets by convention (matched as parts of the upper-cased name).
-const SECRET_ENV_WORDS: &[&str] =
-    &["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "AUTH", "COOKIE"];
+/// Words of an environment name (split at `_`, upper-cased) that make its value a secret. Short
+/// ones count only as whole words (`BYPASS_CACHE`, `KEYBOARD` are not secrets).
+const SECRET_ENV_WORDS: &[&str] = &[
+    "TOKEN",
+    "TOKENS",
+    "KEY",
+    "KEYS",
+    "SECRET",
+    "SECRETS",
+    "PASS",
+    "PWD",
+    "PAT",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "CREDS",
+    "AUTH",
+    "COOKIE",
+    "COOKIES",
+];
+
+/// Endings of a word that make it a secret's name even inside a longer word (`PGPASSWORD`,
+/// `APIKEY`, `GHTOKEN`).
+const SECRET_ENV_ENDINGS: &[&str] =
+    &["PASSWORD", "PASSWD", "PASSPHRASE", "TOKEN", "SECRET", "APIKEY", "ACCESSKEY", "PRIVATEKEY", "CREDENTIALS"];
+
+/// Last words that make a name about a secret rather than one (`KEY_PATH`, `AUTH_MODE`,
+/// `TOKEN_URL`): its value is still checked for what it holds.
+const NOT_SECRET_LAST_WORDS: &[&str] = &[
+    "PATH",
+    "FILE",
+    "DIR",
+    "NAME",
+    "ID",
+    "MODE",
+    "TYPE",
+    "URL",
+    "URI",
+    "HOST",
+    "PORT",
+    "ENDPOINT",
+    "LENGTH",
+    "SIZE",
+    "TTL",
+    "TIMEOUT",
+    "EXPIRY",
+    "ENABLED",
+    "DISABLED",
+    "FORMAT",
+    "ALGORITHM",
+    "ISSUER",
+    "SCOPE",
+    "SCOPES",
+];
+
+/// Does an environment variable with this name hold a secret, by its name alone?
+pub fn env_name_is_secret(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    let words: Vec<&str> = upper.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    // `PWD` alone (and `OLDPWD`) is the shell's working directory.
+    if matches!(upper.as_str(), "PWD" | "OLDPWD") || words.last().is_some_and(|w| NOT_SECRET_LAST_WORDS.contains(w)) {
+        return false;
+    }
+    words.iter().any(|w| SECRET_ENV_WORDS.contains(w) || SECRET_ENV_ENDINGS.iter().any(|e| w.ends_with(e)))
+}
 
 fn flat(name: &str) -> String {
     name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase()
@@ -69,7 +131,7 @@ pub fn secret_name(name: &str) -> bool {
             .iter()
             .chain(MORE_SECRET_NAME_PARTS)
             .any(|p| flat.contains(p))
-            || matches!(flat.as_str(), "pat" | "key" | "sig"))
+            || matches!(flat.as_str(), "pat" | "key" | "sig" | "pass"))
 }
 
 /// Where the secret inside `value` is, if there is one (the byte range; the whole value for a
@@ -82,19 +144,68 @@ pub fn secret_in(value: &str) -> Option<Range<usize>> {
 /// for the name it is kept under.
 fn secret_kind(value: &str) -> Option<(Range<usize>, &'static str)> {
     url_secret(value)
+        .or_else(|| assignment_secret(value).map(|r| (r, "SECRET")))
         .or_else(|| header_secret(value).map(|r| (r, "AUTHORIZATION")))
         .or_else(|| prefixed_token(value).map(|r| (r, "TOKEN")))
         .or_else(|| high_entropy(value).then_some((0..value.len(), "TOKEN")))
 }
 
-/// Is this environment value a secret: by its name (`*TOKEN*`, `*KEY*`, …), or because it holds
-/// one (a URL with a password, a token, a high-entropy value)?
-pub fn env_is_secret(name: &str, value: &str) -> bool {
-    if value.is_empty() {
-        return false;
+/// From the first secret in `value` to the end of its last one (a URL with a password and an
+/// `?api_key=`: one span, so what goes back at spawn is a single piece), and what the first is.
+fn secrets_span(value: &str) -> Option<(Range<usize>, &'static str)> {
+    let (first, kind) = secret_kind(value)?;
+    let mut end = first.end;
+    while end < value.len() {
+        match secret_kind(&value[end..]) {
+            Some((more, _)) if !more.is_empty() => end += more.end,
+            _ => break,
+        }
     }
-    let upper = name.to_ascii_uppercase();
-    SECRET_ENV_WORDS.iter().any(|w| upper.contains(w)) || secret_in(value).is_some()
+    Some((first.start..end, kind))
+}
+
+/// Is this environment value a secret: by its name ([`env_name_is_secret`]), or because it
+/// holds one (a URL with a password, a connection string's password, a token, a high-entropy
+/// value)?
+pub fn env_is_secret(name: &str, value: &str) -> bool {
+    !value.is_empty() && (env_name_is_secret(name) || secret_in(value).is_some())
+}
+
+/// The secret value of an assignment: `PGPASSWORD=hunter2` (an environment-style name that
+/// says secret, as `docker run -e` and `env` take it), or a connection string's secret field
+/// (`Server=db;User Id=sa;Password=P@ss;`).
+fn assignment_secret(value: &str) -> Option<Range<usize>> {
+    if let Some((name, secret)) = value.split_once('=')
+        && !secret.is_empty()
+        && !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && env_name_is_secret(name)
+    {
+        let begin = name.len() + 1;
+        let end = value[begin..].find(';').map_or(value.len(), |i| begin + i);
+        if begin < end {
+            return Some(begin..end);
+        }
+    }
+    if !value.contains(';') {
+        return None;
+    }
+    let mut at = 0;
+    for field in value.split(';') {
+        if let Some((name, secret)) = field.split_once('=')
+            && secret_name(name.trim())
+        {
+            let lead = secret.len() - secret.trim_start().len();
+            let begin = at + name.len() + 1 + lead;
+            let end = at + field.trim_end().len();
+            if begin < end {
+                return Some(begin..end);
+            }
+        }
+        at += field.len() + 1;
+    }
+    None
 }
 
 /// A URL's (or DSN's) password, a token standing as its user name, or the value of a secret
@@ -106,18 +217,26 @@ fn url_secret(value: &str) -> Option<(Range<usize>, &'static str)> {
         let rest = &value[start..];
         let end = rest.find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace()).unwrap_or(rest.len());
         let authority = &rest[..end];
+        let mut user = None;
         if let Some(userinfo_end) = authority.rfind('@') {
             let userinfo = &authority[..userinfo_end];
             match userinfo.find(':') {
                 Some(colon) if colon + 1 < userinfo.len() => {
-                    return Some((start + colon + 1..start + userinfo_end, "PASSWORD"));
+                    user = Some((start + colon + 1..start + userinfo_end, "PASSWORD"));
                 }
                 None if userinfo.len() >= 16 && (prefixed_token(userinfo).is_some() || high_entropy(userinfo)) => {
-                    return Some((start..start + userinfo_end, "TOKEN"));
+                    user = Some((start..start + userinfo_end, "TOKEN"));
                 }
                 _ => {}
             }
         }
+        // A password and a secret parameter in one URL: one span from the first to the last.
+        let with_user = |query: Option<Range<usize>>| match (user.clone(), query) {
+            (Some((u, kind)), Some(q)) => Some((u.start..q.end, kind)),
+            (Some(u), None) => Some(u),
+            (None, Some(q)) => Some((q, "SECRET")),
+            (None, None) => None,
+        };
         // `?name=value&…`: a secret parameter's value.
         let after = start + end;
         let path_end = value[after..].find(|c: char| c == '#' || c.is_whitespace()).map_or(value.len(), |i| after + i);
@@ -133,10 +252,13 @@ fn url_secret(value: &str) -> Option<(Range<usize>, &'static str)> {
                     && !secret.is_empty()
                 {
                     let begin = at + name.len() + 1;
-                    return Some((begin..begin + secret.len(), "SECRET"));
+                    return with_user(Some(begin..begin + secret.len()));
                 }
                 at += pair.len() + 1;
             }
+        }
+        if user.is_some() {
+            return with_user(None);
         }
         from = start;
     }
@@ -249,7 +371,7 @@ pub fn args_secrets(args: &[String]) -> Vec<ArgSecret> {
             }
         }
         let value_start = if arg.starts_with('-') { arg.find('=').map_or(0, |e| e + 1) } else { 0 };
-        if let Some((range, kind)) = secret_kind(&arg[value_start..]) {
+        if let Some((range, kind)) = secrets_span(&arg[value_start..]) {
             let range = range.start + value_start..range.end + value_start;
             found.push(ArgSecret { index: i, range, name: secret_name_for(None, i, kind) });
         }
@@ -378,6 +500,48 @@ mod tests {
         ] {
             assert!(!env_is_secret(name, value), "{name}={value}");
         }
+    }
+
+    #[test]
+    fn assignments_connection_strings_and_several_secrets_in_one_argument_are_found() {
+        let line = args(&[
+            "-e",
+            "PGPASSWORD=hunter2",
+            "--env=API_KEY=abc123",
+            "Server=db;User Id=sa;Password=P@ss;",
+            "--pass",
+            "hunter2x",
+            "--passphrase=open sesame",
+            "postgres://u:pw1@h/db?api_key=k2",
+            "-e",
+            "BYPASS_CACHE=true",
+        ]);
+        let found: Vec<(usize, String)> =
+            args_secrets(&line).into_iter().map(|f| (f.index, line[f.index][f.range].to_owned())).collect();
+        assert_eq!(
+            found,
+            vec![
+                (1, "hunter2".to_owned()),
+                (2, "abc123".to_owned()),
+                (3, "P@ss".to_owned()),
+                (5, "hunter2x".to_owned()),
+                (6, "open sesame".to_owned()),
+                (7, "pw1@h/db?api_key=k2".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn environment_names_are_read_as_words() {
+        for name in ["PGPASSWORD", "MYSQL_PWD", "GH_TOKEN", "AWS_SECRET_ACCESS_KEY", "AUTH", "SESSION_COOKIE", "APIKEY"]
+        {
+            assert!(env_name_is_secret(name), "{name}");
+        }
+        for name in ["BYPASS_CACHE", "KEY_PATH", "AUTH_MODE", "TOKEN_URL", "KEYBOARD_LAYOUT", "PWD", "COMPASS"] {
+            assert!(!env_name_is_secret(name), "{name}");
+        }
+        assert!(env_is_secret("CONNECTION_STRING", "Server=db;User Id=sa;Password=P@ss;"));
+        assert!(!env_is_secret("KEY_PATH", "/home/alice/.ssh/id_ed25519"));
     }
 
     proptest! {

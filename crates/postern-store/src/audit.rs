@@ -241,6 +241,23 @@ pub fn verify_with(
     })
 }
 
+/// How the chain on `conn` compares with `head`, the head the (only) writer last wrote: `None`
+/// when it walks intact to exactly that head, or what differs. The writer runs this when another
+/// process committed to the database: every row a retry decision reads is then known to be the
+/// row this process wrote (a body edited and its hashes recomputed changes the head).
+pub(crate) fn chain_differs(conn: &Connection, head: JournalHead) -> Result<Option<String>, StoreError> {
+    let total: u64 = conn.query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64;
+    let (walked, finding, _) = check_chain(conn, total, VerifyScope::ChainOnly, &mut |_, _| {})?;
+    Ok(match finding {
+        Some(f) => Some(f.to_string()),
+        None if walked != head => Some(format!(
+            "the journal ends at row {} ({}), where this process last wrote row {} ({})",
+            walked.size, walked.hash, head.size, head.hash
+        )),
+        None => None,
+    })
+}
+
 fn open_for_scan(path: &Path) -> Result<Connection, StoreError> {
     let conn = open_checked(path)?;
     // Read-only tuning: a large page cache and memory-mapped reads for sequential scans.

@@ -313,6 +313,19 @@ impl JournalView {
         })
     }
 
+    /// Execution `id`'s state as its last hash-chained journal row says (not the `executions`
+    /// projection): for decisions that destroy evidence, such as removing an SSH marker.
+    pub fn journal_state(&self, id: ExecutionId) -> Result<Option<String>, StoreError> {
+        self.with(|c| {
+            c.prepare_cached(
+                "SELECT state FROM journal WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq DESC LIMIT 1",
+            )?
+            .query_row([id.to_string()], |r| r.get(0))
+            .optional()
+            .map_err(StoreError::from)
+        })
+    }
+
     pub fn execution(&self, id: ExecutionId) -> Result<Option<ExecutionSummary>, StoreError> {
         self.with(|c| {
             c.prepare_cached(&format!("{EXECUTION_COLUMNS} WHERE id = ?1"))?

@@ -16,6 +16,43 @@ pub const KIND: &str = "mcp_server";
 /// 64 characters clients accept, so the server's part is kept short.
 pub const MAX_SERVER_NAME: usize = 24;
 
+/// Does setting this environment variable change what code a program loads or runs?
+pub fn loader_variable(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "PATH",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "PYTHONHOME",
+        "PYTHONINSPECT",
+        "PERL5OPT",
+        "PERL5LIB",
+        "PERLLIB",
+        "RUBYOPT",
+        "RUBYLIB",
+        "BASH_ENV",
+        "ENV",
+        "ZDOTDIR",
+        "PROMPT_COMMAND",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+        "CLASSPATH",
+        "GIT_SSH_COMMAND",
+        "GIT_EXEC_PATH",
+        "SHELL",
+        "EDITOR",
+        "NPM_CONFIG_PREFIX",
+        "NPM_CONFIG_REGISTRY",
+        "PIP_INDEX_URL",
+        "UV_INDEX_URL",
+        "HOME",
+    ];
+    let upper = name.to_ascii_uppercase();
+    EXACT.contains(&upper.as_str()) || upper.starts_with("LD_") || upper.starts_with("DYLD_")
+}
+
 /// When Postern starts a server's process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -154,6 +191,22 @@ impl McpServer {
                 .collect::<Vec<_>>()
                 .join(" "),
         }
+    }
+
+    /// What it runs as a person should read it before agreeing: its plain environment with the
+    /// values (`NODE_OPTIONS=--require ./x.js` changes what the program loads), its secret
+    /// environment by name, then [`McpServer::launched`].
+    pub fn described(&self) -> String {
+        let plain = self.env.iter().map(|(k, v)| format!("{k}={v}"));
+        let secret = self.secret_env.iter().map(|k| format!("{k}=<secret>"));
+        plain.chain(secret).chain(std::iter::once(self.launched())).collect::<Vec<_>>().join(" ")
+    }
+
+    /// The environment names it sets that change what code a program loads or how it runs
+    /// (`LD_PRELOAD`, `NODE_OPTIONS`, `PYTHONPATH`, `PATH`, …): shown with a warning wherever a
+    /// person agrees to the server.
+    pub fn loader_variables(&self) -> Vec<&str> {
+        self.env.keys().map(String::as_str).filter(|k| loader_variable(k)).collect()
     }
 
     pub fn validate(&self) -> Result<(), VaultError> {

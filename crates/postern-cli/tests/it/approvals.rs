@@ -389,7 +389,17 @@ fn raw_http(gw: &Gateway, token: &str, method: &str, path: &str) -> String {
 fn self_approval_through_every_interface_an_agent_reaches_fails_and_is_journaled() {
     let target = Target::start();
     let (gw, mut term) = serve_on_terminal(&target.manifest(), &[]);
-    let token = gw.add_agent("intruder");
+    // A new agent token widens who can call: the person at the terminal confirms it.
+    let adding = {
+        let data = gw.path().to_owned();
+        std::thread::spawn(move || super::support::postern(&["agents", "add", "intruder"], Some(&data)))
+    };
+    let shown = term.wait_for("choice (c/r)> ");
+    assert!(shown.contains("add agent \"intruder\""), "{shown}");
+    term.type_line("c");
+    let added = adding.join().unwrap();
+    assert_eq!(added.code, 0, "{}", added.stderr);
+    let token = added.stdout.trim().to_owned();
     let mut agent = Agent::start(Sdk::Python);
     agent.connect(gw.bridge_command());
     agent.call("pending", "pay", json!({ "amount": 77 }));

@@ -475,7 +475,14 @@ impl Agent {
     /// Runs `postern ARGS` as a child of the agent's own process (as an agent's shell tool would),
     /// on `gateway`'s data directory; the `ran` event (code, stdout, stderr).
     pub fn run_postern(&mut self, tag: &str, gateway: &Gateway, args: &[&str]) -> Value {
-        let argv: Vec<&str> = std::iter::once(postern_bin()).chain(args.iter().copied()).collect();
+        self.run_postern_via(tag, gateway, &[], args)
+    }
+
+    /// [`Agent::run_postern`] through `wrapper` (`setsid`: in a session of its own, as Node's
+    /// `detached: true` or Python's `start_new_session` would start it).
+    pub fn run_postern_via(&mut self, tag: &str, gateway: &Gateway, wrapper: &[&str], args: &[&str]) -> Value {
+        let argv: Vec<&str> =
+            wrapper.iter().copied().chain(std::iter::once(postern_bin())).chain(args.iter().copied()).collect();
         self.send(json!({ "op": "run", "tag": tag, "argv": argv, "env": {
             "POSTERN_DATA_DIR": gateway.path(),
             "XDG_RUNTIME_DIR": std::env::var("XDG_RUNTIME_DIR").unwrap_or_default(),

@@ -112,6 +112,21 @@ fn remote_hostile(data: &Path, secret: &str) -> std::process::Child {
     upstream
 }
 
+/// `postern servers add NAME -- ARGV` on `data` (no secrets), which must succeed.
+fn add_server(data: &Path, name: &str, argv: &[&str]) {
+    let args: Vec<&str> = ["servers", "add", name, "--"].into_iter().chain(argv.iter().copied()).collect();
+    let add = postern_with(&args, Some(data), None, &[]);
+    assert_eq!(add.code, 0, "{}", add.stderr);
+}
+
+/// `postern serve` on `data` (no manifest) and a Python-SDK agent connected through a bridge.
+fn serve_with_agent(data: tempfile::TempDir) -> (Gateway, Agent) {
+    let gw = Gateway::start_in(data, "");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    (gw, agent)
+}
+
 /// The gateway's peak resident memory so far, in KiB (`VmHWM`).
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -147,9 +162,7 @@ fn an_upstream_that_sends_its_secrets_back_leaks_them_nowhere() {
         listed.stdout
     );
 
-    let gw = Gateway::start_in(data, "");
-    let mut agent = Agent::start(Sdk::Python);
-    agent.connect(gw.bridge_command());
+    let (gw, mut agent) = serve_with_agent(data);
     let leaked = agent.call_and_wait("leak", "hostile__leak_environment", json!({}));
     assert_eq!(leaked["structured"]["state"], "completed", "{leaked}");
     assert_eq!(leaked["structured"]["result"]["secret_echoed"], true, "the result says a secret came back: {leaked}");
@@ -162,13 +175,30 @@ fn an_upstream_that_sends_its_secrets_back_leaks_them_nowhere() {
     let echoed = agent.call_and_wait("echo", "hostile__echo", json!({ "text": "hi", "password": argument }));
     assert_eq!(echoed["structured"]["state"], "completed", "{echoed}");
     assert_eq!(echoed["structured"]["result"]["secret_echoed"], true, "{echoed}");
+    // Its token in a tool's description: the tool list every agent reads is masked too.
+    let tools = agent.tools();
+    assert!(tools.to_string().contains("hostile__described"), "{tools}");
+    // A password of backslashes echoed beside a run of them: every backslash has two spellings
+    // (itself, JSON-escaped), so a search that follows each branch never ends (before: the call
+    // never came back and a gateway thread spun). The answer comes back, masked.
+    let slashes = format!("{}Z", "\\".repeat(40));
+    let branching = agent.call_and_wait(
+        "branching",
+        "hostile__backslashes",
+        json!({ "text": "\\".repeat(2000), "password": slashes }),
+    );
+    assert_eq!(branching["structured"]["state"], "completed", "{branching}");
+    // The password as JSON spells it (each backslash doubled), then `Z`: nothing else has a `Z`.
+    let spelled = format!("{}Z", "\\\\".repeat(40));
+    assert!(!branching.to_string().contains(&spelled), "the password came back: {branching}");
     // The same result returned from the record (`execution_status`) is masked too.
     let id = leaked["structured"]["execution_id"].as_str().unwrap();
     let status = agent.call_and_wait("status", "execution_status", json!({ "execution_id": id }));
     assert_eq!(status["structured"]["state"], "result_delivered", "{status}");
     drop(agent);
     let log = gw.stderr.lock().unwrap().clone();
-    let answers = [leaked.to_string(), stderr.to_string(), echoed.to_string(), status.to_string()].concat();
+    let answers =
+        [leaked.to_string(), stderr.to_string(), echoed.to_string(), status.to_string(), tools.to_string()].concat();
     let activity = gw.postern(&["activity", "--json", "--limit", "1000"]).stdout;
     assert_nowhere(
         &[&token, &dsn_password, &argument],
@@ -184,9 +214,7 @@ fn a_remote_upstream_that_echoes_its_credential_leaks_it_nowhere() {
     let secret = canary("remote");
     let data = tempfile::tempdir().unwrap();
     let mut upstream = remote_hostile(data.path(), &secret);
-    let gw = Gateway::start_in(data, "");
-    let mut agent = Agent::start(Sdk::Python);
-    agent.connect(gw.bridge_command());
+    let (gw, mut agent) = serve_with_agent(data);
     let headers = agent.call_and_wait("headers", "remote__echo_headers", json!({}));
     assert_eq!(headers["structured"]["state"], "completed", "{headers}");
     assert_eq!(headers["structured"]["result"]["secret_echoed"], true, "{headers}");
@@ -210,17 +238,8 @@ fn a_remote_upstream_that_echoes_its_credential_leaks_it_nowhere() {
 #[test]
 fn an_upstream_flood_is_cut_at_the_result_limit_and_memory_stays_bounded() {
     let data = tempfile::tempdir().unwrap();
-    let python = python();
-    let add = postern_with(
-        &["servers", "add", "hostile", "--", python.to_str().unwrap(), &hostile_script()],
-        Some(data.path()),
-        None,
-        &[],
-    );
-    assert_eq!(add.code, 0, "{}", add.stderr);
-    let gw = Gateway::start_in(data, "");
-    let mut agent = Agent::start(Sdk::Python);
-    agent.connect(gw.bridge_command());
+    add_server(data.path(), "hostile", &[python().to_str().unwrap(), &hostile_script()]);
+    let (gw, mut agent) = serve_with_agent(data);
     let warm = agent.call_and_wait("warm", "hostile__ok_tool", json!({}));
     assert_eq!(warm["structured"]["state"], "completed", "{warm}");
     let before = peak_rss_kib(gw.child.id());
@@ -258,6 +277,9 @@ pub(super) fn assert_terminal_safe(what: &str, text: &str) {
 #[test]
 fn an_agent_config_with_common_secrets_leaves_none_in_the_journal_and_its_plan_prints_nothing_raw() {
     let (dsn_password, access, db_password) = (canary("pg"), format!("sbp_{}", canary("supa")), canary("dburl"));
+    // Found in the second review: `-e NAME=value` and `--env=NAME=value` arguments, a
+    // connection string's `Password=`, names such as `PGPASSWORD` (one word).
+    let (pg_env, api_key, connection) = (canary("pgenv"), canary("apikey"), canary("odbc"));
     let home = tempfile::tempdir().unwrap();
     let config = json!({ "mcpServers": {
         "postgres": { "command": "npx", "args": ["-y", "@modelcontextprotocol/server-postgres",
@@ -267,6 +289,11 @@ fn an_agent_config_with_common_secrets_leaves_none_in_the_journal_and_its_plan_p
         "db": { "command": "db-mcp", "env": { "DATABASE_URL": format!("postgres://app:{db_password}@db.internal/app"),
                                               "LOG_LEVEL": "info" } },
         "safe\u{1b}[2K\r  postgres  → Postern server \"safe\"": { "command": "echo\u{1b}]0;owned\u{7}", "args": ["\u{202e}txt"] },
+        "docker": { "command": "docker", "args": ["run", "-i", "--rm", "-e", format!("PGPASSWORD={pg_env}"),
+                    format!("--env=API_KEY={api_key}"), "mcp/postgres"] },
+        "mssql": { "command": "mssql-mcp", "env": {
+            "CONNECTION_STRING": format!("Server=db;User Id=sa;Password={connection};"),
+            "BYPASS_CACHE": "true", "NODE_OPTIONS": "--require ./x.js" } },
     }});
     std::fs::create_dir(home.path().join(".cursor")).unwrap();
     std::fs::write(home.path().join(".cursor/mcp.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
@@ -275,8 +302,14 @@ fn an_agent_config_with_common_secrets_leaves_none_in_the_journal_and_its_plan_p
     let plan = postern_with(&["servers", "import", "--from", "cursor", "--dry-run"], Some(data.path()), None, &env);
     assert_eq!(plan.code, 0, "{}", plan.stderr);
     assert_terminal_safe("the import plan", &plan.stdout);
-    assert!(plan.stdout.contains("4 MCP server(s) with 3 plaintext secret(s)"), "{}", plan.stdout);
+    assert!(plan.stdout.contains("6 MCP server(s) with 6 plaintext secret(s)"), "{}", plan.stdout);
     for shown in [
+        // What is not secret is shown with its value (`BYPASS_CACHE` is not a password), and a
+        // variable that changes what code the program loads is called out.
+        "BYPASS_CACHE=true".to_owned(),
+        "NODE_OPTIONS=--require ./x.js".to_owned(),
+        "WARNING: it sets NODE_OPTIONS".to_owned(),
+        format!("CONNECTION_STRING ({} characters)", format!("Server=db;User Id=sa;Password={connection};").len()),
         format!("ARG2_PASSWORD ({} characters)", dsn_password.len()),
         format!("ACCESS_TOKEN ({} characters)", access.len()),
         "DATABASE_URL (".to_owned(),
@@ -292,7 +325,7 @@ fn an_agent_config_with_common_secrets_leaves_none_in_the_journal_and_its_plan_p
     let listed = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
     let activity = postern_with(&["activity", "--json", "--limit", "1000"], Some(data.path()), None, &[]);
     assert_nowhere(
-        &[&dsn_password, &access, &db_password],
+        &[&dsn_password, &access, &db_password, &pg_env, &api_key, &connection],
         &[data.path(), home.path()],
         &[
             ("the plan", &plan.stdout),
@@ -342,6 +375,15 @@ fn a_symlinked_agent_config_is_rewritten_where_it_is_and_the_link_is_kept() {
     assert_eq!(copies, [real], "one copy of the secret, in the dotfile");
 }
 
+/// A home directory whose `~/.cursor/mcp.json` runs one server, `gh`, with `GITHUB_TOKEN=token`.
+fn cursor_config_holding(token: &str) -> tempfile::TempDir {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir(home.path().join(".cursor")).unwrap();
+    let config = json!({ "mcpServers": { "gh": { "command": "gh-mcp", "env": { "GITHUB_TOKEN": token } } } });
+    std::fs::write(home.path().join(".cursor/mcp.json"), serde_json::to_vec(&config).unwrap()).unwrap();
+    home
+}
+
 /// The undo record is owner-only and its digest is journaled: edited to write the original
 /// config (secrets and all) somewhere else and to remove an unrelated server, `--undo` refuses,
 /// writes nothing and removes nothing. (Before: it was 0644 and unjournaled, and `--undo` did
@@ -350,11 +392,7 @@ fn a_symlinked_agent_config_is_rewritten_where_it_is_and_the_link_is_kept() {
 fn an_edited_undo_record_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let token = canary("undo");
-    let home = tempfile::tempdir().unwrap();
-    std::fs::create_dir(home.path().join(".cursor")).unwrap();
-    let config = home.path().join(".cursor/mcp.json");
-    let config_json = json!({ "mcpServers": { "gh": { "command": "gh-mcp", "env": { "GITHUB_TOKEN": token } } } });
-    std::fs::write(&config, serde_json::to_vec(&config_json).unwrap()).unwrap();
+    let home = cursor_config_holding(&token);
     let data = tempfile::tempdir().unwrap();
     let bystander = postern_with(&["servers", "add", "bystander", "--", "true"], Some(data.path()), None, &[]);
     assert_eq!(bystander.code, 0, "{}", bystander.stderr);
@@ -370,7 +408,7 @@ fn an_edited_undo_record_is_refused() {
     std::fs::write(&record, serde_json::to_vec_pretty(&edited).unwrap()).unwrap();
     let undo = postern_with(&["servers", "import", "--undo"], Some(data.path()), None, &env);
     assert_eq!(undo.code, 1, "{}{}", undo.stdout, undo.stderr);
-    assert!(undo.stderr.contains("does not match the digest the journal holds"), "{}", undo.stderr);
+    assert!(undo.stderr.contains("does not match what the last import wrote"), "{}", undo.stderr);
     assert!(!elsewhere.exists(), "nothing was written elsewhere");
     let list = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
     assert!(
@@ -378,6 +416,57 @@ fn an_edited_undo_record_is_refused() {
         "nothing was removed: {}",
         list.stdout
     );
+}
+
+/// A forged undo record whose digest is journaled over the control socket (found in the second
+/// review: `import.record` was open to any peer): from inside an agent run the socket refuses to
+/// journal it; from a process Postern cannot tie to an agent, the digest is journaled, but the
+/// record names a backup that is not its file's, and `--undo` refuses it, writing the original
+/// (secrets and all) nowhere.
+#[test]
+fn a_forged_undo_record_is_refused_even_with_its_digest_journaled() {
+    use sha2::Digest;
+    let token = canary("forged");
+    let home = cursor_config_holding(&token);
+    let data = tempfile::tempdir().unwrap();
+    let env = [("HOME", home.path().to_str().unwrap())];
+    let done = postern_with(&["servers", "import", "--from", "cursor", "--yes"], Some(data.path()), None, &env);
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    let record = data.path().join("imports/last.json");
+    let real: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    // The forgery: the original's backup, written to a file of the attacker's choosing.
+    let elsewhere = home.path().join("exfiltrated.json");
+    std::fs::write(&elsewhere, b"bait").unwrap();
+    let forged = json!({ "files": [{ "path": elsewhere, "backup": real["files"][0]["backup"],
+                                     "written_sha256": hex::encode(sha2::Sha256::digest(b"bait")) }],
+                         "servers": [] });
+    let forged = serde_json::to_vec_pretty(&forged).unwrap();
+    std::fs::write(&record, &forged).unwrap();
+    let journal_it = json!({ "op": "import.record", "event": "import_applied",
+                             "detail": { "record_sha256": hex::encode(sha2::Sha256::digest(&forged)) } });
+    let (gw, mut agent) = serve_with_agent(data);
+    let socket = postern_gateway::control::control_path(gw.path());
+    let script = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n\
+                  s.sendall(sys.argv[2].encode() + b'\\n')\nprint(s.makefile().readline())";
+    agent.send(json!({ "op": "run", "tag": "forge", "argv": [python(), "-c", script, socket, journal_it.to_string()],
+                       "env": {} }));
+    let ran = agent.expect("the forgery to end", |e| e["event"] == "ran" && e["tag"] == "forge");
+    assert!(ran["stdout"].as_str().unwrap().contains("inside agent run"), "{ran}");
+    // Not from an agent run: journaled, and still refused by the record's own content.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let reply = runtime
+        .block_on(postern_gateway::control::request_line(gw.path(), serde_json::to_vec(&journal_it).unwrap()))
+        .unwrap();
+    assert!(matches!(reply, postern_gateway::control::ControlReply::Done), "{reply:?}");
+    let undo = gw.postern(&["servers", "import", "--undo"]);
+    assert_eq!(undo.code, 1, "{}{}", undo.stdout, undo.stderr);
+    assert!(
+        undo.stderr.contains("import_record_tampered") || undo.stderr.contains("does not match"),
+        "{}",
+        undo.stderr
+    );
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), b"bait", "nothing was written elsewhere");
+    assert_nowhere(&[&token], &[home.path(), gw.path()], &[("the undo", &undo.stderr)]);
 }
 
 /// `servers add` keeps secrets out of the journal too: a secret-looking `--env` value is
@@ -548,7 +637,8 @@ fn every_command_prints_outside_text_escaped() {
 /// A tool manifest (a `tools.toml` from a cloned repository, say) whose SSH templates would turn
 /// an argument into code on the host: every one is refused at load, each with its file and line,
 /// and a legitimate template beside them still loads. (Before: only the word right before the
-/// placeholder was looked at, and all fourteen loaded.)
+/// placeholder was looked at, and all fourteen loaded; the five the second review added loaded
+/// after the first fix.)
 #[test]
 fn ssh_templates_that_would_run_an_argument_as_code_are_refused_at_load() {
     let forms = [
@@ -566,6 +656,12 @@ fn ssh_templates_that_would_run_an_argument_as_code_are_refused_at_load() {
         "perl -E {x}",
         "python3 -Ic {x}",
         "find . -exec {x} +",
+        // Found in the second review.
+        "psql -Atc {x}",
+        "mysql -Ne {x}",
+        "sqlite3 app.db {x}",
+        "cat >/tmp/m <<EOF\nhi\n\tEOF\nlogger {x}",
+        "printf $'%s\\n' {x}",
     ];
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tools.toml");
@@ -586,7 +682,7 @@ fn ssh_templates_that_would_run_an_argument_as_code_are_refused_at_load() {
     std::fs::write(&file, &text).unwrap();
     let run = postern_with(&["tools", "check", file.to_str().unwrap()], None, None, &[]);
     assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(run.stderr.contains(&format!("{} problem(s)", forms.len())), "only the fourteen: {}", run.stderr);
+    assert!(run.stderr.contains(&format!("{} problem(s)", forms.len())), "only these: {}", run.stderr);
     for (form, line) in forms.iter().zip(lines) {
         let at = format!("{}:{line}:", file.display());
         let problem = run
@@ -640,6 +736,15 @@ fn an_agent_cannot_weaken_what_postern_holds_it_to_through_the_control_socket() 
         assert_eq!(ran["code"], 1, "{args:?}: {ran}");
         assert!(ran["stderr"].as_str().unwrap().contains("inside agent run"), "{args:?}: {ran}");
     }
+    // Found in the second review: a process in a session of its own (`setsid`) is still the
+    // agent's child, and minting a new agent token gets round a revocation.
+    let detached =
+        agent.run_postern_via("setsid", &gw, &["setsid"], &["servers", "contract", "counter", "pay", "--clear"]);
+    let token = agent.run_postern("token", &gw, &["agents", "add", "another"]);
+    for ran in [&detached, &token] {
+        assert_eq!(ran["code"], 1, "{ran}");
+        assert!(ran["stderr"].as_str().unwrap().contains("inside agent run"), "{ran}");
+    }
     let tools = gw.postern(&["servers", "tools", "counter", "--json"]);
     let tools: serde_json::Value =
         serde_json::from_str(&tools.stdout).unwrap_or_else(|e| panic!("{e}: {}", tools.stderr));
@@ -651,18 +756,27 @@ fn an_agent_cannot_weaken_what_postern_holds_it_to_through_the_control_socket() 
     );
     let listed = gw.postern(&["servers", "list", "--json"]).stdout;
     assert!(listed.contains("\"counter\"") && !listed.contains("evil"), "{listed}");
+    let agents = gw.postern(&["agents", "list"]).stdout;
+    assert!(!agents.contains("another"), "no token was minted: {agents}");
     let run = gw.sessions().iter().find(|s| s["pid"] == agent.pid).map(|s| s["id"].clone()).expect("the agent's run");
     let refused: Vec<serde_json::Value> = journal_rows(gw.path(), "request_refused")
         .into_iter()
         .filter(|d| d["decided"] == "refused_from_agent_run")
         .collect();
-    assert_eq!(refused.len(), attempts.len(), "{refused:?}");
+    assert_eq!(refused.len(), attempts.len() + 2, "{refused:?}");
     for d in &refused {
         assert_eq!(d["peer"]["agent_run"], run, "{d}");
         let ancestry = d["peer"]["ancestry"].as_array().unwrap();
         assert!(ancestry.iter().any(|a| a["pid"] == agent.pid), "the agent is in the ancestry: {d}");
         assert!(ancestry[0]["executable"].as_str().unwrap().ends_with("postern"), "{d}");
     }
+    // With the server unable to start (the agent locked the vault first), the contract cannot
+    // be compared with what holds: that counts as weaker, not as "not weakening".
+    let lock = agent.run_postern("lock", &gw, &["vault", "lock"]);
+    assert_eq!(lock["code"], 0, "locking is never refused: {lock}");
+    let locked = agent.run_postern("locked", &gw, &["servers", "contract", "counter", "pay", "--clear"]);
+    assert_eq!(locked["code"], 1, "{locked}");
+    assert!(locked["stderr"].as_str().unwrap().contains("inside agent run"), "{locked}");
 }
 
 /// Another process of the user edits the `executions` row of an irreversible payment the gateway
@@ -755,9 +869,7 @@ fn a_server_that_never_answers_delays_no_other_server() {
     assert_eq!(add.code, 0, "{}", add.stderr);
     let hang = postern_with(&["servers", "add", "hang", "--", "sleep", "3600"], Some(data.path()), None, &[]);
     assert_eq!(hang.code, 0, "{}", hang.stderr);
-    let gw = Gateway::start_in(data, "");
-    let mut agent = Agent::start(Sdk::Python);
-    agent.connect(gw.bridge_command());
+    let (gw, mut agent) = serve_with_agent(data);
     let tools = agent.tools();
     assert!(tools.to_string().contains("counter__pay"), "{tools}");
     let paid = agent.call_and_wait("pay", "counter__pay", json!({ "amount": 3 }));
@@ -769,6 +881,33 @@ fn a_server_that_never_answers_delays_no_other_server() {
         "the call was answered while the other server was still starting: {states:?}"
     );
     assert_eq!(states["counter"]["state"], "running", "{states:?}");
+}
+
+/// Found in the second review: a server whose tool list never ends (every page has a
+/// `nextCursor`) is refused at start with a message saying so, instead of being followed until
+/// memory runs out; and a server that says its tools changed and then never answers `tools/list`
+/// again keeps its earlier list and answers its calls, instead of holding its start lock (and
+/// every call, restart and removal behind it) for ever.
+#[test]
+fn an_endless_or_stalled_tool_list_holds_nothing_up() {
+    let data = tempfile::tempdir().unwrap();
+    let pager = repo_root().join("tests/upstreams/pager.py");
+    for (name, mode) in [("endless", "endless"), ("stalls", "relist-hang")] {
+        add_server(data.path(), name, &[python().to_str().unwrap(), pager.to_str().unwrap(), mode]);
+    }
+    let (gw, mut agent) = serve_with_agent(data);
+    let first = agent.call_and_wait("first", "stalls__poke", json!({}));
+    assert_eq!(first["structured"]["state"], "completed", "{first}");
+    // It said its tools changed: the next call lists them again, waits a few seconds for an
+    // answer that never comes, keeps the list it had and goes on.
+    let second = agent.call_and_wait("second", "stalls__poke", json!({}));
+    assert_eq!(second["structured"]["state"], "completed", "{second}");
+    let states = eventually("the endless list refused", Duration::from_secs(30), || {
+        let states = server_states(&gw);
+        states["endless"]["last_error"].as_str().is_some_and(|e| e.contains("more pages")).then_some(states)
+    });
+    assert_ne!(states["endless"]["state"], "running", "{states:?}");
+    assert_eq!(states["stalls"]["state"], "running", "{states:?}");
 }
 
 /// `vault lock`: within the gateway's next upkeep every server holding a secret Postern gave it
@@ -791,9 +930,7 @@ fn a_vault_lock_stops_the_servers_that_hold_secrets_and_drops_the_kept_ones() {
     );
     assert_eq!(plain.code, 0, "{}", plain.stderr);
     let mut remote = remote_hostile(data.path(), &canary("r"));
-    let gw = Gateway::start_in(data, "");
-    let mut agent = Agent::start(Sdk::Python);
-    agent.connect(gw.bridge_command());
+    let (gw, mut agent) = serve_with_agent(data);
     for tool in ["counter__balance", "remote__ok_tool", "plain__ok_tool"] {
         let r = agent.call_and_wait(tool, tool, json!({}));
         assert_eq!(r["structured"]["state"], "completed", "{r}");

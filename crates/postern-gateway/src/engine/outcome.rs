@@ -100,7 +100,9 @@ impl Any {
         };
         match self {
             Any::Http(r) => {
-                let mut found = false;
+                // The body as text first: a target can send text that merely starts with
+                // `base64:`. Then, if it is the channel's spelling of a binary body, the bytes.
+                let mut found = text(&mut r.body);
                 if let Some(encoded) = r.body.strip_prefix("base64:") {
                     use base64::Engine as _;
                     let engine = base64::engine::general_purpose::STANDARD;
@@ -111,8 +113,6 @@ impl Any {
                             found = true;
                         }
                     }
-                } else {
-                    found |= text(&mut r.body);
                 }
                 for (_, value) in &mut r.headers {
                     found |= text(value);
@@ -256,9 +256,15 @@ impl Engine {
     }
 
     /// The stored result of execution `id` as `execution_status` reports it: through the stage.
+    /// It was masked when it was stored; an upstream server's secrets (which may have changed
+    /// since) are looked for again, and the limit applies.
     pub fn result_on_record(&self, id: ExecutionId) -> Result<Value, EngineError> {
         let Some(stored) = self.store.view().result(id)? else { return Ok(Value::Null) };
-        let staged = self.stage_stored(id, &CallSecrets::default(), &stored.body)?;
+        let secrets = match (Any::from_stored(id, &stored.body)?, &self.upstreams) {
+            (Any::Upstream(r), Some(u)) => u.secrets_of(&r.server),
+            _ => CallSecrets::default(),
+        };
+        let staged = self.stage_stored(id, &secrets, &stored.body)?;
         let value = match (&staged.result, &staged.ssh, &staged.upstream) {
             (Some(r), _, _) => json!(r),
             (_, Some(r), _) => json!(r),
@@ -312,5 +318,48 @@ impl Engine {
             }
         }
         secrets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target's text that merely starts like the channel's spelling of a binary body is still
+    /// searched as text; a real binary body is searched as its bytes.
+    #[test]
+    fn a_body_is_masked_as_text_whatever_it_starts_with_and_as_bytes_when_binary() {
+        use base64::Engine as _;
+        let token = "ghp_CANARY0123456789abcdef";
+        let mut secrets = CallSecrets::default();
+        secrets.add_vault_secret(token);
+        let http = |body: String| HttpResult {
+            status: 200,
+            headers: vec![],
+            body,
+            truncated: false,
+            secret_echoed: false,
+            result_too_large: None,
+        };
+        let binary = format!(
+            "base64:{}",
+            base64::engine::general_purpose::STANDARD.encode(format!("\u{0}\u{ff}{token}\u{1}").as_bytes())
+        );
+        for body in [format!("base64:! {token}"), format!("base64:{token}"), binary] {
+            let mut result = Any::Http(http(body.clone()));
+            assert!(result.mask(&secrets), "{body}");
+            let Any::Http(r) = result else { unreachable!() };
+            let decoded = r
+                .body
+                .strip_prefix("base64:")
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                .unwrap_or_default();
+            assert!(
+                !r.body.contains(token) && !String::from_utf8_lossy(&decoded).contains(token),
+                "{body} → {}",
+                r.body
+            );
+            assert!(r.secret_echoed);
+        }
     }
 }

@@ -411,7 +411,7 @@ impl Engine {
         };
         let line = match answer {
             crate::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
-            other => return Ok(self.outcome(id, state, true, decision, None, unreadable(format!("{other:?}")))),
+            other => return Ok(self.outcome(id, state, true, decision, None, unreadable(other.summary()))),
         };
         let Some(marker) = crate::ssh::parse_marker(&line) else {
             return Ok(self.outcome(

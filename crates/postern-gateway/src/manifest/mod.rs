@@ -98,6 +98,9 @@ pub struct SshTool {
     /// The command, parsed once; checked at load so that every placeholder is one inert word.
     pub command: Template,
     pub working_dir: Option<String>,
+    /// The placeholders standing where a value that starts with `-` would be read as an option
+    /// (`tar -xf a.tar {m}`): such a value is refused at call time.
+    pub option_words: BTreeSet<String>,
 }
 
 /// Name of the built-in SSH tool (a manifest tool of the same name replaces it).
@@ -374,7 +377,7 @@ impl Tool {
         if let Some(p) = command.placeholders().find(|p| !props.is_some_and(|m| m.contains_key(*p))) {
             return Err(format!("ssh.command placeholder {{{p}}} is not a property of input_schema"));
         }
-        command.check_shell_positions()?;
+        let option_words = command.check_shell_positions()?;
         let contract = match spec.contract {
             None => None,
             Some(c) => Some(ReplayContract {
@@ -412,7 +415,7 @@ impl Tool {
             input_schema,
             contract,
             read_only_by_verb: false,
-            ssh: Some(SshTool { host: Some(ssh.host), command, working_dir: ssh.working_dir }),
+            ssh: Some(SshTool { host: Some(ssh.host), command, working_dir: ssh.working_dir, option_words }),
             validator: std::sync::Arc::new(validator),
         })
     }
@@ -435,7 +438,12 @@ impl Tool {
         );
         tool.method = "EXEC".into();
         // The agent's command is used as it is (`render_ssh`): this template is never rendered.
-        tool.ssh = Some(SshTool { host: None, command: Template::literal(""), working_dir: None });
+        tool.ssh = Some(SshTool {
+            host: None,
+            command: Template::literal(""),
+            working_dir: None,
+            option_words: BTreeSet::new(),
+        });
         tool
     }
 
@@ -720,6 +728,15 @@ input_schema = { type = "object", properties = { other = { type = "string" } } }
         assert_eq!(command, r"echo 'it'\''s {m}' {m}");
         let err = m.tool("t").expect("tool").render_ssh(&json!({ "m": "a\0b" })).unwrap_err();
         assert_eq!((err.field.as_str(), err.code()), ("/m", "invalid_arguments"));
+        // Where the program would read a leading `-` as an option, such a value is refused;
+        // after `--`, or as a flag's value, it is data.
+        let err = m.tool("t").expect("tool").render_ssh(&json!({ "m": "--to-command=sh" })).unwrap_err();
+        assert!(err.message.contains("read it as an option"), "{err:?}");
+        for safe in ["echo -- {m}", "git commit -m {m}"] {
+            let m = Manifest::parse(&tool(safe), Path::new("ssh.toml")).expect("loads");
+            let command = m.tool("t").expect("tool").render_ssh(&json!({ "m": "-n" })).expect("data");
+            assert!(command.ends_with(" '-n'"), "{command}");
+        }
     }
 
     #[test]

@@ -51,6 +51,15 @@ impl Tool {
                     message: "contains a NUL character, which a shell word cannot carry".into(),
                 });
             }
+            if value.starts_with('-') && ssh.option_words.contains(p) {
+                return Err(ArgumentError {
+                    tool: self.name.clone(),
+                    field: format!("/{p}"),
+                    message: "starts with `-`, and stands where the command would read it as an option (the \
+                              tool's template can put `--` before it to take such values)"
+                        .into(),
+                });
+            }
             Ok(crate::ssh::shell_quote(&value))
         })
     }

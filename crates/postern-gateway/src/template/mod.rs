@@ -93,8 +93,9 @@ impl Template {
 
     /// For an SSH command (each argument becomes one single-quoted word): refuses a placeholder
     /// anywhere but as a plain argument of a simple command that runs no interpreter or wrapper
-    /// (see [`shell`]), with why.
-    pub fn check_shell_positions(&self) -> Result<(), String> {
+    /// (see [`shell`]), with why. Otherwise names the placeholders whose value may not start
+    /// with `-` (the program would read it as an option).
+    pub fn check_shell_positions(&self) -> Result<std::collections::BTreeSet<String>, String> {
         shell::check(&self.segments)
     }
 }
@@ -173,6 +174,15 @@ mod tests {
             "/usr/bin/python3.11 script.py {x}",
             "awk -f prog.awk {x}",
             "ssh other-host cat {x}",
+            // Found in the second review.
+            "psql -Atc {q}",
+            "mysql -Ne {q}",
+            "sqlite3 app.db {q}",
+            "redis-cli {x}",
+            "cat >/tmp/m <<EOF\nhi\n\tEOF\nlogger {msg}",
+            "echo $'\\' {x} \\''",
+            "echo $\"a\" {x}",
+            "printf $'%s\\n' {x}",
         ] {
             assert!(Template::parse(bad).check_shell_positions().is_err(), "{bad:?}");
         }
@@ -180,6 +190,9 @@ mod tests {
             "echo {m}",
             "printf %s {x} >> f",
             "printf '%s\\n' {m} >> {file}",
+            "cat <<-EOF\n\thi\n\tEOF\nlogger {msg}",
+            "cat <<EOF\nhi\nEOF\nlogger {msg}",
+            "sort < {file}",
             "git commit -m {m} --author={who}",
             "echo \"quoted\" {m} 'and' {n}",
             "grep -F -- {pattern} <<< {text}",
@@ -199,6 +212,17 @@ mod tests {
         }
         let why = Template::parse("timeout 30 {x}").check_shell_positions().unwrap_err();
         assert!(why.contains("`timeout`") && why.contains("runs its arguments as a command"), "{why}");
+    }
+
+    #[test]
+    fn placeholders_where_a_dash_would_be_an_option_are_named() {
+        let exposed =
+            |t: &str| -> Vec<String> { Template::parse(t).check_shell_positions().unwrap().into_iter().collect() };
+        assert_eq!(exposed("tar -xf a.tar {m}"), ["m"]);
+        assert_eq!(exposed("echo {m} | grep -c -- {p} {file}"), ["m"]);
+        assert_eq!(exposed("git commit -m {m} --author={who}"), Vec::<String>::new());
+        assert_eq!(exposed("find /srv -name {pattern} -type f"), Vec::<String>::new());
+        assert_eq!(exposed("cp {src} /tmp; cp -- {a} {b}"), ["src"]);
     }
 
     /// `sh -c` of a rendered command receives each argument as exactly one word, whatever it

@@ -7,7 +7,8 @@
 //! * inside quotes, a command substitution, an arithmetic or parameter expansion, a comment or a
 //!   here-document, after `\` or `$`, or as a here-document's delimiter or a descriptor to dup;
 //! * as the command, or in an assignment before it (`PAGER={x} git log`);
-//! * right after a flag that takes code in many programs (`-c`, `-e`, `--eval`, `-exec`, …);
+//! * right after a flag that takes code in many programs (`-c`, `-e`, `--eval`, `-exec`, …),
+//!   bundled too (`psql -Atc {q}`);
 //! * anywhere in a template that runs an interpreter (a shell, `python3`, `perl`, `awk`, `sed`,
 //!   …) or a wrapper that runs its arguments as a command (`sudo`, `env`, `timeout`, `xargs`,
 //!   `ssh`, `find … -exec`, …), or whose command is computed (`$CMD {x}`) — anywhere in its
@@ -15,7 +16,17 @@
 //! * in a template with `for`, `case`, `select`, function definitions, `[[`, `((` or `coproc`,
 //!   whose words are not plain arguments.
 //!
-//! Anything the parser does not recognise as one of the allowed places is refused.
+//! * in a template that uses `$'…'` or `$"…"` quoting (read differently by the shells that
+//!   `/bin/sh` may be).
+//!
+//! A placeholder may name a file a command reads or writes (`< {file}`, `>> {file}`,
+//! `tee {file}`): the value stays a path, and which paths the agent may choose is the template's
+//! meaning — write the path into the template where it should not choose.
+//!
+//! Anything the parser does not recognise as one of the allowed places is refused. And a value
+//! that starts with `-` is refused at call time where the program would read it as an option
+//! (`tar -xf a.tar {m}` with `--to-command=…`): [`check`] names those placeholders — a whole
+//! word, not after a flag that takes a value, not after `--`.
 
 use super::Segment;
 
@@ -89,6 +100,16 @@ const INTERPRETERS: &[&str] = &[
     "runghc",
     "swift",
     "dotnet",
+    // Database shells whose positional arguments are statements (`sqlite3 app.db {q}` with
+    // `.shell …`, `redis-cli {cmd}`).
+    "sqlite",
+    "duckdb",
+    "redis-cli",
+    "valkey-cli",
+    "mongo",
+    "mongosh",
+    "cqlsh",
+    "sqlcmd",
 ];
 
 /// Programs that run (part of) their arguments as a command.
@@ -239,7 +260,7 @@ enum Token {
 
 /// Splits the template into tokens, refusing a placeholder in any quoted, expanded or
 /// commented-out place.
-fn tokens(segments: &[Segment]) -> Result<Vec<Token>, String> {
+fn tokens(segments: &[Segment]) -> Result<(Vec<Token>, bool), String> {
     let mut lexer = Lexer::default();
     for segment in segments {
         match segment {
@@ -256,7 +277,7 @@ fn tokens(segments: &[Segment]) -> Result<Vec<Token>, String> {
         // An unclosed quote or substitution: the shell would not run it as written.
         return Err("ssh.command has an unclosed quote or substitution".into());
     }
-    Ok(lexer.out)
+    Ok((lexer.out, lexer.dollar_quote))
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -283,7 +304,11 @@ struct Lexer {
     operator: String,
     /// A here-document: its delimiter is the next word; its body starts at the next newline.
     heredoc_pending: bool,
+    /// `<<-`: tabs before the delimiter are stripped (not with `<<`).
+    heredoc_strip_tabs: bool,
     heredoc_delimiter: Option<String>,
+    /// `$'…'` or `$"…"` quoting was seen.
+    dollar_quote: bool,
     in_heredoc: bool,
     heredoc_line: String,
 }
@@ -312,6 +337,7 @@ impl Lexer {
             "<" | ">" | ">>" | "<<" | "<<-" | "<<<" | "<&" | ">&" | "<>" | ">|" | "&>" | "&>>" => {
                 if op.starts_with("<<") && op != "<<<" {
                     self.heredoc_pending = true;
+                    self.heredoc_strip_tabs = op == "<<-";
                     self.heredoc_delimiter = None;
                 }
                 Token::Redirect(op)
@@ -326,7 +352,8 @@ impl Lexer {
             if c == '\n' {
                 let line = std::mem::take(&mut self.heredoc_line);
                 let delimiter = self.heredoc_delimiter.clone().unwrap_or_default();
-                if line.trim_start_matches('\t') == delimiter {
+                let line = if self.heredoc_strip_tabs { line.trim_start_matches('\t') } else { line.as_str() };
+                if line == delimiter {
                     self.in_heredoc = false;
                     self.heredoc_pending = false;
                     self.heredoc_delimiter = None;
@@ -402,6 +429,9 @@ impl Lexer {
         if dollar && matches!(c, '(' | '{') {
             self.depth = 1;
             return;
+        }
+        if dollar && matches!(c, '\'' | '"') {
+            self.dollar_quote = true;
         }
         match c {
             ';' | '&' | '|' | '(' | ')' | '<' | '>' => {
@@ -535,20 +565,46 @@ fn program(word: &str) -> String {
     if trimmed.is_empty() { base } else { trimmed.to_owned() }
 }
 
-/// The check itself (see the module's documentation).
-pub(super) fn check(segments: &[Segment]) -> Result<(), String> {
+/// Is this a flag after which many programs take code: one of [`CODE_FLAGS`], or a bundle of
+/// short flags that ends in `c` or `e` (`-Atc`, `-Ne`: the value goes to the last one)? A
+/// bundle is told from a one-dash long option (`find -name`, `-type`) by being at most three
+/// letters or holding a capital.
+fn code_flag(flag: &str) -> bool {
+    CODE_FLAGS.contains(&flag)
+        || flag.strip_prefix('-').is_some_and(|letters| {
+            letters.len() > 1
+                && letters.chars().all(|c| c.is_ascii_alphabetic())
+                && (letters.len() <= 3 || letters.chars().any(|c| c.is_ascii_uppercase()))
+                && letters.ends_with(['c', 'e'])
+        })
+}
+
+/// The check itself (see the module's documentation): the names of the placeholders that stand
+/// where a value starting with `-` would be read as an option, or why the template is refused.
+pub(super) fn check(segments: &[Segment]) -> Result<std::collections::BTreeSet<String>, String> {
     let first_placeholder = segments.iter().find_map(|s| match s {
         Segment::Placeholder(name) => Some(name.clone()),
         Segment::Literal(_) => None,
     });
-    let tokens = tokens(segments)?;
-    let Some(first) = first_placeholder else { return Ok(()) };
+    let (tokens, dollar_quote) = tokens(segments)?;
+    let mut exposed = std::collections::BTreeSet::new();
+    let Some(first) = first_placeholder else { return Ok(exposed) };
+    let refuse = |name: &str, why: String| Err(format!("ssh.command placeholder {{{name}}} {why}"));
+    if dollar_quote {
+        return refuse(
+            &first,
+            "is in a template that uses `$'…'` or `$\"…\"` quoting, which the shells `/bin/sh` may be read \
+             differently: write plain quotes"
+                .into(),
+        );
+    }
     let mut commands: Vec<Simple> = Vec::new();
     let mut current = Simple::default();
     let mut at_command = true;
     let mut redirect: Option<String> = None;
     let mut previous_arg: Option<String> = None;
-    let refuse = |name: &str, why: String| Err(format!("ssh.command placeholder {{{name}}} {why}"));
+    // `--` was seen in this simple command: what follows is never an option.
+    let mut options_ended = false;
     for token in tokens {
         match token {
             Token::Operator(op) => {
@@ -566,6 +622,7 @@ pub(super) fn check(segments: &[Segment]) -> Result<(), String> {
                 commands.push(std::mem::take(&mut current));
                 at_command = true;
                 previous_arg = None;
+                options_ended = false;
             }
             Token::Redirect(op) => redirect = Some(op),
             Token::Word(word) => {
@@ -631,12 +688,12 @@ pub(super) fn check(segments: &[Segment]) -> Result<(), String> {
                 let glued =
                     word.before_placeholder.as_deref().filter(|p| !p.is_empty()).map(|p| p.trim_end_matches('='));
                 let flag = match glued {
-                    Some(prefix) if CODE_FLAGS.contains(&prefix) => Some(prefix.to_owned()),
+                    Some(prefix) if code_flag(prefix) => Some(prefix.to_owned()),
                     Some(_) => None,
                     None => previous_arg.clone(),
                 };
                 if let (Some(p), Some(flag)) = (word.placeholders.first(), &flag)
-                    && CODE_FLAGS.contains(&flag.as_str())
+                    && code_flag(flag)
                 {
                     return refuse(
                         p,
@@ -645,6 +702,19 @@ pub(super) fn check(segments: &[Segment]) -> Result<(), String> {
                              `find -exec`): put another option or `--` between them if this program takes data there"
                         ),
                     );
+                }
+                // A whole word (nothing before the placeholder), not a flag's value, before any
+                // `--`: a value starting with `-` would be an option there.
+                let after_flag = previous_arg.as_deref().is_some_and(|a| a.starts_with('-') && a.len() > 1);
+                if let Some(p) = word.placeholders.first()
+                    && word.before_placeholder.as_deref() == Some("")
+                    && !after_flag
+                    && !options_ended
+                {
+                    exposed.insert(p.clone());
+                }
+                if literal && word.text == "--" {
+                    options_ended = true;
                 }
                 previous_arg = literal.then(|| word.text.clone());
                 current.args.push(word);
@@ -679,5 +749,5 @@ pub(super) fn check(segments: &[Segment]) -> Result<(), String> {
             return refuse(&first, format!("is in a template whose `{}` runs a command", flag.text));
         }
     }
-    Ok(())
+    Ok(exposed)
 }

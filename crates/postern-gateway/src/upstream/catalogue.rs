@@ -6,6 +6,7 @@
 //! anything but visible ASCII, is not offered.
 
 use super::{RESOURCE_PREFIX, Running, SEPARATOR, ToolOverride, UpstreamTool};
+use crate::redaction::CallSecrets;
 use postern_core::{AttachWindow, ReplayClass, ReplayContract};
 use postern_vault::Vault;
 use rmcp::model::Tool as RmcpTool;
@@ -25,6 +26,35 @@ pub(super) struct Listing {
     pub(super) resources: Vec<rmcp::model::Resource>,
     pub(super) resource_templates: Vec<rmcp::model::ResourceTemplate>,
     pub(super) prompts: Vec<rmcp::model::Prompt>,
+}
+
+impl Listing {
+    /// The listing with every secret the server was given masked wherever it shows (names,
+    /// descriptions, schemas, URIs): a server can put its own token in a tool's description, and
+    /// what it lists reaches every agent. An item that no longer reads after masking is dropped.
+    pub(super) fn masked(self, secrets: &CallSecrets) -> Listing {
+        fn each<T: serde::Serialize + serde::de::DeserializeOwned>(secrets: &CallSecrets, items: Vec<T>) -> Vec<T> {
+            items
+                .into_iter()
+                .filter_map(|item| {
+                    let mut value = serde_json::to_value(&item).ok()?;
+                    if !secrets.mask_json(&mut value) {
+                        return Some(item);
+                    }
+                    serde_json::from_value(value).ok()
+                })
+                .collect()
+        }
+        if secrets.is_empty() {
+            return self;
+        }
+        Listing {
+            tools: each(secrets, self.tools),
+            resources: each(secrets, self.resources),
+            resource_templates: each(secrets, self.resource_templates),
+            prompts: each(secrets, self.prompts),
+        }
+    }
 }
 
 /// What the running servers offer, for the synchronous paths (lists, call preparation).
@@ -105,7 +135,7 @@ impl Catalogue {
                 let contract_source = if contract_source == OVERRIDE { source } else { contract_source };
                 let input_schema = Value::Object((*t.input_schema).clone());
                 let validator = jsonschema::validator_for(&input_schema).unwrap_or_else(|e| {
-                    tracing::warn!(%server, tool = %t.name, error = %e, "upstream input schema does not compile; arguments are not checked");
+                    tracing::warn!(%server, tool = %t.name, error = %postern_core::Outside::line(&e.to_string()), "upstream input schema does not compile; arguments are not checked");
                     jsonschema::validator_for(&json!({})).expect("the empty schema compiles")
                 });
                 catalogue.insert(

@@ -681,10 +681,25 @@ impl Upstreams {
         Some((contract, approve))
     }
 
-    /// The secrets Postern gave the running server `name` (empty when it holds none, or is not
-    /// running): what the outcome stage masks in what it sends back.
+    /// The secrets Postern gave the running server `name`, or (while it is starting, restarting
+    /// or stopped) those the vault would give it: what the outcome stage masks in what it sends
+    /// back, whenever the call's answer arrives. Empty when it holds none, or the vault is locked.
     pub fn secrets_of(&self, name: &str) -> CallSecrets {
-        locked(&self.live).get(name).map(|r| r.secrets.clone()).unwrap_or_default()
+        if let Some(r) = locked(&self.live).get(name) {
+            return r.secrets.clone();
+        }
+        let mut secrets = CallSecrets::default();
+        let Ok(server) = self.vault.mcp_server(name) else { return secrets };
+        if let Some(credential) = &server.credential
+            && let Ok(c) = self.vault.credential(credential)
+            && let Ok(secret) = self.vault.secret_of(&c)
+        {
+            secrets.extend(crate::http::InjectedCredential::new(&c.kind, secret).secrets());
+        }
+        for (_, value) in self.vault.mcp_server_secrets(&server).unwrap_or_default() {
+            secrets.add_vault_secret(value.expose());
+        }
+        secrets
     }
 
     fn slot(&self, name: &str) -> Arc<tokio::sync::Mutex<Slot>> {
@@ -698,11 +713,17 @@ impl Upstreams {
         let mut slot = slot.lock().await;
         if let Some(r) = &slot.running {
             if r.alive() && r.stale.swap(false, std::sync::atomic::Ordering::AcqRel) {
-                // It said its tools changed: list them again (the catalogue follows).
-                match listing(&r.service, &server.name).await {
-                    Ok(l) => *locked(&r.listing) = l,
+                // It said its tools changed: list them again (the catalogue follows), waiting at
+                // most LIST_WAIT with this server's start lock held; otherwise it keeps its list.
+                let listed =
+                    tokio::time::timeout(LIST_WAIT, listing(&r.service, &server.name)).await.unwrap_or_else(|_| {
+                        Err(format!("{:?} did not list its tools within {} s", server.name, LIST_WAIT.as_secs()))
+                    });
+                match listed {
+                    Ok(l) => *locked(&r.listing) = l.masked(&r.secrets),
                     Err(e) => {
-                        tracing::warn!(server = %server.name, error = %r.secrets.mask(&e), "upstream tools could not be listed again")
+                        let e = r.secrets.mask(&e);
+                        tracing::warn!(server = %server.name, error = %Outside::line(&e), "upstream tools could not be listed again")
                     }
                 }
                 return Ok((Arc::clone(r), true));
@@ -870,25 +891,72 @@ fn lifecycle() -> rmcp::ClientLifecycleMode {
 }
 
 /// A server's tools, resources and prompts (the last two where it advertises them).
+/// The most pages Postern follows in one list, and the most items it keeps from a server: a
+/// server that pages on for ever, or offers more, is refused rather than followed.
+const MAX_PAGES: usize = 100;
+const MAX_ITEMS: usize = 10_000;
+
+/// Follows a list's `nextCursor` from the first page, up to [`MAX_PAGES`] pages and
+/// [`MAX_ITEMS`] items; `page` fetches one page and splits it into its items and the next cursor.
+async fn pages<T, Fut>(name: &str, what: &str, mut page: impl FnMut(Option<String>) -> Fut) -> Result<Vec<T>, String>
+where
+    Fut: std::future::Future<Output = Result<(Vec<T>, Option<String>), rmcp::ServiceError>>,
+{
+    let mut items = Vec::new();
+    let mut cursor = None;
+    for _ in 0..MAX_PAGES {
+        let (more, next) = page(cursor).await.map_err(|e| format!("{name:?} {what}: {e}"))?;
+        items.extend(more);
+        if items.len() > MAX_ITEMS {
+            return Err(format!(
+                "{name:?} {what}: it offers more than {MAX_ITEMS} items; Postern lists at most that many"
+            ));
+        }
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(items),
+        }
+    }
+    Err(format!("{name:?} {what}: still more pages after {MAX_PAGES}; Postern follows at most that many"))
+}
+
 async fn listing(service: &RunningService<RoleClient, UpstreamClient>, name: &str) -> Result<Listing, String> {
+    use rmcp::model::PaginatedRequestParams as Params;
     let peer = service.peer();
-    let tools = peer.list_all_tools().await.map_err(|e| format!("{name:?} tools/list: {e}"))?;
+    let at = |cursor: Option<String>| Some(Params::default().with_cursor(cursor));
+    let tools =
+        pages(name, "tools/list", |c| async move { peer.list_tools(at(c)).await.map(|r| (r.tools, r.next_cursor)) })
+            .await?;
     let capabilities = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
     let resources = match capabilities.resources {
-        Some(_) => peer.list_all_resources().await.map_err(|e| format!("{name:?} resources/list: {e}"))?,
+        Some(_) => {
+            pages(name, "resources/list", |c| async move {
+                peer.list_resources(at(c)).await.map(|r| (r.resources, r.next_cursor))
+            })
+            .await?
+        }
         None => vec![],
     };
     // Templates are optional even for a server with resources: one that does not answer this
     // simply offers none.
     let resource_templates = match capabilities.resources {
-        Some(_) => peer.list_all_resource_templates().await.unwrap_or_else(|e| {
-            tracing::debug!(server = %name, error = %e, "no resource templates");
+        Some(_) => pages(name, "resources/templates/list", |c| async move {
+            peer.list_resource_templates(at(c)).await.map(|r| (r.resource_templates, r.next_cursor))
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::debug!(server = %name, error = %Outside::line(&e), "no resource templates");
             vec![]
         }),
         None => vec![],
     };
     let prompts = match capabilities.prompts {
-        Some(_) => peer.list_all_prompts().await.map_err(|e| format!("{name:?} prompts/list: {e}"))?,
+        Some(_) => {
+            pages(name, "prompts/list", |c| async move {
+                peer.list_prompts(at(c)).await.map(|r| (r.prompts, r.next_cursor))
+            })
+            .await?
+        }
         None => vec![],
     };
     Ok(Listing { tools, resources, resource_templates, prompts })
@@ -902,7 +970,7 @@ async fn listed(
     name: &str,
     secrets: CallSecrets,
 ) -> Result<Running, String> {
-    let listing = listing(&service, name).await.map_err(|e| secrets.mask(&e))?;
+    let listing = listing(&service, name).await.map_err(|e| secrets.mask(&e))?.masked(&secrets);
     let client = service.service().clone();
     let announces = service
         .peer()
@@ -925,7 +993,9 @@ async fn listed(
                     }
                 });
             }
-            Err(e) => tracing::warn!(server = %name, error = %e, "could not listen for the server's tool changes"),
+            Err(e) => {
+                tracing::warn!(server = %name, error = %Outside::line(&e.to_string()), "could not listen for the server's tool changes")
+            }
         }
     }
     Ok(Running {

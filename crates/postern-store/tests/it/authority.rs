@@ -100,6 +100,32 @@ fn a_running_writer_raises_the_alarm_when_another_process_edits_authority() {
     assert_eq!(journaled(&fx.path, "authority_tampered"), 1, "the alarm is journaled, once");
 }
 
+/// The journal rows retry decisions read, edited or appended by another process (triggers
+/// dropped first): the running writer walks the chain when it sees the commit and raises the
+/// alarm, so no retry is decided from a forged row.
+#[test]
+fn a_running_writer_raises_the_alarm_when_another_process_edits_or_appends_journal_rows() {
+    for sql in [
+        "DROP TRIGGER journal_refuses_update; \
+         UPDATE journal SET body = replace(body, '\"reviewer\"', '\"someone\"') WHERE seq = (SELECT max(seq) FROM journal)",
+        "INSERT INTO journal (seq, body, row_hash) SELECT max(seq) + 1, body, row_hash FROM journal",
+    ] {
+        let fx = granted();
+        let store = fx.open();
+        assert!(store.authority_alarm().is_none());
+        same_user(&fx.path).execute_batch(sql).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let alarm = loop {
+            if let Some(alarm) = store.authority_alarm() {
+                break alarm;
+            }
+            assert!(std::time::Instant::now() < deadline, "{sql}: no alarm");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert!(alarm.iter().any(|m| m.table == "journal" && m.key == "chain"), "{sql}: {alarm:?}");
+    }
+}
+
 #[test]
 fn deleting_the_lock_file_does_not_let_a_second_writer_in() {
     let fx = Fixture::new();
