@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 5, sql: include_str!("migrations/0005_mcp_sessions.sql") },
     Migration { version: 6, sql: include_str!("migrations/0006_authority_index.sql") },
     Migration { version: 7, sql: include_str!("migrations/0007_retry_lookup.sql") },
+    Migration { version: 8, sql: include_str!("migrations/0008_projection_lookup_dropped.sql") },
 ];
 
 /// Highest schema version this build understands.

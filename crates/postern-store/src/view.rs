@@ -475,8 +475,8 @@ impl JournalView {
     }
 
     /// The most recent execution with this fingerprint, actor and intent scope — the prior a
-    /// retry would be matched against (the admission's own indexed lookup, read-only), e.g. to
-    /// show a reviewer the original record.
+    /// retry would be matched against (the admission's own lookup over the chain's `accepted`
+    /// rows, read-only), e.g. to show a reviewer the original record.
     pub fn prior_execution(
         &self,
         fingerprint: &str,
@@ -486,12 +486,16 @@ impl JournalView {
         self.with(|c| {
             let id: Option<String> = c
                 .prepare_cached(
-                    "SELECT id FROM executions WHERE fingerprint = ?1 AND actor = ?2 AND intent_scope = ?3
-                     ORDER BY accepted_at DESC, id DESC LIMIT 1",
+                    "SELECT execution_id FROM journal
+                     WHERE fingerprint = ?1 AND event = 'accepted'
+                       AND json_extract(body, '$.payload.actor') = ?2
+                       AND json_extract(body, '$.payload.intent_scope') = ?3
+                     ORDER BY seq DESC LIMIT 1",
                 )?
                 .query_row(params![fingerprint, actor, intent_scope], |r| r.get(0))
                 .optional()?;
-            id.map(|id| id.parse().map_err(|e| StoreError::Corrupt(format!("executions.id {id:?}: {e}")))).transpose()
+            id.map(|id| id.parse().map_err(|e| StoreError::Corrupt(format!("journal execution_id {id:?}: {e}"))))
+                .transpose()
         })
     }
 
