@@ -27,11 +27,6 @@ impl<'a> Outside<'a> {
     pub fn block(text: &'a str) -> Outside<'a> {
         Outside { text, keep_lines: true }
     }
-
-    /// The escaped text.
-    pub fn escaped(&self) -> String {
-        self.to_string()
-    }
 }
 
 impl fmt::Display for Outside<'_> {

@@ -8,9 +8,8 @@
 //! reachable by any process of this user, agents included, and those need a person in the
 //! approver. Every change made through it is journaled with the peer process that asked and its
 //! ancestry (`control_request_applied`), so a change an agent made is told apart from the
-//! owner's. A change that weakens safety ([`ControlRequest::weakening`]: a weaker contract,
-//! approve-every-use off, a server added, something removed, markers deleted) is refused when
-//! the asking process descends from an agent run Postern knows, and otherwise needs the
+//! owner's. A change that weakens safety (which ones: [`ControlRequest::weakening`]) is refused
+//! when the asking process descends from an agent Postern knows, and otherwise needs the
 //! approver's confirmation when one is attached — one gate, [`apply`], for the socket and for a
 //! command that opened the journal itself.
 

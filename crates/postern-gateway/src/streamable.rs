@@ -101,10 +101,12 @@ const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(330);
 /// The MCP sessions each agent token holds, with when each was last used, and whose each session
 /// is: a session belongs to the token that opened it.
 #[derive(Debug, Default)]
-struct AgentSessions(
-    std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
-    std::sync::Mutex<std::collections::HashMap<String, String>>,
-);
+struct AgentSessions {
+    /// Per agent token, its sessions and when each was last used.
+    open: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
+    /// Per session, the agent token that opened it.
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
 
 /// Who may use an MCP session.
 enum SessionOwner {
@@ -121,7 +123,7 @@ enum SessionOwner {
 impl AgentSessions {
     /// Whose session `session` is, for `agent` asking (from memory, else the remembered sessions).
     fn owner(&self, agent: &str, session: &str, view: &postern_store::JournalView) -> SessionOwner {
-        let known = self.1.lock().ok().and_then(|o| o.get(session).cloned());
+        let known = self.owners.lock().ok().and_then(|o| o.get(session).cloned());
         let owner = match known {
             Some(owner) => Some(owner),
             None => match view.mcp_session_agent(session) {
@@ -146,36 +148,36 @@ impl AgentSessions {
 
     /// `session` is `agent`'s from now on (in memory; the caller persists it).
     fn bind(&self, session: &str, agent: &str) {
-        if let Ok(mut owners) = self.1.lock() {
+        if let Ok(mut owners) = self.owners.lock() {
             owners.entry(session.to_owned()).or_insert_with(|| agent.to_owned());
         }
     }
 
     /// Whether `agent` may open another session.
     fn may_open(&self, agent: &str) -> bool {
-        let Ok(mut all) = self.0.lock() else { return false };
+        let Ok(mut all) = self.open.lock() else { return false };
         let open = all.entry(agent.to_owned()).or_default();
         open.retain(|_, used| used.elapsed() < SESSION_IDLE);
         // Owners of idle sessions are forgotten in memory (the remembered sessions keep them).
-        if let Ok(mut owners) = self.1.lock() {
+        if let Ok(mut owners) = self.owners.lock() {
             owners.retain(|session, owner| owner != agent || open.contains_key(session));
         }
         open.len() < MAX_SESSIONS_PER_AGENT
     }
 
     fn used(&self, agent: &str, session: &str) {
-        if let Ok(mut all) = self.0.lock() {
+        if let Ok(mut all) = self.open.lock() {
             all.entry(agent.to_owned()).or_default().insert(session.to_owned(), std::time::Instant::now());
         }
     }
 
     fn ended(&self, agent: &str, session: &str) {
-        if let Ok(mut all) = self.0.lock()
+        if let Ok(mut all) = self.open.lock()
             && let Some(open) = all.get_mut(agent)
         {
             open.remove(session);
         }
-        if let Ok(mut owners) = self.1.lock()
+        if let Ok(mut owners) = self.owners.lock()
             && owners.get(session).is_some_and(|owner| owner == agent)
         {
             owners.remove(session);

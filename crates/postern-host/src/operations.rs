@@ -104,17 +104,15 @@ impl Route {
 /// This process and its ancestry, traced against the agent runs `store`'s journal shows open: a
 /// command that opened the journal itself is checked like a control socket's peer.
 pub fn this_process(store: &Store) -> Provenance {
-    Provenance::of(Some(std::process::id()), &|key| open_run_of(store, key))
-}
-
-/// The open agent run (by its session id) whose process is `key`, from the journal's Sessions.
-fn open_run_of(store: &Store, key: &ProcessKey) -> Option<String> {
-    let sessions = store.view().sessions().ok()?;
-    sessions
-        .into_iter()
-        .filter(|s| s.ended_at.is_none())
-        .find(|s| s.pid == Some(i64::from(key.pid)) && s.process_start == Some(key.start_ticks as i64))
-        .map(|s| s.id)
+    // The open runs, read once (the walk asks about every ancestor).
+    let open: Vec<_> =
+        store.view().sessions().unwrap_or_default().into_iter().filter(|s| s.ended_at.is_none()).collect();
+    let run_of = |key: &ProcessKey| {
+        open.iter()
+            .find(|s| s.pid == Some(i64::from(key.pid)) && s.process_start == Some(key.start_ticks as i64))
+            .map(|s| s.id.clone())
+    };
+    Provenance::of(Some(std::process::id()), &run_of)
 }
 
 fn refused(message: String) -> ControlReply {

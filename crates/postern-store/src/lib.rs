@@ -650,13 +650,13 @@ impl Store {
         self.writer.call(WriteKind::DURABLE, move |w| w.remember_mcp_session(&id, &initialize, at))
     }
 
-    /// Forgets MCP session `id` (its client ended it).
     /// Binds a remembered MCP session to the agent token that opened it.
     pub fn bind_mcp_session(&self, id: &str, agent: &str) -> Result<(), StoreError> {
         let (id, agent) = (id.to_owned(), agent.to_owned());
         self.writer.call(WriteKind::ORDERED, move |w| w.bind_mcp_session(&id, &agent))
     }
 
+    /// Forgets MCP session `id` (its client ended it).
     pub fn forget_mcp_session(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_owned();
         self.writer.call(WriteKind::DURABLE, move |w| w.forget_mcp_session(&id))

@@ -107,6 +107,18 @@ pub struct StoredResult {
 /// How far back [`JournalView::execution_for_request`] looks, in journal rows.
 pub const RECENT_ROWS: i64 = 100_000;
 
+/// The newest `accepted` row with fingerprint ?1, actor ?2 and intent scope ?3 — a retry's prior,
+/// read from the chain — with when it was accepted and its contract.
+pub(crate) const PRIOR_ACCEPTED: &str = "SELECT execution_id, at, json_extract(body, '$.payload.contract') FROM journal
+     WHERE fingerprint = ?1 AND event = 'accepted'
+       AND json_extract(body, '$.payload.actor') = ?2
+       AND json_extract(body, '$.payload.intent_scope') = ?3
+     ORDER BY seq DESC LIMIT 1";
+
+/// Execution ?1's state as its last state row in the chain says.
+pub(crate) const LAST_STATE: &str =
+    "SELECT state FROM journal WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq DESC LIMIT 1";
+
 const EXECUTION_COLUMNS: &str = "SELECT id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
         accepted_at, updated_at, first_dispatched_at, contract, record FROM executions";
 
@@ -317,12 +329,7 @@ impl JournalView {
     /// projection): for decisions that destroy evidence, such as removing an SSH marker.
     pub fn journal_state(&self, id: ExecutionId) -> Result<Option<String>, StoreError> {
         self.with(|c| {
-            c.prepare_cached(
-                "SELECT state FROM journal WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq DESC LIMIT 1",
-            )?
-            .query_row([id.to_string()], |r| r.get(0))
-            .optional()
-            .map_err(StoreError::from)
+            c.prepare_cached(LAST_STATE)?.query_row([id.to_string()], |r| r.get(0)).optional().map_err(StoreError::from)
         })
     }
 
@@ -485,13 +492,7 @@ impl JournalView {
     ) -> Result<Option<ExecutionId>, StoreError> {
         self.with(|c| {
             let id: Option<String> = c
-                .prepare_cached(
-                    "SELECT execution_id FROM journal
-                     WHERE fingerprint = ?1 AND event = 'accepted'
-                       AND json_extract(body, '$.payload.actor') = ?2
-                       AND json_extract(body, '$.payload.intent_scope') = ?3
-                     ORDER BY seq DESC LIMIT 1",
-                )?
+                .prepare_cached(PRIOR_ACCEPTED)?
                 .query_row(params![fingerprint, actor, intent_scope], |r| r.get(0))
                 .optional()?;
             id.map(|id| id.parse().map_err(|e| StoreError::Corrupt(format!("journal execution_id {id:?}: {e}"))))

@@ -134,6 +134,7 @@ impl Engine {
     /// answer (a tool result, even `isError`, or a JSON-RPC error) → completed; written and then
     /// lost → outcome unknown, recovered by the tool's contract.
     fn observe_mcp(&self, p: &Prepared<'_>, sent: UpstreamSent) -> Result<Observation, EngineError> {
+        let over_limit = matches!(sent, UpstreamSent::TooLarge(_));
         Ok(match sent {
             UpstreamSent::NotSent { reason } => Observation::without_result(
                 ExecutionState::FailedBeforeDispatch,
@@ -143,13 +144,9 @@ impl Engine {
                 ExecutionState::OutcomeUnknown,
                 json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
             ),
-            UpstreamSent::Answered(answer) => {
+            UpstreamSent::Answered(answer) | UpstreamSent::TooLarge(answer) => {
                 let outcome = json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error });
-                Observation::completed(Raw::Upstream(answer), outcome)
-            }
-            UpstreamSent::TooLarge(answer) => {
-                let outcome = json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error });
-                Observation { over_limit: true, ..Observation::completed(Raw::Upstream(answer), outcome) }
+                Observation { over_limit, ..Observation::completed(Raw::Upstream(answer), outcome) }
             }
         })
     }

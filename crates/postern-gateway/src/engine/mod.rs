@@ -381,11 +381,6 @@ impl Engine {
         self
     }
 
-    /// The limit every channel's result is held to.
-    pub fn max_result_bytes(&self) -> usize {
-        self.max_result_bytes
-    }
-
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -531,10 +526,10 @@ impl Engine {
         self.ssh.prune(self.store.vault_epoch());
     }
 
-    /// [`Engine::sweep`] every `period`, until the task is dropped,
-    /// and — while the vault is locked — stops the upstream servers that hold a secret Postern
-    /// gave them (their processes and sessions must not outlive the lock with it).
-    /// and the servers that start with the gateway are started again once it is unlocked.
+    /// [`Engine::sweep`] every `period`, until the task is dropped. While the vault is locked it
+    /// also stops the upstream servers that hold a secret Postern gave them (their processes and
+    /// sessions must not outlive the lock with it); once it is unlocked, the servers that start
+    /// with the gateway are started again.
     pub async fn upkeep(&self, period: Duration) {
         let mut tick = tokio::time::interval(period);
         let mut was_locked = false;

@@ -238,7 +238,8 @@ impl Engine {
 
     /// A stored result on its way back to an agent (a retry answered from the record, a resumed
     /// stream, `execution_status`): through the same stage, with the secrets of the call that
-    /// asks (a result stored before a secret was known to Postern is masked now).
+    /// asks and, for an upstream's result, the server's (which may have changed since it was
+    /// stored).
     pub(super) fn stage_stored(
         &self,
         id: ExecutionId,
@@ -246,7 +247,13 @@ impl Engine {
         body: &[u8],
     ) -> Result<Staged, EngineError> {
         let mut result = Any::from_stored(id, body)?;
-        result.mask(secrets);
+        if let (Any::Upstream(r), Some(u)) = (&result, &self.upstreams) {
+            let mut with_server = secrets.clone();
+            with_server.extend(&u.secrets_of(&r.server));
+            result.mask(&with_server);
+        } else {
+            result.mask(secrets);
+        }
         if result.to_bytes()?.len() > self.max_result_bytes {
             result.too_large(self.max_result_bytes);
         }
@@ -255,16 +262,11 @@ impl Engine {
         Ok(staged)
     }
 
-    /// The stored result of execution `id` as `execution_status` reports it: through the stage.
-    /// It was masked when it was stored; an upstream server's secrets (which may have changed
-    /// since) are looked for again, and the limit applies.
+    /// The stored result of execution `id` as `execution_status` reports it: through the stage
+    /// (it was masked when it was stored; an upstream server's secrets are looked for again).
     pub fn result_on_record(&self, id: ExecutionId) -> Result<Value, EngineError> {
         let Some(stored) = self.store.view().result(id)? else { return Ok(Value::Null) };
-        let secrets = match (Any::from_stored(id, &stored.body)?, &self.upstreams) {
-            (Any::Upstream(r), Some(u)) => u.secrets_of(&r.server),
-            _ => CallSecrets::default(),
-        };
-        let staged = self.stage_stored(id, &secrets, &stored.body)?;
+        let staged = self.stage_stored(id, &CallSecrets::default(), &stored.body)?;
         let value = match (&staged.result, &staged.ssh, &staged.upstream) {
             (Some(r), _, _) => json!(r),
             (_, Some(r), _) => json!(r),

@@ -91,7 +91,7 @@ impl Catalogue {
             ok
         };
         for (server, running) in running {
-            let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for r in &listing.resources {
                 if !offered(server, "resource", &r.name) || !uri_ok(&r.uri) {
                     continue;

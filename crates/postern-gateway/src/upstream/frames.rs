@@ -223,17 +223,22 @@ impl TopLevel {
         if !(parsed.is_number() || parsed.is_string()) {
             return None;
         }
-        let answer = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": parsed,
-            "error": {
-                "code": TOO_LARGE_CODE,
-                "message": format!("the answer was larger than the limit of {limit} bytes and was not read"),
-                "data": { "postern": TOO_LARGE_MARKER, "limit": limit },
-            },
-        });
-        Some(format!("{answer}\n"))
+        Some(format!("{}\n", too_large_answer(&parsed, limit)))
     }
+}
+
+/// The JSON-RPC error answer that stands in for one to request `id` larger than `limit` bytes:
+/// the same for a stdio server's line and a remote server's body or event.
+pub(super) fn too_large_answer(id: &impl serde::Serialize, limit: usize) -> serde_json::Value {
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": TOO_LARGE_CODE,
+            "message": format!("the answer was larger than the limit of {limit} bytes and was not read"),
+            "data": { "postern": TOO_LARGE_MARKER, "limit": limit },
+        },
+    })
 }
 
 #[cfg(test)]

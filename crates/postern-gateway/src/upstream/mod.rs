@@ -575,12 +575,17 @@ impl Upstreams {
             if fresh {
                 self.refresh_catalogue();
             }
-            let listing = locked(&running.listing).clone();
-            let Some(t) = listing.tools.iter().find(|t| t.name == tool) else {
-                let offered = listing.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ");
-                return Err(UpstreamError::UnknownTool { server: server.into(), tool: tool.into(), offered });
+            let schema = {
+                let listing = locked(&running.listing);
+                match listing.tools.iter().find(|t| t.name == tool) {
+                    Some(t) => Arc::clone(&t.input_schema),
+                    None => {
+                        let offered = listing.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ");
+                        return Err(UpstreamError::UnknownTool { server: server.into(), tool: tool.into(), offered });
+                    }
+                }
             };
-            let properties = t.input_schema.get("properties").and_then(Value::as_object);
+            let properties = schema.get("properties").and_then(Value::as_object);
             if let Some(argument) = contract.as_ref().and_then(|c| c.idempotency_argument.as_ref())
                 && !properties.is_some_and(|p| p.contains_key(argument))
             {
@@ -671,11 +676,9 @@ impl Upstreams {
         over: Option<&ToolOverride>,
     ) -> Option<(ReplayContract, bool)> {
         let running = locked(&self.live).get(server).cloned()?;
-        let listing = locked(&running.listing).clone();
-        let t = listing.tools.iter().find(|t| t.name == tool)?;
         let manifest = self.overrides.get(server).and_then(|o| o.get(tool));
         let over = manifest.or(over);
-        let (contract, _) = derive_contract(t, over);
+        let (contract, _) = derive_contract(locked(&running.listing).tools.iter().find(|t| t.name == tool)?, over);
         let server_def = self.vault.mcp_server(server).ok();
         let approve = over.is_some_and(|o| o.approve_every_use) || server_def.is_some_and(|s| s.approve_every_use);
         Some((contract, approve))
@@ -715,14 +718,14 @@ impl Upstreams {
             if r.alive() && r.stale.swap(false, std::sync::atomic::Ordering::AcqRel) {
                 // It said its tools changed: list them again (the catalogue follows), waiting at
                 // most LIST_WAIT with this server's start lock held; otherwise it keeps its list.
-                let listed =
-                    tokio::time::timeout(LIST_WAIT, listing(&r.service, &server.name)).await.unwrap_or_else(|_| {
+                let listed = tokio::time::timeout(LIST_WAIT, listing(&r.service, &server.name, &r.secrets))
+                    .await
+                    .unwrap_or_else(|_| {
                         Err(format!("{:?} did not list its tools within {} s", server.name, LIST_WAIT.as_secs()))
                     });
                 match listed {
-                    Ok(l) => *locked(&r.listing) = l.masked(&r.secrets),
+                    Ok(l) => *locked(&r.listing) = l,
                     Err(e) => {
-                        let e = r.secrets.mask(&e);
                         tracing::warn!(server = %server.name, error = %Outside::line(&e), "upstream tools could not be listed again")
                     }
                 }
@@ -920,7 +923,17 @@ where
     Err(format!("{name:?} {what}: still more pages after {MAX_PAGES}; Postern follows at most that many"))
 }
 
-async fn listing(service: &RunningService<RoleClient, UpstreamClient>, name: &str) -> Result<Listing, String> {
+/// What the server offers, with every secret it was given masked (in the listing and in an
+/// error about it).
+async fn listing(
+    service: &RunningService<RoleClient, UpstreamClient>,
+    name: &str,
+    secrets: &CallSecrets,
+) -> Result<Listing, String> {
+    unmasked_listing(service, name).await.map(|l| l.masked(secrets)).map_err(|e| secrets.mask(&e))
+}
+
+async fn unmasked_listing(service: &RunningService<RoleClient, UpstreamClient>, name: &str) -> Result<Listing, String> {
     use rmcp::model::PaginatedRequestParams as Params;
     let peer = service.peer();
     let at = |cursor: Option<String>| Some(Params::default().with_cursor(cursor));
@@ -970,7 +983,7 @@ async fn listed(
     name: &str,
     secrets: CallSecrets,
 ) -> Result<Running, String> {
-    let listing = listing(&service, name).await.map_err(|e| secrets.mask(&e))?.masked(&secrets);
+    let listing = listing(&service, name, &secrets).await?;
     let client = service.service().clone();
     let announces = service
         .peer()

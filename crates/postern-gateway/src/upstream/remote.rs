@@ -4,7 +4,6 @@
 //! answer larger than the limit, as the same JSON-RPC error [`super::frames`] gives a stdio
 //! server's — instead of a broken stream that would leave the call's outcome unknown.
 
-use super::frames::{TOO_LARGE_CODE, TOO_LARGE_MARKER};
 use futures::{StreamExt, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
 use rmcp::{
@@ -22,16 +21,7 @@ pub struct CappedHttp(pub reqwest::Client);
 
 /// The error answer that stands in for one past the limit, for request `id`.
 fn too_large(id: &rmcp::model::RequestId, limit: usize) -> Option<ServerJsonRpcMessage> {
-    serde_json::from_value(serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": {
-            "code": TOO_LARGE_CODE,
-            "message": format!("the answer was larger than the limit of {limit} bytes and was not read"),
-            "data": { "postern": TOO_LARGE_MARKER, "limit": limit },
-        },
-    }))
-    .ok()
+    serde_json::from_value(super::frames::too_large_answer(id, limit)).ok()
 }
 
 fn request_id(message: &ClientJsonRpcMessage) -> Option<rmcp::model::RequestId> {

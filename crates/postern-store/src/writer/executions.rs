@@ -24,13 +24,7 @@ impl Writer {
     pub(crate) fn find_prior(&mut self, new: &NewExecution) -> Result<Option<PriorExecution>, StoreError> {
         let found = self
             .conn
-            .prepare_cached(
-                "SELECT execution_id, at, json_extract(body, '$.payload.contract') FROM journal
-                 WHERE fingerprint = ?1 AND event = 'accepted'
-                   AND json_extract(body, '$.payload.actor') = ?2
-                   AND json_extract(body, '$.payload.intent_scope') = ?3
-                 ORDER BY seq DESC LIMIT 1",
-            )?
+            .prepare_cached(crate::view::PRIOR_ACCEPTED)?
             .query_row(params![new.fingerprint.to_string(), new.actor.as_str(), new.intent_scope.as_str()], |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
             })
@@ -40,9 +34,7 @@ impl Writer {
         };
         let state: String = self
             .conn
-            .prepare_cached(
-                "SELECT state FROM journal WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq DESC LIMIT 1",
-            )?
+            .prepare_cached(crate::view::LAST_STATE)?
             .query_row([&id], |r| r.get(0))
             .optional()?
             .ok_or_else(|| StoreError::Corrupt(format!("execution {id} has an accepted row and no state")))?;

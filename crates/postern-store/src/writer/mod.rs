@@ -376,20 +376,17 @@ impl Writer {
         // The chain itself: the rows retry decisions read (`accepted`, the last state) must be
         // the ones this writer appended. Another process's commit is the rare case (the lock
         // keeps other writers out), so the whole walk is affordable.
-        match crate::audit::chain_differs(&self.conn, self.head) {
-            Ok(None) => {}
-            Ok(Some(why)) => found.push(crate::authority::AuthorityMismatch {
+        let chain = match crate::audit::chain_differs(&self.conn, self.head) {
+            Ok(differs) => differs,
+            Err(e) => Some(format!("could not be walked: {e}")),
+        };
+        if let Some(why) = chain {
+            found.push(crate::authority::AuthorityMismatch {
                 table: "journal",
                 key: "chain".into(),
                 journal: format!("row {} ({})", self.head.size, self.head.hash),
                 table_value: why,
-            }),
-            Err(e) => found.push(crate::authority::AuthorityMismatch {
-                table: "journal",
-                key: "chain".into(),
-                journal: format!("row {} ({})", self.head.size, self.head.hash),
-                table_value: format!("could not be walked: {e}"),
-            }),
+            });
         }
         if found.is_empty() {
             return false;
