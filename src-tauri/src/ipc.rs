@@ -498,9 +498,13 @@ pub struct UpstreamToolRow {
     pub contract: String,
     /// With `idempotency_key`: the argument Postern fills with the execution ID.
     pub idempotency_argument: Option<String>,
-    /// `annotations` (the server's hints), `default` (no hint), `tools.toml` (the file decides;
-    /// the app does not edit it) or `owner` (set here or with `postern servers contract`).
+    /// `hints_unconfirmed` (the server's annotations suggest `hinted`, not confirmed by the
+    /// owner: held to irreversible), `default` (no hint), `tools.toml` (the file decides; the
+    /// app does not edit it) or `owner` (set here or with `postern servers contract`).
     pub contract_from: String,
+    /// The class the server's annotations suggest (`read_only`, `idempotent`), if any: only
+    /// the server's claim, in force once the owner confirms it.
+    pub hinted: Option<String>,
     pub approve_every_use: bool,
     /// The tool's argument names, for choosing the idempotency argument.
     pub arguments: Vec<String>,
@@ -586,6 +590,7 @@ pub async fn servers(app: State<'_>) -> Result<Vec<ServerRow>, IpcError> {
                         contract: t.contract.class.as_str().into(),
                         idempotency_argument: t.contract.idempotency_argument.clone(),
                         contract_from: t.contract_source.into(),
+                        hinted: t.hinted.map(|c| c.as_str().to_owned()),
                         approve_every_use: t.approve_every_use,
                         arguments: t
                             .input_schema

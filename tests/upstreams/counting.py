@@ -2,10 +2,11 @@
 
 Every side effect is appended to $COUNTER_DIR/effects.jsonl *before* the server answers, so a
 test counts what really happened at the upstream, not what Postern logged. The tools cover the
-replay contracts Postern derives from annotations:
+replay contracts (annotations are only suggestions: irreversible until the owner confirms them):
 
-- `balance`   readOnlyHint      -> read_only
-- `set_flag`  idempotentHint    -> idempotent (re-sent after an unknown outcome)
+- `balance`   readOnlyHint      -> suggests read_only
+- `set_flag`  idempotentHint    -> suggests idempotent, yet records an effect each time (a hint
+              that lies: never re-sent until confirmed, then re-sent after an unknown outcome)
 - `pay`       no hints          -> irreversible (an unknown outcome goes to review)
 - `charge`    takes `idempotencyKey` and honours it (a repeated key is answered from the first
               effect); the owner names the argument in tools.toml -> idempotency_key

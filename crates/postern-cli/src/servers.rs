@@ -87,8 +87,12 @@ pub struct Contract {
     tool: String,
     /// What an unknown outcome allows: read_only and idempotent are re-sent, idempotency_key is
     /// re-sent with the same key, irreversible goes to a reviewer.
-    #[arg(long, value_enum, required_unless_present_any = ["clear", "approve_every_use", "secret_argument"])]
+    #[arg(long, value_enum, required_unless_present_any = ["clear", "confirm", "approve_every_use", "secret_argument"])]
     class: Option<Class>,
+    /// Confirm the class the server's annotations suggest (`servers tools` shows it as
+    /// "hints_unconfirmed"): until then the tool is held to irreversible.
+    #[arg(long, conflicts_with_all = ["class", "idempotency_argument", "clear"])]
+    confirm: bool,
     /// The argument Postern fills with the execution ID (with --class idempotency_key).
     #[arg(long, value_name = "ARGUMENT")]
     idempotency_argument: Option<String>,
@@ -99,7 +103,7 @@ pub struct Contract {
     #[arg(long = "secret-argument", value_name = "ARGUMENT")]
     secret_argument: Vec<String>,
     /// Forget the owner's contract: the annotations decide again.
-    #[arg(long, conflicts_with_all = ["class", "idempotency_argument", "approve_every_use", "secret_argument"])]
+    #[arg(long, conflicts_with_all = ["class", "confirm", "idempotency_argument", "approve_every_use", "secret_argument"])]
     clear: bool,
     /// Tool manifest (default: as `serve`): a tool it decides cannot be set here.
     #[arg(long, env = "POSTERN_TOOLS", value_name = "FILE")]
@@ -110,13 +114,40 @@ pub struct Contract {
 /// argument against its schema, then keeps the contract in the server's record (journaled).
 pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
     let overrides = crate::serve::manifest(args.tools.as_deref())?.server_overrides().clone();
+    let mut class = args.class.map(|c| match c {
+        Class::ReadOnly => ReplayClass::ReadOnly,
+        Class::Idempotent => ReplayClass::Idempotent,
+        Class::IdempotencyKey => ReplayClass::IdempotencyKey,
+        Class::Irreversible => ReplayClass::Irreversible,
+    });
+    if args.confirm {
+        // What the server hints now, as the owner would see it in `servers tools`.
+        let listed = crate::route::perform_with(
+            data_dir,
+            ControlRequest::ServerTools { name: args.server.clone() },
+            &overrides,
+        )?;
+        let tool = listed.as_array().into_iter().flatten().find(|t| t["tool"] == args.tool.as_str());
+        let hinted = tool.and_then(|t| t["hinted"].as_str()).and_then(|h| match h {
+            "read_only" => Some(ReplayClass::ReadOnly),
+            "idempotent" => Some(ReplayClass::Idempotent),
+            _ => None,
+        });
+        let Some(hinted) = hinted else {
+            let why = if tool.is_some() { "gives no hint to confirm" } else { "offers no such tool" };
+            return Err(Failure {
+                code: 2,
+                error: anyhow!(
+                    "MCP server {:?} {why} for {:?}: choose a contract with --class",
+                    Outside::line(&args.server),
+                    Outside::line(&args.tool)
+                ),
+            });
+        };
+        class = Some(hinted);
+    }
     let contract = (!args.clear).then(|| ToolOverride {
-        class: args.class.map(|c| match c {
-            Class::ReadOnly => ReplayClass::ReadOnly,
-            Class::Idempotent => ReplayClass::Idempotent,
-            Class::IdempotencyKey => ReplayClass::IdempotencyKey,
-            Class::Irreversible => ReplayClass::Irreversible,
-        }),
+        class,
         idempotency_argument: args.idempotency_argument,
         approve_every_use: args.approve_every_use,
         secret_arguments: args.secret_argument.into_iter().collect(),
@@ -124,7 +155,16 @@ pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
     let request = ControlRequest::SetToolContract { server: args.server.clone(), tool: args.tool.clone(), contract };
     crate::route::perform_with(data_dir, request, &overrides)?;
     if args.clear {
-        eprintln!("{}__{}: the owner's contract is cleared; its annotations decide", args.server, args.tool);
+        eprintln!(
+            "{}__{}: the owner's contract is cleared; it is irreversible until its hints are confirmed",
+            args.server, args.tool
+        );
+    } else if args.confirm {
+        let confirmed = class.map_or("", |c| c.as_str());
+        eprintln!(
+            "{}__{}: the server's hint ({confirmed}) is confirmed: it is the tool's contract now",
+            args.server, args.tool
+        );
     } else {
         eprintln!("{}__{}: contract set (see `postern servers tools {}`)", args.server, args.tool, args.server);
     }
@@ -394,17 +434,22 @@ pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -
             Some(a) => format!("{} ({a})", text(&tool["contract"])),
             None => text(&tool["contract"]),
         };
+        let from = match (text(&tool["contract_from"]).as_str(), tool["hinted"].as_str()) {
+            ("hints_unconfirmed", Some(hinted)) => format!("server hints {hinted}: unconfirmed (--confirm)"),
+            (from, _) => from.to_owned(),
+        };
         t.add_row(vec![
             text(&tool["name"]),
             contract,
-            text(&tool["contract_from"]),
+            from,
             if tool["approve_every_use"] == true { "yes" } else { "no" }.into(),
         ]);
     }
     println!("{}", t.trim_fmt());
     eprintln!(
-        "contracts come from the server's annotations (hints only) unless the owner sets one: `postern servers \
-         contract {name} TOOL --class …`, the app's Servers view, or [servers.{name}.tools.<tool>] in tools.toml"
+        "a tool is irreversible unless its owner sets a contract: `postern servers contract {name} TOOL --class …`, \
+         `… TOOL --confirm` (take what the server's annotations suggest, which are only its claims), the app's \
+         Servers view, or [servers.{name}.tools.<tool>] in tools.toml"
     );
     Ok(ExitCode::SUCCESS)
 }

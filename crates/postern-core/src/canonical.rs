@@ -212,6 +212,124 @@ fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) -> Result<(), UnsafeN
     Ok(())
 }
 
+/// The one value a JSON text (a request body an agent wrote out itself) stands for, when every
+/// reader of the text sees that value and nothing else; `None` when the text must be taken byte
+/// for byte. Models write the same body with other spacing or key order when they retry, so the
+/// value, not the spelling, is the intent. A text qualifies when it is an object or an array, no
+/// object in it repeats a member name (readers disagree on which one wins), and every number in
+/// it reads the same in any parser: an integer within ±(2^53 − 1), or a decimal of at most 15
+/// significant digits in a double's normal range (or zero). `1.0` and `1` are one value here, as
+/// in RFC 8785; `0.10000000000000000001` and `0.1` would be too once read as doubles, so a
+/// number like that keeps its text byte for byte.
+pub fn json_text(text: &str) -> Option<Value> {
+    let Strict(value) = serde_json::from_str(text).ok()?;
+    if !matches!(value, Value::Object(_) | Value::Array(_)) || !numbers_read_alike(text) {
+        return None;
+    }
+    check_numbers(&value, &mut String::new()).ok()?;
+    Some(value)
+}
+
+/// A `Value` whose objects never repeat a member name (deserialising fails if one does).
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Strict;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Strict, E> {
+                Ok(Strict(Value::Bool(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Strict, E> {
+                Ok(Strict(Value::from(v)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Strict, E> {
+                Ok(Strict(Value::from(v)))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Strict, E> {
+                serde_json::Number::from_f64(v)
+                    .map(|n| Strict(Value::Number(n)))
+                    .ok_or_else(|| E::custom("not a finite number"))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Strict, E> {
+                Ok(Strict(Value::String(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Strict, E> {
+                Ok(Strict(Value::String(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Strict, E> {
+                Ok(Strict(Value::Null))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+                let mut items = Vec::new();
+                while let Some(Strict(item)) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Strict(Value::Array(items)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+                let mut members = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let Strict(item) = map.next_value()?;
+                    if members.insert(key, item).is_some() {
+                        return Err(serde::de::Error::custom("a member name is repeated"));
+                    }
+                }
+                Ok(Strict(Value::Object(members)))
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// Whether every number literal in `text` (valid JSON) names its double exactly enough that no
+/// two different literals of different values meet (see [`json_text`]).
+fn numbers_read_alike(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'"' => {
+                i += 1;
+                while let Some(&c) = bytes.get(i) {
+                    i += if c == b'\\' { 2 } else { 1 };
+                    if c == b'"' {
+                        break;
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while bytes.get(i).is_some_and(|c| matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')) {
+                    i += 1;
+                }
+                if !number_reads_alike(&text[start..i]) {
+                    return false;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    true
+}
+
+fn number_reads_alike(literal: &str) -> bool {
+    if let Ok(integer) = literal.parse::<i64>() {
+        return integer.unsigned_abs() <= MAX_SAFE_INTEGER;
+    }
+    let mantissa = literal.split(['e', 'E']).next().unwrap_or("");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits.trim_start_matches('0').trim_end_matches('0');
+    if significant.is_empty() {
+        return true; // zero, however it is written
+    }
+    significant.len() <= 15 && literal.parse::<f64>().is_ok_and(f64::is_normal)
+}
+
 /// A finite double as ECMAScript's `Number.prototype.toString` prints it (RFC 8785 §3.2.2.3).
 fn write_float(f: f64, out: &mut Vec<u8>) {
     out.extend_from_slice(ryu_js::Buffer::new().format_finite(f).as_bytes());
@@ -349,6 +467,81 @@ mod tests {
                 }
                 Err(e) => proptest::prop_assert!(false, "{e}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_json_text_stands_for_its_value_only_when_every_reader_agrees() {
+        let five = canonical_bytes(&json!({"amount": 5})).unwrap();
+        for text in ["{\"amount\": 5}", "{\"amount\":5}", " {\n  \"amount\" : 5.0 }\t", "{\"amount\":5e0}"] {
+            assert_eq!(json_text(text).map(|v| canonical_bytes(&v).unwrap()), Some(five.clone()), "{text}");
+        }
+        assert_eq!(json_text(r#"{"b":[1,{"c":"x\"}"}],"a":null}"#), Some(json!({"a": null, "b": [1, {"c": "x\"}"}]})));
+        for byte_for_byte in [
+            r#"{"amount":5,"amount":6}"#,           // which one wins depends on the reader
+            r#"[{"a":1,"a":1}]"#,                   // even when the repeats agree
+            r#"{"amount":0.10000000000000000001}"#, // a double would make it 0.1
+            r#"{"id":12345678901234567}"#,          // beyond 2^53
+            r#"{"tiny":1e-320}"#,                   // a subnormal double has fewer digits
+            "\"{\\\"amount\\\":5}\"",               // a JSON string, not an object
+            "5",
+            "null",
+            "{\"amount\": 5", // not JSON at all
+            "amount=5",
+        ] {
+            assert_eq!(json_text(byte_for_byte), None, "{byte_for_byte}");
+        }
+        assert_eq!(
+            json_text(r#"{"n":1.5,"z":-0.0,"e":"1e999 in a string"}"#),
+            Some(json!({"n": 1.5, "z": -0.0, "e": "1e999 in a string"}))
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+        /// However a value is spelled (compact, pretty, keys in another order), a text that
+        /// qualifies stands for the value serde_json reads from it, and its canonical bytes are
+        /// those of every other spelling.
+        #[test]
+        fn every_spelling_of_a_body_is_one_intent(v in hostile_value()) {
+            let compact = serde_json::to_string(&v).unwrap();
+            let pretty = serde_json::to_string_pretty(&v).unwrap();
+            let reversed = reversed_keys(&v);
+            let first = json_text(&compact);
+            if let Some(value) = &first {
+                let read: Value = serde_json::from_str(&compact).unwrap();
+                proptest::prop_assert_eq!(value, &read);
+                proptest::prop_assert!(matches!(value, Value::Object(_) | Value::Array(_)));
+            }
+            let bytes = |t: &str| json_text(t).map(|v| canonical_bytes(&v).unwrap());
+            proptest::prop_assert_eq!(bytes(&compact), bytes(&pretty));
+            proptest::prop_assert_eq!(bytes(&compact), bytes(&reversed));
+        }
+
+        /// Arbitrary text, including JSON cut anywhere, never panics the scanner.
+        #[test]
+        fn any_text_is_judged_without_panicking(v in hostile_value(), cut in 0usize..200, noise in ".{0,40}") {
+            let text = serde_json::to_string(&v).unwrap();
+            let cut = text.char_indices().map(|(i, _)| i).nth(cut).unwrap_or(text.len());
+            let _ = json_text(&text[..cut]);
+            let _ = json_text(&noise);
+            let _ = json_text(&format!("[{noise}]"));
+        }
+    }
+
+    /// `value` written with every object's members in reverse order.
+    fn reversed_keys(value: &Value) -> String {
+        match value {
+            Value::Object(map) => {
+                let members: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{} : {}", serde_json::to_string(k).unwrap(), reversed_keys(v)))
+                    .collect();
+                format!("{{ {} }}", members.join(" , "))
+            }
+            Value::Array(items) => format!("[{}]", items.iter().map(reversed_keys).collect::<Vec<_>>().join(", ")),
+            other => other.to_string(),
         }
     }
 

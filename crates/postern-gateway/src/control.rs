@@ -745,7 +745,7 @@ async fn apply_inner(
                 .filter(|t| t.server == name)
                 .map(|t| {
                     json!({ "name": t.name, "tool": t.tool, "contract": t.contract.class.as_str(),
-                            "contract_from": t.contract_source,
+                            "contract_from": t.contract_source, "hinted": t.hinted.map(|c| c.as_str()),
                             "idempotency_argument": t.contract.idempotency_argument,
                             "approve_every_use": t.approve_every_use, "description": t.description })
                 })

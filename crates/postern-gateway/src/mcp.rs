@@ -98,7 +98,11 @@ struct PendingState {
     closed: bool,
     /// The peer announced itself as a bridge that acknowledges what it relayed.
     acknowledging: bool,
-    /// Requests whose response is not written yet.
+    /// Requests read from the peer whose response is not written yet (by request key). A request
+    /// whose id is here, or in `awaiting_ack`, is refused: the answer and the acknowledgement
+    /// name a request only by its id, so two requests sharing one would swap their tickets.
+    open: std::collections::HashSet<String>,
+    /// Requests whose response is not written yet, with the ticket their handler opened.
     tickets: HashMap<String, DeliveryTicket>,
     /// Responses written (or being written) to a bridge, waiting for its acknowledgement.
     awaiting_ack: HashMap<String, DeliveryTicket>,
@@ -141,6 +145,7 @@ impl PendingResponses {
     /// returns); otherwise the transport settles it.
     pub(crate) fn take(&self, key: &str) -> Option<(DeliveryTicket, bool)> {
         let mut state = self.inner.lock().ok()?;
+        state.open.remove(key);
         let ticket = state.tickets.remove(key)?;
         let tool = state.tools.remove(key);
         if state.acknowledging && !state.closed {
@@ -151,6 +156,17 @@ impl PendingResponses {
         } else {
             Some((ticket, false))
         }
+    }
+
+    /// A request with id `key` arrived: `false` if a request of the connection with that id is
+    /// still unanswered or unacknowledged (MCP never reuses an id in a session). Such a request
+    /// is refused without an id in the answer, so the one in flight keeps its own.
+    pub(crate) fn request_arrived(&self, key: &str) -> bool {
+        let Ok(mut state) = self.inner.lock() else { return false };
+        if state.awaiting_ack.contains_key(key) {
+            return false;
+        }
+        state.open.insert(key.to_owned())
     }
 
     /// A `tools/call` of `tool` arrived as request `key`: remember which tool it calls, and count
@@ -204,6 +220,7 @@ impl PendingResponses {
                 state.closed = true;
                 state.follow_ups.session_ended(CONNECTION);
                 state.tools.clear();
+                state.open.clear();
                 let mut all: Vec<DeliveryTicket> = state.tickets.drain().map(|(_, t)| t).collect();
                 all.extend(state.awaiting_ack.drain().map(|(_, t)| t));
                 all
@@ -212,6 +229,20 @@ impl PendingResponses {
         };
         for ticket in tickets {
             ticket.settle(false);
+        }
+    }
+}
+
+/// A call's place among the session's calls in flight, given up however the call ends.
+struct InFlight<'a> {
+    calls: &'a Mutex<HashMap<String, crate::CancelSignal>>,
+    key: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.calls.lock() {
+            m.remove(&self.key);
         }
     }
 }
@@ -327,12 +358,27 @@ impl PosternMcp {
                 Some(json!({ "code": "unknown_tool" })),
             ));
         }
-        let run = self.run_for(&caller, &context).await?;
         let key = request_key(&context.id);
         let cancel = crate::CancelSignal::default();
-        if let Ok(mut m) = self.in_flight.lock() {
-            m.insert(key.clone(), cancel.clone());
+        // One call per id at a time on a session: a cancellation names its request by id. (The
+        // socket's transport refuses a reused id before it gets here.)
+        let fresh = self.in_flight.lock().is_ok_and(|mut m| match m.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(cancel.clone());
+                true
+            }
+        });
+        if !fresh {
+            return Err(McpError::invalid_request(
+                format!(
+                    "request id {key} is still in flight on this session: give every request an id of its own; this call was not run"
+                ),
+                Some(json!({ "code": "request_id_in_use" })),
+            ));
         }
+        let _in_flight = InFlight { calls: &self.in_flight, key: key.clone() };
+        let run = self.run_for(&caller, &context).await?;
         let call = crate::Call {
             tool: name,
             arguments,
@@ -352,9 +398,6 @@ impl PosternMcp {
         let engine = Arc::clone(&self.gateway.engine);
         let task = self.gateway.executions.spawn(async move { engine.call(call).await });
         let joined = task.await;
-        if let Ok(mut m) = self.in_flight.lock() {
-            m.remove(&key);
-        }
         let outcome = match joined {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(e)) => {
@@ -694,7 +737,9 @@ fn contract_summary(c: &ReplayContract) -> String {
 /// The MCP annotations an agent sees, derived from the contract (never from the manifest text).
 pub fn annotations(c: &ReplayContract) -> ToolAnnotations {
     let read_only = c.class == ReplayClass::ReadOnly;
-    let idempotent = matches!(c.class, ReplayClass::ReadOnly | ReplayClass::IdempotencyKey | ReplayClass::Idempotent);
+    // `idempotentHint` promises that a repeat has no further effect. An idempotency key does not
+    // promise that to an agent: a repeat once the result was delivered is a new execution.
+    let idempotent = matches!(c.class, ReplayClass::ReadOnly | ReplayClass::Idempotent);
     ToolAnnotations::new()
         .read_only(read_only)
         .idempotent(idempotent)
@@ -722,8 +767,11 @@ fn manifest_tool(t: &ManifestTool) -> Tool {
 /// An upstream server's tool as agents see it: its own schema and description, the contract
 /// Postern derived (annotations are only the server's hints) and annotations from that contract.
 fn upstream_tool(t: &crate::upstream::UpstreamTool) -> Tool {
+    let hinted = t.hinted.map_or("", |c| c.as_str());
+    let unconfirmed =
+        format!("Postern's default: the server's hints suggest {hinted}, which its owner has not confirmed");
     let source = match t.contract_source {
-        "annotations" => "from the server's annotations",
+        crate::upstream::HINTS_UNCONFIRMED => unconfirmed.as_str(),
         "tools.toml" => "set by the owner in tools.toml",
         "owner" => "set by the owner",
         _ => "Postern's default: no annotation says it is safe to repeat",

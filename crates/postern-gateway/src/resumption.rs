@@ -136,8 +136,12 @@ pub async fn resume(
             &jsonrpc_id,
             "nothing_to_resume",
             &format!(
-                "Postern has no execution of request {jsonrpc_id} on this MCP session: nothing was sent for it. \
-                 Repeat the call (a repeat is matched to the original if that is still being accepted)."
+                "Postern found no execution of request {jsonrpc_id} on this MCP session: it looked in the newest \
+                 {} journal rows for {} s. That is not proof the request never ran (it may have arrived later, \
+                 or long ago). Repeat the call: a repeat in the same agent run is matched to the original and \
+                 is not sent twice.",
+                postern_store::RECENT_ROWS,
+                LOOKUP_WINDOW.as_secs()
             ),
             answers,
         );

@@ -473,6 +473,21 @@ impl LineTransport {
                 _ => {}
             }
         }
+        // One request per id at a time: answers and acknowledgements name a request by its id.
+        if let (Some(method), Some(request)) = (value.get("method").and_then(Value::as_str), &id)
+            && !self.pending.request_arrived(&request_key(request))
+        {
+            return Err(Rejection {
+                code: ErrorCode::INVALID_REQUEST,
+                message: format!(
+                    "request id {} is still in use on this connection (its answer is not yet delivered): \
+                     give every request an id of its own; this {method} was not run",
+                    value["id"]
+                ),
+                id: None,
+                data: serde_json::json!({ "code": "request_id_in_use", "id": value["id"] }),
+            });
+        }
         // What delivery needs to know of the agent's messages: which tool a call names (a call of
         // another tool is the agent carrying on), and which request a cancellation withdraws.
         match (value.get("method").and_then(Value::as_str), &id) {

@@ -93,12 +93,12 @@ describe('Servers', () => {
     approve_every_use: false,
     start: 'with_gateway',
     tools: [
-      { name: 'github__search_issues', tool: 'search_issues', contract: 'read_only', idempotency_argument: null,
-        contract_from: 'annotations', approve_every_use: false, arguments: ['query'] },
+      { name: 'github__search_issues', tool: 'search_issues', contract: 'irreversible', idempotency_argument: null,
+        contract_from: 'hints_unconfirmed', hinted: 'read_only', approve_every_use: false, arguments: ['query'] },
       { name: 'github__create_issue', tool: 'create_issue', contract: 'irreversible', idempotency_argument: null,
-        contract_from: 'default', approve_every_use: false, arguments: ['title', 'requestId'] },
+        contract_from: 'default', hinted: null, approve_every_use: false, arguments: ['title', 'requestId'] },
       { name: 'github__delete_repo', tool: 'delete_repo', contract: 'irreversible', idempotency_argument: null,
-        contract_from: 'tools.toml', approve_every_use: true, arguments: ['repo'] },
+        contract_from: 'tools.toml', hinted: null, approve_every_use: true, arguments: ['repo'] },
     ],
   });
 
@@ -133,6 +133,13 @@ describe('Servers', () => {
     await fireEvent.click(screen.getByTestId('every-use-github__search_issues'));
     expect(setToolContract).toHaveBeenCalledWith('github', 'search_issues', {
       class: null, idempotency_argument: null, approve_every_use: true,
+    });
+    // The server's hints are a suggestion the owner confirms; nothing else is offered for confirmation.
+    expect(screen.getByTestId('contract-from-github__search_issues').textContent).toContain('not confirmed');
+    expect(screen.queryByTestId('confirm-github__create_issue')).toBeNull();
+    await fireEvent.click(screen.getByTestId('confirm-github__search_issues'));
+    expect(setToolContract).toHaveBeenCalledWith('github', 'search_issues', {
+      class: 'read_only', idempotency_argument: null, approve_every_use: false,
     });
     expect((screen.getByTestId('contract-github__delete_repo') as HTMLSelectElement).disabled).toBe(true);
     expect(screen.getByTestId('contract-from-github__delete_repo').textContent).toContain('tools.toml');

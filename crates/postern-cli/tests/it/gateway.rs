@@ -276,7 +276,9 @@ fn tools_are_annotated_from_their_replay_contract() {
     assert!(balance["description"].as_str().unwrap().contains("read_only"));
     let pay = tool("pay");
     assert_eq!(pay["annotations"]["readOnlyHint"], false);
-    assert_eq!(pay["annotations"]["idempotentHint"], true);
+    // An idempotency key makes Postern's recovery safe, not an agent's repeat: a repeat after the
+    // result was delivered is a new payment, so `idempotentHint` is not advertised (#27 finding 6).
+    assert_eq!(pay["annotations"]["idempotentHint"], false);
     assert_eq!(pay["annotations"]["destructiveHint"], false);
     assert!(pay["description"].as_str().unwrap().contains("Idempotency-Key"));
     let wire = tool("wire");

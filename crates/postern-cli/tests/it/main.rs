@@ -13,6 +13,7 @@ mod gateway;
 mod gateway_support;
 mod hostile;
 mod journal;
+mod paths;
 mod service;
 mod ssh;
 mod upstreams;

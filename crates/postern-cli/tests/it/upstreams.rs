@@ -80,17 +80,26 @@ fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_a
             .cloned()
             .unwrap_or_else(|| panic!("{name} in {tools}"))
     };
-    for (name, contract) in [
-        ("counter__balance", "read_only"),
-        ("counter__set_flag", "idempotent"),
-        ("counter__pay", "irreversible"),
-        ("counter__charge", "idempotency_key"),
+    // The server's hints are only its claims: until the owner confirms them, a hinted tool is
+    // held to irreversible, and the agent is told what the hints suggest.
+    for (name, contract, hinted) in [
+        ("counter__balance", "irreversible", Some("read_only")),
+        ("counter__set_flag", "irreversible", Some("idempotent")),
+        ("counter__pay", "irreversible", None),
+        ("counter__charge", "idempotency_key", None),
     ] {
         let t = find(name);
-        assert!(t["description"].as_str().unwrap().contains(&format!("Replay contract: {contract}")), "{t}");
+        let description = t["description"].as_str().unwrap();
+        assert!(description.contains(&format!("Replay contract: {contract}")), "{t}");
+        if let Some(hinted) = hinted {
+            assert!(description.contains(&format!("hints suggest {hinted}, which its owner has not confirmed")), "{t}");
+        }
     }
-    assert_eq!(find("counter__balance")["annotations"]["readOnlyHint"], true);
+    assert_eq!(find("counter__balance")["annotations"]["readOnlyHint"], false, "not before the owner confirms it");
     assert_eq!(find("counter__pay")["annotations"]["destructiveHint"], true);
+    // An idempotency key does not make a repeat harmless to an agent (a repeat after delivery
+    // is a new execution): not advertised as idempotent.
+    assert_eq!(find("counter__charge")["annotations"]["idempotentHint"], false);
 
     let read = agent.call_and_wait("read", "counter__balance", json!({}));
     assert_eq!(read["structured"]["state"], "completed", "{read}");
@@ -198,15 +207,35 @@ fn an_upstream_that_dies_after_the_effect_is_recovered_by_each_tools_contract() 
     assert_eq!(charges.len(), 1, "one charge at the upstream: {charges:?}");
     assert_eq!(charges[0]["key"], id.as_str(), "the key is the execution ID");
 
-    // Idempotent: re-sent as it was.
+    // Idempotent by the server's hint alone (#27 finding 6): a hint is the server's claim, and
+    // `set_flag` records a real effect each time. Until the owner confirms it, the uncertain
+    // outcome is never re-sent; before, Postern re-sent it on the hint's word.
     die_after_next_effect(d);
     let first = agent.call_and_wait("flag1", "counter__set_flag", json!({ "name": "deployed" }));
     assert_eq!(first["structured"]["state"], "outcome_unknown", "{first}");
     let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
     let retry = agent.call_and_wait("flag2", "counter__set_flag", json!({ "name": "deployed" }));
     assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
+    assert_eq!(retry["structured"]["state"], "needs_review", "{retry}");
+    assert_eq!(count(d, "set_flag"), 1, "the hint did not send it again");
+    assert_eq!(gw.events_of(&id).iter().filter(|e| *e == "dispatched").count(), 1);
+
+    // The owner confirms the hint, beside the running gateway: idempotent now, re-sent as it was.
+    let confirmed = gw.postern(&["servers", "contract", "counter", "set_flag", "--confirm"]);
+    assert_eq!(confirmed.code, 0, "{}", confirmed.stderr);
+    assert!(confirmed.stderr.contains("hint (idempotent) is confirmed"), "{}", confirmed.stderr);
+    let nothing = gw.postern(&["servers", "contract", "counter", "pay", "--confirm"]);
+    assert_eq!(nothing.code, 2, "{}", nothing.stderr);
+    assert!(nothing.stderr.contains("gives no hint to confirm"), "{}", nothing.stderr);
+    die_after_next_effect(d);
+    let first = agent.call_and_wait("flag3", "counter__set_flag", json!({ "name": "released" }));
+    assert_eq!(first["structured"]["state"], "outcome_unknown", "{first}");
+    let id = first["structured"]["execution_id"].as_str().unwrap().to_owned();
+    let retry = agent.call_and_wait("flag4", "counter__set_flag", json!({ "name": "released" }));
+    assert_eq!(retry["structured"]["execution_id"], id.as_str(), "{retry}");
     assert_eq!(retry["structured"]["state"], "completed", "{retry}");
-    assert!(effects(d).iter().filter(|e| e["kind"] == "set_flag").all(|e| e["execution_id"] == id.as_str()));
+    let released: Vec<Value> = effects(d).into_iter().filter(|e| e["name"] == "released").collect();
+    assert!(released.iter().all(|e| e["execution_id"] == id.as_str()), "{released:?}");
     let events = gw.events_of(&id);
     assert!(events.iter().filter(|e| *e == "dispatched").count() == 2, "{events:?}");
 }
@@ -274,8 +303,10 @@ fn servers_are_added_listed_inspected_and_removed_without_their_secret_showing()
             .find(|t| t["name"] == name)
             .map(|t| (t["contract"].clone(), t["contract_from"].clone()))
     };
-    assert_eq!(contract("counter__balance"), Some((json!("read_only"), json!("annotations"))));
-    assert_eq!(contract("counter__set_flag"), Some((json!("idempotent"), json!("annotations"))));
+    assert_eq!(contract("counter__balance"), Some((json!("irreversible"), json!("hints_unconfirmed"))));
+    assert_eq!(contract("counter__set_flag"), Some((json!("irreversible"), json!("hints_unconfirmed"))));
+    let hinted = tools.as_array().unwrap().iter().find(|t| t["name"] == "counter__balance").unwrap()["hinted"].clone();
+    assert_eq!(hinted, "read_only");
     assert_eq!(contract("counter__pay"), Some((json!("irreversible"), json!("default"))));
     assert_eq!(contract("counter__charge"), Some((json!("idempotency_key"), json!("tools.toml"))));
 
@@ -450,8 +481,9 @@ fn the_reference_servers_run_behind_postern_with_only_their_own_environment() {
     let description = |name: &str| {
         tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == name).map(|t| t["description"].to_string())
     };
-    assert!(description("everything__echo").unwrap().contains("Replay contract: read_only"));
-    assert!(description("fs__write_file").unwrap().contains("Replay contract: idempotent"));
+    // Their annotations are only suggestions until the owner confirms them.
+    assert!(description("everything__echo").unwrap().contains("hints suggest read_only"));
+    assert!(description("fs__write_file").unwrap().contains("hints suggest idempotent"));
     assert!(description("fs__move_file").unwrap().contains("Replay contract: irreversible"));
 
     let echo = agent.call_and_wait("echo", "everything__echo", json!({ "message": "through postern" }));
@@ -595,7 +627,7 @@ fn an_upstream_tools_change_reaches_a_connected_agent_and_the_new_tool_is_callab
     let tools = agent.tools();
     let fresh = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == "counter__fresh").cloned();
     let fresh = fresh.unwrap_or_else(|| panic!("counter__fresh in {tools}"));
-    assert!(fresh["description"].as_str().unwrap().contains("Replay contract: read_only"), "{fresh}");
+    assert!(fresh["description"].as_str().unwrap().contains("hints suggest read_only"), "{fresh}");
     let hello = agent.call_and_wait("hello", "counter__fresh", json!({}));
     assert!(hello["text"].to_string().contains("fresh says hello"), "{hello}");
 }

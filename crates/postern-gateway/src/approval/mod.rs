@@ -129,7 +129,7 @@ impl ReviewChoice {
     pub fn label(self) -> &'static str {
         match self {
             ReviewChoice::ReturnRecordedResult => "return the recorded result",
-            ReviewChoice::CheckStatus => "check status through the replay contract",
+            ReviewChoice::CheckStatus => "verify the outcome as the replay contract allows (see above)",
             ReviewChoice::DispatchAnew => "dispatch anew (give a reason)",
             ReviewChoice::Deny => "deny this retry",
         }

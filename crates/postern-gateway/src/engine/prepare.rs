@@ -162,7 +162,7 @@ impl Engine {
     pub(super) fn prepare_http_request(&self, raw: &Value) -> Result<(Prepared<'_>, Value), EngineError> {
         let probe =
             Tool::http_request("GET", "", postern_core::ReplayContract::read_only(), crate::manifest::DEFAULT_TIMEOUT);
-        let args = probe.validate_arguments(raw)?;
+        let mut args = probe.validate_arguments(raw)?;
         let field_error =
             |field: &str, message: String| ArgumentError { tool: probe.name.clone(), field: field.into(), message };
         let method = args["method"].as_str().unwrap_or("GET").to_owned();
@@ -222,10 +222,39 @@ impl Engine {
             }
         }
         let (body, content_type) = crate::manifest::http_request_body(args.get("body"));
-        if let (Some(_), Some(content_type)) = (&body, content_type)
-            && !headers.iter().any(|(k, _)| k == "content-type")
-        {
-            headers.push(("content-type".into(), content_type.into()));
+        let given_type = headers.iter().find(|(k, _)| k == "content-type").map(|(_, v)| v.trim().to_owned());
+        if let (Some(_), Some(content_type)) = (&body, content_type) {
+            match &given_type {
+                // The header the gateway would add anyway: what is sent is the same without it.
+                Some(given) if given.eq_ignore_ascii_case(content_type) => {
+                    contract.semantic_headers.remove("content-type");
+                    if let Some(Value::Object(given)) = args.get_mut("headers") {
+                        given.retain(|name, _| !name.eq_ignore_ascii_case("content-type"));
+                    }
+                }
+                Some(_) => {}
+                None => headers.push(("content-type".into(), content_type.into())),
+            }
+        }
+        // A string body that is JSON enters the record as its value (models write a body out
+        // again when they retry); the bytes sent are still the agent's own.
+        // Header names are case-insensitive: the record spells them in lower case (unless two
+        // names differ only in case, which is then kept as given), and no headers is `{}`.
+        if let Some(Value::Object(given)) = args.get_mut("headers") {
+            let lower: serde_json::Map<String, Value> =
+                given.iter().map(|(name, value)| (name.to_ascii_lowercase(), value.clone())).collect();
+            if lower.len() == given.len() {
+                *given = lower;
+            }
+            if given.is_empty() {
+                args.as_object_mut().map(|a| a.remove("headers"));
+            }
+        }
+        if let Some(Value::String(text)) = args.get("body") {
+            let json_type = given_type.as_deref().map_or(content_type == Some("application/json"), is_json_media_type);
+            if let Some(value) = json_type.then(|| postern_core::canonical::json_text(text)).flatten() {
+                args["body"] = value;
+            }
         }
         // Headers and query parameters named like secrets (an agent's own API key, a signed URL)
         // are kept out of the record, the journal and the approval text.
@@ -307,6 +336,12 @@ impl Engine {
             at,
         })
     }
+}
+
+/// `application/json`, or a structured `+json` type (RFC 6839), whatever its parameters.
+fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// The contract's secret arguments of a call (every string and number inside them).

@@ -239,20 +239,46 @@ impl Engine {
                 format!("sent; no response yet (the original may still be running at {})", p.shown_url),
                 "the original is still in flight: sending again could perform the action twice".to_owned(),
             ),
-            ExecutionState::Completed
+            done @ (ExecutionState::Completed
             | ExecutionState::CompletedResultNotDelivered
-            | ExecutionState::ResultDelivered => (
+            | ExecutionState::ResultDelivered) => (
                 format!(
-                    "completed{}; the result is on record but did not reach the agent",
-                    status.map_or_else(String::new, |s| format!(" with HTTP {s}"))
+                    "completed{}; the result is on record and {}",
+                    status.map_or_else(String::new, |s| format!(" with HTTP {s}")),
+                    match done {
+                        ExecutionState::ResultDelivered => "the agent's side confirmed receiving it",
+                        ExecutionState::CompletedResultNotDelivered => {
+                            "its delivery could not be confirmed (the connection ended first)"
+                        }
+                        _ => "its delivery is not confirmed yet",
+                    }
                 ),
                 "the original completed: its result is on record, and sending again would repeat the action".to_owned(),
             ),
             state => (
                 format!("unknown ({state}): {}", last_reason.unwrap_or_else(|| "no response was observed".into())),
                 if verifiable {
+                    let how = match &decision {
+                        RetryDecision::VerifyPrior { verification: Verification::Resend, .. } => {
+                            "by sending the same request again, which the contract says has no further effect"
+                                .to_owned()
+                        }
+                        RetryDecision::VerifyPrior {
+                            verification: Verification::ResendWithSameKey { header, .. },
+                            ..
+                        } => {
+                            format!(
+                                "by sending the original request again with its {header}, which the target answers with the \
+                                 original's outcome as long as it still remembers the key"
+                            )
+                        }
+                        RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
+                            "by reading the marker the command leaves on the host, without running it again".to_owned()
+                        }
+                        _ => "by asking the target's status route, without sending the action again".to_owned(),
+                    };
                     format!(
-                        "the outcome is unknown; the replay contract ({}) can verify it without repeating the action — choose check status",
+                        "the outcome is unknown; the replay contract ({}) can verify it {how} — choose check status",
                         class.as_str()
                     )
                 } else {

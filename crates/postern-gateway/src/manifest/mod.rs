@@ -154,7 +154,7 @@ pub fn http_request_schema() -> Value {
             "url": { "type": "string", "minLength": 1 },
             "headers": { "type": "object", "additionalProperties": { "type": "string" } },
             "body": {
-                "description": "The request body. An object or array is sent as JSON. A string is sent as its own bytes, as written (a JSON text, a form, plain text): give its Content-Type in headers, else it is application/json when the string is valid JSON and text/plain otherwise. Retries are matched on the body as sent: the same string, or the same object in any key order."
+                "description": "The request body. An object or array is sent as JSON. A string is sent as its own bytes, as written (a JSON text, a form, plain text): give its Content-Type in headers, else it is application/json when the string is valid JSON and text/plain otherwise. A retry is matched on the body's value when it is JSON (an object, or a string holding a JSON object or array: other spacing or key order is the same body), and on its exact text otherwise."
             },
             "credential": { "type": "string", "description": "only to choose between several credentials bound to the URL" }
         }

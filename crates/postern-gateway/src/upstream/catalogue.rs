@@ -148,6 +148,7 @@ impl Catalogue {
                         input_schema,
                         contract,
                         contract_source,
+                        hinted: hinted_class(t),
                         approve_every_use: over.is_some_and(|o| o.approve_every_use)
                             || server_def.as_ref().is_some_and(|s| s.approve_every_use),
                         validator: Arc::new(validator),
@@ -167,8 +168,30 @@ impl Catalogue {
 /// (`tools.toml` or `owner`).
 const OVERRIDE: &str = "override";
 
-/// Where an upstream tool's contract comes from: the owner's override, else its annotations
-/// (only hints from the server, which is why the contract is shown wherever tools are listed).
+/// The contract source of a tool whose server hints at a class the owner has not confirmed.
+pub const HINTS_UNCONFIRMED: &str = "hints_unconfirmed";
+
+/// The class an upstream tool's annotations suggest, if any: `readOnlyHint` → `read_only`,
+/// `idempotentHint` → `idempotent`. Only a suggestion: the server (hostile or wrong, like any
+/// upstream) makes the claim, and a wrong claim would turn an uncertain outcome into a second
+/// effect. It takes effect once the owner confirms it ([`derive_contract`]).
+pub fn hinted_class(tool: &RmcpTool) -> Option<ReplayClass> {
+    let a = tool.annotations.as_ref();
+    let hint = |f: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| a.and_then(f) == Some(true);
+    if hint(|a| a.read_only_hint) {
+        Some(ReplayClass::ReadOnly)
+    } else if hint(|a| a.idempotent_hint) {
+        Some(ReplayClass::Idempotent)
+    } else {
+        None
+    }
+}
+
+/// Where an upstream tool's contract comes from: the owner's override (`tools.toml`, the app,
+/// `postern servers contract`), else `irreversible`. The server's annotations never decide by
+/// themselves: until the owner confirms what they suggest ([`hinted_class`]), an uncertain
+/// outcome is never re-sent and a repeat is matched like an irreversible call (the source then
+/// says [`HINTS_UNCONFIRMED`], so every listing can ask the owner to confirm).
 pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayContract, &'static str) {
     let key_argument = over.and_then(|o| o.idempotency_argument.as_deref());
     let mut secret_fields: BTreeSet<String> = tool
@@ -193,15 +216,8 @@ pub fn derive_contract(tool: &RmcpTool, over: Option<&ToolOverride>) -> (ReplayC
         let c = ReplayContract { class: ReplayClass::IdempotencyKey, idempotency_argument: Some(argument), ..base };
         return (c, OVERRIDE);
     }
-    let a = tool.annotations.as_ref();
-    let hint = |f: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| a.and_then(f) == Some(true);
-    if hint(|a| a.read_only_hint) {
-        (ReplayContract { class: ReplayClass::ReadOnly, ..base }, "annotations")
-    } else if hint(|a| a.idempotent_hint) {
-        (ReplayContract { class: ReplayClass::Idempotent, ..base }, "annotations")
-    } else {
-        (ReplayContract { class: ReplayClass::Irreversible, ..base }, "default")
-    }
+    let source = if hinted_class(tool).is_some() { HINTS_UNCONFIRMED } else { "default" };
+    (ReplayContract { class: ReplayClass::Irreversible, ..base }, source)
 }
 
 /// Is an upstream tool's name one Postern offers? The MCP tool-name characters only (letters,
@@ -247,6 +263,7 @@ pub(super) fn read_operation(server: &str, operation: &'static str) -> UpstreamT
         input_schema: json!({ "type": "object" }),
         contract: ReplayContract::read_only(),
         contract_source: "default",
+        hinted: None,
         approve_every_use: false,
         validator: Arc::clone(&ANY),
         operation,
@@ -268,12 +285,28 @@ mod tests {
     #[test]
     fn contracts_follow_annotations_unless_the_owner_overrides_them() {
         let class = |t: &RmcpTool, o: Option<&ToolOverride>| derive_contract(t, o).0.class;
-        assert_eq!(class(&tool(None), None), ReplayClass::Irreversible);
-        assert_eq!(class(&tool(Some(ToolAnnotations::new().read_only(true))), None), ReplayClass::ReadOnly);
-        assert_eq!(class(&tool(Some(ToolAnnotations::new().idempotent(true))), None), ReplayClass::Idempotent);
-        // A destructive hint alongside idempotent is still idempotent: repeating has no extra effect.
-        let both = ToolAnnotations::new().idempotent(true).destructive(true);
-        assert_eq!(class(&tool(Some(both)), None), ReplayClass::Idempotent);
+        let derived = |t: &RmcpTool| {
+            let (c, source) = derive_contract(t, None);
+            (c.class, source, hinted_class(t))
+        };
+        assert_eq!(derived(&tool(None)), (ReplayClass::Irreversible, "default", None));
+        // Hints are suggestions until the owner confirms them: irreversible meanwhile.
+        let read_only = tool(Some(ToolAnnotations::new().read_only(true)));
+        assert_eq!(derived(&read_only), (ReplayClass::Irreversible, HINTS_UNCONFIRMED, Some(ReplayClass::ReadOnly)));
+        let idempotent = tool(Some(ToolAnnotations::new().idempotent(true)));
+        assert_eq!(derived(&idempotent), (ReplayClass::Irreversible, HINTS_UNCONFIRMED, Some(ReplayClass::Idempotent)));
+        // A destructive hint alongside idempotent still suggests idempotent.
+        let both = tool(Some(ToolAnnotations::new().idempotent(true).destructive(true)));
+        assert_eq!(hinted_class(&both), Some(ReplayClass::Idempotent));
+        // Confirming is the owner setting the class the hints suggest.
+        let confirmed = ToolOverride { class: Some(ReplayClass::ReadOnly), ..Default::default() };
+        assert_eq!(
+            derive_contract(&read_only, Some(&confirmed)),
+            (ReplayContract { class: ReplayClass::ReadOnly, ..derive_contract(&read_only, None).0 }, "override")
+        );
+        // An override that says nothing of the class (every use approved) confirms nothing.
+        let every_use = ToolOverride { approve_every_use: true, ..Default::default() };
+        assert_eq!(derive_contract(&read_only, Some(&every_use)).1, HINTS_UNCONFIRMED);
         // The owner's word beats the server's hints, both ways.
         let keyed = ToolOverride { idempotency_argument: Some("idempotencyKey".into()), ..Default::default() };
         let (c, source) = derive_contract(&tool(Some(ToolAnnotations::new().read_only(true))), Some(&keyed));

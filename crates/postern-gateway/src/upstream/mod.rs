@@ -17,9 +17,10 @@ mod remote;
 use crate::redaction::CallSecrets;
 use catalogue::{Catalogue, Listing, read_operation};
 pub use catalogue::{
-    MAX_TOOL_NAME, SECRET_ARGUMENT_PARTS, derive_contract, secret_argument_name, tool_name_ok, uri_ok,
+    HINTS_UNCONFIRMED, MAX_TOOL_NAME, SECRET_ARGUMENT_PARTS, derive_contract, hinted_class, secret_argument_name,
+    tool_name_ok, uri_ok,
 };
-use postern_core::{Outside, ReplayContract};
+use postern_core::{Outside, ReplayClass, ReplayContract};
 use postern_vault::{McpServer, Sensitive, Vault, VaultError};
 use rmcp::{
     ClientServiceExt,
@@ -106,9 +107,13 @@ pub struct UpstreamTool {
     pub description: String,
     pub input_schema: Value,
     pub contract: ReplayContract,
-    /// Where the contract came from: `annotations`, `default` (no annotation said anything),
-    /// `tools.toml`, or `owner` (set from the app or `postern servers contract`).
+    /// Where the contract came from: `hints_unconfirmed` (the server's annotations suggest
+    /// [`UpstreamTool::hinted`], the owner has not confirmed it, so it is `irreversible`),
+    /// `default` (no annotation said anything), `tools.toml`, or `owner` (set from the app or
+    /// `postern servers contract`).
     pub contract_source: &'static str,
+    /// The class the server's annotations suggest, whatever decides the contract.
+    pub hinted: Option<ReplayClass>,
     pub approve_every_use: bool,
     /// The upstream's input schema, compiled once (a schema that does not compile checks nothing).
     pub validator: Arc<jsonschema::Validator>,

@@ -162,7 +162,7 @@ async fn a_string_body_is_sent_as_its_bytes_and_an_object_as_json() {
     let cases = [
         (json!({"amount": 5}), json!({}), "application/json", br#"{"amount":5}"#.to_vec()),
         (json!([1, 2]), json!({}), "application/json", b"[1,2]".to_vec()),
-        (json!("{\"amount\": 5}"), json!({}), "application/json", br#"{"amount": 5}"#.to_vec()),
+        (json!("{\"amount\": 7}"), json!({}), "application/json", br#"{"amount": 7}"#.to_vec()),
         (
             json!("a=1&b=caf%C3%A9"),
             json!({"Content-Type": "application/x-www-form-urlencoded"}),
@@ -182,4 +182,48 @@ async fn a_string_body_is_sent_as_its_bytes_and_an_object_as_json() {
             "{body}"
         );
     }
+}
+
+/// Models write a body out again when they retry: other spacing, other key order, a string
+/// where the first call had an object. In one scope those are one intent, so an irreversible
+/// POST goes out once; a body that differs in value, or a string that is not JSON, is a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_written_out_again_is_the_same_intent() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let url = format!("http://{addr}/v1/tickets");
+    let post = |body: serde_json::Value, headers: serde_json::Value, id| {
+        call("http_request", json!({"method": "POST", "url": url, "headers": headers, "body": body}), 1, id)
+    };
+    let first = rig.engine.call(post(json!("{\"amount\": 5, \"to\": \"acct_1\"}"), json!({}), 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::Completed);
+    let spellings = [
+        (json!("{\"amount\":5,\"to\":\"acct_1\"}"), json!({})),
+        (json!("{ \"to\" : \"acct_1\", \"amount\" : 5.0 }\n"), json!({})),
+        (json!({"to": "acct_1", "amount": 5}), json!({})),
+        // The header the gateway would have added anyway changes nothing that is sent.
+        (json!({"amount": 5, "to": "acct_1"}), json!({"Content-Type": "application/json"})),
+    ];
+    let first_tagged = rig.engine.call(post(json!({"amount": 1}), json!({"X-Tag": "a"}), 7)).await.unwrap();
+    let again = rig.engine.call(post(json!("{\"amount\":1}"), json!({"x-tag": "a"}), 8)).await.unwrap();
+    assert_eq!(again.execution_id, first_tagged.execution_id, "header names are case-insensitive");
+    for (i, (body, headers)) in spellings.into_iter().enumerate() {
+        let again = rig.engine.call(post(body.clone(), headers, 2 + i as u64)).await.unwrap();
+        assert_eq!(again.execution_id, first.execution_id, "{body} is the same intent");
+    }
+    assert_eq!(target.irreversible.load(Ordering::SeqCst), 2, "one POST for each intent");
+
+    // A different value, the same text sent as plain text, and a JSON text whose value readers
+    // disagree on (a repeated member) are each a new intent.
+    let others = [
+        (json!("{\"amount\": 6, \"to\": \"acct_1\"}"), json!({})),
+        (json!("{\"amount\": 5, \"to\": \"acct_1\"}"), json!({"Content-Type": "text/plain"})),
+        (json!("{\"amount\": 5, \"to\": \"acct_1\", \"amount\": 5}"), json!({})),
+    ];
+    for (i, (body, headers)) in others.into_iter().enumerate() {
+        let other = rig.engine.call(post(body.clone(), headers, 10 + i as u64)).await.unwrap();
+        assert_ne!(other.execution_id, first.execution_id, "{body}");
+        assert_eq!(other.state, ExecutionState::Completed, "{body}");
+    }
+    assert_eq!(target.irreversible.load(Ordering::SeqCst), 5);
 }

@@ -412,6 +412,7 @@ async fn a_retry_of_an_undelivered_result_shows_the_reviewer_the_original_and_re
     assert_eq!(shown.authorized_by.as_deref(), Some("reviewer:test"));
     assert!(shown.first_dispatched_at.is_some());
     assert!(shown.known_outcome.contains("HTTP 201"), "{}", shown.known_outcome);
+    assert!(shown.known_outcome.contains("delivery could not be confirmed"), "{}", shown.known_outcome);
     assert!(shown.why_not_resent.contains("repeat the action"), "{}", shown.why_not_resent);
     assert_eq!(shown.choices, [ReviewChoice::ReturnRecordedResult, ReviewChoice::DispatchAnew, ReviewChoice::Deny]);
     let steps: Vec<&str> = shown.timeline.iter().map(|t| t.event.as_str()).collect();
@@ -424,6 +425,24 @@ async fn a_retry_of_an_undelivered_result_shows_the_reviewer_the_original_and_re
         (2, 1, 1),
         "{journal:?}"
     );
+}
+
+/// Regression (#27 finding 9): a prior that is merely `completed` (its delivery not settled yet)
+/// was described to the reviewer as a result that "did not reach the agent". Say what is known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reviewer_is_told_only_what_is_known_of_a_results_delivery() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::ReturnRecordedResult);
+    let l = ladder(Arc::clone(&reviewer)).await;
+    let run = start_run(&l, 1);
+    let first = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::Completed);
+    let retry = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
+    assert_eq!(retry.execution_id, first.execution_id);
+    let shown = &reviewer.reviews()[0];
+    assert_eq!(shown.state, ExecutionState::Completed);
+    assert!(!shown.known_outcome.contains("did not reach"), "{}", shown.known_outcome);
+    assert!(shown.known_outcome.contains("delivery is not confirmed yet"), "{}", shown.known_outcome);
+    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,6 +513,7 @@ async fn check_status_verifies_an_unknown_outcome_through_the_contract() {
     assert_eq!(shown.state, ExecutionState::OutcomeUnknown);
     assert!(shown.choices.contains(&ReviewChoice::CheckStatus));
     assert!(shown.why_not_resent.contains("status_query"), "{}", shown.why_not_resent);
+    assert!(shown.why_not_resent.contains("without sending the action again"), "{}", shown.why_not_resent);
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
     assert_eq!(l.target.payments.load(Ordering::SeqCst), 1, "verified, not re-sent");
 }

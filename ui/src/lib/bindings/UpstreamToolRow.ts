@@ -17,10 +17,16 @@ tool: string, contract: string,
  */
 idempotency_argument: string | null, 
 /**
- * `annotations` (the server's hints), `default` (no hint), `tools.toml` (the file decides;
- * the app does not edit it) or `owner` (set here or with `postern servers contract`).
+ * `hints_unconfirmed` (the server's annotations suggest `hinted`, not confirmed by the
+ * owner: held to irreversible), `default` (no hint), `tools.toml` (the file decides; the
+ * app does not edit it) or `owner` (set here or with `postern servers contract`).
  */
-contract_from: string, approve_every_use: boolean, 
+contract_from: string, 
+/**
+ * The class the server's annotations suggest (`read_only`, `idempotent`), if any: only
+ * the server's claim, in force once the owner confirms it.
+ */
+hinted: string | null, approve_every_use: boolean, 
 /**
  * The tool's argument names, for choosing the idempotency argument.
  */

@@ -1,0 +1,124 @@
+//! Paths an agent takes that the happy path never draws: a request id reused while its first
+//! call is in flight, a body written out again on retry. Each ends in at most one effect at the
+//! target and a journal that says only what is known.
+
+use super::gateway::{LONG, only_execution_of, state_of};
+use super::gateway_support::{Gateway, Target, eventually};
+use serde_json::{Value, json};
+use std::io::{BufRead, Write};
+
+/// A raw client on the gateway's socket that speaks for delivery as `postern mcp` does: it says
+/// hello, and acknowledges only what the test tells it to.
+struct RawBridge {
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
+}
+
+impl RawBridge {
+    fn connect(gw: &Gateway) -> RawBridge {
+        let socket = std::os::unix::net::UnixStream::connect(postern_gateway::socket::socket_path(gw.path())).unwrap();
+        socket.set_read_timeout(Some(LONG)).unwrap();
+        let mut bridge = RawBridge { reader: std::io::BufReader::new(socket.try_clone().unwrap()), writer: socket };
+        bridge.writer.write_all(&postern_gateway::socket::bridge_hello_line()).unwrap();
+        bridge.send(json!({ "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": { "name": "raw-bridge", "version": "0" } } }));
+        bridge.answer_to(&json!(0));
+        bridge.send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+        bridge
+    }
+
+    fn send(&mut self, message: Value) {
+        writeln!(self.writer, "{message}").unwrap();
+    }
+
+    fn call(&mut self, id: u64, tool: &str, arguments: Value) {
+        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": tool, "arguments": arguments } }));
+    }
+
+    /// The next message from the gateway that answers `id` (`null`: an answer to no request).
+    fn answer_to(&mut self, id: &Value) -> Value {
+        loop {
+            let mut line = String::new();
+            assert!(self.reader.read_line(&mut line).unwrap() > 0, "the gateway closed the connection");
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message.get("method").is_none() && &message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    fn acknowledge(&mut self, id: u64) {
+        self.send(
+            json!({ "jsonrpc": "2.0", "method": postern_gateway::socket::DELIVERED_METHOD, "params": { "id": id } }),
+        );
+    }
+}
+
+/// Regression (#27 finding 7): delivery bookkeeping named a request by its JSON-RPC id, so a
+/// second call under the id of one in flight took over its ticket, and one call's
+/// acknowledgement could mark another delivered. An id in use — unanswered, or answered and not
+/// yet acknowledged — is refused before anything runs, with an answer that names no request, so
+/// the call in flight keeps its id; its delivery is journaled from its own evidence.
+#[test]
+fn a_request_id_in_use_is_refused_and_delivery_follows_each_call() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let mut bridge = RawBridge::connect(&gw);
+    target.hold();
+    bridge.call(7, "wire", json!({ "amount": 5 }));
+    eventually("the target to receive the wire", LONG, || (target.posts() == 1).then_some(()));
+
+    bridge.call(7, "balance", json!({}));
+    let refused = bridge.answer_to(&Value::Null);
+    assert_eq!(refused["error"]["data"]["code"], "request_id_in_use", "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("not run"), "{refused}");
+    assert_eq!(target.gets(), 0, "the refused call ran nothing");
+
+    target.release();
+    let answered = bridge.answer_to(&json!(7));
+    assert_eq!(answered["result"]["isError"], false, "{answered}");
+    assert!(answered["result"].to_string().contains("payment"), "{answered}");
+    let wire = only_execution_of(&gw, "wire");
+    // Answered, not yet acknowledged: the id is still the wire's.
+    bridge.call(7, "balance", json!({}));
+    assert_eq!(bridge.answer_to(&Value::Null)["error"]["data"]["code"], "request_id_in_use");
+    bridge.call(8, "balance", json!({}));
+    assert_eq!(bridge.answer_to(&json!(8))["result"]["isError"], false);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(state_of(&gw, &wire), "completed", "a later call alone is not delivery: {:?}", gw.events_of(&wire));
+
+    bridge.acknowledge(7);
+    eventually("the wire's result to be journaled delivered", LONG, || {
+        (state_of(&gw, &wire) == "result_delivered").then_some(())
+    });
+    assert_eq!((target.posts(), target.gets()), (1, 1));
+}
+
+/// Regression (#27 finding 9): a resumption the journal has no execution for was answered
+/// "nothing was sent for it" after a bounded lookup. Say what was looked at instead, and never
+/// claim nothing was sent.
+#[test]
+fn a_resumption_with_nothing_on_record_says_what_was_looked_at() {
+    use super::gateway::{post_initialize, raw_http};
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let token = gw.add_agent("resumer");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let (status, answer) = post_initialize(&addr, &auth);
+    assert_eq!(status, 200, "{answer}");
+    let session = answer.lines().find_map(|l| l.strip_prefix("mcp-session-id: ")).unwrap().trim().to_owned();
+    let (status, answer) = raw_http(
+        &addr,
+        &format!(
+            "GET /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+             Accept: text/event-stream\r\nLast-Event-ID: postern-1.n.4242\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("nothing_to_resume"), "{answer}");
+    assert!(!answer.contains("nothing was sent"), "{answer}");
+    assert!(answer.contains("100000 journal rows") && answer.contains("not proof"), "{answer}");
+    assert_eq!(target.posts(), 0);
+}
