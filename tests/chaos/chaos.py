@@ -112,7 +112,7 @@ method = "POST"
 url = "{base}/pay_checked"
 timeout = "2s"
 input_schema = {schema}
-contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{base}/status/{{execution_id}}" }} }}
+contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{base}/status/{{execution_id}}", done = [200], in_flight = [409], never_received = [404] }} }}
 
 [[tool]]
 name = "pay"

@@ -71,13 +71,74 @@ pub enum ScopePolicy {
     Durable,
 }
 
-/// How to ask a target whether an execution happened (class `status_query`).
+/// How to ask a target whether an execution happened (class `status_query`), and what its
+/// answers mean. The target's word is evidence only where the contract says what it proves: an
+/// answer none of `done`, `in_flight` and `never_received` names (or that two of them name) is
+/// inconclusive, and a person decides.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusQuery {
     /// HTTP method of the status request (normally `GET`).
     pub method: String,
-    /// URL template; `{execution_id}` and argument names are substituted by the engine.
+    /// URL template; `{execution_id}` (the key the original request carried in its
+    /// `idempotency_header`) is substituted by the engine.
     pub url_template: String,
+    /// Answers that mean the request was received and done: the answer is its result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub done: Vec<StatusAnswer>,
+    /// Answers that mean the target has the request and is still working on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_flight: Vec<StatusAnswer>,
+    /// Answers that mean the target never received the request: the only ones that allow the
+    /// same execution to be sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub never_received: Vec<StatusAnswer>,
+}
+
+/// One answer a status route gives: an HTTP status, or a status whose JSON body holds `equals`
+/// at `pointer` (RFC 6901), e.g. `{ status = 200, pointer = "/state", equals = "succeeded" }`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StatusAnswer {
+    Status(u16),
+    Body { status: u16, pointer: String, equals: serde_json::Value },
+}
+
+/// What a status route's answer proves, by the contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusMeaning {
+    Done,
+    InFlight,
+    NeverReceived,
+    /// Named by no meaning, or by more than one.
+    Inconclusive,
+}
+
+impl StatusAnswer {
+    fn matches(&self, status: u16, body: Option<&serde_json::Value>) -> bool {
+        match self {
+            StatusAnswer::Status(s) => *s == status,
+            StatusAnswer::Body { status: s, pointer, equals } => {
+                *s == status && body.and_then(|b| b.pointer(pointer)) == Some(equals)
+            }
+        }
+    }
+}
+
+impl StatusQuery {
+    /// What the answer `status` with `body` (its JSON, if it is JSON) proves.
+    pub fn meaning(&self, status: u16, body: Option<&serde_json::Value>) -> StatusMeaning {
+        let named = |answers: &[StatusAnswer]| answers.iter().any(|a| a.matches(status, body));
+        let meanings = [
+            (named(&self.done), StatusMeaning::Done),
+            (named(&self.in_flight), StatusMeaning::InFlight),
+            (named(&self.never_received), StatusMeaning::NeverReceived),
+        ];
+        let mut matched = meanings.iter().filter(|(m, _)| *m).map(|(_, meaning)| *meaning);
+        match (matched.next(), matched.next()) {
+            (Some(only), None) => only,
+            _ => StatusMeaning::Inconclusive,
+        }
+    }
 }
 
 /// The replay contract of one tool.
@@ -108,7 +169,17 @@ pub struct ReplayContract {
     /// Status endpoint (class `status_query`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_query: Option<StatusQuery>,
+    /// How long the target remembers an idempotency key (classes `idempotency_key` and
+    /// `status_query`: the key is what it de-duplicates or reports on); `None`:
+    /// [`DEFAULT_KEY_RETENTION_MS`]. Past it, an uncertain outcome is never re-sent or verified
+    /// by the key on its own: a re-send the target no longer recognises would run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_retention_ms: Option<u64>,
 }
+
+/// 24 hours: how long many APIs keep an idempotency key (Stripe's is 24 h), when a contract
+/// does not say.
+pub const DEFAULT_KEY_RETENTION_MS: u64 = 24 * 3_600_000;
 
 /// Ten minutes: the default attach window of the built-in read-only contract.
 pub const DEFAULT_ATTACH_WINDOW_MS: u64 = 10 * 60 * 1000;
@@ -127,7 +198,13 @@ impl ReplayContract {
             idempotency_header: None,
             idempotency_argument: None,
             status_query: None,
+            key_retention_ms: None,
         }
+    }
+
+    /// How long the target remembers this contract's key (see [`ReplayContract::key_retention_ms`]).
+    pub fn key_retention(&self) -> u64 {
+        self.key_retention_ms.unwrap_or(DEFAULT_KEY_RETENTION_MS)
     }
 
     /// Checks the contract is complete and consistent for a tool on `channel`.
@@ -160,8 +237,20 @@ impl ReplayContract {
             }
             _ => {}
         }
-        if self.class == ReplayClass::StatusQuery && self.status_query.is_none() {
-            return Err(err(ContractProblem::MissingStatusQuery));
+        if self.class == ReplayClass::StatusQuery {
+            let Some(query) = &self.status_query else { return Err(err(ContractProblem::MissingStatusQuery)) };
+            // The status route is asked about the execution ID: it must have reached the target.
+            if self.idempotency_header.is_none() {
+                return Err(err(ContractProblem::StatusKeyNeverSent));
+            }
+            if query.done.is_empty() {
+                return Err(err(ContractProblem::StatusMeaningsMissing));
+            }
+        }
+        if self.key_retention_ms.is_some()
+            && !matches!(self.class, ReplayClass::IdempotencyKey | ReplayClass::StatusQuery)
+        {
+            return Err(err(ContractProblem::RetentionWithoutKey(self.class)));
         }
         if self.attach_window == AttachWindow::Millis(0) {
             return Err(err(ContractProblem::ZeroAttachWindow));
@@ -244,6 +333,19 @@ pub enum ContractProblem {
     HeaderKeyNeedsHttp,
     #[error("class status_query needs a `status_query` endpoint")]
     MissingStatusQuery,
+    #[error(
+        "class status_query needs `idempotency_header`: the status route is asked about the execution ID, \
+         which reaches the target only in that header"
+    )]
+    StatusKeyNeverSent,
+    #[error(
+        "`status_query` must say what its answers mean: `done` (e.g. [200], or \
+         [{{ status = 200, pointer = \"/state\", equals = \"succeeded\" }}]), and where the target can say so, \
+         `in_flight` and `never_received`; any other answer is inconclusive"
+    )]
+    StatusMeaningsMissing,
+    #[error("`key_retention` only applies to idempotency_key and status_query (class {} sends no key)", .0.as_str())]
+    RetentionWithoutKey(ReplayClass),
     #[error("attach window is zero: no retry could ever be recognised")]
     ZeroAttachWindow,
     #[error("{0:?} is not a valid lower-case HTTP header name")]
@@ -294,6 +396,30 @@ impl ErrorCode for ContractError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_answer_means_only_what_one_meaning_names() {
+        let query: StatusQuery = serde_json::from_value(serde_json::json!({
+            "method": "GET", "url_template": "https://t/{execution_id}",
+            "done": [{ "status": 200, "pointer": "/state", "equals": "succeeded" }, 201],
+            "in_flight": [202, { "status": 200, "pointer": "/state", "equals": "pending" }],
+            "never_received": [404],
+        }))
+        .unwrap();
+        let body = |state: &str| serde_json::json!({ "state": state });
+        assert_eq!(query.meaning(200, Some(&body("succeeded"))), StatusMeaning::Done);
+        assert_eq!(query.meaning(201, None), StatusMeaning::Done);
+        assert_eq!(query.meaning(200, Some(&body("pending"))), StatusMeaning::InFlight);
+        assert_eq!(query.meaning(202, None), StatusMeaning::InFlight);
+        assert_eq!(query.meaning(404, None), StatusMeaning::NeverReceived);
+        // A 2xx the contract does not name, a failure body, no body, a 410, a 500: inconclusive.
+        for (status, b) in [(200, Some(body("failed"))), (200, None), (204, None), (410, None), (500, None)] {
+            assert_eq!(query.meaning(status, b.as_ref()), StatusMeaning::Inconclusive, "{status} {b:?}");
+        }
+        // Named by two meanings: the contract contradicts itself, so nothing is proven.
+        let both = StatusQuery { never_received: vec![StatusAnswer::Status(201)], ..query };
+        assert_eq!(both.meaning(201, None), StatusMeaning::Inconclusive);
+    }
 
     fn keyed() -> ReplayContract {
         ReplayContract {

@@ -19,7 +19,8 @@ pub mod time;
 pub use canonical::{CanonicalError, canonical_bytes};
 pub use channel::Channel;
 pub use contract::{
-    AttachWindow, ContractError, ReplayClass, ReplayContract, ScopePolicy, StatusQuery, effective_contract,
+    AttachWindow, ContractError, ReplayClass, ReplayContract, ScopePolicy, StatusAnswer, StatusMeaning, StatusQuery,
+    effective_contract,
 };
 pub use fingerprint::{Fingerprint, FingerprintKey, FingerprintParseError};
 pub use id::{ExecutionId, IdError, SessionId};

@@ -64,6 +64,10 @@ pub enum ReviewReason {
     OutcomeUnknownIrreversible,
     /// The prior is already waiting for a human to review it.
     AwaitingReview,
+    /// The outcome is unknown and the target has forgotten the key by now (the contract's key
+    /// retention has passed since the prior was accepted): a re-send it does not recognise would
+    /// run again, and its status route cannot be trusted to remember either.
+    KeyRetentionPassed { retention_ms: u64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +152,14 @@ pub fn decide_retry(prior: Option<&PriorExecution>, incoming: &IncomingIntent<'_
     match prior.state {
         Accepted | Authorized | NotExecuted => RetryDecision::ContinuePrior { prior: id },
         Dispatched => RetryDecision::WaitForPrior { prior: id },
+        // Counted from acceptance, which is no later than the key first reached the target.
+        OutcomeUnknown
+            if matches!(prior.contract.class, ReplayClass::IdempotencyKey | ReplayClass::StatusQuery)
+                && now.millis_since(prior.accepted_at) >= prior.contract.key_retention() =>
+        {
+            let retention_ms = prior.contract.key_retention();
+            RetryDecision::NeedsReview { prior: id, reason: ReviewReason::KeyRetentionPassed { retention_ms } }
+        }
         OutcomeUnknown => verify_through_contract(id, &prior.contract),
         Completed | CompletedResultNotDelivered => RetryDecision::ReturnStoredResult { prior: id },
         Denied => RetryDecision::ReturnPriorDenial { prior: id },
@@ -191,6 +203,9 @@ mod tests {
             status_query: (class == ReplayClass::StatusQuery).then(|| StatusQuery {
                 method: "GET".into(),
                 url_template: "https://pay.example/v1/status/{execution_id}".into(),
+                done: vec![crate::contract::StatusAnswer::Status(200)],
+                in_flight: vec![],
+                never_received: vec![],
             }),
             attach_window: AttachWindow::Millis(WINDOW_MS),
             ..ReplayContract::read_only()
@@ -335,6 +350,54 @@ mod tests {
         assert_eq!(decide_retry(Some(&prior), &incoming, Timestamp::from_millis(5)), RetryDecision::NewExecution);
         // A clock that went backwards still attaches (elapsed clamps to zero).
         assert!(decide_retry(Some(&prior), &incoming, Timestamp::from_millis(-10_000)).prior().is_some());
+    }
+
+    /// A key outlives the target's memory (#27 finding 4): past the contract's key retention an
+    /// uncertain outcome is never re-sent with the key, nor verified by it; each contract keeps
+    /// its own retention.
+    #[test]
+    fn past_the_key_retention_an_unknown_outcome_goes_to_review() {
+        let key = FingerprintKey::from_bytes([3; 32]);
+        let fp = key.fingerprint(b"x");
+        let actor = Actor::token_agent("ci");
+        let scope = IntentScope::durable();
+        let incoming = IncomingIntent { fingerprint: &fp, actor: &actor, intent_scope: &scope };
+        let accepted_at = Timestamp::from_millis(1_000);
+        let id = ExecutionId::from_parts(accepted_at, 1);
+        let prior = |class, retention| PriorExecution {
+            id,
+            fingerprint: fp,
+            actor: actor.clone(),
+            intent_scope: scope.clone(),
+            state: OutcomeUnknown,
+            accepted_at,
+            contract: ReplayContract { key_retention_ms: retention, ..contract(class) },
+        };
+        let at = |ms: i64| Timestamp::from_millis(1_000 + ms);
+        let day = crate::contract::DEFAULT_KEY_RETENTION_MS as i64;
+        let forgotten = |retention_ms: u64| RetryDecision::NeedsReview {
+            prior: id,
+            reason: ReviewReason::KeyRetentionPassed { retention_ms },
+        };
+        for class in [ReplayClass::IdempotencyKey, ReplayClass::StatusQuery] {
+            assert!(matches!(
+                decide_retry(Some(&prior(class, None)), &incoming, at(day - 1)),
+                RetryDecision::VerifyPrior { .. }
+            ));
+            assert_eq!(decide_retry(Some(&prior(class, None)), &incoming, at(day)), forgotten(day as u64));
+            // Per action: a target that keeps keys for an hour.
+            let hour = Some(3_600_000);
+            assert!(matches!(
+                decide_retry(Some(&prior(class, hour)), &incoming, at(3_599_999)),
+                RetryDecision::VerifyPrior { .. }
+            ));
+            assert_eq!(decide_retry(Some(&prior(class, hour)), &incoming, at(3_600_000)), forgotten(3_600_000));
+        }
+        // Classes whose recovery does not rest on the target's memory of a key are unchanged.
+        let idempotent = decide_retry(Some(&prior(ReplayClass::Idempotent, Some(1))), &incoming, at(day * 30));
+        assert_eq!(idempotent, RetryDecision::VerifyPrior { prior: id, verification: Verification::Resend });
+        let marker = decide_retry(Some(&prior(ReplayClass::SshMarker, Some(1))), &incoming, at(day * 30));
+        assert_eq!(marker, RetryDecision::VerifyPrior { prior: id, verification: Verification::ReadSshMarker });
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! (same-key re-send, status query, SSH marker), or put it to a reviewer — never send blindly.
 
 use super::*;
+use postern_core::StatusMeaning;
 
 impl Engine {
     /// A retry matched `prior`. If a call for it is already waiting for a person, this one joins
@@ -100,10 +101,16 @@ impl Engine {
                 let why = match reason {
                     ReviewReason::OutcomeUnknownIrreversible => {
                         "the first attempt's outcome is unknown and this tool is irreversible; Postern did not re-send it"
+                            .to_owned()
                     }
-                    ReviewReason::AwaitingReview => "the first attempt is waiting for a reviewer",
+                    ReviewReason::AwaitingReview => "the first attempt is waiting for a reviewer".to_owned(),
+                    ReviewReason::KeyRetentionPassed { retention_ms } => format!(
+                        "the first attempt's outcome is unknown and it was accepted longer ago than the target keeps \
+                         idempotency keys ({}): a re-send could run again, so Postern did not re-send it",
+                        humantime::format_duration(Duration::from_millis(retention_ms))
+                    ),
                 };
-                self.review(id, state, why, name).await
+                self.review(id, state, &why, name).await
             }
         }
     }
@@ -382,24 +389,51 @@ impl Engine {
             secrets.extend(c.secrets());
         }
         match http::send(&self.http, out, self.max_result_bytes).await {
-            Sent::Response { result, over_limit, .. } if (200..300).contains(&result.status) => {
-                let outcome = json!({ "verified_by": "status_query", "http_status": result.status });
-                let observed = Observation { over_limit, ..Observation::completed(Raw::Http(result), outcome) };
-                let staged = self.stage(&secrets, observed)?;
-                if let Some(completion) = staged.completion {
-                    self.store.complete_async(id, completion).await?;
+            Sent::Response { result, over_limit, .. } => {
+                let body = serde_json::from_str::<Value>(&result.body).ok();
+                let status = result.status;
+                // Only what the contract says an answer proves; everything else is for a person.
+                match query.meaning(status, body.as_ref()) {
+                    StatusMeaning::Done if !over_limit => {
+                        let outcome = json!({ "verified_by": "status_query", "http_status": status });
+                        let staged = self.stage(&secrets, Observation::completed(Raw::Http(result), outcome))?;
+                        if let Some(completion) = staged.completion {
+                            self.store.complete_async(id, completion).await?;
+                        }
+                        Ok(self.outcome(id, ExecutionState::Completed, true, decision, staged.result, json!({})))
+                    }
+                    StatusMeaning::NeverReceived => {
+                        let detail = json!({ "verified_by": "status_query", "http_status": status });
+                        self.transition(id, ExecutionState::NotExecuted, detail).await?;
+                        // Proven not received, by the contract's word: the same execution may be sent.
+                        self.dispatch(p, id, decision, true).await
+                    }
+                    StatusMeaning::InFlight => {
+                        // The target has it: nothing to send and nothing for a person to decide yet.
+                        let reason = format!(
+                            "the target's status route says it is still working on it (HTTP {status}); ask again later"
+                        );
+                        Ok(self.outcome(
+                            id,
+                            ExecutionState::OutcomeUnknown,
+                            true,
+                            decision,
+                            None,
+                            json!({ "reason": reason }),
+                        ))
+                    }
+                    StatusMeaning::Done | StatusMeaning::Inconclusive => {
+                        let why = if over_limit {
+                            format!("the status route's answer (HTTP {status}) is larger than the result limit")
+                        } else {
+                            format!(
+                                "the status query could not tell: HTTP {status} is none of the answers its contract \
+                                 says prove something"
+                            )
+                        };
+                        self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
+                    }
                 }
-                Ok(self.outcome(id, ExecutionState::Completed, true, decision, staged.result, json!({})))
-            }
-            Sent::Response { result, .. } if result.status == 404 => {
-                let detail = json!({ "verified_by": "status_query", "http_status": 404 });
-                self.transition(id, ExecutionState::NotExecuted, detail).await?;
-                // Proven not executed: the same execution may now be dispatched.
-                self.dispatch(p, id, decision, true).await
-            }
-            Sent::Response { result, .. } => {
-                let why = format!("the status query could not tell (HTTP {})", result.status);
-                self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
             }
             Sent::NotSent { reason } | Sent::Unknown { reason } => {
                 let why = secrets.mask(&format!("the status query could not tell ({reason})"));

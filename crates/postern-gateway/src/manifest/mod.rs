@@ -138,6 +138,8 @@ struct ContractSpec {
     scope: ScopePolicy,
     idempotency_header: Option<String>,
     status_query: Option<StatusQuery>,
+    /// `"24h"`, `"30m"`, …: how long the target remembers an idempotency key.
+    key_retention: Option<String>,
 }
 
 /// Name of the built-in generic tool (a manifest tool of the same name replaces it).
@@ -323,6 +325,12 @@ impl Tool {
                     idempotency_header: c.idempotency_header,
                     idempotency_argument: None,
                     status_query: c.status_query,
+                    key_retention_ms: c
+                        .key_retention
+                        .as_deref()
+                        .map(parse_duration)
+                        .transpose()?
+                        .map(|d| d.as_millis() as u64),
                 })
             }
         };
@@ -395,6 +403,12 @@ impl Tool {
                 idempotency_header: c.idempotency_header,
                 idempotency_argument: None,
                 status_query: c.status_query,
+                key_retention_ms: c
+                    .key_retention
+                    .as_deref()
+                    .map(parse_duration)
+                    .transpose()?
+                    .map(|d| d.as_millis() as u64),
             }),
         };
         let contract =
@@ -601,6 +615,25 @@ url = "http://127.0.0.1:8080/v1/payments"
 
     fn good() -> Manifest {
         Manifest::parse(GOOD, Path::new("tools.toml")).expect("valid manifest")
+    }
+
+    /// The README's `status_query` example loads as written, with what each answer means.
+    #[test]
+    fn the_readmes_status_query_example_loads() {
+        let readme = include_str!("../../../../README.md");
+        let start =
+            readme.find("```toml\n[[tool]]\nname = \"settle_invoice\"").expect("the example") + "```toml\n".len();
+        let text = &readme[start..start + readme[start..].find("```").expect("its end")];
+        let m = Manifest::parse(text, Path::new("README.md")).unwrap_or_else(|e| panic!("{e:?}"));
+        let c = &m.tool("settle_invoice").expect("tool").contract;
+        assert_eq!((c.class, c.key_retention_ms), (ReplayClass::StatusQuery, Some(24 * 3_600_000)));
+        let q = c.status_query.as_ref().expect("status query");
+        use postern_core::StatusMeaning::*;
+        let state = |s: &str| json!({ "state": s });
+        assert_eq!(q.meaning(200, Some(&state("succeeded"))), Done);
+        assert_eq!(q.meaning(200, Some(&state("pending"))), InFlight);
+        assert_eq!(q.meaning(404, None), NeverReceived);
+        assert_eq!(q.meaning(200, Some(&state("failed"))), Inconclusive);
     }
 
     #[test]

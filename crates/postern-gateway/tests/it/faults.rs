@@ -174,6 +174,100 @@ async fn a_status_query_that_proves_nothing_ran_lets_the_same_execution_dispatch
     );
 }
 
+/// A payment tool whose status route is `status_path` and whose answers mean what `meanings`
+/// (TOML keys of `status_query`) says.
+fn checked_payment(base: &str, status_base: &str, status_path: &str, meanings: &str) -> postern_gateway::Manifest {
+    let text = format!(
+        "[[tool]]\nname = \"pay_checked\"\nmethod = \"POST\"\nurl = \"{base}/v1/payments\"\ncredential = \"pay\"\n\
+         timeout = \"3s\"\ncontract = {{ class = \"status_query\", idempotency_header = \"Idempotency-Key\", \
+         status_query = {{ method = \"GET\", url_template = \"{status_base}{status_path}/{{execution_id}}\", {meanings} }} }}\n"
+    );
+    postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap()
+}
+
+/// Regression (#27 finding 3): a 404 from the status route was read as "never executed" and the
+/// payment was sent again (two payments: the route here is one that knows nothing), and any
+/// 2xx counted as completed whatever its body said. Now an answer proves only what the
+/// contract says it proves; anything else goes to a person, and nothing is sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_answer_proves_only_what_the_contract_says() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let (base, status_base) = (format!("http://{}", proxy.addr), format!("http://{addr}"));
+    // A route that answers 404 to everything: the contract does not say 404 means "never received".
+    let rig = rig(checked_payment(&base, &status_base, "/v1/nowhere", "done = [200]"));
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("pay_checked", json!({"amount": 4}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = rig.engine.call(call("pay_checked", json!({"amount": 4}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
+    assert!(retry.detail.to_string().contains("HTTP 404 is none of the answers"), "{}", retry.detail);
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "a 404 the contract does not vouch for sent nothing");
+
+    // A 200 whose body says "pending": in flight by the contract, not completed.
+    let meanings = r#"done = [{ status = 200, pointer = "/state", equals = "succeeded" }], in_flight = [{ status = 200, pointer = "/state", equals = "pending" }]"#;
+    let rig = super::support::rig(checked_payment(&base, &status_base, "/v1/jobs", meanings));
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("pay_checked", json!({"amount": 6}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = rig.engine.call(call("pay_checked", json!({"amount": 6}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::OutcomeUnknown));
+    assert!(retry.detail.to_string().contains("still working on it"), "{}", retry.detail);
+    assert!(retry.result.is_none(), "a pending answer is not the payment's result");
+    assert_eq!(target.payments.load(Ordering::SeqCst), 2, "one payment per intent");
+    assert_eq!(events(&rig, first.execution_id).last().map(String::as_str), Some("retry_received"));
+
+    // The status route is asked about the execution ID: a contract whose key never reaches the
+    // target is refused when the manifest loads, and so is one that does not say what proves done.
+    let keyless = format!(
+        "[[tool]]\nname = \"p\"\nmethod = \"POST\"\nurl = \"{base}/v1/payments\"\ncontract = {{ class = \"status_query\", \
+         status_query = {{ method = \"GET\", url_template = \"{status_base}/v1/status/{{execution_id}}\", done = [200] }} }}\n"
+    );
+    let errors = postern_gateway::Manifest::parse(&keyless, std::path::Path::new("t.toml")).unwrap_err();
+    assert!(errors[0].to_string().contains("needs `idempotency_header`"), "{}", errors[0]);
+    let silent = keyless
+        .replace("contract = { class", "contract = { idempotency_header = \"Idempotency-Key\", class")
+        .replace(", done = [200]", "");
+    let errors = postern_gateway::Manifest::parse(&silent, std::path::Path::new("t.toml")).unwrap_err();
+    assert!(errors[0].to_string().contains("must say what its answers mean"), "{}", errors[0]);
+}
+
+/// Regression (#27 finding 4): a same-key re-send made after the target forgot the key ran as a
+/// new request (a second payment). Past the contract's `key_retention` an uncertain outcome goes
+/// to review instead; within it, the same-key recovery still settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_the_target_has_forgotten_is_never_re_sent() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let text = format!(
+        "[[tool]]\nname = \"pay_briefly\"\nmethod = \"POST\"\nurl = \"http://{}/v1/payments\"\ncredential = \"pay\"\n\
+         timeout = \"3s\"\ncontract = {{ class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\", \
+         key_retention = \"1s\" }}\n",
+        proxy.addr
+    );
+    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("pay_briefly", json!({"amount": 8}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    // The target's retention passes: it forgets the key, and Postern's clock moves past it too.
+    target.forget_keys();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let retry = rig.engine.call(call("pay_briefly", json!({"amount": 8}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
+    assert!(
+        retry.detail.to_string().contains("longer ago than the target keeps idempotency keys (1s)"),
+        "{}",
+        retry.detail
+    );
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "nothing re-sent under a forgotten key");
+
+    // A contract keeps its own retention, and it applies only where a key is sent.
+    let keyless = text
+        .replace("class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\"", "class = \"irreversible\"");
+    let errors = postern_gateway::Manifest::parse(&keyless, std::path::Path::new("t.toml")).unwrap_err();
+    assert!(errors[0].to_string().contains("`key_retention` only applies"), "{}", errors[0]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_redacted() {
     let (_target, addr) = start_target().await;

@@ -144,6 +144,19 @@ async fn status(State(t): State<Arc<Target>>, Path(key): Path<String>) -> impl I
     }
 }
 
+/// A status route that never knows more than "pending", whatever was received.
+async fn job(State(t): State<Arc<Target>>) -> impl IntoResponse {
+    t.requests.fetch_add(1, Ordering::SeqCst);
+    axum::Json(json!({ "state": "pending" }))
+}
+
+impl Target {
+    /// The target forgets every idempotency key it has seen (its retention passed).
+    pub fn forget_keys(&self) {
+        self.keys.lock().unwrap().clear();
+    }
+}
+
 pub async fn serve_target(listener: TcpListener) -> Arc<Target> {
     let target = Arc::new(Target::default());
     let app = Router::new()
@@ -153,6 +166,7 @@ pub async fn serve_target(listener: TcpListener) -> Arc<Target> {
         .route("/v1/echo", get(echo))
         .route("/v1/mirror", get(mirror))
         .route("/v1/status/{key}", get(status))
+        .route("/v1/jobs/{key}", get(job))
         .route("/v1/redirect", get(redirect))
         .route("/v1/large", get(large))
         .with_state(Arc::clone(&target));
@@ -286,7 +300,7 @@ url = "{base}/v1/payments"
 credential = "pay"
 timeout = "3s"
 input_schema = {{ type = "object", required = ["amount"], properties = {{ amount = {{ type = "integer" }} }} }}
-contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{status_base}/v1/status/{{execution_id}}" }} }}
+contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{status_base}/v1/status/{{execution_id}}", done = [200], never_received = [404] }} }}
 "#
     );
     Manifest::parse(&text, std::path::Path::new("test-tools.toml")).unwrap()
