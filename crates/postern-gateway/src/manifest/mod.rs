@@ -263,6 +263,31 @@ fn to_json(value: toml::Value) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
+impl ContractSpec {
+    /// The contract as written, durations parsed (`effective_contract` checks it).
+    fn contract(self) -> Result<ReplayContract, String> {
+        let attach_window = match self.attach_window.as_deref() {
+            None => AttachWindow::Millis(DEFAULT_ATTACH_WINDOW.as_millis() as u64),
+            Some("until_resolved") => AttachWindow::UntilResolved,
+            Some(s) => AttachWindow::Millis(parse_duration(s)?.as_millis() as u64),
+        };
+        let key_retention_ms = self.key_retention.as_deref().map(parse_duration).transpose()?;
+        Ok(ReplayContract {
+            class: self.class,
+            fingerprint_fields: self.fingerprint_fields,
+            defaults: self.defaults.into_iter().map(|(k, v)| (k, to_json(v))).collect(),
+            secret_fields: self.secret_fields,
+            semantic_headers: self.semantic_headers.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
+            attach_window,
+            scope: self.scope,
+            idempotency_header: self.idempotency_header,
+            idempotency_argument: None,
+            status_query: self.status_query,
+            key_retention_ms: key_retention_ms.map(|d| d.as_millis() as u64),
+        })
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like \"30s\" or \"10m\" ({e})"))
 }
@@ -306,34 +331,7 @@ impl Tool {
         {
             return Err(format!("url placeholder {{{p}}} is not a property of input_schema"));
         }
-        let contract = match spec.contract {
-            None => None,
-            Some(c) => {
-                let attach_window = match c.attach_window.as_deref() {
-                    None => AttachWindow::Millis(DEFAULT_ATTACH_WINDOW.as_millis() as u64),
-                    Some("until_resolved") => AttachWindow::UntilResolved,
-                    Some(s) => AttachWindow::Millis(parse_duration(s)?.as_millis() as u64),
-                };
-                Some(ReplayContract {
-                    class: c.class,
-                    fingerprint_fields: c.fingerprint_fields,
-                    defaults: c.defaults.into_iter().map(|(k, v)| (k, to_json(v))).collect(),
-                    secret_fields: c.secret_fields,
-                    semantic_headers: c.semantic_headers.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
-                    attach_window,
-                    scope: c.scope,
-                    idempotency_header: c.idempotency_header,
-                    idempotency_argument: None,
-                    status_query: c.status_query,
-                    key_retention_ms: c
-                        .key_retention
-                        .as_deref()
-                        .map(parse_duration)
-                        .transpose()?
-                        .map(|d| d.as_millis() as u64),
-                })
-            }
-        };
+        let contract = spec.contract.map(ContractSpec::contract).transpose()?;
         let read_only_by_verb = contract.is_none() && !spec.reads_have_effects;
         let contract =
             effective_contract(&spec.name, Channel::Http, Some(&method), contract.as_ref(), spec.reads_have_effects)
@@ -386,31 +384,11 @@ impl Tool {
             return Err(format!("ssh.command placeholder {{{p}}} is not a property of input_schema"));
         }
         let option_words = command.check_shell_positions()?;
-        let contract = match spec.contract {
-            None => None,
-            Some(c) => Some(ReplayContract {
-                class: c.class,
-                fingerprint_fields: c.fingerprint_fields,
-                defaults: c.defaults.into_iter().map(|(k, v)| (k, to_json(v))).collect(),
-                secret_fields: c.secret_fields,
-                semantic_headers: BTreeSet::new(),
-                attach_window: match c.attach_window.as_deref() {
-                    None => AttachWindow::Millis(DEFAULT_ATTACH_WINDOW.as_millis() as u64),
-                    Some("until_resolved") => AttachWindow::UntilResolved,
-                    Some(s) => AttachWindow::Millis(parse_duration(s)?.as_millis() as u64),
-                },
-                scope: c.scope,
-                idempotency_header: c.idempotency_header,
-                idempotency_argument: None,
-                status_query: c.status_query,
-                key_retention_ms: c
-                    .key_retention
-                    .as_deref()
-                    .map(parse_duration)
-                    .transpose()?
-                    .map(|d| d.as_millis() as u64),
-            }),
-        };
+        // SSH has no headers: a `semantic_headers` list means nothing here.
+        let contract = spec
+            .contract
+            .map(|c| c.contract().map(|c| ReplayContract { semantic_headers: BTreeSet::new(), ..c }))
+            .transpose()?;
         let contract =
             effective_contract(&spec.name, Channel::Ssh, None, contract.as_ref(), false).map_err(|e| match e {
                 postern_core::ContractError::Invalid { problem, .. } => format!("replay contract: {problem}"),
