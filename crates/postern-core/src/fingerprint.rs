@@ -15,6 +15,7 @@ type HmacSha256 = Hmac<Sha256>;
 
 const FINGERPRINT_LABEL: &[u8] = b"postern/v1/intent-fingerprint";
 const SECRET_ARGUMENT_LABEL: &[u8] = b"postern/v1/secret-argument";
+const REQUEST_LABEL: &[u8] = b"postern/v1/request-as-sent";
 
 fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length; this cannot fail.
@@ -31,6 +32,7 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
 pub struct FingerprintKey {
     fingerprint: [u8; 32],
     secret_argument: [u8; 32],
+    request: [u8; 32],
 }
 
 impl FingerprintKey {
@@ -38,12 +40,20 @@ impl FingerprintKey {
         FingerprintKey {
             fingerprint: hmac(&master, &[FINGERPRINT_LABEL]),
             secret_argument: hmac(&master, &[SECRET_ARGUMENT_LABEL]),
+            request: hmac(&master, &[REQUEST_LABEL]),
         }
     }
 
     /// HMAC-SHA256 over canonical record bytes.
     pub fn fingerprint(&self, canonical: &[u8]) -> Fingerprint {
         Fingerprint(hmac(&self.fingerprint, &[canonical]))
+    }
+
+    /// The keyed digest of a request exactly as it went out (before its credential is added): a
+    /// recovery re-send is made only if it would send these same bytes. Keyed, so a digest in
+    /// the journal cannot be used to guess a secret the request held.
+    pub fn request_digest(&self, canonical_request: &[u8]) -> String {
+        format!("hmac-sha256:{}", hex::encode(hmac(&self.request, &[canonical_request])))
     }
 
     /// The keyed digest that replaces an argument a contract marks secret.

@@ -232,9 +232,36 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
-        before.push((ExecutionState::Dispatched, dispatched_detail(p, &out)));
+        if attempt == Attempt::SameKeyResend
+            && let Some(why) = self.not_the_original_request(id, &out)?
+        {
+            let detail = json!({ "reason": "request_changed", "explanation": why, "not_resent": true });
+            self.note(id, "recovery_refused", detail).await?;
+            return self.review(id, ExecutionState::OutcomeUnknown, why, decision).await;
+        }
+        before.push((ExecutionState::Dispatched, dispatched_detail(p, &out, &self.key)));
         self.store.transition_steps_async(id, before, self.now()).await?;
         self.send_and_observe(p, id, out, decision, attached, attempt).await
+    }
+
+    /// Why a recovery re-send of execution `id` must not send `out`: `None` when `out` is
+    /// exactly the request the first attempt sent (its digest is the one journaled with the
+    /// first `dispatched`). A retry is rendered from its own arguments and today's tool: an
+    /// argument outside the fingerprint, or a template edited since, would go out under the
+    /// original's key as a different request.
+    fn not_the_original_request(&self, id: ExecutionId, out: &Wire) -> Result<Option<&'static str>, EngineError> {
+        let timeline = self.store.view().timeline(id)?;
+        let first = timeline.iter().find(|e| e.row.event == ExecutionState::Dispatched.as_str());
+        let recorded = first.and_then(|e| e.row.detail.get("request_digest")).and_then(Value::as_str);
+        Ok(match recorded {
+            Some(digest) if digest == out.digest(&self.key) => None,
+            Some(_) => Some(
+                "the request this retry would send is not the one the first attempt sent under this key (an \
+                 argument outside the fingerprint, or the tool's template, changed since); Postern re-sends only \
+                 the original request",
+            ),
+            None => Some("the first attempt's request is not on record, so Postern cannot re-send exactly it"),
+        })
     }
 
     /// Sends a request whose `dispatched` row is already durable, and journals what happened.

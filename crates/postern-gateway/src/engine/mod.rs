@@ -294,6 +294,41 @@ enum Wire {
     Mcp(McpOutgoing),
 }
 
+impl Wire {
+    /// The keyed digest of what this sends, its credential left out (the vault adds that as it
+    /// goes): the same request to the same place, or not. Journaled with `dispatched`; a recovery
+    /// re-send goes out only if its digest is the first attempt's.
+    fn digest(&self, key: &FingerprintKey) -> String {
+        use sha2::Digest as _;
+        // A JSON body is compared by its value (a retry may space it otherwise: the same request
+        // to any reader of it), any other body byte for byte.
+        let body = |bytes: &[u8]| {
+            let value = std::str::from_utf8(bytes).ok().and_then(postern_core::canonical::json_text);
+            match value.and_then(|v| postern_core::canonical_bytes(&v).ok()) {
+                Some(canonical) => format!("json:{}", hex::encode(sha2::Sha256::digest(canonical))),
+                None => format!("bytes:{}", hex::encode(sha2::Sha256::digest(bytes))),
+            }
+        };
+        let request = match self {
+            Wire::Http(out) => json!({
+                "channel": "http", "method": out.method, "url": out.url.as_str(), "headers": out.headers,
+                "body": out.body.as_deref().map(body), "idempotency": out.idempotency,
+            }),
+            Wire::Ssh(out) => json!({
+                "channel": "ssh", "host": out.host.name, "host_key": out.host.host_key_fingerprint,
+                "account": out.host.account, "command": out.command,
+            }),
+            Wire::Mcp(out) => {
+                json!({ "channel": "mcp", "server": out.server, "tool": out.tool, "arguments": out.arguments })
+            }
+        };
+        // Canonical bytes cannot fail for these values but a huge integer argument; its text then.
+        let bytes = postern_core::canonical_bytes(&postern_core::canonical::with_unsafe_integers_as_strings(&request))
+            .unwrap_or_else(|_| request.to_string().into_bytes());
+        key.request_digest(&bytes)
+    }
+}
+
 /// A forwarded `tools/call`: the arguments with the idempotency argument filled, and the
 /// execution ID for `_meta`.
 struct McpOutgoing {
@@ -449,7 +484,7 @@ impl Engine {
             } else if verdict.allowed {
                 vec![
                     (ExecutionState::Authorized, auth.clone()),
-                    (ExecutionState::Dispatched, dispatched_detail(&p, &out)),
+                    (ExecutionState::Dispatched, dispatched_detail(&p, &out, &self.key)),
                 ]
             } else {
                 vec![(ExecutionState::Denied, auth.clone())]
@@ -656,7 +691,13 @@ impl Engine {
     }
 }
 
-fn dispatched_detail(p: &Prepared<'_>, out: &Wire) -> Value {
+fn dispatched_detail(p: &Prepared<'_>, out: &Wire, key: &FingerprintKey) -> Value {
+    let mut detail = dispatched_target(p, out);
+    detail["request_digest"] = json!(out.digest(key));
+    detail
+}
+
+fn dispatched_target(p: &Prepared<'_>, out: &Wire) -> Value {
     match out {
         Wire::Http(out) => json!({ "target": p.shown_url, "method": p.method(),
                                    "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),

@@ -355,7 +355,7 @@ impl Engine {
                 ExecutionState::Authorized,
                 json!({ "rung": "retry_review", "by": by, "reason": reason, "dispatched_anew_of": prior }),
             ),
-            (ExecutionState::Dispatched, dispatched_detail(p, &out)),
+            (ExecutionState::Dispatched, dispatched_detail(p, &out, &self.key)),
         ];
         self.store.admit_anew_async(new, anew, steps).await?;
         self.send_and_observe(p, id, out, Decision::DispatchedAnew, false, Attempt::First).await

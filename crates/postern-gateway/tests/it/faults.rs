@@ -268,6 +268,64 @@ async fn a_key_the_target_has_forgotten_is_never_re_sent() {
     assert!(errors[0].to_string().contains("`key_retention` only applies"), "{}", errors[0]);
 }
 
+/// Regression (#27 finding 5): a recovery re-send was rendered from the retry's arguments and
+/// today's tool, so an argument outside the fingerprint went out under the original's key as a
+/// different request (the target saw a second, different payment attempt with the same key).
+/// Only the exact request the first attempt sent is re-sent; anything else goes to a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_re_sends_the_original_request_or_nothing() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let text = format!(
+        "[[tool]]\nname = \"pay_with_memo\"\nmethod = \"POST\"\nurl = \"http://{}/v1/payments\"\ncredential = \"pay\"\n\
+         timeout = \"3s\"\ncontract = {{ class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\", \
+         fingerprint_fields = [\"amount\"] }}\n",
+        proxy.addr
+    );
+    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    let pay = |memo: &str, id| call("pay_with_memo", json!({"amount": 3, "memo": memo}), 1, id);
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(pay("rent", 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+
+    // The memo is outside the fingerprint: the same intent, but not the same request.
+    let changed = rig.engine.call(pay("groceries", 2)).await.unwrap();
+    assert_eq!((changed.execution_id, changed.state), (first.execution_id, ExecutionState::NeedsReview));
+    assert!(changed.detail.to_string().contains("re-sends only the original request"), "{}", changed.detail);
+    assert_eq!(target.requests.load(Ordering::SeqCst), 1, "nothing went out under the original's key");
+    let timeline = rig.store.view().timeline(first.execution_id).unwrap();
+    let refused = timeline.iter().find(|e| e.row.event == "recovery_refused").expect("journaled");
+    assert_eq!(refused.row.detail["reason"], "request_changed");
+}
+
+/// The same recovery with the original request: re-sent, byte for byte, with the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_with_the_original_request_is_re_sent_with_its_key() {
+    let (target, addr) = start_target().await;
+    let proxy = FaultProxy::start(addr).await;
+    let rig = rig(manifest(&format!("http://{}", proxy.addr), &format!("http://{addr}")));
+    proxy.next(Fault::CutAfterForward);
+    let first = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 1)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    let retry = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 2)).await.unwrap();
+    assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
+    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    let keys = target.seen_keys.lock().unwrap().clone();
+    assert_eq!(keys, [first.execution_id.to_string(), first.execution_id.to_string()]);
+    let digests: Vec<serde_json::Value> = rig
+        .store
+        .view()
+        .timeline(first.execution_id)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.row.event == "dispatched")
+        .map(|e| e.row.detail["request_digest"].clone())
+        .collect();
+    assert_eq!(digests.len(), 2);
+    assert!(digests[0].as_str().unwrap().starts_with("hmac-sha256:") && digests[0] == digests[1], "{digests:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_redacted() {
     let (_target, addr) = start_target().await;
