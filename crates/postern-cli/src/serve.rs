@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// 900 with `--approver terminal` (which can unlock it again), never without an approver.
     #[arg(long, value_name = "SECONDS", env = "POSTERN_IDLE_LOCK")]
     idle_lock: Option<u64>,
+    /// How long the run of an agent whose process cannot be identified (an HTTP client behind a
+    /// relay, in a container, another user's) lasts after its last request, in seconds: its
+    /// repeats inside it are matched to the earlier execution. It survives a gateway restart.
+    #[arg(long, value_name = "SECONDS", env = "POSTERN_RUN_IDLE", default_value_t = postern_gateway::runs::DEFAULT_IDLE_LEASE.as_secs())]
+    run_idle: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +95,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
     config.max_result_bytes = args.max_result_bytes;
     config.drain = Duration::from_secs(args.drain_seconds);
     config.approval_timeout = Duration::from_secs(args.approval_timeout);
+    config.run_idle = Duration::from_secs(args.run_idle);
     let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });
     config.idle_lock = (idle_lock > 0).then(|| Duration::from_secs(idle_lock));
     let host = Host::open(config)?;

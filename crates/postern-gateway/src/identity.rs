@@ -36,6 +36,12 @@ impl AgentProcess {
     }
 }
 
+/// The gateway's own uid, read once.
+fn gateway_uid() -> Option<u32> {
+    static UID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| current_uid().ok())
+}
+
 /// This process's user id (the owner of `/proc/self`).
 pub fn current_uid() -> std::io::Result<u32> {
     use std::os::unix::fs::MetadataExt;
@@ -207,7 +213,7 @@ pub enum PeerLookup {
     /// The socket exists but its holder is not known yet: a scan of processes is needed (on the
     /// blocking pool). `inode` and `uid` when netlink answered.
     Scan { inode: Option<u64>, uid: Option<u32> },
-    /// No such connection (closed, reset, or held by nobody).
+    /// No such connection (closed, reset, or held by nobody), or another user's.
     Gone,
 }
 
@@ -222,6 +228,11 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
         Ok(_) => return PeerLookup::Gone,
         Err(_) => return PeerLookup::Scan { inode: None, uid: None },
     };
+    // Another user's socket is not this user's agent, whatever a privileged gateway could read
+    // of it: the caller is its token alone (one run per token, on an idle lease).
+    if gateway_uid().is_some_and(|own| own != uid) {
+        return PeerLookup::Gone;
+    }
     let needle = format!("socket:[{inode}]");
     let known: Vec<(u32, u32)> =
         KNOWN_PEERS.lock().map(|k| k.iter().take(QUICK_LOOKS).copied().collect()).unwrap_or_default();

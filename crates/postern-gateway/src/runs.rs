@@ -2,8 +2,12 @@
 //!
 //! A run is one agent *process* (pid + start time) under one actor; it outlives any one bridge
 //! process or MCP session, so a reconnecting agent's retry lands in the same intent scope. It
-//! ends when the process exits. An HTTP client whose process cannot be identified is a run per
-//! token, ended when the token's last MCP session ends.
+//! ends when the process exits. A caller whose process cannot be identified (an HTTP client
+//! behind a relay, in a container, another user's, or `hidepid`) is one run per agent token,
+//! held by an idle lease: it ends once no connection or request has used it for
+//! [`DEFAULT_IDLE_LEASE`] (configurable), and survives a gateway restart. At protocol 2026-07-28
+//! every POST is its own MCP handler, so without the lease each request would be a run of its
+//! own, and a retry a new execution.
 
 use crate::{
     engine::Clock,
@@ -64,6 +68,9 @@ struct RunKey {
     process: Option<ProcessKey>,
 }
 
+/// How long a run without a process outlives its last connection or request, unless configured.
+pub const DEFAULT_IDLE_LEASE: Duration = Duration::from_secs(60 * 60);
+
 /// One agent run.
 #[derive(Debug)]
 pub struct AgentRun {
@@ -76,6 +83,9 @@ pub struct AgentRun {
     /// over HTTP — not only through `postern call`: its process's descendants are inside an
     /// agent run (see [`crate::provenance`]).
     speaks_as_agent: std::sync::atomic::AtomicBool,
+    /// Bumped each time the last lease is let go: an idle timer ends the run only if nothing
+    /// used it since the timer started.
+    released: std::sync::atomic::AtomicU64,
 }
 
 impl AgentRun {
@@ -99,6 +109,8 @@ pub struct AgentRuns {
     bridged: Mutex<HashMap<ProcessKey, usize>>,
     /// How often a run's process is checked for exit.
     poll: Duration,
+    /// How long a run without a process outlives its last lease.
+    idle: Duration,
 }
 
 /// Counts a bridged connection of one agent process while it is held (see
@@ -142,9 +154,10 @@ impl Drop for RunLease {
             *n = n.saturating_sub(1);
             *n == 0
         });
-        // A run bound to a process ends with the process, not with its connections.
+        // A run bound to a process ends with the process, not with its connections; one without
+        // a process ends when it has been idle for the lease.
         if last.unwrap_or(false) && self.key.process.is_none() {
-            self.runs.end(&self.key, &self.run, "last_mcp_session_ended");
+            self.runs.idle_from_now(self.key.clone(), Arc::clone(&self.run));
         }
     }
 }
@@ -159,14 +172,32 @@ fn random_u128() -> u128 {
 }
 
 impl AgentRuns {
-    pub fn new(store: Arc<Store>, clock: Clock) -> Arc<Self> {
+    /// `idle`: how long a run without a process outlives its last connection or request.
+    pub fn new(store: Arc<Store>, clock: Clock, idle: Duration) -> Arc<Self> {
         Arc::new(AgentRuns {
             store,
             clock,
             live: Mutex::new(HashMap::new()),
             bridged: Mutex::new(HashMap::new()),
             poll: Duration::from_millis(500),
+            idle,
         })
+    }
+
+    /// The run's last lease was let go: it ends after the idle lease unless used again.
+    fn idle_from_now(self: &Arc<Self>, key: RunKey, run: Arc<AgentRun>) {
+        use std::sync::atomic::Ordering;
+        let epoch = run.released.fetch_add(1, Ordering::SeqCst) + 1;
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return self.end(&key, &run, "idle_lease_expired");
+        };
+        let (runs, idle) = (Arc::clone(self), self.idle);
+        handle.spawn(async move {
+            tokio::time::sleep(idle).await;
+            // Decided under the registry's lock, where `join` attaches: never an ended run joined.
+            let unused = || run.attached.lock().is_ok_and(|n| *n == 0) && run.released.load(Ordering::SeqCst) == epoch;
+            runs.end_if(&key, &run, "idle_lease_expired", unused);
+        });
     }
 
     /// Re-adopts runs the journal shows open: a process still alive (same pid *and* start
@@ -184,6 +215,25 @@ impl AgentRuns {
             };
             let alive = key.as_ref().is_some_and(identity::is_alive);
             let transport = if s.transport == "stdio" { Transport::Stdio } else { Transport::StreamableHttp };
+            let actor = Actor::from_recorded(s.actor.clone());
+            // A token's run without a process holds its idle lease across the restart.
+            if key.is_none() && actor.as_str().starts_with("agent:") {
+                let run = Arc::new(AgentRun {
+                    session,
+                    actor: actor.clone(),
+                    transport,
+                    attached: Mutex::new(0),
+                    speaks_as_agent: std::sync::atomic::AtomicBool::new(true),
+                    released: std::sync::atomic::AtomicU64::new(0),
+                });
+                let rk = RunKey { actor, process: None };
+                if let Ok(mut live) = self.live.lock() {
+                    live.insert(rk.clone(), Arc::clone(&run));
+                }
+                self.idle_from_now(rk, run);
+                adopted += 1;
+                continue;
+            }
             match key {
                 Some(key) if alive && hashes.describe(key.pid).is_some() => {
                     let run = Arc::new(AgentRun {
@@ -193,6 +243,7 @@ impl AgentRuns {
                         attached: Mutex::new(0),
                         // A run the journal shows open was an agent's (only those are re-adopted).
                         speaks_as_agent: std::sync::atomic::AtomicBool::new(true),
+                        released: std::sync::atomic::AtomicU64::new(0),
                     });
                     let rk = RunKey { actor: run.actor.clone(), process: Some(key.clone()) };
                     if let Ok(mut live) = self.live.lock() {
@@ -215,14 +266,21 @@ impl AgentRuns {
     /// said about itself in `initialize`: a label.
     pub async fn join(self: &Arc<Self>, caller: &Caller, client: Option<String>) -> Result<RunLease, StoreError> {
         let key = caller.key();
-        let existing = self.live.lock().ok().and_then(|live| live.get(&key).cloned());
+        let attach = |run: &Arc<AgentRun>| {
+            if let Ok(mut n) = run.attached.lock() {
+                *n += 1;
+            }
+        };
+        // Attached under the registry's lock, so an idle lease cannot end the run in between.
+        let existing = self.live.lock().ok().and_then(|live| live.get(&key).inspect(|run| attach(run)).cloned());
         let run = match existing {
             Some(run) => run,
-            None => self.start(caller, key.clone(), client).await?,
+            None => {
+                let run = self.start(caller, key.clone(), client).await?;
+                attach(&run);
+                run
+            }
         };
-        if let Ok(mut n) = run.attached.lock() {
-            *n += 1;
-        }
         Ok(RunLease { run, runs: Arc::clone(self), key })
     }
 
@@ -239,6 +297,7 @@ impl AgentRuns {
             transport: caller.transport,
             attached: Mutex::new(0),
             speaks_as_agent: std::sync::atomic::AtomicBool::new(false),
+            released: std::sync::atomic::AtomicU64::new(0),
         });
         // Two connections of one process may race here: the first insert wins.
         let winner = {
@@ -310,8 +369,14 @@ impl AgentRuns {
     }
 
     fn end(&self, key: &RunKey, run: &Arc<AgentRun>, reason: &'static str) {
+        self.end_if(key, run, reason, || true);
+    }
+
+    /// Ends `run` if it is still the live one for `key` and `still` holds (checked under the
+    /// registry's lock).
+    fn end_if(&self, key: &RunKey, run: &Arc<AgentRun>, reason: &'static str, still: impl FnOnce() -> bool) {
         let removed = self.live.lock().is_ok_and(|mut live| match live.get(key) {
-            Some(current) if Arc::ptr_eq(current, run) => live.remove(key).is_some(),
+            Some(current) if Arc::ptr_eq(current, run) && still() => live.remove(key).is_some(),
             _ => false,
         });
         if !removed {

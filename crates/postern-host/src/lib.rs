@@ -130,6 +130,8 @@ pub struct HostConfig {
     pub approval_timeout: Duration,
     /// Lock the vault after this long without activity (`None`: never).
     pub idle_lock: Option<Duration>,
+    /// How long a run without an identified process outlives its last request.
+    pub run_idle: Duration,
 }
 
 impl HostConfig {
@@ -145,12 +147,14 @@ impl HostConfig {
             drain: Duration::from_secs(35),
             approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
             idle_lock: None,
+            run_idle: postern_gateway::runs::DEFAULT_IDLE_LEASE,
         }
     }
 
     /// For a process configured by its environment (the desktop app): `POSTERN_DATA_DIR`,
     /// `POSTERN_TOOLS`, `POSTERN_PORT`, `POSTERN_MAX_RESULT_BYTES`, `POSTERN_APPROVAL_TIMEOUT` and
-    /// `POSTERN_IDLE_LOCK` (seconds; 0: never), over `idle_lock` as the default. A value that does not parse is an error
+    /// `POSTERN_IDLE_LOCK` (seconds; 0: never), over `idle_lock` as the default, and
+    /// `POSTERN_RUN_IDLE` (seconds). A value that does not parse is an error
     /// naming the variable, never silently the default.
     pub fn from_env(idle_lock: Option<Duration>) -> Result<HostConfig, HostError> {
         HostConfig::from_lookup(idle_lock, |name| std::env::var(name).ok())
@@ -192,6 +196,9 @@ impl HostConfig {
         }
         if let Some(s) = number("POSTERN_APPROVAL_TIMEOUT")? {
             config.approval_timeout = Duration::from_secs(s);
+        }
+        if let Some(s) = number("POSTERN_RUN_IDLE")? {
+            config.run_idle = Duration::from_secs(s);
         }
         config.idle_lock = match number("POSTERN_IDLE_LOCK")? {
             Some(0) => None,
@@ -281,7 +288,7 @@ impl Host {
     /// Adopts the agent runs the last process left open and binds the endpoints (the MCP socket,
     /// the control socket, Streamable HTTP).
     pub async fn bind(&self, engine: Arc<Engine>) -> Result<Serving, HostError> {
-        let runs = AgentRuns::new(Arc::clone(&self.store), system_clock());
+        let runs = AgentRuns::new(Arc::clone(&self.store), system_clock(), self.config.run_idle);
         let hashes = postern_gateway::identity::ExecutableHashes::default();
         let (adopted, ended) = runs.adopt_open(&hashes)?;
         let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&self.store), system_clock(), runs);

@@ -123,6 +123,21 @@ pub(super) fn post_mcp(addr: &str, headers: &str, body: &str) -> (u16, String) {
     )
 }
 
+/// A `tools/call` of `tool` as a 2026-07-28 client sends it: no session, the protocol version,
+/// capabilities and client in `_meta`, the agent's token.
+pub(super) fn post_sessionless_call(addr: &str, token: &str, id: u32, tool: &str, arguments: Value) -> (u16, String) {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {},
+                  "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}})
+    .to_string();
+    let headers = format!(
+        "Authorization: Bearer {token}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\n"
+    );
+    post_mcp(addr, &headers, &body)
+}
+
 pub(super) fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
     post_mcp(addr, headers, body)
@@ -706,18 +721,7 @@ fn a_sessionless_client_gets_json_answers_and_its_retry_is_not_a_second_payment(
     let gw = Gateway::start(&target.manifest());
     let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
     let token = gw.add_agent("modern");
-    let call = |id: u32| {
-        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-            "name": "pay", "arguments": {"amount": 7},
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                      "io.modelcontextprotocol/clientCapabilities": {},
-                      "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}})
-        .to_string();
-        let headers = format!(
-            "Authorization: Bearer {token}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: pay\r\n"
-        );
-        post_mcp(&addr, &headers, &body)
-    };
+    let call = |id: u32| post_sessionless_call(&addr, &token, id, "pay", json!({"amount": 7}));
     let answer_of = |raw: &str| -> Value {
         let (head, body) = raw.split_once("\r\n\r\n").unwrap();
         assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");

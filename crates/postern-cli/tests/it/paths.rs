@@ -122,3 +122,114 @@ fn a_resumption_with_nothing_on_record_says_what_was_looked_at() {
     assert!(answer.contains("100000 journal rows") && answer.contains("not proof"), "{answer}");
     assert_eq!(target.posts(), 0);
 }
+
+/// A TCP relay run as another user (`nobody`): the gateway cannot name the process behind a
+/// connection it carries, as with a relay, a container or another user's agent. Needs root (as
+/// CI runs the tests) to drop to that user.
+struct ForeignRelay {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl ForeignRelay {
+    fn start(to: &str) -> ForeignRelay {
+        assert_eq!(postern_gateway::identity::current_uid().unwrap(), 0, "run as root (as CI does) to relay as nobody");
+        let (host, port) = to.rsplit_once(':').unwrap();
+        let code = format!(
+            r#"
+import socket, threading, sys
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(16)
+print(srv.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while (data := a.recv(65536)):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try: s.shutdown(socket.SHUT_RDWR)
+            except OSError: pass
+while True:
+    c, _ = srv.accept()
+    u = socket.create_connection(("{host}", {port}))
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+"#
+        );
+        let mut child = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", &code])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("setpriv and /usr/bin/python3");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        ForeignRelay { child, port: line.trim().parse().unwrap_or_else(|e| panic!("{e}: {line:?}")) }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for ForeignRelay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Regression (#27 finding 2): an HTTP agent whose process cannot be identified had a run per
+/// request at 2026-07-28 (its lease dropped with each POST), and a run per gateway process, so
+/// its repeat of an irreversible call whose answer it lost went out again. Its token's run now
+/// lasts on an idle lease, across requests and a gateway restart.
+#[test]
+fn an_agent_the_kernel_cannot_name_keeps_one_run_per_token() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("relayed");
+    let call = |addr: &str, id: u32| -> Value {
+        let (status, raw) = super::gateway::post_sessionless_call(addr, &token, id, "wire", json!({"amount": 9}));
+        assert_eq!(status, 200, "{raw}");
+        serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap()
+    };
+    let gateway_addr = |gw: &Gateway| gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let relay = ForeignRelay::start(&gateway_addr(&gw));
+    let first = call(&relay.addr(), 1);
+    let id =
+        first["result"]["structuredContent"]["execution_id"].as_str().unwrap_or_else(|| panic!("{first}")).to_owned();
+    assert_eq!(first["result"]["structuredContent"]["state"], "completed", "{first}");
+    // The answer was lost on the way (as far as the agent knows): it asks again, a new POST.
+    let again = call(&relay.addr(), 2);
+    assert_eq!(again["result"]["structuredContent"]["execution_id"], id.as_str(), "{again}");
+    let runs: Vec<Value> = gw.sessions().into_iter().filter(|s| s["actor"] == "agent:relayed").collect();
+    assert_eq!(runs.len(), 1, "one run for the token: {runs:?}");
+    assert!(runs[0]["pid"].is_null() && runs[0]["ended_at"].is_null(), "no process, still open: {runs:?}");
+
+    // The gateway restarts; the token's run is kept, and the repeat still matches.
+    let gw = gw.crash_and_restart(&target.manifest());
+    let relay = ForeignRelay::start(&gateway_addr(&gw));
+    let after = call(&relay.addr(), 3);
+    assert_eq!(after["result"]["structuredContent"]["execution_id"], id.as_str(), "{after}");
+    assert_eq!(target.posts(), 1, "one wire for one intent");
+    let runs: Vec<Value> = gw.sessions().into_iter().filter(|s| s["actor"] == "agent:relayed").collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+}
+
+/// The idle lease ends a token's run without a process once nothing used it for that long
+/// (`--run-idle`, here 1 s); the Sessions journal says why.
+#[test]
+fn a_token_run_without_a_process_ends_when_its_idle_lease_runs_out() {
+    let target = Target::start();
+    let gw = Gateway::start_with(tempfile::tempdir().unwrap(), &target.manifest(), &[("POSTERN_RUN_IDLE", "1")]);
+    let token = gw.add_agent("brief");
+    let relay = ForeignRelay::start(gw.http.trim_start_matches("http://").trim_end_matches("/mcp"));
+    let (status, raw) = super::gateway::post_sessionless_call(&relay.addr(), &token, 1, "balance", json!({}));
+    assert_eq!(status, 200, "{raw}");
+    eventually("the idle lease to end the run", LONG, || {
+        gw.sessions()
+            .into_iter()
+            .find(|s| s["actor"] == "agent:brief" && !s["ended_at"].is_null())
+            .map(|s| assert_eq!(s["end_reason"], "idle_lease_expired", "{s}"))
+    });
+}

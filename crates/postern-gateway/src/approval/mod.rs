@@ -395,9 +395,19 @@ impl AuthorizationRequest {
                 if !a.sha256.is_empty() {
                     row("sha256", a.sha256.clone());
                 }
-                let pid = a.pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
-                let started = a.process_started_at.map_or_else(String::new, |t| format!(", started {}", when(t)));
-                row("pid", format!("{pid}{started}"));
+                match a.pid {
+                    Some(pid) => {
+                        let started =
+                            a.process_started_at.map_or_else(String::new, |t| format!(", started {}", when(t)));
+                        row("pid", format!("{pid}{started}"));
+                    }
+                    None => row(
+                        "process",
+                        "unidentified: the kernel could not name the calling process (a relay, a container, \
+                         another user); only the token is known, and its run lasts while it keeps calling"
+                            .into(),
+                    ),
+                }
                 row("transport", a.transport.clone());
                 if let Some(client) = &a.client {
                     row("client", format!("{client} (as the client names itself)"));
@@ -634,6 +644,15 @@ mod tests {
             agent: request.agent.clone().map(|a| AgentRun { executable: "/opt/agent/bin/claude".into(), ..a }),
             ..request.clone()
         };
+        // A token agent the kernel could not name: the question says so instead of a pid.
+        let relayed = AuthorizationRequest {
+            actor: "agent:relayed".into(),
+            agent: request.agent.clone().map(|a| AgentRun { pid: None, transport: "streamable_http".into(), ..a }),
+            ..request.clone()
+        };
+        let rows = relayed.presentation().rows;
+        assert!(rows.iter().any(|(l, v)| l == "process" && v.starts_with("unidentified")), "{rows:?}");
+        assert!(!rows.iter().any(|(l, _)| l == "pid"), "{rows:?}");
         let always = own.presentation().choices.into_iter().find(|c| c.key == 'a').expect("always for a program");
         assert!(always.needs_confirmation, "a permanent answer needs a second step");
         for runtime in
