@@ -206,6 +206,20 @@ impl CanonicalAction {
     pub fn fingerprint(&self, key: &FingerprintKey) -> Fingerprint {
         key.fingerprint(&self.bytes)
     }
+
+    /// The *effect* fingerprint: the record without its intent scope, so the same effect asked
+    /// for by the same actor in another run (a restarted agent's repeat) has the same one. It
+    /// links related executions for a reviewer and the incident record; it never decides a retry
+    /// (a new run is a new intent). Never equal to an intent fingerprint: every record has a
+    /// scope, so no record's bytes are these.
+    pub fn effect_fingerprint(&self, key: &FingerprintKey) -> Fingerprint {
+        let mut effect = self.record.clone();
+        if let Some(record) = effect.as_object_mut() {
+            record.remove("intent_scope");
+        }
+        // The record canonicalised once already; without a member it cannot fail.
+        key.fingerprint(&canonical_bytes(&effect).unwrap_or_default())
+    }
 }
 
 fn canonical_arguments(
@@ -389,6 +403,24 @@ mod tests {
             semantic_headers: ["content-type".to_string()].into(),
             attach_window: AttachWindow::Millis(15 * 60 * 1000),
             ..ReplayContract::read_only()
+        }
+    }
+
+    #[test]
+    fn the_effect_fingerprint_links_runs_and_never_meets_an_intent_fingerprint() {
+        let build = |scope: IntentScope, amount: u64| {
+            let request = ActionRequest { intent_scope: scope, ..deploy_request(json!({ "version": amount })) };
+            CanonicalAction::build(&request, &deploy_contract(), &key()).expect("builds")
+        };
+        let run = |n| IntentScope::agent_run(SessionId::from_parts(Timestamp::from_millis(1), n));
+        let (first, restarted, other) = (build(run(1), 7), build(run(2), 7), build(run(2), 8));
+        assert_ne!(first.fingerprint(&key()), restarted.fingerprint(&key()), "a new run is a new intent");
+        assert_eq!(first.effect_fingerprint(&key()), restarted.effect_fingerprint(&key()), "the same effect");
+        assert_ne!(first.effect_fingerprint(&key()), other.effect_fingerprint(&key()));
+        for a in [&first, &restarted, &other] {
+            for b in [&first, &restarted, &other] {
+                assert_ne!(a.effect_fingerprint(&key()), b.fingerprint(&key()));
+            }
         }
     }
 

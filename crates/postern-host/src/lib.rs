@@ -461,6 +461,7 @@ mod tests {
             let new = postern_store::NewExecution {
                 id: ExecutionId::from_parts(at, u128::from(i)),
                 fingerprint: action.fingerprint(&key),
+                effect_fingerprint: Some(action.effect_fingerprint(&key)),
                 actor: request.actor,
                 intent_scope: request.intent_scope,
                 session_id: None,

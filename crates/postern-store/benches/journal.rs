@@ -42,6 +42,8 @@ fn new_execution(id: ExecutionId, n: u64, session: SessionId) -> NewExecution {
     NewExecution {
         id,
         fingerprint,
+        // As a side-effecting call carries it (the effect index's cost is in the figures).
+        effect_fingerprint: Some(fingerprint),
         actor: Actor::process("/usr/bin/claude", "9f2c"),
         intent_scope: IntentScope::agent_run(session),
         session_id: Some(session),

@@ -98,8 +98,46 @@ impl JournalView {
         let Some(summary) = self.execution(id)? else { return Ok(None) };
         let timeline = self.timeline(id)?;
         let result = self.result(id)?;
-        let related = self.related(&summary)?;
+        let effect = timeline
+            .iter()
+            .find(|e| e.row.event == "accepted")
+            .and_then(|e| e.row.detail.get("effect_fingerprint"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let mut related = self.related(&summary)?;
+        if let Some(effect) = effect {
+            // The same effect in other runs (a restarted agent's repeat), newest first with the rest.
+            for r in self.same_effect(&effect, &summary)? {
+                if !related.iter().any(|known| known.execution_id == r.execution_id) {
+                    related.push(r);
+                }
+            }
+            related.sort_by(|a, b| b.accepted_at.cmp(&a.accepted_at).then_with(|| b.execution_id.cmp(&a.execution_id)));
+            related.truncate(RELATED_LIMIT as usize);
+        }
         Ok(Some(assemble(summary, &timeline, result, related)))
+    }
+
+    /// Executions of the same effect by the same actor (any run), from their `accepted` rows.
+    fn same_effect(&self, effect: &str, summary: &ExecutionSummary) -> Result<Vec<Related>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT j.execution_id, e.state, e.intent_scope, e.accepted_at FROM journal j
+                 JOIN executions e ON e.id = j.execution_id
+                 WHERE j.effect_fingerprint = ?1 AND j.event = 'accepted'
+                   AND json_extract(j.body, '$.payload.actor') = ?2 AND j.execution_id <> ?3
+                 ORDER BY j.seq DESC LIMIT ?4",
+            )?;
+            let rows = stmt.query_map(params![effect, summary.actor, summary.id, RELATED_LIMIT], |r| {
+                Ok(Related {
+                    execution_id: r.get(0)?,
+                    state: r.get(1)?,
+                    intent_scope: r.get(2)?,
+                    accepted_at: r.get(3)?,
+                })
+            })?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::from)
+        })
     }
 
     fn related(&self, summary: &ExecutionSummary) -> Result<Vec<Related>, StoreError> {

@@ -222,6 +222,9 @@ impl ImportEvent {
 pub struct NewExecution {
     pub id: ExecutionId,
     pub fingerprint: Fingerprint,
+    /// The record's fingerprint without its intent scope (side-effecting executions only): links
+    /// an earlier execution of the same effect in another run; never decides a retry.
+    pub effect_fingerprint: Option<Fingerprint>,
     pub actor: Actor,
     pub intent_scope: IntentScope,
     pub session_id: Option<SessionId>,

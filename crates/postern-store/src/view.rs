@@ -115,6 +115,15 @@ pub(crate) const PRIOR_ACCEPTED: &str = "SELECT execution_id, at, json_extract(b
        AND json_extract(body, '$.payload.intent_scope') = ?3
      ORDER BY seq DESC LIMIT 1";
 
+/// The newest side-effecting `accepted` row with effect fingerprint ?1 and actor ?2 in an intent
+/// scope other than ?3: the same effect asked for in another run.
+pub(crate) const EARLIER_EFFECT: &str =
+    "SELECT execution_id, at, json_extract(body, '$.payload.intent_scope') FROM journal
+     WHERE effect_fingerprint = ?1 AND event = 'accepted'
+       AND json_extract(body, '$.payload.actor') = ?2
+       AND json_extract(body, '$.payload.intent_scope') <> ?3
+     ORDER BY seq DESC LIMIT 1";
+
 /// Execution ?1's state as its last state row in the chain says.
 pub(crate) const LAST_STATE: &str =
     "SELECT state FROM journal WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq DESC LIMIT 1";

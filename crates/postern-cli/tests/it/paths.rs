@@ -233,3 +233,47 @@ fn a_token_run_without_a_process_ends_when_its_idle_lease_runs_out() {
             .map(|s| assert_eq!(s["end_reason"], "idle_lease_expired", "{s}"))
     });
 }
+
+/// Regression (#27 finding 8): a restarted agent's repeat is a new intent (a new run), but it
+/// was a fresh execution with no past: nothing linked it to the earlier one. Its `accepted` row
+/// now names the earlier execution of the same effect, the incident record lists it, and a
+/// reviewer asked about it is told (`approval::tests`).
+#[test]
+fn a_restarted_agents_repeat_is_linked_to_the_earlier_run() {
+    use super::gateway_support::{Agent, Sdk};
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let id_of = |v: &Value| v["structured"]["execution_id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let first = id_of(&agent.call_and_wait("first", "wire", json!({ "amount": 12 })));
+    drop(agent);
+    let mut restarted = Agent::start(Sdk::Python);
+    restarted.connect(gw.bridge_command());
+    let again = id_of(&restarted.call_and_wait("again", "wire", json!({ "amount": 12 })));
+    assert_ne!(again, first, "a new run is a new intent");
+    let other = id_of(&restarted.call_and_wait("other", "wire", json!({ "amount": 13 })));
+
+    let accepted =
+        |id: &str| gw.activity().into_iter().find(|r| r["execution_id"] == id && r["event"] == "accepted").unwrap();
+    let earlier = &accepted(&again)["detail"]["earlier_effect"];
+    assert_eq!(earlier["execution_id"], first.as_str(), "{earlier}");
+    assert!(
+        earlier["state"].as_str().is_some_and(|s| s.starts_with("completed") || s == "result_delivered"),
+        "{earlier}"
+    );
+    assert!(accepted(&other)["detail"]["earlier_effect"].is_null(), "another effect has no earlier run");
+    assert_eq!(accepted(&first)["detail"]["effect_fingerprint"], accepted(&again)["detail"]["effect_fingerprint"]);
+    assert_ne!(accepted(&first)["detail"]["fingerprint"], accepted(&again)["detail"]["fingerprint"]);
+
+    let shown = gw.postern(&["execution", "show", &again, "--json"]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    let incident: Value = serde_json::from_str(&shown.stdout).unwrap();
+    let related: Vec<&str> = incident["incident"]["related"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["execution_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(related, [first.as_str()], "{incident}");
+}

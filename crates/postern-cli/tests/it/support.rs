@@ -104,6 +104,7 @@ fn new_execution(id: ExecutionId, amount: u64, t: Timestamp) -> NewExecution {
     NewExecution {
         id,
         fingerprint: action.fingerprint(&key),
+        effect_fingerprint: Some(action.effect_fingerprint(&key)),
         actor: request.actor,
         intent_scope: request.intent_scope,
         session_id: Some(session()),

@@ -76,8 +76,20 @@ pub struct AuthorizationRequest {
     pub body_full: Option<String>,
     /// How long the reviewer has (then the call is denied, `approval_timed_out`).
     pub timeout_ms: u64,
+    /// The same effect asked for by the same actor in an earlier run (a restarted agent's
+    /// repeat), as the `accepted` row names it: not a retry, but the reviewer should know.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub earlier_run: Option<EarlierRun>,
     #[serde(skip)]
     pub withdrawn: Withdrawal,
+}
+
+/// An earlier execution of the same effect in another run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EarlierRun {
+    pub execution_id: String,
+    pub state: Option<String>,
+    pub accepted_at: i64,
 }
 
 /// Default time a reviewer has to answer.
@@ -421,6 +433,17 @@ impl AuthorizationRequest {
                 row("credential", c.clone());
             }
         }
+        if let Some(e) = &self.earlier_run {
+            row(
+                "earlier run",
+                format!(
+                    "a matching call by an earlier run: {}, state {}, accepted {}",
+                    e.execution_id,
+                    e.state.as_deref().unwrap_or("unknown"),
+                    when(e.accepted_at)
+                ),
+            );
+        }
         row("execution", self.execution_id.to_string());
         Presentation { title: title.into(), intro, rows, timeline: vec![], choices, details: self.body_full.clone() }
             .visible()
@@ -629,6 +652,7 @@ mod tests {
             body_preview: None,
             body_full: None,
             timeout_ms: 1000,
+            earlier_run: None,
             withdrawn: Withdrawal::default(),
         };
         let shown = request.presentation();
@@ -650,6 +674,20 @@ mod tests {
             agent: request.agent.clone().map(|a| AgentRun { pid: None, transport: "streamable_http".into(), ..a }),
             ..request.clone()
         };
+        // A restarted agent's repeat: the reviewer is told of the earlier execution.
+        let repeat = AuthorizationRequest {
+            earlier_run: Some(EarlierRun {
+                execution_id: "act_01M8PM1HTYABR0ZCD5R1RHETB6".into(),
+                state: Some("completed_result_not_delivered".into()),
+                accepted_at: 0,
+            }),
+            ..request.clone()
+        };
+        let earlier = repeat.presentation().rows.into_iter().find(|(l, _)| l == "earlier run").expect("shown").1;
+        assert!(
+            earlier.starts_with("a matching call by an earlier run: act_01M8PM1HTYABR0ZCD5R1RHETB6, state completed_result_not_delivered"),
+            "{earlier}"
+        );
         let rows = relayed.presentation().rows;
         assert!(rows.iter().any(|(l, v)| l == "process" && v.starts_with("unidentified")), "{rows:?}");
         assert!(!rows.iter().any(|(l, _)| l == "pid"), "{rows:?}");

@@ -88,6 +88,7 @@ impl Engine {
             body_preview: body.as_ref().map(|(preview, _)| preview.clone()),
             body_full: body.and_then(|(_, full)| full),
             timeout_ms: self.approval_timeout.as_millis() as u64,
+            earlier_run: if admitted { self.earlier_run(id)? } else { None },
             withdrawn: Withdrawal::default(),
         };
         let rung_asked = match ask {
@@ -230,6 +231,16 @@ impl Engine {
         }
         self.touch();
         Ok(asked)
+    }
+
+    /// The earlier execution of the same effect in another run that execution `id`'s `accepted`
+    /// row names, if any.
+    fn earlier_run(&self, id: ExecutionId) -> Result<Option<crate::approval::EarlierRun>, EngineError> {
+        let timeline = self.store.view().timeline(id)?;
+        let accepted = timeline.iter().find(|e| e.row.event == ExecutionState::Accepted.as_str());
+        Ok(accepted
+            .and_then(|e| e.row.detail.get("earlier_effect"))
+            .and_then(|v| serde_json::from_value(v.clone()).ok()))
     }
 
     /// The agent run behind a call, as a reviewer is shown it.

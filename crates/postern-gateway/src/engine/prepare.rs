@@ -325,6 +325,9 @@ impl Engine {
         Ok(NewExecution {
             id: ExecutionId::from_parts(at, u128::from_le_bytes(random)),
             fingerprint: action.fingerprint(&self.key),
+            // Side-effecting executions only: a read costs the effect index nothing.
+            effect_fingerprint: (p.tool.contract.class != postern_core::ReplayClass::ReadOnly)
+                .then(|| action.effect_fingerprint(&self.key)),
             actor: call.actor.clone(),
             intent_scope,
             session_id: call.session,

@@ -50,6 +50,27 @@ impl Writer {
         }))
     }
 
+    /// The newest execution of the same effect by the same actor in another intent scope, as
+    /// the accepted row names it: its id, scope, acceptance time and state now.
+    fn earlier_effect(
+        &mut self,
+        effect: &postern_core::Fingerprint,
+        actor: &Actor,
+        scope: &IntentScope,
+    ) -> Result<Option<Value>, StoreError> {
+        let found = self
+            .conn
+            .prepare_cached(crate::view::EARLIER_EFFECT)?
+            .query_row(params![effect.to_string(), actor.as_str(), scope.as_str()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+            })
+            .optional()?;
+        let Some((id, at, earlier_scope)) = found else { return Ok(None) };
+        let state: Option<String> =
+            self.conn.prepare_cached(crate::view::LAST_STATE)?.query_row([&id], |r| r.get(0)).optional()?;
+        Ok(Some(json!({ "execution_id": id, "intent_scope": earlier_scope, "accepted_at": at, "state": state })))
+    }
+
     pub(crate) fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
         self.admit_with(new, None)
     }
@@ -124,6 +145,14 @@ impl Writer {
             // A related execution exists but does not attach (outside its window, delivered, …):
             // say so, so a reviewer can see why this was treated as a new intent.
             detail["related_prior"] = json!({"execution_id": prior.id, "state": prior.state});
+        }
+        if let Some(effect) = &new.effect_fingerprint {
+            detail["effect_fingerprint"] = json!(effect);
+            // The same effect asked for in another run (a restarted agent's repeat): named, not
+            // matched — a new run is a new intent, but a reviewer and the incident record see it.
+            if let Some(earlier) = self.earlier_effect(effect, &new.actor, &new.intent_scope)? {
+                detail["earlier_effect"] = earlier;
+            }
         }
         if let Some(anew) = anew {
             detail["dispatched_anew"] = anew.clone();

@@ -77,6 +77,7 @@ pub fn payment_with(id: ExecutionId, arguments: Value, session: SessionId, at: T
     NewExecution {
         id,
         fingerprint: action.fingerprint(&key()),
+        effect_fingerprint: Some(action.effect_fingerprint(&key())),
         actor: request.actor.clone(),
         intent_scope: request.intent_scope.clone(),
         session_id: Some(session),
