@@ -89,10 +89,11 @@ pub struct Contract {
     /// re-sent with the same key, irreversible goes to a reviewer.
     #[arg(long, value_enum, required_unless_present_any = ["clear", "confirm", "approve_every_use", "secret_argument"])]
     class: Option<Class>,
-    /// Confirm the class the server's annotations suggest (`servers tools` shows it as
-    /// "hints_unconfirmed"): until then the tool is held to irreversible.
-    #[arg(long, conflicts_with_all = ["class", "idempotency_argument", "clear"])]
-    confirm: bool,
+    /// Confirm the class the server's annotations suggest, as `servers tools` showed it
+    /// ("server hints read_only: unconfirmed"): until then the tool is held to irreversible.
+    /// Refused if the server hints something else now.
+    #[arg(long, value_enum, value_name = "CLASS", conflicts_with_all = ["class", "idempotency_argument", "clear"])]
+    confirm: Option<Class>,
     /// The argument Postern fills with the execution ID (with --class idempotency_key).
     #[arg(long, value_name = "ARGUMENT")]
     idempotency_argument: Option<String>,
@@ -114,13 +115,14 @@ pub struct Contract {
 /// argument against its schema, then keeps the contract in the server's record (journaled).
 pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
     let overrides = crate::serve::manifest(args.tools.as_deref())?.server_overrides().clone();
-    let mut class = args.class.map(|c| match c {
+    let replay_class = |c: Class| match c {
         Class::ReadOnly => ReplayClass::ReadOnly,
         Class::Idempotent => ReplayClass::Idempotent,
         Class::IdempotencyKey => ReplayClass::IdempotencyKey,
         Class::Irreversible => ReplayClass::Irreversible,
-    });
-    if args.confirm {
+    };
+    let mut class = args.class.map(replay_class);
+    if let Some(expected) = args.confirm.map(replay_class) {
         // What the server hints now, as the owner would see it in `servers tools`.
         let listed = crate::route::perform_with(
             data_dir,
@@ -144,6 +146,20 @@ pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
                 ),
             });
         };
+        // What the owner saw is what is confirmed: a server whose hint changed since is refused.
+        if hinted != expected {
+            return Err(Failure {
+                code: 2,
+                error: anyhow!(
+                    "MCP server {:?} now hints {} for {:?}, not {}: look again with `postern servers tools {}`",
+                    Outside::line(&args.server),
+                    hinted.as_str(),
+                    Outside::line(&args.tool),
+                    expected.as_str(),
+                    Outside::line(&args.server)
+                ),
+            });
+        }
         class = Some(hinted);
     }
     let contract = (!args.clear).then(|| ToolOverride {
@@ -159,7 +175,7 @@ pub fn contract(data_dir: &Path, args: Contract) -> Result<ExitCode, Failure> {
             "{}__{}: the owner's contract is cleared; it is irreversible until its hints are confirmed",
             args.server, args.tool
         );
-    } else if args.confirm {
+    } else if args.confirm.is_some() {
         let confirmed = class.map_or("", |c| c.as_str());
         eprintln!(
             "{}__{}: the server's hint ({confirmed}) is confirmed: it is the tool's contract now",
@@ -435,7 +451,9 @@ pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -
             None => text(&tool["contract"]),
         };
         let from = match (text(&tool["contract_from"]).as_str(), tool["hinted"].as_str()) {
-            ("hints_unconfirmed", Some(hinted)) => format!("server hints {hinted}: unconfirmed (--confirm)"),
+            ("hints_unconfirmed", Some(hinted)) => {
+                format!("server hints {hinted}: unconfirmed (--confirm {})", hinted.replace('_', "-"))
+            }
             (from, _) => from.to_owned(),
         };
         t.add_row(vec![
@@ -448,7 +466,7 @@ pub fn tools(data_dir: &Path, name: &str, manifest: Option<&Path>, json: bool) -
     println!("{}", t.trim_fmt());
     eprintln!(
         "a tool is irreversible unless its owner sets a contract: `postern servers contract {name} TOOL --class …`, \
-         `… TOOL --confirm` (take what the server's annotations suggest, which are only its claims), the app's \
+         `… TOOL --confirm CLASS` (take what the server's annotations suggest, which are only its claims), the app's \
          Servers view, or [servers.{name}.tools.<tool>] in tools.toml"
     );
     Ok(ExitCode::SUCCESS)

@@ -321,6 +321,9 @@ fn number_reads_alike(literal: &str) -> bool {
     if let Ok(integer) = literal.parse::<i64>() {
         return integer.unsigned_abs() <= MAX_SAFE_INTEGER;
     }
+    if !literal.contains(['.', 'e', 'E']) {
+        return false; // an integer beyond i64: readers with big integers see its every digit
+    }
     let mantissa = literal.split(['e', 'E']).next().unwrap_or("");
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     let significant = digits.trim_start_matches('0').trim_end_matches('0');

@@ -30,7 +30,9 @@ pub use outside::Outside;
 pub use record::{
     ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, McpAction, RecordError, SshAction,
 };
-pub use retry::{IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry};
+pub use retry::{
+    IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry, key_forgotten,
+};
 pub use time::Timestamp;
 
 /// Every error a library crate returns carries a stable, machine-readable code that the UI,

@@ -155,7 +155,7 @@ pub fn decide_retry(prior: Option<&PriorExecution>, incoming: &IncomingIntent<'_
         // Counted from acceptance, which is no later than the key first reached the target.
         OutcomeUnknown
             if matches!(prior.contract.class, ReplayClass::IdempotencyKey | ReplayClass::StatusQuery)
-                && now.millis_since(prior.accepted_at) >= prior.contract.key_retention() =>
+                && key_forgotten(prior, now) =>
         {
             let retention_ms = prior.contract.key_retention();
             RetryDecision::NeedsReview { prior: id, reason: ReviewReason::KeyRetentionPassed { retention_ms } }
@@ -167,6 +167,14 @@ pub fn decide_retry(prior: Option<&PriorExecution>, incoming: &IncomingIntent<'_
         // Delivered results and provable non-dispatches are done: a matching call is a new intent.
         ResultDelivered | FailedBeforeDispatch => RetryDecision::NewExecution,
     }
+}
+
+/// Whether the target may have forgotten the prior's key at `now`: its contract's key retention
+/// has passed since acceptance, or the clock reads earlier than the acceptance (a clock set back
+/// cannot prove the key is fresh).
+pub fn key_forgotten(prior: &PriorExecution, now: Timestamp) -> bool {
+    now.as_millis() < prior.accepted_at.as_millis()
+        || now.millis_since(prior.accepted_at) >= prior.contract.key_retention()
 }
 
 fn verify_through_contract(id: ExecutionId, contract: &ReplayContract) -> RetryDecision {

@@ -178,10 +178,18 @@ impl PendingResponses {
         }
     }
 
-    /// The agent withdrew request `key` (`notifications/cancelled`): it discards that answer.
+    /// The agent withdrew request `key` (`notifications/cancelled`): it discards that answer
+    /// (rmcp drops the response of a cancelled request, so it is never written): its id is free
+    /// again and its ticket is settled not delivered.
     pub(crate) fn cancelled(&self, key: &str) {
-        if let Ok(state) = self.inner.lock() {
+        let ticket = self.inner.lock().ok().and_then(|mut state| {
             state.follow_ups.cancelled(CONNECTION, key);
+            state.open.remove(key);
+            state.tools.remove(key);
+            state.tickets.remove(key)
+        });
+        if let Some(ticket) = ticket {
+            ticket.settle(false);
         }
     }
 

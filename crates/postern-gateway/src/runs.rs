@@ -83,9 +83,34 @@ pub struct AgentRun {
     /// over HTTP — not only through `postern call`: its process's descendants are inside an
     /// agent run (see [`crate::provenance`]).
     speaks_as_agent: std::sync::atomic::AtomicBool,
-    /// Bumped each time the last lease is let go: an idle timer ends the run only if nothing
-    /// used it since the timer started.
-    released: std::sync::atomic::AtomicU64,
+    /// When a lease was last let go (runs without a process): set *before* the lease's count
+    /// drops, so an idle timer never sees "unused" with a stale time.
+    released_at: Mutex<std::time::Instant>,
+    /// The run's one idle timer is armed (one task per run, not per request).
+    idle_timer: std::sync::atomic::AtomicBool,
+}
+
+impl AgentRun {
+    fn new(session: SessionId, actor: Actor, transport: Transport, attached: usize, agent: bool) -> AgentRun {
+        AgentRun {
+            session,
+            actor,
+            transport,
+            attached: Mutex::new(attached),
+            speaks_as_agent: std::sync::atomic::AtomicBool::new(agent),
+            released_at: Mutex::new(std::time::Instant::now()),
+            idle_timer: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn attached(&self) -> usize {
+        self.attached.lock().map_or(0, |n| *n)
+    }
+
+    /// No lease holds it, and none has been let go for `idle`.
+    fn unused_for(&self, idle: Duration) -> bool {
+        self.attached() == 0 && self.released_at.lock().is_ok_and(|at| at.elapsed() >= idle)
+    }
 }
 
 impl AgentRun {
@@ -150,6 +175,9 @@ pub struct RunLease {
 
 impl Drop for RunLease {
     fn drop(&mut self) {
+        if let Ok(mut at) = self.run.released_at.lock() {
+            *at = std::time::Instant::now();
+        }
         let last = self.run.attached.lock().map(|mut n| {
             *n = n.saturating_sub(1);
             *n == 0
@@ -172,7 +200,11 @@ fn random_u128() -> u128 {
 }
 
 impl AgentRuns {
-    /// `idle`: how long a run without a process outlives its last connection or request.
+    /// The shortest idle lease (a zero lease would make every request its own run).
+    pub const MIN_IDLE_LEASE: Duration = Duration::from_secs(1);
+
+    /// `idle`: how long a run without a process outlives its last connection or request (at
+    /// least [`AgentRuns::MIN_IDLE_LEASE`]).
     pub fn new(store: Arc<Store>, clock: Clock, idle: Duration) -> Arc<Self> {
         Arc::new(AgentRuns {
             store,
@@ -180,23 +212,42 @@ impl AgentRuns {
             live: Mutex::new(HashMap::new()),
             bridged: Mutex::new(HashMap::new()),
             poll: Duration::from_millis(500),
-            idle,
+            idle: idle.max(Self::MIN_IDLE_LEASE),
         })
     }
 
-    /// The run's last lease was let go: it ends after the idle lease unless used again.
+    /// The run's last lease was let go: it ends once unused for the idle lease. One timer per
+    /// run: it sleeps until the lease would run out, and ends the run only if, under the
+    /// registry's lock (where `join` attaches), nothing holds or has let go of it since.
     fn idle_from_now(self: &Arc<Self>, key: RunKey, run: Arc<AgentRun>) {
         use std::sync::atomic::Ordering;
-        let epoch = run.released.fetch_add(1, Ordering::SeqCst) + 1;
+        if run.idle_timer.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return self.end(&key, &run, "idle_lease_expired");
         };
         let (runs, idle) = (Arc::clone(self), self.idle);
         handle.spawn(async move {
-            tokio::time::sleep(idle).await;
-            // Decided under the registry's lock, where `join` attaches: never an ended run joined.
-            let unused = || run.attached.lock().is_ok_and(|n| *n == 0) && run.released.load(Ordering::SeqCst) == epoch;
-            runs.end_if(&key, &run, "idle_lease_expired", unused);
+            loop {
+                let since = run.released_at.lock().map_or_else(|_| std::time::Instant::now(), |at| *at);
+                tokio::time::sleep_until((since + idle).into()).await;
+                if runs.end_if(&key, &run, "idle_lease_expired", || run.unused_for(idle)) {
+                    return;
+                }
+                let live = runs.live.lock().is_ok_and(|live| live.get(&key).is_some_and(|r| Arc::ptr_eq(r, &run)));
+                if !live {
+                    return;
+                }
+                if run.attached() > 0 {
+                    run.idle_timer.store(false, Ordering::SeqCst);
+                    // A lease let go meanwhile found the timer armed: arm it again for that one.
+                    if run.attached() == 0 && !run.idle_timer.swap(true, Ordering::SeqCst) {
+                        continue;
+                    }
+                    return;
+                }
+            }
         });
     }
 
@@ -218,17 +269,15 @@ impl AgentRuns {
             let actor = Actor::from_recorded(s.actor.clone());
             // A token's run without a process holds its idle lease across the restart.
             if key.is_none() && actor.as_str().starts_with("agent:") {
-                let run = Arc::new(AgentRun {
-                    session,
-                    actor: actor.clone(),
-                    transport,
-                    attached: Mutex::new(0),
-                    speaks_as_agent: std::sync::atomic::AtomicBool::new(true),
-                    released: std::sync::atomic::AtomicU64::new(0),
-                });
+                let run = Arc::new(AgentRun::new(session, actor.clone(), transport, 0, true));
                 let rk = RunKey { actor, process: None };
-                if let Ok(mut live) = self.live.lock() {
-                    live.insert(rk.clone(), Arc::clone(&run));
+                // One run per token: an older open run of the same token (there should be none)
+                // is ended rather than left open forever.
+                let older = self.live.lock().ok().and_then(|mut live| live.insert(rk.clone(), Arc::clone(&run)));
+                if let Some(older) = older {
+                    self.store.end_session(older.session, "gateway_restarted", (self.clock)())?;
+                    ended += 1;
+                    adopted -= 1;
                 }
                 self.idle_from_now(rk, run);
                 adopted += 1;
@@ -236,15 +285,9 @@ impl AgentRuns {
             }
             match key {
                 Some(key) if alive && hashes.describe(key.pid).is_some() => {
-                    let run = Arc::new(AgentRun {
-                        session,
-                        actor: Actor::from_recorded(s.actor.clone()),
-                        transport,
-                        attached: Mutex::new(0),
-                        // A run the journal shows open was an agent's (only those are re-adopted).
-                        speaks_as_agent: std::sync::atomic::AtomicBool::new(true),
-                        released: std::sync::atomic::AtomicU64::new(0),
-                    });
+                    // A run the journal shows open was an agent's (only those are re-adopted).
+                    let run =
+                        Arc::new(AgentRun::new(session, Actor::from_recorded(s.actor.clone()), transport, 0, true));
                     let rk = RunKey { actor: run.actor.clone(), process: Some(key.clone()) };
                     if let Ok(mut live) = self.live.lock() {
                         live.insert(rk.clone(), Arc::clone(&run));
@@ -275,11 +318,9 @@ impl AgentRuns {
         let existing = self.live.lock().ok().and_then(|live| live.get(&key).inspect(|run| attach(run)).cloned());
         let run = match existing {
             Some(run) => run,
-            None => {
-                let run = self.start(caller, key.clone(), client).await?;
-                attach(&run);
-                run
-            }
+            // A new run is born attached (nothing can end it while its start is journaled); one
+            // another connection started first is attached under the registry's lock.
+            None => self.start(caller, key.clone(), client).await?,
         };
         Ok(RunLease { run, runs: Arc::clone(self), key })
     }
@@ -291,20 +332,22 @@ impl AgentRuns {
         client: Option<String>,
     ) -> Result<Arc<AgentRun>, StoreError> {
         let at: Timestamp = (self.clock)();
-        let run = Arc::new(AgentRun {
-            session: SessionId::from_parts(at, random_u128()),
-            actor: caller.actor(),
-            transport: caller.transport,
-            attached: Mutex::new(0),
-            speaks_as_agent: std::sync::atomic::AtomicBool::new(false),
-            released: std::sync::atomic::AtomicU64::new(0),
-        });
+        let run = Arc::new(AgentRun::new(
+            SessionId::from_parts(at, random_u128()),
+            caller.actor(),
+            caller.transport,
+            1,
+            false,
+        ));
         // Two connections of one process may race here: the first insert wins.
         let winner = {
             let Ok(mut live) = self.live.lock() else {
                 return Err(StoreError::Corrupt("the run registry's lock is poisoned".into()));
             };
             if let Some(existing) = live.get(&key) {
+                if let Ok(mut n) = existing.attached.lock() {
+                    *n += 1;
+                }
                 return Ok(Arc::clone(existing));
             }
             live.insert(key.clone(), Arc::clone(&run));
@@ -373,14 +416,14 @@ impl AgentRuns {
     }
 
     /// Ends `run` if it is still the live one for `key` and `still` holds (checked under the
-    /// registry's lock).
-    fn end_if(&self, key: &RunKey, run: &Arc<AgentRun>, reason: &'static str, still: impl FnOnce() -> bool) {
+    /// registry's lock); whether it ended it.
+    fn end_if(&self, key: &RunKey, run: &Arc<AgentRun>, reason: &'static str, still: impl FnOnce() -> bool) -> bool {
         let removed = self.live.lock().is_ok_and(|mut live| match live.get(key) {
             Some(current) if Arc::ptr_eq(current, run) && still() => live.remove(key).is_some(),
             _ => false,
         });
         if !removed {
-            return;
+            return false;
         }
         let store = Arc::clone(&self.store);
         let (session, at) = (run.session, (self.clock)());
@@ -395,5 +438,6 @@ impl AgentRuns {
             }
             Err(_) => end(),
         }
+        true
     }
 }

@@ -473,39 +473,6 @@ impl LineTransport {
                 _ => {}
             }
         }
-        // One request per id at a time: answers and acknowledgements name a request by its id.
-        if let (Some(method), Some(request)) = (value.get("method").and_then(Value::as_str), &id)
-            && !self.pending.request_arrived(&request_key(request))
-        {
-            return Err(Rejection {
-                code: ErrorCode::INVALID_REQUEST,
-                message: format!(
-                    "request id {} is still in use on this connection (its answer is not yet delivered): \
-                     give every request an id of its own; this {method} was not run",
-                    value["id"]
-                ),
-                id: None,
-                data: serde_json::json!({ "code": "request_id_in_use", "id": value["id"] }),
-            });
-        }
-        // What delivery needs to know of the agent's messages: which tool a call names (a call of
-        // another tool is the agent carrying on), and which request a cancellation withdraws.
-        match (value.get("method").and_then(Value::as_str), &id) {
-            (Some("tools/call"), Some(request)) => {
-                if let Some(tool) = value.pointer("/params/name").and_then(Value::as_str) {
-                    self.pending.tool_called(request_key(request), tool);
-                }
-            }
-            (Some("notifications/cancelled"), None) => {
-                if let Some(withdrawn) = value
-                    .pointer("/params/requestId")
-                    .and_then(|r| serde_json::from_value::<NumberOrString>(r.clone()).ok())
-                {
-                    self.pending.cancelled(&request_key(&withdrawn));
-                }
-            }
-            _ => {}
-        }
         if value.is_array() {
             return Err(Rejection {
                 code: ErrorCode::INVALID_REQUEST,
@@ -524,12 +491,48 @@ impl LineTransport {
                 data: serde_json::json!({ "code": "params_not_object" }),
             });
         }
-        serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value).map(Some).map_err(|e| Rejection {
+        let method = value.get("method").and_then(Value::as_str).map(str::to_owned);
+        let tool = value.pointer("/params/name").and_then(Value::as_str).map(str::to_owned);
+        let withdrawn =
+            value.pointer("/params/requestId").and_then(|r| serde_json::from_value::<NumberOrString>(r.clone()).ok());
+        let shown_id = value["id"].clone();
+        let message = serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value).map_err(|e| Rejection {
             code: ErrorCode::INVALID_REQUEST,
             message: format!("not a valid JSON-RPC 2.0 message: {e}"),
-            id,
+            id: id.clone(),
             data: serde_json::json!({ "code": "invalid_request" }),
-        })
+        })?;
+        // One request per id at a time: answers and acknowledgements name a request by its id.
+        // (Checked last, so a request refused for anything else leaves no id in use behind.)
+        if let (Some(method), Some(request)) = (&method, &id)
+            && !self.pending.request_arrived(&request_key(request))
+        {
+            return Err(Rejection {
+                code: ErrorCode::INVALID_REQUEST,
+                message: format!(
+                    "request id {shown_id} is still in use on this connection (its answer is not yet delivered): \
+                     give every request an id of its own; this {method} was not run"
+                ),
+                id: None,
+                data: serde_json::json!({ "code": "request_id_in_use", "id": shown_id }),
+            });
+        }
+        // What delivery needs to know of the agent's messages: which tool a call names (a call of
+        // another tool is the agent carrying on), and which request a cancellation withdraws.
+        match (method.as_deref(), &id) {
+            (Some("tools/call"), Some(request)) => {
+                if let Some(tool) = &tool {
+                    self.pending.tool_called(request_key(request), tool);
+                }
+            }
+            (Some("notifications/cancelled"), None) => {
+                if let Some(withdrawn) = withdrawn {
+                    self.pending.cancelled(&request_key(&withdrawn));
+                }
+            }
+            _ => {}
+        }
+        Ok(Some(message))
     }
 }
 

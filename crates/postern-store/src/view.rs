@@ -116,11 +116,13 @@ pub(crate) const PRIOR_ACCEPTED: &str = "SELECT execution_id, at, json_extract(b
      ORDER BY seq DESC LIMIT 1";
 
 /// The newest side-effecting `accepted` row with effect fingerprint ?1 and actor ?2 in an intent
-/// scope other than ?3: the same effect asked for in another run.
-pub(crate) const EARLIER_EFFECT: &str =
-    "SELECT execution_id, at, json_extract(body, '$.payload.intent_scope') FROM journal
-     WHERE effect_fingerprint = ?1 AND event = 'accepted'
-       AND json_extract(body, '$.payload.actor') = ?2
+/// scope other than ?3: the same effect asked for in another run. Only the newest 64 rows of the
+/// effect are looked at, so an effect repeated without end in one scope costs admission a
+/// bounded read (the single writer runs it).
+pub(crate) const EARLIER_EFFECT: &str = "SELECT execution_id, at, json_extract(body, '$.payload.intent_scope') FROM (
+       SELECT execution_id, at, body, seq FROM journal
+        WHERE effect_fingerprint = ?1 AND event = 'accepted' ORDER BY seq DESC LIMIT 64)
+     WHERE json_extract(body, '$.payload.actor') = ?2
        AND json_extract(body, '$.payload.intent_scope') <> ?3
      ORDER BY seq DESC LIMIT 1";
 

@@ -563,7 +563,7 @@ fn a_change_that_weakens_safety_waits_for_the_reviewers_confirmation() {
     let stronger = contract(&["set_flag", "--class", "irreversible"]).join().unwrap();
     assert_eq!(stronger.code, 0, "{}", stronger.stderr);
     // Confirming what the hint says is weaker: asked, and refused.
-    let weaker = contract(&["set_flag", "--confirm"]);
+    let weaker = contract(&["set_flag", "--confirm", "idempotent"]);
     let shown = term.wait_for("choice (c/r)> ");
     assert!(shown.contains("confirm a change"), "{shown}");
     assert!(shown.contains("counter__set_flag"), "{shown}");
@@ -580,7 +580,7 @@ fn a_change_that_weakens_safety_waits_for_the_reviewers_confirmation() {
     };
     assert_eq!(listed(&gw), json!("irreversible"), "nothing changed");
     // Asked again, and confirmed.
-    let weaker = contract(&["set_flag", "--confirm"]);
+    let weaker = contract(&["set_flag", "--confirm", "idempotent"]);
     term.wait_for("choice (c/r)> ");
     term.type_line("c");
     let confirmed = weaker.join().unwrap();

@@ -93,6 +93,13 @@ fn a_request_id_in_use_is_refused_and_delivery_follows_each_call() {
         (state_of(&gw, &wire) == "result_delivered").then_some(())
     });
     assert_eq!((target.posts(), target.gets()), (1, 1));
+
+    // A request refused for anything else leaves its id free (found by review: it stayed in use).
+    bridge.send(json!({ "jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": ["balance"] }));
+    assert_eq!(bridge.answer_to(&json!(9))["error"]["data"]["code"], "params_not_object");
+    bridge.call(9, "balance", json!({}));
+    assert_eq!(bridge.answer_to(&json!(9))["result"]["isError"], false, "id 9 is free again");
+    assert_eq!(target.gets(), 2);
 }
 
 /// Regression (#27 finding 9): a resumption the journal has no execution for was answered

@@ -221,10 +221,13 @@ fn an_upstream_that_dies_after_the_effect_is_recovered_by_each_tools_contract() 
     assert_eq!(gw.events_of(&id).iter().filter(|e| *e == "dispatched").count(), 1);
 
     // The owner confirms the hint, beside the running gateway: idempotent now, re-sent as it was.
-    let confirmed = gw.postern(&["servers", "contract", "counter", "set_flag", "--confirm"]);
+    let wrong = gw.postern(&["servers", "contract", "counter", "set_flag", "--confirm", "read-only"]);
+    assert_eq!(wrong.code, 2, "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("now hints idempotent"), "only what the owner saw is confirmed: {}", wrong.stderr);
+    let confirmed = gw.postern(&["servers", "contract", "counter", "set_flag", "--confirm", "idempotent"]);
     assert_eq!(confirmed.code, 0, "{}", confirmed.stderr);
     assert!(confirmed.stderr.contains("hint (idempotent) is confirmed"), "{}", confirmed.stderr);
-    let nothing = gw.postern(&["servers", "contract", "counter", "pay", "--confirm"]);
+    let nothing = gw.postern(&["servers", "contract", "counter", "pay", "--confirm", "idempotent"]);
     assert_eq!(nothing.code, 2, "{}", nothing.stderr);
     assert!(nothing.stderr.contains("gives no hint to confirm"), "{}", nothing.stderr);
     die_after_next_effect(d);

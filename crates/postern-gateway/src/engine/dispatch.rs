@@ -245,14 +245,16 @@ impl Engine {
     }
 
     /// Why a recovery re-send of execution `id` must not send `out`: `None` when `out` is
-    /// exactly the request the first attempt sent (its digest is the one journaled with the
-    /// first `dispatched`). A retry is rendered from its own arguments and today's tool: an
+    /// exactly the request last sent under its key (its digest is the one journaled with the
+    /// latest `dispatched`). A retry is rendered from its own arguments and today's tool: an
     /// argument outside the fingerprint, or a template edited since, would go out under the
     /// original's key as a different request.
     fn not_the_original_request(&self, id: ExecutionId, out: &Wire) -> Result<Option<&'static str>, EngineError> {
+        // The latest request sent under the key (a status route's "never received" lets the same
+        // execution be sent again, and that request is then the one the target may hold).
         let timeline = self.store.view().timeline(id)?;
-        let first = timeline.iter().find(|e| e.row.event == ExecutionState::Dispatched.as_str());
-        let recorded = first.and_then(|e| e.row.detail.get("request_digest")).and_then(Value::as_str);
+        let last = timeline.iter().rev().find(|e| e.row.event == ExecutionState::Dispatched.as_str());
+        let recorded = last.and_then(|e| e.row.detail.get("request_digest")).and_then(Value::as_str);
         Ok(match recorded {
             Some(digest) if digest == out.digest(&self.key) => None,
             Some(_) => Some(

@@ -222,11 +222,15 @@ impl Engine {
             }
         }
         let (body, content_type) = crate::manifest::http_request_body(args.get("body"));
-        let given_type = headers.iter().find(|(k, _)| k == "content-type").map(|(_, v)| v.trim().to_owned());
+        // Several Content-Type headers (names differing in case): none is normalised away, and
+        // the body is taken byte for byte (which one a target reads is its own business).
+        let types: Vec<&str> = headers.iter().filter(|(k, _)| k == "content-type").map(|(_, v)| v.trim()).collect();
+        let several_types = types.len() > 1;
+        let given_type = types.first().map(|t| (*t).to_owned());
         if let (Some(_), Some(content_type)) = (&body, content_type) {
             match &given_type {
                 // The header the gateway would add anyway: what is sent is the same without it.
-                Some(given) if given.eq_ignore_ascii_case(content_type) => {
+                Some(given) if !several_types && given.eq_ignore_ascii_case(content_type) => {
                     contract.semantic_headers.remove("content-type");
                     if let Some(Value::Object(given)) = args.get_mut("headers") {
                         given.retain(|name, _| !name.eq_ignore_ascii_case("content-type"));
@@ -236,8 +240,6 @@ impl Engine {
                 None => headers.push(("content-type".into(), content_type.into())),
             }
         }
-        // A string body that is JSON enters the record as its value (models write a body out
-        // again when they retry); the bytes sent are still the agent's own.
         // Header names are case-insensitive: the record spells them in lower case (unless two
         // names differ only in case, which is then kept as given), and no headers is `{}`.
         if let Some(Value::Object(given)) = args.get_mut("headers") {
@@ -250,12 +252,6 @@ impl Engine {
                 args.as_object_mut().map(|a| a.remove("headers"));
             }
         }
-        if let Some(Value::String(text)) = args.get("body") {
-            let json_type = given_type.as_deref().map_or(content_type == Some("application/json"), is_json_media_type);
-            if let Some(value) = json_type.then(|| postern_core::canonical::json_text(text)).flatten() {
-                args["body"] = value;
-            }
-        }
         // Headers and query parameters named like secrets (an agent's own API key, a signed URL)
         // are kept out of the record, the journal and the approval text.
         let mut secrets = CallSecrets::default();
@@ -264,6 +260,20 @@ impl Engine {
         }
         for (name, value) in url.query_pairs().filter(|(name, _)| crate::redaction::sensitive_name(name)) {
             secrets.add(&name, &Value::String(value.into_owned()), &self.key);
+        }
+        // A string body that is JSON enters the record as its value (models write a body out
+        // again when they retry); the bytes sent are still the agent's own. Not when a secret
+        // the call carries is spelled in it: the record masks secrets in strings only, so the
+        // body stays one (masked) string.
+        if let Some(Value::String(text)) = args.get("body") {
+            let json_type = given_type.as_deref().map_or(content_type == Some("application/json"), is_json_media_type);
+            let holds_secret = !secrets.is_empty() && secrets.mask(text) != *text;
+            if let Some(value) = (json_type && !holds_secret && !several_types)
+                .then(|| postern_core::canonical::json_text(text))
+                .flatten()
+            {
+                args["body"] = value;
+            }
         }
         let tool = Tool::http_request(&method, url.as_str(), contract, crate::manifest::DEFAULT_TIMEOUT);
         let shown_url = secrets.mask(url.as_str());

@@ -88,7 +88,8 @@ impl Engine {
                 ..
             } => self.dispatch_after(p, id, name, true, vec![], Attempt::SameKeyResend).await,
             RetryDecision::VerifyPrior { verification: Verification::QueryStatus { query }, .. } => {
-                self.query_status(p, id, &query, name).await
+                // `decide_retry` chose this only inside the key's retention.
+                self.query_status(p, id, &query, name, true).await
             }
             RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
                 self.read_marker(p, id, state, name).await
@@ -185,7 +186,10 @@ impl Engine {
             }
             ReviewAnswer::CheckStatus => match (&decision, &prior.contract.status_query) {
                 (RetryDecision::VerifyPrior { .. }, _) => self.act_on(p, call, id, prior.state, decision).await,
-                (_, Some(query)) => self.query_status(p, id, query, Decision::CheckStatus).await,
+                (_, Some(query)) => {
+                    let remembered = !postern_core::key_forgotten(prior, self.now());
+                    self.query_status(p, id, query, Decision::CheckStatus, remembered).await
+                }
                 _ => Err(EngineError::Internal("check status was offered without a route".into())),
             },
             ReviewAnswer::DispatchAnew { reason } => self.dispatch_anew(p, call, id, &verdict.by, reason.trim()).await,
@@ -239,8 +243,11 @@ impl Engine {
             view.result(id)?.and_then(|r| serde_json::from_slice::<HttpResult>(&r.body).ok()).map(|r| r.status);
         let last_reason = entries.iter().rev().find_map(|e| text(&e.row.detail, "reason"));
         let class = prior.contract.class;
+        // Past the key's retention the status route is not asked either: it may have forgotten.
         let verifiable = matches!(decision, RetryDecision::VerifyPrior { .. })
-            || (prior.state == ExecutionState::NeedsReview && prior.contract.status_query.is_some());
+            || (prior.state == ExecutionState::NeedsReview
+                && prior.contract.status_query.is_some()
+                && !postern_core::key_forgotten(prior, self.now()));
         let (known_outcome, why_not_resent) = match prior.state {
             ExecutionState::Dispatched => (
                 format!("sent; no response yet (the original may still be running at {})", p.shown_url),
@@ -282,7 +289,9 @@ impl Engine {
                         RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
                             "by reading the marker the command leaves on the host, without running it again".to_owned()
                         }
-                        _ => "by asking the target's status route, without sending the action again".to_owned(),
+                        _ => "by asking the target's status route; only an answer its contract says means \
+                              \"never received\" lets the same request be sent"
+                            .to_owned(),
                     };
                     format!(
                         "the outcome is unknown; the replay contract ({}) can verify it {how} — choose check status",
@@ -367,6 +376,7 @@ impl Engine {
         id: ExecutionId,
         query: &postern_core::StatusQuery,
         decision: Decision,
+        key_remembered: bool,
     ) -> Result<CallOutcome, EngineError> {
         let url = url::Url::parse(&query.url_template.replace("{execution_id}", &id.to_string()))
             .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
@@ -401,6 +411,13 @@ impl Engine {
                             self.store.complete_async(id, completion).await?;
                         }
                         Ok(self.outcome(id, ExecutionState::Completed, true, decision, staged.result, json!({})))
+                    }
+                    StatusMeaning::NeverReceived if !key_remembered => {
+                        let why = format!(
+                            "the status route answered \"never received\" (HTTP {status}), but the key is older than the \
+                             target keeps keys: that may only mean it forgot, so Postern did not send it"
+                        );
+                        self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
                     }
                     StatusMeaning::NeverReceived => {
                         let detail = json!({ "verified_by": "status_query", "http_status": status });

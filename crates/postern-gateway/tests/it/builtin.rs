@@ -226,4 +226,22 @@ async fn a_body_written_out_again_is_the_same_intent() {
         assert_eq!(other.state, ExecutionState::Completed, "{body}");
     }
     assert_eq!(target.irreversible.load(Ordering::SeqCst), 5);
+
+    // Two Content-Type headers differing only in case are not the default one: a new intent.
+    let two_types = json!({"Content-Type": "application/json", "content-type": "text/xml"});
+    let doubled = rig.engine.call(post(json!({"amount": 5, "to": "acct_1"}), two_types, 20)).await.unwrap();
+    assert_ne!(doubled.execution_id, first.execution_id);
+    assert_eq!(target.irreversible.load(Ordering::SeqCst), 6);
+
+    // A body that spells a secret the call carries (here the agent's own API key in a header)
+    // stays one masked string in the record: a number or a key would not be masked.
+    let secret = "9081726354";
+    let keyed = json!({"X-Api-Key": secret});
+    let body = format!("{{\"pin\": {secret}, \"{secret}\": true}}");
+    let masked = rig.engine.call(post(json!(body), keyed, 21)).await.unwrap();
+    assert_eq!(masked.state, ExecutionState::Completed);
+    rig.store.flush().unwrap();
+    let record = rig.store.view().execution(masked.execution_id).unwrap().unwrap().record;
+    assert!(record["arguments"]["body"].is_string(), "{record}");
+    assert!(!record.to_string().contains(secret), "{record}");
 }

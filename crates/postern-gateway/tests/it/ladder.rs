@@ -513,7 +513,37 @@ async fn check_status_verifies_an_unknown_outcome_through_the_contract() {
     assert_eq!(shown.state, ExecutionState::OutcomeUnknown);
     assert!(shown.choices.contains(&ReviewChoice::CheckStatus));
     assert!(shown.why_not_resent.contains("status_query"), "{}", shown.why_not_resent);
-    assert!(shown.why_not_resent.contains("without sending the action again"), "{}", shown.why_not_resent);
+    assert!(shown.why_not_resent.contains("only an answer its contract says means"), "{}", shown.why_not_resent);
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
     assert_eq!(l.target.payments.load(Ordering::SeqCst), 1, "verified, not re-sent");
+}
+
+/// Found by an attacker review of #27: past the key's retention a reviewer was still offered
+/// "check status", and a target that had forgotten the key answered 404 — "never received" by
+/// the contract — so the payment was sent again. Past the retention the route is not offered,
+/// and its "never received" is not believed even when a reviewer asks anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_key_retention_a_status_route_cannot_send_it_again() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::CheckStatus);
+    let (target, addr) = start_target().await;
+    let proxy = crate::support::FaultProxy::start(addr).await;
+    let l = ladder_at(
+        Arc::clone(&reviewer),
+        postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
+        Arc::clone(&target),
+        proxy.addr,
+        addr,
+    );
+    let run = start_run(&l, 1);
+    proxy.next(crate::support::Fault::CutAfterForward);
+    let first = l.engine.call(in_run("create_payment_briefly_checked", 7, run)).await.unwrap();
+    assert_eq!(first.state, ExecutionState::OutcomeUnknown);
+    target.forget_keys();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let retry = l.engine.call(in_run("create_payment_briefly_checked", 7, run)).await.unwrap();
+    assert_eq!(retry.execution_id, first.execution_id);
+    let shown = reviewer.reviews();
+    assert!(!shown.is_empty() && shown.iter().all(|r| !r.choices.contains(&ReviewChoice::CheckStatus)), "{shown:?}");
+    assert_ne!(retry.state, ExecutionState::Completed, "{retry:?}");
+    assert_eq!(l.target.payments.load(Ordering::SeqCst), 1, "never sent again under a forgotten key");
 }

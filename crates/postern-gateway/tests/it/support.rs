@@ -301,6 +301,14 @@ credential = "pay"
 timeout = "3s"
 input_schema = {{ type = "object", required = ["amount"], properties = {{ amount = {{ type = "integer" }} }} }}
 contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{status_base}/v1/status/{{execution_id}}", done = [200], never_received = [404] }} }}
+
+[[tool]]
+name = "create_payment_briefly_checked"
+method = "POST"
+url = "{base}/v1/payments"
+credential = "pay"
+timeout = "3s"
+contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", key_retention = "1s", status_query = {{ method = "GET", url_template = "{status_base}/v1/status/{{execution_id}}", done = [200], never_received = [404] }} }}
 "#
     );
     Manifest::parse(&text, std::path::Path::new("test-tools.toml")).unwrap()
