@@ -120,34 +120,34 @@ impl JournalView {
 
     /// Executions of the same effect by the same actor (any run), from their `accepted` rows.
     fn same_effect(&self, effect: &str, summary: &ExecutionSummary) -> Result<Vec<Related>, StoreError> {
-        self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT j.execution_id, e.state, e.intent_scope, e.accepted_at FROM journal j
-                 JOIN executions e ON e.id = j.execution_id
-                 WHERE j.effect_fingerprint = ?1 AND j.event = 'accepted'
-                   AND json_extract(j.body, '$.payload.actor') = ?2 AND j.execution_id <> ?3
-                 ORDER BY j.seq DESC LIMIT ?4",
-            )?;
-            let rows = stmt.query_map(params![effect, summary.actor, summary.id, RELATED_LIMIT], |r| {
-                Ok(Related {
-                    execution_id: r.get(0)?,
-                    state: r.get(1)?,
-                    intent_scope: r.get(2)?,
-                    accepted_at: r.get(3)?,
-                })
-            })?;
-            rows.collect::<Result<_, _>>().map_err(StoreError::from)
-        })
+        self.related_by(
+            "SELECT j.execution_id, e.state, e.intent_scope, e.accepted_at FROM journal j
+             JOIN executions e ON e.id = j.execution_id
+             WHERE j.effect_fingerprint = ?1 AND j.event = 'accepted'
+               AND json_extract(j.body, '$.payload.actor') = ?2 AND j.execution_id <> ?3
+             ORDER BY j.seq DESC LIMIT ?4",
+            effect,
+            summary,
+        )
     }
 
+    /// Executions of the same intent (fingerprint) by the same actor.
     fn related(&self, summary: &ExecutionSummary) -> Result<Vec<Related>, StoreError> {
+        self.related_by(
+            "SELECT id, state, intent_scope, accepted_at FROM executions
+             WHERE fingerprint = ?1 AND actor = ?2 AND id <> ?3
+             ORDER BY accepted_at DESC, id DESC LIMIT ?4",
+            &summary.fingerprint,
+            summary,
+        )
+    }
+
+    /// The rows `sql` selects (id, state, scope, accepted) for `key`, `summary`'s actor, other
+    /// than `summary` itself, at most [`RELATED_LIMIT`].
+    fn related_by(&self, sql: &str, key: &str, summary: &ExecutionSummary) -> Result<Vec<Related>, StoreError> {
         self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT id, state, intent_scope, accepted_at FROM executions
-                 WHERE fingerprint = ?1 AND actor = ?2 AND id <> ?3
-                 ORDER BY accepted_at DESC, id DESC LIMIT ?4",
-            )?;
-            let rows = stmt.query_map(params![summary.fingerprint, summary.actor, summary.id, RELATED_LIMIT], |r| {
+            let mut stmt = c.prepare_cached(sql)?;
+            let rows = stmt.query_map(params![key, summary.actor, summary.id, RELATED_LIMIT], |r| {
                 Ok(Related {
                     execution_id: r.get(0)?,
                     state: r.get(1)?,
