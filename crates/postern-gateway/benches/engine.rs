@@ -119,6 +119,7 @@ fn main() {
                             session: None,
                             correlation: json!({}),
                             cancel: Default::default(),
+                            bound: Default::default(),
                         };
                         let outcome = e.call(call).await.expect("call");
                         assert!(outcome.result.is_some(), "{outcome:?}");

@@ -73,6 +73,20 @@ impl DeliveryTicket {
         }
     }
 
+    /// The agent asked for execution `id`'s result itself (a terminal task result it fetched
+    /// with `tasks/get`): the request is the agent's own step of delivery, so the transport's
+    /// confirmation that this response reached it (the bridge's acknowledgement, the client's
+    /// kernel acknowledging the bytes) completes it. No session is needed to follow up on.
+    pub fn fetched(&self, id: ExecutionId) {
+        self.followed_up();
+        self.carries(id);
+    }
+
+    /// Whether the agent's step of delivery is already taken ([`DeliveryTicket::fetched`]).
+    pub fn is_followed_up(&self) -> bool {
+        matches!(self.slot.lock().as_deref(), Ok(Slot::FollowedUp(_)))
+    }
+
     /// The executions whose outcome rides on this response (so far).
     pub fn carried(&self) -> Vec<ExecutionId> {
         match self.slot.lock().as_deref() {

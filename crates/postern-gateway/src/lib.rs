@@ -20,6 +20,7 @@ pub mod socket;
 pub mod ssh;
 pub mod ssh_pool;
 pub mod streamable;
+pub mod tasks;
 pub mod template;
 pub mod upstream;
 
@@ -27,5 +28,5 @@ pub use approval::{
     AgentRun, Approver, Ask, Authorization, AuthorizationRequest, ChangeRequest, Grant, LockOnlyApprover,
     RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict,
 };
-pub use engine::{Call, CallOutcome, CancelSignal, Decision, Engine, EngineError};
+pub use engine::{Bound, Call, CallOutcome, CancelSignal, Decision, Engine, EngineError};
 pub use manifest::{Manifest, ManifestError, Tool};

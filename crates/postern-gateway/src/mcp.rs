@@ -44,6 +44,9 @@ pub struct Gateway {
     pub executions: tokio_util::task::TaskTracker,
     /// Journals requests for what is not offered (possible self-approval attempts).
     pub refusals: Arc<crate::refusal::Refusals>,
+    /// The tasks whose execution runs in this process, by execution ID: what `tasks/cancel`
+    /// raises. (A task's status is never kept here: it is read from the journal.)
+    pub tasks: Mutex<HashMap<ExecutionId, crate::CancelSignal>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -68,6 +71,7 @@ impl Gateway {
             hashes: Arc::new(ExecutableHashes::default()),
             executions: tokio_util::task::TaskTracker::new(),
             refusals,
+            tasks: Mutex::new(HashMap::new()),
         })
     }
 }
@@ -77,6 +81,9 @@ impl Gateway {
 pub struct HttpCaller {
     pub caller: Caller,
     pub ticket: DeliveryTicket,
+    /// Raised when a 2026-07-28 client closes the request's response stream before its answer:
+    /// that revision makes a closed stream the request's cancellation (there is no resumption).
+    pub abandoned: crate::CancelSignal,
 }
 
 /// Requests of one connection whose response has not been confirmed delivered yet (socket).
@@ -342,16 +349,20 @@ impl PosternMcp {
         Ok(run)
     }
 
+    /// A `tools/call`. From a client that declared the tasks extension, a side-effecting call
+    /// is answered with a task as soon as it is bound to an execution on record (its ID is the
+    /// execution's); the execution runs on, and `tasks/get` answers from the journal.
     async fn call(
         &self,
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
+    ) -> Result<CallToolResponse, McpError> {
         let (caller, ticket) = self.caller_and_ticket(&context)?;
+        let as_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         let name = params.name.to_string();
         let arguments = Value::Object(params.arguments.unwrap_or_default());
         if name == EXECUTION_STATUS {
-            return Ok(self.execution_status(&caller, &arguments));
+            return Ok(CallToolResponse::Complete(self.execution_status(&caller, &arguments)));
         }
         // Only tools: an upstream's resources and prompts are reached as themselves.
         let upstream = match self.gateway.engine.upstreams() {
@@ -367,7 +378,11 @@ impl PosternMcp {
             ));
         }
         let key = request_key(&context.id);
-        let cancel = crate::CancelSignal::default();
+        // A task outlives its request: closing the request's stream does not cancel it.
+        let cancel = match Self::http_context(&context) {
+            Some(http) if !as_task => http.abandoned,
+            _ => crate::CancelSignal::default(),
+        };
         // One call per id at a time on a session: a cancellation names its request by id. (The
         // socket's transport refuses a reused id before it gets here.)
         let fresh = self.in_flight.lock().is_ok_and(|mut m| match m.entry(key.clone()) {
@@ -400,12 +415,45 @@ impl PosternMcp {
                 "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
             }),
             cancel: cancel.clone(),
+            bound: crate::Bound::default(),
         };
+        let bound = call.bound.clone();
         // The engine runs in its own task: a dropped connection must not abandon an execution
         // half-way; its outcome is journaled and waits for the retry.
         let engine = Arc::clone(&self.gateway.engine);
-        let task = self.gateway.executions.spawn(async move { engine.call(call).await });
-        let joined = task.await;
+        let withdrawn = cancel.clone();
+        let mut task = self.gateway.executions.spawn(async move {
+            let result = engine.call(call).await;
+            // Withdrawn by the client (`notifications/cancelled`, a closed 2026-07-28 stream,
+            // `tasks/cancel`), perhaps after its request went: here, not in the handler, which
+            // may be gone with the connection by now.
+            if let Ok(o) = &result
+                && withdrawn.is_cancelled()
+            {
+                if o.state != ExecutionState::FailedBeforeDispatch {
+                    let _ = engine.cancel_requested(o.execution_id, None).await;
+                }
+                if has_result(o.state) && !o.read_only && !as_task {
+                    // The client discards this answer whatever the transport does with it: the
+                    // result is on record and not delivered. (A task's is fetched later.)
+                    let _ = engine.delivered(o.execution_id, false).await;
+                }
+            }
+            result
+        });
+        let joined = if as_task {
+            let mut bound_to = bound.watch();
+            tokio::select! {
+                biased;
+                Ok(id) = bound_to.wait_for(Option::is_some) => {
+                    let id = (*id).unwrap_or_else(|| unreachable!("waited for Some"));
+                    return Ok(CallToolResponse::Task(self.follow_as_task(id, cancel, task)));
+                }
+                joined = &mut task => joined,
+            }
+        } else {
+            task.await
+        };
         let outcome = match joined {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(e)) => {
@@ -417,24 +465,67 @@ impl PosternMcp {
                     body.insert("execution_id".into(), json!(id));
                     body.insert("state".into(), json!(ExecutionState::Dispatched));
                 }
-                return Ok(r);
+                return Ok(CallToolResponse::Complete(r));
             }
             Err(e) => return Err(McpError::internal_error(format!("the engine task failed: {e}"), None)),
         };
-        let cancelled = cancel.is_cancelled();
-        if cancelled && outcome.state != ExecutionState::FailedBeforeDispatch {
-            let _ = self.gateway.engine.cancel_requested(outcome.execution_id, None).await;
+        if has_result(outcome.state) && !outcome.read_only && !cancel.is_cancelled() {
+            ticket.carries(outcome.execution_id);
         }
-        if has_result(outcome.state) && !outcome.read_only {
-            if cancelled {
-                // The client withdrew the request: it discards this answer whatever the
-                // transport does with it, so the result is on record and not delivered.
-                let _ = self.gateway.engine.delivered(outcome.execution_id, false).await;
-            } else {
-                ticket.carries(outcome.execution_id);
+        Ok(CallToolResponse::Complete(outcome_result(&outcome)))
+    }
+
+    /// Lets execution `id` run on as a task: `tasks/cancel` may raise its signal until it ends.
+    fn follow_as_task(
+        &self,
+        id: ExecutionId,
+        cancel: crate::CancelSignal,
+        task: tokio::task::JoinHandle<Result<CallOutcome, crate::EngineError>>,
+    ) -> rmcp::model::CreateTaskResult {
+        if let Ok(mut tasks) = self.gateway.tasks.lock() {
+            tasks.insert(id, cancel.clone());
+        }
+        let gateway = Arc::clone(&self.gateway);
+        self.gateway.executions.spawn(async move {
+            let _ = task.await;
+            if let Ok(mut tasks) = gateway.tasks.lock() {
+                tasks.remove(&id);
             }
+        });
+        let now = crate::tasks::rfc3339((self.gateway.clock)().as_millis());
+        rmcp::model::CreateTaskResult::new(
+            rmcp::model::Task::new(id.to_string(), rmcp::model::TaskStatus::Working, now.clone(), now)
+                .with_status_message("accepted; follow it with tasks/get")
+                .with_poll_interval_ms(crate::tasks::POLL_INTERVAL_MS),
+        )
+    }
+
+    /// The agent's own task `raw`, from the journal; another agent's is answered as unknown,
+    /// and the attempt journaled.
+    async fn own_task(
+        &self,
+        caller: &Caller,
+        raw: &str,
+        method: &str,
+    ) -> Result<(ExecutionId, crate::tasks::TaskOnRecord), McpError> {
+        let unknown = || {
+            McpError::invalid_params(
+                format!("no task {raw:?} was made by this agent"),
+                Some(json!({ "code": "unknown_task" })),
+            )
+        };
+        let Ok(id) = raw.parse::<ExecutionId>() else {
+            self.refused(caller, format!("{method} {raw}")).await;
+            return Err(unknown());
+        };
+        match crate::tasks::task_on_record(&self.gateway.engine, id, &caller.actor()).await {
+            Ok(Some(task)) => Ok((id, task)),
+            Ok(None) => {
+                self.refused(caller, format!("{method} {id}")).await;
+                Err(unknown())
+            }
+            Err(e) => Err(McpError::internal_error(e.to_string(), Some(json!({ "code": e.code() })))),
         }
-        Ok(outcome_result(&outcome))
     }
 
     /// The upstream servers, every one started (so what they offer is current).
@@ -462,6 +553,7 @@ impl PosternMcp {
             session: Some(run.session),
             correlation: json!({ "transport": caller.transport.as_str(), "agent_session": run.session.to_string() }),
             cancel: crate::CancelSignal::default(),
+            bound: crate::Bound::default(),
         };
         let engine = Arc::clone(&self.gateway.engine);
         let outcome = self
@@ -849,6 +941,7 @@ impl ServerHandler for PosternMcp {
                 .enable_tool_list_changed()
                 .enable_resources()
                 .enable_prompts()
+                .enable_tasks()
                 .build(),
         )
         .with_server_info(Implementation::new("postern", env!("CARGO_PKG_VERSION")))
@@ -970,7 +1063,36 @@ impl ServerHandler for PosternMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        self.call(request, context).await.map(CallToolResponse::Complete)
+        self.call(request, context).await
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        let (caller, ticket) = self.caller_and_ticket(&context)?;
+        let (_, task) = self.own_task(&caller, &request.task_id, "tasks/get").await?;
+        if let Some(id) = task.delivers {
+            ticket.fetched(id);
+        }
+        Ok(rmcp::model::GetTaskResult::new(task.task))
+    }
+
+    /// Cooperative, as the extension says: honoured until the `dispatched` row is written; after
+    /// that the request is journaled and the execution runs to its end (cancelling never
+    /// pretends to undo).
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (caller, _) = self.caller_and_ticket(&context)?;
+        let (id, _) = self.own_task(&caller, &request.task_id, "tasks/cancel").await?;
+        if let Some(signal) = self.gateway.tasks.lock().ok().and_then(|t| t.get(&id).cloned()) {
+            signal.cancel();
+        }
+        Ok(())
     }
 
     /// A client on an earlier protocol version hears `notifications/tools/list_changed` unscoped:

@@ -346,6 +346,15 @@ async fn guard(
     // and a cancellation withdraws its request (the client discards that answer).
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let agent_name = agent.name.clone();
+    // At 2026-07-28 there is no session: the agent's run is what it carries on in (its process,
+    // as `runs` keys it; the token alone when the process cannot be named).
+    let sessionless = request.headers().get("mcp-protocol-version").is_some_and(|v| v.as_bytes() == b"2026-07-28");
+    let carries_on_in = session.clone().or_else(|| {
+        sessionless.then(|| match &process {
+            Some(p) => format!("run:{agent_name}:{}:{}", p.key.pid, p.key.start_ticks),
+            None => format!("run:{agent_name}"),
+        })
+    });
     // An MCP session is its opener's: another token may not call on it, read its streams, or
     // (by carrying on in it) mark the first agent's result delivered.
     if let Some(s) = &session {
@@ -394,7 +403,7 @@ async fn guard(
             Err(refused) => return refused,
         };
         request = readable;
-        if let (Some(session), Some(head)) = (&session, &head) {
+        if let (Some(session), Some(head)) = (&carries_on_in, &head) {
             match head.withdrawn() {
                 Some(withdrawn) => guard.follow_ups.cancelled(session, &request_key(withdrawn)),
                 None => {
@@ -430,8 +439,17 @@ async fn guard(
             FollowUp { session: session.clone(), answers: resumed.answers, follow_ups: Arc::clone(&guard.follow_ups) };
         return delivering(response, ticket, (local, peer), Some(follow_up), None);
     }
-    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone() });
+    // At 2026-07-28 a closed response stream is its request's cancellation: the client cannot
+    // resume it and must re-issue the call as a new request. The stream is closed if the
+    // connection goes while the answer is awaited (the request is dropped here) or before its
+    // body was read to the end ([`DeliveryBody`]). Before `dispatched` the engine then sends
+    // nothing; after it the outcome is kept and answers the re-issued call.
+    let abandoned = crate::CancelSignal::default();
+    let sessionless_call = sessionless && answers.as_ref().is_some_and(|a| a.tool.is_some());
+    let mut abandon = Abandon(sessionless_call.then(|| abandoned.clone()));
+    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned });
     let response = next.run(request).await;
+    let abandon = abandon.0.take();
     // A new session's id comes back on the response to `initialize`.
     let session = session.or_else(|| {
         let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -445,12 +463,62 @@ async fn guard(
     });
     let streamed = response.status() == StatusCode::OK
         && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let follow_up = session.map(|session| FollowUp {
+    let follow_up = session.or(carries_on_in).map(|session| FollowUp {
         session,
         answers: answers.unwrap_or_default(),
         follow_ups: Arc::clone(&guard.follow_ups),
     });
-    delivering(response, ticket, (local, peer), follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()))
+    let mut response =
+        delivering(response, ticket, (local, peer), follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()));
+    if let Some(signal) = abandon {
+        response = abandoned_unless_read(response, signal);
+    }
+    response
+}
+
+/// Raises the request's cancellation if dropped still holding it (the request was dropped
+/// before its answer came: the client's connection went).
+struct Abandon(Option<crate::CancelSignal>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(signal) = self.0.take() {
+            signal.cancel();
+        }
+    }
+}
+
+/// `response`, whose request is cancelled if its body is dropped before it was read to the end.
+fn abandoned_unless_read(response: Response, signal: crate::CancelSignal) -> Response {
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::new(ReadToEnd { inner: body, abandon: Abandon(Some(signal)) }))
+}
+
+/// A body that disarms its [`Abandon`] once its last frame was taken.
+struct ReadToEnd {
+    inner: Body,
+    abandon: Abandon,
+}
+
+impl http_body::Body for ReadToEnd {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            self.abandon.0 = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// `response` with its body tracked for delivery, opened with `preamble` if any.
@@ -578,6 +646,8 @@ impl http_body::Body for DeliveryBody {
                         follow_ups.awaiting(&session, answers, self.ticket.clone());
                         self.handed_out = true;
                     }
+                    // A result the agent fetched itself (a task's): its request was the step.
+                    None if self.ticket.is_followed_up() => self.handed_out = true,
                     None => self.settle(false),
                 }
             }
@@ -595,8 +665,13 @@ impl http_body::Body for DeliveryBody {
         false
     }
 
+    // Never an exact length either: with one, the connection stops polling once it has the
+    // bytes and drops the body, before this body could learn the last frame was taken (a
+    // fetched task result is a plain JSON answer with a length).
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(self.inner.size_hint().lower());
+        hint
     }
 }
 

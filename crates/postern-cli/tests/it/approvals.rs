@@ -332,7 +332,7 @@ fn locking_the_vault_denies_an_open_question_at_once_and_the_terminal_can_unlock
 }
 
 /// Every journal row (all streams) whose event starts with `prefix`, oldest first, as stored.
-fn journal_rows(gw: &Gateway, prefix: &str) -> Vec<Value> {
+pub(crate) fn journal_rows(gw: &Gateway, prefix: &str) -> Vec<Value> {
     let db = rusqlite::Connection::open(gw.path().join("postern.db")).unwrap();
     let bodies: Vec<String> = db
         .prepare("SELECT body FROM journal ORDER BY seq")
@@ -586,4 +586,40 @@ fn a_change_that_weakens_safety_waits_for_the_reviewers_confirmation() {
     let confirmed = weaker.join().unwrap();
     assert_eq!(confirmed.code, 0, "{}", confirmed.stderr);
     assert_eq!(listed(&gw), json!("idempotent"));
+}
+
+/// #27, 2026-07-28 ("closing a response stream MUST be treated as cancellation"): a sessionless
+/// client that closes its connection while the reviewer is still deciding has withdrawn the
+/// call. The reviewer's later "allow" sends nothing: the execution ends
+/// `failed_before_dispatch` (cancelled), and the target never hears of it.
+#[test]
+fn a_stream_closed_before_dispatch_sends_nothing() {
+    use std::io::Write as _;
+    let target = Target::start();
+    // The token is made before the reviewer's gateway runs (beside it, a new token waits for
+    // the reviewer's confirmation).
+    let data_dir = tempfile::tempdir().unwrap();
+    let added = super::support::postern(&["agents", "add", "closer"], Some(data_dir.path()));
+    assert_eq!(added.code, 0, "{}", added.stderr);
+    let token = added.stdout.trim().to_owned();
+    let (gw, mut term) = serve_on_terminal_in(data_dir, &target.manifest(), &[]);
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let request = super::gateway::sessionless_call_request(&addr, &token, 1, "wire", json!({ "amount": 41 }));
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    term.wait_for("authorize an agent run");
+    term.wait_for("> ");
+    drop(stream);
+    let id = eventually("the execution on record", LONG, || gw.executions_of("wire").pop());
+    // The gateway notices the closed connection; then the reviewer answers.
+    std::thread::sleep(Duration::from_millis(500));
+    term.type_line("s");
+    let events = eventually("the execution to end", LONG, || {
+        let events = gw.events_of(&id);
+        events.contains(&"failed_before_dispatch".to_owned()).then_some(events)
+    });
+    assert!(!events.contains(&"dispatched".to_owned()), "{events:?}");
+    let last = timeline(&gw, &id).pop().unwrap();
+    assert_eq!(last["detail"]["reason"], "cancelled", "{last}");
+    assert_eq!(target.posts(), 0, "nothing reached the target");
 }

@@ -108,24 +108,49 @@ pub(super) fn raw_http(addr: &str, request: &str) -> (u16, String) {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, answer)
+    (status, dechunked(answer))
+}
+
+/// `answer` with a chunked body joined into one (the gateway never states a length: it must see
+/// its last frame taken, see `streamable`), so callers read `head\r\n\r\nbody` either way.
+fn dechunked(answer: String) -> String {
+    let Some((head, mut rest)) = answer.split_once("\r\n\r\n") else { return answer };
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return answer;
+    }
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        body.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    format!("{head}\r\n\r\n{body}")
 }
 
 /// A JSON-RPC `body` POSTed to `/mcp` with `headers` (each ending in CRLF).
 pub(super) fn post_mcp(addr: &str, headers: &str, body: &str) -> (u16, String) {
-    raw_http(
-        addr,
-        &format!(
-            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, \
-             text/event-stream\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        ),
+    raw_http(addr, &mcp_post_request(addr, headers, body))
+}
+
+fn mcp_post_request(addr: &str, headers: &str, body: &str) -> String {
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, \
+         text/event-stream\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
     )
 }
 
 /// A `tools/call` of `tool` as a 2026-07-28 client sends it: no session, the protocol version,
 /// capabilities and client in `_meta`, the agent's token.
 pub(super) fn post_sessionless_call(addr: &str, token: &str, id: u32, tool: &str, arguments: Value) -> (u16, String) {
+    raw_http(addr, &sessionless_call_request(addr, token, id, tool, arguments))
+}
+
+/// The HTTP request [`post_sessionless_call`] sends.
+pub(super) fn sessionless_call_request(addr: &str, token: &str, id: u32, tool: &str, arguments: Value) -> String {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
         "name": tool, "arguments": arguments,
         "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -135,7 +160,7 @@ pub(super) fn post_sessionless_call(addr: &str, token: &str, id: u32, tool: &str
     let headers = format!(
         "Authorization: Bearer {token}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\n"
     );
-    post_mcp(addr, &headers, &body)
+    mcp_post_request(addr, &headers, &body)
 }
 
 pub(super) fn post_initialize(addr: &str, headers: &str) -> (u16, String) {

@@ -22,4 +22,5 @@ mod upstreams;
 #[path = "../../../postern-gateway/tests/it/sshd.rs"]
 mod sshd;
 mod support;
+mod tasks;
 mod vault;

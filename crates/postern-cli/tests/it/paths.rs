@@ -284,3 +284,65 @@ fn a_restarted_agents_repeat_is_linked_to_the_earlier_run() {
         .collect();
     assert_eq!(related, [first.as_str()], "{incident}");
 }
+
+/// Sends `request` (raw HTTP) and closes the connection without reading the answer once `until`
+/// holds: a 2026-07-28 client whose response stream broke.
+fn send_then_close(addr: &str, request: &str, until: impl FnMut() -> Option<()>) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    eventually("the moment to close the stream", LONG, until);
+    drop(stream);
+}
+
+/// #27, 2026-07-28 ("closing a response stream MUST be treated as cancellation"): a stream
+/// closed after the request was sent keeps the outcome. The payment happened once; the
+/// execution completes, journals the cancellation request, and the call re-issued as a new
+/// request (a new id, as the revision says) is answered from it: still one payment.
+#[test]
+fn a_stream_closed_after_dispatch_keeps_the_outcome_for_the_reissued_call() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("closer");
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    target.hold();
+    let request = super::gateway::sessionless_call_request(&addr, &token, 1, "wire", json!({ "amount": 31 }));
+    send_then_close(&addr, &request, || (target.posts() == 1).then_some(()));
+    target.release();
+    let id = eventually("the execution to finish", LONG, || {
+        let id = gw.executions_of("wire").pop()?;
+        gw.events_of(&id).contains(&"cancel_requested".to_owned()).then_some(id)
+    });
+    assert!(state_of(&gw, &id).starts_with("completed"), "{:?}", gw.events_of(&id));
+    let (status, raw) = super::gateway::post_sessionless_call(&addr, &token, 2, "wire", json!({ "amount": 31 }));
+    assert_eq!(status, 200, "{raw}");
+    let again: Value = serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(again["result"]["structuredContent"]["execution_id"], id.as_str(), "{again}");
+    assert_eq!(target.posts(), 1, "one payment");
+}
+
+/// #27: a 2026-07-28 agent has no session, so its side-effecting results were never counted
+/// as delivered. The evidence is now its run's: the client's kernel acknowledged the answer, and
+/// the agent then called another tool (a repeat of the same tool confirms nothing: it may be
+/// the retry of an answer that was lost).
+#[test]
+fn a_sessionless_result_is_delivered_when_its_run_carries_on() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let token = gw.add_agent("carrier");
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let call = |id: u32, tool: &str, arguments: Value| -> Value {
+        let (status, raw) = super::gateway::post_sessionless_call(&addr, &token, id, tool, arguments);
+        assert_eq!(status, 200, "{raw}");
+        serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap()
+    };
+    let first = call(1, "wire", json!({ "amount": 3 }));
+    let id = first["result"]["structuredContent"]["execution_id"].as_str().unwrap().to_owned();
+    let other = call(2, "wire", json!({ "amount": 4 }));
+    let other = other["result"]["structuredContent"]["execution_id"].as_str().unwrap().to_owned();
+    assert_eq!(state_of(&gw, &id), "completed", "a call of the same tool is no evidence");
+    call(3, "balance", json!({}));
+    eventually("both results journaled as delivered", LONG, || {
+        (state_of(&gw, &id) == "result_delivered" && state_of(&gw, &other) == "result_delivered").then_some(())
+    });
+    assert_eq!(target.posts(), 2);
+}

@@ -110,6 +110,32 @@ pub struct Call {
     pub correlation: Value,
     /// Raised by the client's `notifications/cancelled`.
     pub cancel: CancelSignal,
+    /// Told which execution the call is bound to, once that is on record.
+    pub bound: Bound,
+}
+
+/// Which execution a call is bound to, told as soon as it is on record: the new execution once
+/// its `accepted` row is durable, or the earlier execution a retry matched. What an MCP task
+/// handle names (a task must exist durably before the client hears of it). A read-only call is
+/// never bound: it has no handle to follow, it is answered when it is done.
+#[derive(Debug, Clone)]
+pub struct Bound(Arc<tokio::sync::watch::Sender<Option<ExecutionId>>>);
+
+impl Default for Bound {
+    fn default() -> Self {
+        Bound(Arc::new(tokio::sync::watch::Sender::new(None)))
+    }
+}
+
+impl Bound {
+    pub(super) fn bind(&self, id: ExecutionId) {
+        self.0.send_replace(Some(id));
+    }
+
+    /// Waits until the call is bound; `None` if the call ended without being bound.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<Option<ExecutionId>> {
+        self.0.subscribe()
+    }
 }
 
 /// A client's request to cancel a call. Honoured until the `dispatched` row is written; after

@@ -18,7 +18,7 @@ use crate::{
     redaction::CallSecrets,
 };
 use call::cancelled_detail;
-pub use call::{Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
+pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
 pub use outcome::Settled;
 use outcome::{Observation, Raw};
 use postern_core::{
@@ -489,7 +489,12 @@ impl Engine {
             } else {
                 vec![(ExecutionState::Denied, auth.clone())]
             };
-            return match self.store.admit_and_start_async(new, steps).await? {
+            let admission = self.store.admit_and_start_async(new, steps).await?;
+            call.bound.bind(match &admission {
+                Admission::Accepted { id } => *id,
+                Admission::Matched { prior, .. } => prior.id,
+            });
+            return match admission {
                 Admission::Accepted { .. } if verdict.allowed && cancelled => Ok(self.outcome(
                     id,
                     ExecutionState::FailedBeforeDispatch,
@@ -507,7 +512,12 @@ impl Engine {
                 Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
             };
         }
-        match self.store.admit_async(new).await? {
+        let admission = self.store.admit_async(new).await?;
+        call.bound.bind(match &admission {
+            Admission::Accepted { id } => *id,
+            Admission::Matched { prior, .. } => prior.id,
+        });
+        match admission {
             Admission::Accepted { id } => match self.open_requests.turn(id) {
                 Turn::Lead(lead) => {
                     let result =
