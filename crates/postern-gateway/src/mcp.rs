@@ -44,9 +44,12 @@ pub struct Gateway {
     pub executions: tokio_util::task::TaskTracker,
     /// Journals requests for what is not offered (possible self-approval attempts).
     pub refusals: Arc<crate::refusal::Refusals>,
-    /// The tasks whose execution runs in this process, by execution ID: what `tasks/cancel`
-    /// raises. (A task's status is never kept here: it is read from the journal.)
-    pub tasks: Mutex<HashMap<ExecutionId, crate::CancelSignal>>,
+    /// The task calls running in this process, by the execution that answers them: what
+    /// `tasks/cancel` raises (every call following that execution). A task's status is never
+    /// kept here: it is read from the journal.
+    pub tasks: Mutex<HashMap<ExecutionId, Vec<crate::CancelSignal>>>,
+    /// When this process started: an execution left before it, not sent, runs no more.
+    pub started_at: postern_core::Timestamp,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -63,6 +66,7 @@ impl Gateway {
         runs: Arc<AgentRuns>,
     ) -> Arc<Self> {
         let refusals = crate::refusal::Refusals::new(Arc::clone(&store), Arc::clone(&clock));
+        let started_at = clock();
         Arc::new(Gateway {
             engine,
             store,
@@ -72,6 +76,7 @@ impl Gateway {
             executions: tokio_util::task::TaskTracker::new(),
             refusals,
             tasks: Mutex::new(HashMap::new()),
+            started_at,
         })
     }
 }
@@ -378,11 +383,8 @@ impl PosternMcp {
             ));
         }
         let key = request_key(&context.id);
-        // A task outlives its request: closing the request's stream does not cancel it.
-        let cancel = match Self::http_context(&context) {
-            Some(http) if !as_task => http.abandoned,
-            _ => crate::CancelSignal::default(),
-        };
+        // A 2026-07-28 stream closed before its answer (a task's handle included) cancels it.
+        let cancel = Self::http_context(&context).map(|http| http.abandoned).unwrap_or_default();
         // One call per id at a time on a session: a cancellation names its request by id. (The
         // socket's transport refuses a reused id before it gets here.)
         let fresh = self.in_flight.lock().is_ok_and(|mut m| match m.entry(key.clone()) {
@@ -415,7 +417,7 @@ impl PosternMcp {
                 "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
             }),
             cancel: cancel.clone(),
-            bound: crate::Bound::default(),
+            bound: if as_task { crate::Bound::for_task() } else { crate::Bound::default() },
         };
         let bound = call.bound.clone();
         // The engine runs in its own task: a dropped connection must not abandon an execution
@@ -426,9 +428,10 @@ impl PosternMcp {
             let result = engine.call(call).await;
             // Withdrawn by the client (`notifications/cancelled`, a closed 2026-07-28 stream,
             // `tasks/cancel`), perhaps after its request went: here, not in the handler, which
-            // may be gone with the connection by now.
+            // may be gone with the connection by now. Looked at once; the handler uses the same.
+            let was_withdrawn = withdrawn.is_cancelled();
             if let Ok(o) = &result
-                && withdrawn.is_cancelled()
+                && was_withdrawn
             {
                 if o.state != ExecutionState::FailedBeforeDispatch {
                     let _ = engine.cancel_requested(o.execution_id, None).await;
@@ -439,7 +442,7 @@ impl PosternMcp {
                     let _ = engine.delivered(o.execution_id, false).await;
                 }
             }
-            result
+            (result, was_withdrawn)
         });
         let joined = if as_task {
             let mut bound_to = bound.watch();
@@ -453,6 +456,10 @@ impl PosternMcp {
             }
         } else {
             task.await
+        };
+        let (joined, was_withdrawn) = match joined {
+            Ok((result, was_withdrawn)) => (Ok(result), was_withdrawn),
+            Err(e) => (Err(e), false),
         };
         let outcome = match joined {
             Ok(Ok(outcome)) => outcome,
@@ -469,27 +476,32 @@ impl PosternMcp {
             }
             Err(e) => return Err(McpError::internal_error(format!("the engine task failed: {e}"), None)),
         };
-        if has_result(outcome.state) && !outcome.read_only && !cancel.is_cancelled() {
+        if has_result(outcome.state) && !outcome.read_only && !was_withdrawn {
             ticket.carries(outcome.execution_id);
         }
         Ok(CallToolResponse::Complete(outcome_result(&outcome)))
     }
 
     /// Lets execution `id` run on as a task: `tasks/cancel` may raise its signal until it ends.
-    fn follow_as_task(
+    fn follow_as_task<T: Send + 'static>(
         &self,
         id: ExecutionId,
         cancel: crate::CancelSignal,
-        task: tokio::task::JoinHandle<Result<CallOutcome, crate::EngineError>>,
+        task: tokio::task::JoinHandle<T>,
     ) -> rmcp::model::CreateTaskResult {
         if let Ok(mut tasks) = self.gateway.tasks.lock() {
-            tasks.insert(id, cancel.clone());
+            tasks.entry(id).or_default().push(cancel.clone());
         }
         let gateway = Arc::clone(&self.gateway);
         self.gateway.executions.spawn(async move {
             let _ = task.await;
-            if let Ok(mut tasks) = gateway.tasks.lock() {
-                tasks.remove(&id);
+            if let Ok(mut tasks) = gateway.tasks.lock()
+                && let Some(calls) = tasks.get_mut(&id)
+            {
+                calls.retain(|c| !c.is(&cancel));
+                if calls.is_empty() {
+                    tasks.remove(&id);
+                }
             }
         });
         let now = crate::tasks::rfc3339((self.gateway.clock)().as_millis());
@@ -518,7 +530,9 @@ impl PosternMcp {
             self.refused(caller, format!("{method} {raw}")).await;
             return Err(unknown());
         };
-        match crate::tasks::task_on_record(&self.gateway.engine, id, &caller.actor()).await {
+        let running = self.gateway.tasks.lock().is_ok_and(|t| t.contains_key(&id));
+        let since = (!running).then_some(self.gateway.started_at);
+        match crate::tasks::task_on_record(&self.gateway.engine, id, &caller.actor(), since).await {
             Ok(Some(task)) => Ok((id, task)),
             Ok(None) => {
                 self.refused(caller, format!("{method} {id}")).await;
@@ -1073,8 +1087,13 @@ impl ServerHandler for PosternMcp {
     ) -> Result<rmcp::model::GetTaskResult, McpError> {
         let (caller, ticket) = self.caller_and_ticket(&context)?;
         let (_, task) = self.own_task(&caller, &request.task_id, "tasks/get").await?;
+        // Evidence only from the run the execution belongs to: another process holding the same
+        // token is another intent scope, whose fetch says nothing about this run having it.
         if let Some(id) = task.delivers {
-            ticket.fetched(id);
+            let run = self.run_for(&caller, &context).await?;
+            if task.session.as_deref() == Some(run.session.to_string().as_str()) {
+                ticket.fetched(id);
+            }
         }
         Ok(rmcp::model::GetTaskResult::new(task.task))
     }
@@ -1088,8 +1107,14 @@ impl ServerHandler for PosternMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let (caller, _) = self.caller_and_ticket(&context)?;
-        let (id, _) = self.own_task(&caller, &request.task_id, "tasks/cancel").await?;
-        if let Some(signal) = self.gateway.tasks.lock().ok().and_then(|t| t.get(&id).cloned()) {
+        let (id, task) = self.own_task(&caller, &request.task_id, "tasks/cancel").await?;
+        if task.task.status().is_terminal() {
+            return Err(McpError::invalid_params(
+                format!("task {id} is {:?} already; there is nothing to cancel", task.task.status()),
+                Some(json!({ "code": "task_finished" })),
+            ));
+        }
+        for signal in self.gateway.tasks.lock().ok().and_then(|t| t.get(&id).cloned()).unwrap_or_default() {
             signal.cancel();
         }
         Ok(())

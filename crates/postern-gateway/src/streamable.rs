@@ -347,12 +347,13 @@ async fn guard(
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let agent_name = agent.name.clone();
     // At 2026-07-28 there is no session: the agent's run is what it carries on in (its process,
-    // as `runs` keys it; the token alone when the process cannot be named).
+    // as `runs` keys it; the token alone when the process cannot be named). Its key starts with
+    // a control character, which no header value can hold, so no `Mcp-Session-Id` names a run.
     let sessionless = request.headers().get("mcp-protocol-version").is_some_and(|v| v.as_bytes() == b"2026-07-28");
     let carries_on_in = session.clone().or_else(|| {
         sessionless.then(|| match &process {
-            Some(p) => format!("run:{agent_name}:{}:{}", p.key.pid, p.key.start_ticks),
-            None => format!("run:{agent_name}"),
+            Some(p) => format!("{RUN_KEY}{agent_name}:{}:{}", p.key.pid, p.key.start_ticks),
+            None => format!("{RUN_KEY}{agent_name}"),
         })
     });
     // An MCP session is its opener's: another token may not call on it, read its streams, or
@@ -520,6 +521,9 @@ impl http_body::Body for ReadToEnd {
         self.inner.size_hint()
     }
 }
+
+/// How the key of a sessionless agent run's [`FollowUps`] begins (see `guard`).
+const RUN_KEY: &str = "\u{1}run:";
 
 /// `response` with its body tracked for delivery, opened with `preamble` if any.
 fn delivering(
@@ -760,6 +764,17 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::loopback_origin;
+
+    /// Another token's agent cannot name a sessionless run in `Mcp-Session-Id` (and so confirm
+    /// or void its results): no header value read as a session ID can begin like a run's key.
+    #[test]
+    fn no_session_header_names_a_run() {
+        let forged = format!("{}alice", super::RUN_KEY);
+        let read = axum::http::HeaderValue::from_str(&forged).ok().and_then(|v| v.to_str().ok().map(str::to_owned));
+        assert_eq!(read, None);
+        let bytes = axum::http::HeaderValue::from_bytes(forged.as_bytes()).ok();
+        assert!(bytes.is_none_or(|v| v.to_str().is_err()));
+    }
 
     #[test]
     fn only_loopback_hosts_pass() {

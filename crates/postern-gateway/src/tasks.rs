@@ -1,10 +1,13 @@
 //! MCP tasks (the `io.modelcontextprotocol/tasks` extension, SEP-2663): the durable handle an
 //! agent follows instead of a response stream. A task *is* an execution: its ID is the execution
 //! ID, its status is read from the journal at every `tasks/get` (so it survives a dropped
-//! connection and a gateway restart), and only the agent that made it can read it.
+//! connection and a gateway restart), and only the agent that made it can read it. A task is
+//! terminal only once its execution can change no more: a state a retry or a reviewer can still
+//! move (outcome unknown, needs review, not executed, never sent before a restart) is `working`,
+//! with what would move it, so a terminal answer is never taken back.
 
 use crate::{CallOutcome, Engine, EngineError};
-use postern_core::{Actor, ExecutionId, ExecutionState};
+use postern_core::{Actor, ExecutionId, ExecutionState, Timestamp};
 use postern_store::StoreError;
 use rmcp::model::{DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::Value;
@@ -15,33 +18,52 @@ pub const POLL_INTERVAL_MS: u64 = 500;
 /// Where an execution stands, as a task status and the words that go with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Standing {
-    /// Not finished: `working`, with what it is waiting for.
+    /// Not finished: `working`, with what it is waiting for (and what would move it on).
     Working(&'static str),
     /// Withdrawn by the client before anything was sent.
     Cancelled,
-    /// Finished: the terminal result is what the call itself would have been answered.
+    /// Finished for good: the terminal result is what the call itself would have been answered.
     Finished,
 }
 
-/// What a task says about an execution in `state`. `approval_pending`: a reviewer was asked and
-/// has not answered (the question is out of band, in Postern's approver, never in-protocol).
-pub fn standing(state: ExecutionState, approval_pending: bool, cancelled: bool) -> Standing {
+/// What an execution's journal says beside its state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Circumstances {
+    /// A reviewer was asked and has not answered (the question is out of band, in Postern's
+    /// approver, never in-protocol).
+    pub approval_pending: bool,
+    /// It ended `failed_before_dispatch` because the client withdrew it.
+    pub cancelled: bool,
+    /// Not sent, and left by an earlier run of the gateway: nothing is carrying it on.
+    pub interrupted: bool,
+}
+
+/// What a task says about an execution in `state`.
+pub fn standing(state: ExecutionState, c: Circumstances) -> Standing {
+    use ExecutionState::*;
     match state {
-        ExecutionState::Accepted if approval_pending => {
+        Accepted | Authorized if c.interrupted => Standing::Working(
+            "interrupted: Postern restarted before this was sent, and nothing was sent; call the tool again with the \
+             same arguments to carry it on (it is sent at most once)",
+        ),
+        Accepted if c.approval_pending => {
             Standing::Working("waiting for a reviewer's approval in Postern; nothing has been sent")
         }
-        ExecutionState::Accepted => Standing::Working("accepted; being authorized; nothing has been sent"),
-        ExecutionState::Authorized => Standing::Working("authorized; about to be sent"),
-        ExecutionState::Dispatched => Standing::Working("sent; waiting for the target's answer"),
-        ExecutionState::FailedBeforeDispatch if cancelled => Standing::Cancelled,
-        ExecutionState::Completed
-        | ExecutionState::CompletedResultNotDelivered
-        | ExecutionState::ResultDelivered
-        | ExecutionState::Denied
-        | ExecutionState::FailedBeforeDispatch
-        | ExecutionState::NotExecuted
-        | ExecutionState::OutcomeUnknown
-        | ExecutionState::NeedsReview => Standing::Finished,
+        Accepted => Standing::Working("accepted; being authorized; nothing has been sent"),
+        Authorized => Standing::Working("authorized; about to be sent"),
+        Dispatched => Standing::Working("sent; waiting for the target's answer"),
+        OutcomeUnknown => Standing::Working(
+            "OUTCOME UNKNOWN: the request was sent and no complete answer came back; it may have happened. Postern \
+             will not re-send it blindly: call the tool again with the same arguments to have it verified under its \
+             replay contract (or put to a reviewer)",
+        ),
+        NeedsReview => Standing::Working("NEEDS REVIEW: it may have happened, and a person must decide in Postern"),
+        NotExecuted => Standing::Working(
+            "verified not executed: call the tool again with the same arguments to carry it on (it is sent at most \
+             once)",
+        ),
+        FailedBeforeDispatch if c.cancelled => Standing::Cancelled,
+        Completed | CompletedResultNotDelivered | ResultDelivered | Denied | FailedBeforeDispatch => Standing::Finished,
     }
 }
 
@@ -49,16 +71,21 @@ pub fn standing(state: ExecutionState, approval_pending: bool, cancelled: bool) 
 #[derive(Debug)]
 pub struct TaskOnRecord {
     pub task: DetailedTask,
-    /// The terminal result carries a side effect's result: fetching it is delivery evidence.
+    /// The terminal result carries a side effect's result: fetching it is delivery evidence
+    /// (from the execution's own run).
     pub delivers: Option<ExecutionId>,
+    /// The agent run the execution belongs to.
+    pub session: Option<String>,
 }
 
 /// Task `id` as the agent `actor` may see it; `None` when there is no such execution *or* it is
-/// another agent's (the two are answered alike).
+/// another agent's (the two are answered alike). `not_running_since`: no call of this process,
+/// which started then, is carrying the execution on.
 pub async fn task_on_record(
     engine: &Engine,
     id: ExecutionId,
     actor: &Actor,
+    not_running_since: Option<Timestamp>,
 ) -> Result<Option<TaskOnRecord>, EngineError> {
     let view = engine.view();
     let Some(summary) = view.execution(id)? else { return Ok(None) };
@@ -70,22 +97,25 @@ pub async fn task_on_record(
         .parse()
         .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
     let rows = view.timeline(id)?;
-    let approval_pending = rows
-        .iter()
-        .rev()
-        .find(|e| e.row.event.starts_with("approval_"))
-        .is_some_and(|e| e.row.event == "approval_requested");
-    let cancelled = state == ExecutionState::FailedBeforeDispatch
-        && rows
+    let circumstances = Circumstances {
+        approval_pending: rows
             .iter()
             .rev()
-            .find(|e| e.row.event == state.as_str())
-            .is_some_and(|e| e.row.detail["reason"] == "cancelled");
+            .find(|e| e.row.event.starts_with("approval_"))
+            .is_some_and(|e| e.row.event == "approval_requested"),
+        cancelled: state == ExecutionState::FailedBeforeDispatch
+            && rows
+                .iter()
+                .rev()
+                .find(|e| e.row.event == state.as_str())
+                .is_some_and(|e| e.row.detail["reason"] == "cancelled"),
+        interrupted: not_running_since.is_some_and(|since| summary.updated_at < since.as_millis()),
+    };
     let read_only = summary.contract.get("class").and_then(Value::as_str) == Some("read_only");
     let base =
         Task::new(id.to_string(), TaskStatus::Working, rfc3339(summary.accepted_at), rfc3339(summary.updated_at))
             .with_poll_interval_ms(POLL_INTERVAL_MS);
-    let (task, delivers) = match standing(state, approval_pending, cancelled) {
+    let (task, delivers) = match standing(state, circumstances) {
         Standing::Working(message) => {
             (DetailedTask::new(base.with_status_message(message), TaskPayload::Working), None)
         }
@@ -107,7 +137,7 @@ pub async fn task_on_record(
             (DetailedTask::new(base.with_status_message(message), TaskPayload::Completed { result }), delivers)
         }
     };
-    Ok(Some(TaskOnRecord { task, delivers }))
+    Ok(Some(TaskOnRecord { task, delivers, session: summary.session_id }))
 }
 
 /// The terminal result: exactly the tool result the call would have been answered with.
@@ -129,19 +159,31 @@ pub(crate) fn rfc3339(ms: i64) -> String {
 mod tests {
     use super::*;
 
+    /// A terminal task is never taken back: it is terminal exactly where its execution can make
+    /// no step that changes what the task reports, and every state that can still move is
+    /// `working` (`completed` may still become delivered, which changes nothing reported).
     #[test]
-    fn a_task_works_while_the_engine_has_it_and_is_done_otherwise() {
+    fn a_task_is_terminal_exactly_where_its_execution_can_move_no_more() {
+        let settled = |s: ExecutionState| {
+            s.is_terminal() || matches!(s, ExecutionState::Completed | ExecutionState::CompletedResultNotDelivered)
+        };
         for state in ExecutionState::ALL {
-            let s = standing(state, false, false);
-            // `working` exactly while the engine has the execution in hand; every other state
-            // is answered as the call itself would have been.
-            let working =
-                matches!(state, ExecutionState::Accepted | ExecutionState::Authorized | ExecutionState::Dispatched);
-            assert_eq!(matches!(s, Standing::Working(_)), working, "{state}");
+            for c in [
+                Circumstances::default(),
+                Circumstances { approval_pending: true, ..Circumstances::default() },
+                Circumstances { interrupted: true, ..Circumstances::default() },
+            ] {
+                let working = matches!(standing(state, c), Standing::Working(_));
+                assert_eq!(working, !settled(state), "{state} {c:?}");
+            }
         }
-        assert_eq!(standing(ExecutionState::FailedBeforeDispatch, false, true), Standing::Cancelled);
+        let cancelled = Circumstances { cancelled: true, ..Circumstances::default() };
+        assert_eq!(standing(ExecutionState::FailedBeforeDispatch, cancelled), Standing::Cancelled);
+        let asked = Circumstances { approval_pending: true, ..Circumstances::default() };
+        assert!(matches!(standing(ExecutionState::Accepted, asked), Standing::Working(m) if m.contains("approval")));
+        let left = Circumstances { interrupted: true, ..Circumstances::default() };
         assert!(
-            matches!(standing(ExecutionState::Accepted, true, false), Standing::Working(m) if m.contains("approval"))
+            matches!(standing(ExecutionState::Authorized, left), Standing::Working(m) if m.contains("interrupted"))
         );
     }
 

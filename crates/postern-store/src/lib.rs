@@ -464,6 +464,12 @@ impl Store {
         self.writer.call_async(WriteKind::ORDERED, move |w| w.admit(&new)).await
     }
 
+    /// [`Store::admit_async`], on disk before it returns: for an acceptance something outside
+    /// hears of before anything is dispatched (an MCP task handle names it).
+    pub async fn admit_durably_async(&self, new: NewExecution) -> Result<Admission, StoreError> {
+        self.writer.call_async(WriteKind::DURABLE, move |w| w.admit(&new)).await
+    }
+
     /// Admission as in [`Store::admit`]; if it accepts a new execution, `steps` (e.g. `authorized`
     /// and `dispatched`, decided before admission by a non-interactive approver) are applied in
     /// the same durable transaction. A matched retry ignores `steps`.

@@ -1,11 +1,22 @@
-// A scriptable MCP agent built on the official TypeScript SDK (@modelcontextprotocol/sdk).
-// Same line protocol as ../python/agent.py: JSON commands on stdin, JSON events on stdout. The
-// process stays alive across connections, so a test can break its connection and watch the same
-// agent process reconnect and retry.
+// A scriptable MCP agent built on the official TypeScript SDK, in either generation: the
+// 2025-era @modelcontextprotocol/sdk (1.x), or with POSTERN_TS_SDK=client the current
+// @modelcontextprotocol/client (2.x, which speaks 2026-07-28). Same line protocol as
+// ../python/agent.py: JSON commands on stdin, JSON events on stdout. The process stays alive
+// across connections, so a test can break its connection and watch the same agent process
+// reconnect and retry.
 import { createInterface } from "node:readline";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+
+const current = process.env.POSTERN_TS_SDK === "client";
+const { Client, StreamableHTTPClientTransport } = current
+  ? await import("@modelcontextprotocol/client")
+  : {
+      ...(await import("@modelcontextprotocol/sdk/client/index.js")),
+      ...(await import("@modelcontextprotocol/sdk/client/streamableHttp.js")),
+    };
+const { StdioClientTransport } = current
+  ? await import("@modelcontextprotocol/client/stdio")
+  : await import("@modelcontextprotocol/sdk/client/stdio.js");
+const sdk = current ? "@modelcontextprotocol/client" : "@modelcontextprotocol/sdk";
 
 const emit = (event) => process.stdout.write(JSON.stringify(event) + "\n");
 
@@ -21,10 +32,14 @@ async function connect(cmd) {
       requestInit: { headers: { Authorization: `Bearer ${cmd.token}` } },
     });
   }
-  client = new Client({ name: "postern-ts-agent", version: "1.0.0" });
+  // The current client negotiates the protocol as a new agent does: `server/discover`, then
+  // 2026-07-28 (the 1.x SDK has only the 2025 `initialize` handshake).
+  const options = current ? { versionNegotiation: { mode: "auto" } } : undefined;
+  client = new Client({ name: "postern-ts-agent", version: "1.0.0" }, options);
   transport.onclose = () => emit({ event: "connection_closed" });
   await client.connect(transport);
-  emit({ event: "connected", protocol: transport.protocolVersion ?? null, server: client.getServerVersion()?.name, pid: process.pid });
+  const protocol = transport.protocolVersion ?? client.getNegotiatedProtocolVersion?.() ?? null;
+  emit({ event: "connected", protocol, sdk, server: client.getServerVersion()?.name, pid: process.pid });
 }
 
 async function drop() {
@@ -43,7 +58,11 @@ async function drop() {
 async function call(cmd) {
   try {
     if (!client) throw new Error("not connected");
-    const result = await client.callTool({ name: cmd.tool, arguments: cmd.arguments ?? {} }, undefined, { timeout: 60000 });
+    const params = { name: cmd.tool, arguments: cmd.arguments ?? {} };
+    // 1.x takes a result schema before the options; 2.x takes the options.
+    const result = current
+      ? await client.callTool(params, { timeout: 60000 })
+      : await client.callTool(params, undefined, { timeout: 60000 });
     emit({
       event: "result",
       tag: cmd.tag,

@@ -63,6 +63,16 @@ fn typescript_stdio_bridge_killed_after_dispatch_irreversible() {
     stdio_bridge_killed_after_dispatch(Sdk::TypeScript, "wire");
 }
 
+#[test]
+fn typescript_client_stdio_bridge_killed_after_dispatch_idempotency_key() {
+    stdio_bridge_killed_after_dispatch(Sdk::TypeScriptClient, "pay");
+}
+
+#[test]
+fn typescript_client_stdio_bridge_killed_after_dispatch_irreversible() {
+    stdio_bridge_killed_after_dispatch(Sdk::TypeScriptClient, "wire");
+}
+
 /// Regression (issue #12's randomized campaign: two payments for one intent). The bridge is a
 /// relay: the gateway's write into its socket is not the agent receiving the result. Here the
 /// bridge holds the response (frozen between reading it and writing it to the agent) and dies;
@@ -267,6 +277,10 @@ fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
     let mut agent = Agent::start(sdk);
     let connected = agent.connect(gw.http_command(&token));
     assert_eq!(connected["event"], "connected", "{connected}");
+    if sdk == Sdk::TypeScriptClient {
+        // A sessionless agent: its run stands in for the session (a repeat matched, delivery).
+        assert_eq!(connected["protocol"], "2026-07-28", "{connected}");
+    }
 
     target.hold();
     agent.call("first", tool, json!({ "amount": 7 }));
@@ -311,6 +325,16 @@ fn typescript_http_connection_cut_after_dispatch_idempotency_key() {
 #[test]
 fn typescript_http_connection_cut_after_dispatch_irreversible() {
     http_connection_cut_after_dispatch(Sdk::TypeScript, "wire");
+}
+
+#[test]
+fn typescript_client_http_connection_cut_after_dispatch_idempotency_key() {
+    http_connection_cut_after_dispatch(Sdk::TypeScriptClient, "pay");
+}
+
+#[test]
+fn typescript_client_http_connection_cut_after_dispatch_irreversible() {
+    http_connection_cut_after_dispatch(Sdk::TypeScriptClient, "wire");
 }
 
 /// Regression, seed 128018099 #34 of the fault campaign: over Streamable HTTP the client's kernel

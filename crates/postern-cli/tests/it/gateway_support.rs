@@ -362,8 +362,12 @@ impl Drop for Gateway {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sdk {
+    /// The Python SDK (`mcp`, as pinned in tests/clients/python).
     Python,
+    /// The 2025-era TypeScript SDK, `@modelcontextprotocol/sdk` 1.x (2025-11-25).
     TypeScript,
+    /// The current TypeScript client, `@modelcontextprotocol/client` 2.x (2026-07-28).
+    TypeScriptClient,
 }
 
 /// One agent process built on an official MCP SDK.
@@ -398,6 +402,11 @@ impl Agent {
             Sdk::TypeScript => {
                 let mut c = Command::new("node");
                 c.arg(node_script());
+                c
+            }
+            Sdk::TypeScriptClient => {
+                let mut c = Command::new("node");
+                c.arg(node_script()).env("POSTERN_TS_SDK", "client");
                 c
             }
         };

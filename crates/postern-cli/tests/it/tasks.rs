@@ -51,6 +51,33 @@ async fn until_terminal(client: &RunningService<RoleClient, TaskAgent>, id: &str
     }
 }
 
+/// `tasks/get` of `task` from a process of its own (python3's standard library, no SDK), as a
+/// 2026-07-28 client that declares the tasks extension sends it.
+fn fetch_from_another_process(gw: &Gateway, token: &str, task: &str) -> Value {
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": { "taskId": task, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } },
+        "io.modelcontextprotocol/clientInfo": { "name": "elsewhere", "version": "1" } } } });
+    let script = r#"
+import sys, urllib.error, urllib.request
+url, token, body = sys.argv[1:4]
+req = urllib.request.Request(url, data=body.encode(), method="POST", headers={
+    "Authorization": "Bearer " + token, "Content-Type": "application/json",
+    "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+    "Mcp-Method": "tasks/get", "Mcp-Name": sys.argv[4]})
+try:
+    print(urllib.request.urlopen(req, timeout=30).read().decode())
+except urllib.error.HTTPError as e:
+    sys.exit(f"HTTP {e.code}: {e.read().decode()}")
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &gw.http, token, &body.to_string(), task])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
 /// The task's terminal result, as JSON.
 fn completed_result(got: &rmcp::model::GetTaskResult) -> Value {
     match &got.task.payload {
@@ -98,6 +125,14 @@ fn a_task_survives_a_dropped_connection_and_a_gateway_restart() {
     eventually("the execution to complete", LONG, || (state_of(&gw, &task_id) == "completed").then_some(()));
 
     let gw = gw.crash_and_restart(&target.manifest());
+    // Another process holding the same token (another run, another intent scope) may read the
+    // task, but its fetch is no evidence that this run has the result.
+    let elsewhere = fetch_from_another_process(&gw, &token, &task_id);
+    assert_eq!(elsewhere["result"]["status"], "completed", "{elsewhere}");
+    // Delivery is journaled off the request path (within milliseconds when it is): wait that
+    // long before looking for its absence.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert_eq!(state_of(&gw, &task_id), "completed_result_not_delivered");
     let got = rt.block_on(async {
         let client = connect(&gw, &token).await;
         let got = until_terminal(&client, &task_id).await;

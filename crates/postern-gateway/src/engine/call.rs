@@ -114,27 +114,42 @@ pub struct Call {
     pub bound: Bound,
 }
 
-/// Which execution a call is bound to, told as soon as it is on record: the new execution once
-/// its `accepted` row is durable, or the earlier execution a retry matched. What an MCP task
-/// handle names (a task must exist durably before the client hears of it). A read-only call is
-/// never bound: it has no handle to follow, it is answered when it is done.
+/// Which execution will answer a call, told as soon as that is certain and on record: a new
+/// execution once its `accepted` row is durable (an MCP task handle names it, so for a task the
+/// admission is fsynced), or the earlier execution a retry continues, waits for or verifies.
+/// Never told where the answer could still come from another execution (a retry put to a
+/// reviewer, who may dispatch it anew; a call joined to another's) or where there is nothing to
+/// follow (a read-only call, a stored result): those are answered when they are done.
 #[derive(Debug, Clone)]
-pub struct Bound(Arc<tokio::sync::watch::Sender<Option<ExecutionId>>>);
+pub struct Bound {
+    tx: Arc<tokio::sync::watch::Sender<Option<ExecutionId>>>,
+    /// Someone outside will hear of the binding before anything is dispatched.
+    durable: bool,
+}
 
 impl Default for Bound {
     fn default() -> Self {
-        Bound(Arc::new(tokio::sync::watch::Sender::new(None)))
+        Bound { tx: Arc::new(tokio::sync::watch::Sender::new(None)), durable: false }
     }
 }
 
 impl Bound {
+    /// A binding an MCP task handle is made from: the admission is on disk before it is told.
+    pub fn for_task() -> Self {
+        Bound { durable: true, ..Bound::default() }
+    }
+
+    pub(super) fn durable(&self) -> bool {
+        self.durable
+    }
+
     pub(super) fn bind(&self, id: ExecutionId) {
-        self.0.send_replace(Some(id));
+        self.tx.send_replace(Some(id));
     }
 
     /// Waits until the call is bound; `None` if the call ended without being bound.
     pub fn watch(&self) -> tokio::sync::watch::Receiver<Option<ExecutionId>> {
-        self.0.subscribe()
+        self.tx.subscribe()
     }
 }
 
@@ -151,6 +166,11 @@ impl CancelSignal {
 
     pub fn is_cancelled(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether `other` is this very signal (not just in the same state).
+    pub fn is(&self, other: &CancelSignal) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 

@@ -489,11 +489,11 @@ impl Engine {
             } else {
                 vec![(ExecutionState::Denied, auth.clone())]
             };
+            // Durable: these steps are fsynced with the acceptance.
             let admission = self.store.admit_and_start_async(new, steps).await?;
-            call.bound.bind(match &admission {
-                Admission::Accepted { id } => *id,
-                Admission::Matched { prior, .. } => prior.id,
-            });
+            if let Admission::Accepted { id } = &admission {
+                call.bound.bind(*id);
+            }
             return match admission {
                 Admission::Accepted { .. } if verdict.allowed && cancelled => Ok(self.outcome(
                     id,
@@ -512,11 +512,14 @@ impl Engine {
                 Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
             };
         }
-        let admission = self.store.admit_async(new).await?;
-        call.bound.bind(match &admission {
-            Admission::Accepted { id } => *id,
-            Admission::Matched { prior, .. } => prior.id,
-        });
+        let admission = if call.bound.durable() {
+            self.store.admit_durably_async(new).await?
+        } else {
+            self.store.admit_async(new).await?
+        };
+        if let Admission::Accepted { id } = &admission {
+            call.bound.bind(*id);
+        }
         match admission {
             Admission::Accepted { id } => match self.open_requests.turn(id) {
                 Turn::Lead(lead) => {

@@ -23,6 +23,15 @@ impl Engine {
         let result = if self.approver.reviews_retries() && reviewed_by_a_person(prior.state) {
             self.retry_review(p, call, &prior, decision, &lead).await
         } else {
+            // The prior answers it (the retry is journaled on it, durably: `retry_received`).
+            if matches!(
+                decision,
+                RetryDecision::ContinuePrior { .. }
+                    | RetryDecision::WaitForPrior { .. }
+                    | RetryDecision::VerifyPrior { .. }
+            ) {
+                call.bound.bind(prior.id);
+            }
             self.act_on(p, call, prior.id, prior.state, decision).await
         };
         lead.finish(&result);
@@ -59,7 +68,14 @@ impl Engine {
         // a locked vault or a revoked run stops it, as the ladder stops a new call.
         let sends = matches!(decision, RetryDecision::VerifyPrior { .. })
             || (matches!(decision, RetryDecision::ContinuePrior { .. }) && state != ExecutionState::Accepted);
-        if sends && let Some(reason) = self.ladder_denies(p, call)? {
+        // A withdrawn call (cancelled, its 2026-07-28 stream closed, `tasks/cancel`) sends
+        // nothing either: the recovery waits for a call that still wants an answer.
+        let refused = match sends {
+            true if call.cancel.is_cancelled() => Some("cancelled"),
+            true => self.ladder_denies(p, call)?,
+            false => None,
+        };
+        if let Some(reason) = refused {
             let detail = json!({ "reason": reason, "not_resent": true, "decision": name });
             if state == ExecutionState::Authorized {
                 // Nothing was ever sent for it: it ends here, as a new call would.
@@ -345,6 +361,8 @@ impl Engine {
         let input = self.ladder_input(p, call)?;
         let refused = if input.vault_locked {
             Some((Rung::VaultLocked, "the vault is locked"))
+        } else if call.cancel.is_cancelled() {
+            Some((Rung::SessionAuthorization, "the client withdrew the call while the reviewer decided"))
         } else if input.session == SessionStanding::Revoked {
             Some((Rung::SessionAuthorization, "this agent run was revoked or has ended"))
         } else {
