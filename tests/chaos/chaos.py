@@ -13,7 +13,10 @@ upstream MCP server — tests/upstreams/counting.py over stdio, Postern's child 
 irreversible or keyed by an idempotency argument), the
 transport, a fault at the target for the first request (cut before, reset after the effect, half
 an answer, stall beyond the timeout, slow; for an upstream tool, the server killed after the
-effect and before its answer), and a fault of a process at a random instant (SIGKILL
+effect and before its answer), the SDK (Python; TypeScript 1.x at 2025-11-25; the current
+TypeScript client at 2026-07-28), the path (as it is; a new connection and request id for every
+repeat; over HTTP through a relay run as `nobody`, so the gateway cannot name the process — root
+only), and a fault of a process at a random instant (SIGKILL
 of the bridge or of the agent's HTTP connection, SIGKILL or SIGTERM of the gateway then a
 restart, SIGKILL of the agent, or a crash point armed at one of the gateway's durable boundaries
 — before/after `dispatched` or `completed` is committed, before the send, before the response is
@@ -61,8 +64,54 @@ TS_AGENT = HERE.parent / "clients" / "ts" / "agent.mjs"
 
 
 def agent_command(sdk, python):
-    """The agent process for an SDK: the official Python or TypeScript MCP SDK, same line protocol."""
-    return [python, str(AGENT)] if sdk == "python" else ["node", str(TS_AGENT)]
+    """The agent process for an SDK: the official Python SDK, or the TypeScript SDK in either
+    generation (1.x at 2025-11-25; the current @modelcontextprotocol/client, 2026-07-28), same
+    line protocol."""
+    if sdk == "python":
+        return [python, str(AGENT)]
+    if sdk == "typescript_client":
+        return ["env", "POSTERN_TS_SDK=client", "node", str(TS_AGENT)]
+    return ["node", str(TS_AGENT)]
+
+
+SDKS = ["python", "python", "typescript", "typescript_client"]
+# How the agent reaches the gateway and repeats: as it is; over a new connection (and a new
+# request id) for every repeat; or over HTTP through a TCP relay run as another user, so the
+# gateway cannot name the process (the run is the token's).
+PATHS = ["plain", "plain", "reconnect_each_retry", "relay"]
+
+RELAY = r"""
+import socket, sys, threading
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(64)
+print(srv.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while (data := a.recv(65536)):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try: s.shutdown(socket.SHUT_RDWR)
+            except OSError: pass
+while True:
+    c, _ = srv.accept()
+    try:
+        u = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    except OSError:
+        c.close(); continue
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+"""
+
+
+def start_relay(gateway_port):
+    """A TCP relay to the gateway run as `nobody` (needs root and setpriv); None where it cannot."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None, None
+    proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                             RELAY, str(gateway_port)], stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline().strip())
 
 TOOLS = ["pay", "pay", "wire", "pay_checked", "ssh_pay", "ssh_wire", "up__pay", "up__charge"]
 # The upstream MCP server (tests/upstreams/counting.py) Postern runs as its child.
@@ -325,7 +374,7 @@ def timeline(gw, execution_id):
 
 
 def run_schedule(index, seed, gw, target_port, python, token, figures, told, verbose, only_fault=None,
-                 counter_dir=None):
+                 counter_dir=None, relay_port=None):
     rng = random.Random(f"{seed}:{index}")
     tool = rng.choice(TOOLS)
     transport = rng.choice(["stdio", "http"])
@@ -335,11 +384,19 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
         process_fault = only_fault
     fault_at = rng.uniform(0.0, 0.4)
     crash_point = rng.choice(CRASH_POINTS) if process_fault == "crash_point" else None
-    sdk = rng.choice(["python", "python", "typescript"])
+    sdk = rng.choice(SDKS)
+    path = rng.choice(PATHS)
+    if path == "relay":
+        if relay_port is None:
+            path = "plain"
+        else:
+            transport = "http"
     intent = f"{seed % 100000}{index:06d}"
     plan = {"index": index, "tool": tool, "transport": transport, "target_fault": target_fault,
-            "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent, "sdk": sdk}
+            "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent, "sdk": sdk,
+            "path": path}
     figures["sdks"][sdk] += 1
+    figures["paths"][path] += 1
     figures["tools"][tool] += 1
     if crash_point:
         plan["crash_point"] = crash_point
@@ -367,16 +424,25 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
                    "env": {"POSTERN_DATA_DIR": str(gw.data_dir), "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", ""),
                            "PATH": os.environ.get("PATH", "")}}
     else:
-        connect = {"transport": "http", "url": f"http://127.0.0.1:{gw.port}/mcp", "token": token}
+        port = relay_port if path == "relay" else gw.port
+        connect = {"transport": "http", "url": f"http://127.0.0.1:{port}/mcp", "token": token}
     agent = Agent(agent_command(sdk, python))
     answers = []  # (execution_id, state, result) the agent was told
     success = False
     try:
         deadline = time.monotonic() + SCHEDULE_BUDGET_S
         connected = agent.connect(connect)
+        if connected is not None and connected.get("event") == "connected":
+            plan["protocol"] = connected.get("protocol") or ("stdio" if transport == "stdio" else None)
+            figures["protocols"][f"{plan['protocol']}"] += 1
         for attempt in range(ATTEMPTS):
             if time.monotonic() > deadline:
                 break
+            if attempt > 0 and path == "reconnect_each_retry" and connected is not None:
+                # A new connection for every repeat: a new session (or none) and a new request id.
+                agent.send(op="drop")
+                agent.expect(lambda e: e["event"] == "dropped", 10)
+                connected = agent.connect(connect)
             if connected is None or connected["event"] != "connected":
                 time.sleep(0.3)
                 connected = agent.connect(connect)
@@ -528,11 +594,13 @@ def main():
     gw.start()
     token = gw.cli("agents", "add", "chaos").stdout.strip()
     python = sys.executable
+    relay, relay_port = start_relay(gw.port)
 
     figures = {"seed": seed, "schedules": 0, "crashes": 0, "terminations": 0, "duplicates": 0, "violations": 0,
                "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0,
                "target_faults": Counter(), "process_faults": Counter(), "transports": Counter(),
-               "crash_points": Counter(), "crash_points_fired": Counter(), "sdks": Counter(), "tools": Counter()}
+               "crash_points": Counter(), "crash_points_fired": Counter(), "sdks": Counter(), "tools": Counter(),
+               "paths": Counter(), "protocols": Counter()}
     told = set()
     indices = [args.only] if args.only is not None else range(args.schedules)
     started = time.monotonic()
@@ -542,13 +610,14 @@ def main():
         try:
             plan, answers, success = run_schedule(
                 index, seed, gw, target_port, python, token, figures, told, args.verbose, args.process_fault,
-                counter_dir)
+                counter_dir, relay_port)
             effects, ids = check_schedule(gw, ledger, plan, answers, success, effects_file, counter_dir)
             figures["schedules"] += 1
             figures["executions"] += len(ids)
             figures["successes"] += int(success)
             figures["needs_review"] += int(any(a[1] == "needs_review" for a in answers))
-            print(f"  #{index:4d} {plan['tool']:11} {plan['transport']:5} {plan['sdk'][:2]} {plan['target_fault']:12} "
+            print(f"  #{index:4d} {plan['tool']:11} {plan['transport']:5} {plan.get('protocol') or '-':10} "
+                  f"{plan['sdk']:17} {plan['path']:20} {plan['target_fault']:12} "
                   f"{plan['process_fault']:12} effects={effects} executions={len(ids)} "
                   f"answer={answers[-1][1] if answers else '-'}", flush=True)
         except Violation as v:
@@ -574,12 +643,15 @@ def main():
         gw.proc.kill()
 
     sshd.terminate()
+    if relay is not None:
+        relay.kill()
     # Answers that reached an agent over a resumed stream (Last-Event-ID) instead of a retry.
     with gw.db() as db:
         figures["streams_resumed"] = db.execute("SELECT count(*) FROM journal WHERE event = 'stream_resumed'").fetchone()[0]
     figures["elapsed_s"] = round(time.monotonic() - started, 1)
     figures["target_faults_applied"] = dict(ledger.applied)
-    for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks", "tools"):
+    for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks", "tools",
+              "paths", "protocols"):
         figures[k] = dict(figures[k])
     print("chaos: " + json.dumps(figures, sort_keys=True), flush=True)
     if args.json:
