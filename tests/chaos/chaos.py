@@ -80,29 +80,7 @@ SDKS = ["python", "python", "typescript", "typescript_client"]
 # gateway cannot name the process (the run is the token's).
 PATHS = ["plain", "plain", "reconnect_each_retry", "relay"]
 
-RELAY = r"""
-import socket, sys, threading
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(64)
-print(srv.getsockname()[1], flush=True)
-def pipe(a, b):
-    try:
-        while (data := a.recv(65536)):
-            b.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (a, b):
-            try: s.shutdown(socket.SHUT_RDWR)
-            except OSError: pass
-while True:
-    c, _ = srv.accept()
-    try:
-        u = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-    except OSError:
-        c.close(); continue
-    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
-    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
-"""
+RELAY = HERE.parent / "clients" / "relay.py"
 
 
 def start_relay(gateway_port):
@@ -110,7 +88,7 @@ def start_relay(gateway_port):
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return None, None
     proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-                             RELAY, str(gateway_port)], stdout=subprocess.PIPE, text=True)
+                             RELAY.read_text(), str(gateway_port)], stdout=subprocess.PIPE, text=True)
     return proc, int(proc.stdout.readline().strip())
 
 TOOLS = ["pay", "pay", "wire", "pay_checked", "ssh_pay", "ssh_wire", "up__pay", "up__charge"]

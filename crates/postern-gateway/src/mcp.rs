@@ -504,7 +504,7 @@ impl PosternMcp {
                 }
             }
         });
-        let now = crate::tasks::rfc3339((self.gateway.clock)().as_millis());
+        let now = crate::approval::when((self.gateway.clock)().as_millis());
         rmcp::model::CreateTaskResult::new(
             rmcp::model::Task::new(id.to_string(), rmcp::model::TaskStatus::Working, now.clone(), now)
                 .with_status_message("accepted; follow it with tasks/get")

@@ -6,7 +6,7 @@
 //! move (outcome unknown, needs review, not executed, never sent before a restart) is `working`,
 //! with what would move it, so a terminal answer is never taken back.
 
-use crate::{CallOutcome, Engine, EngineError};
+use crate::{CallOutcome, Engine, EngineError, approval::when};
 use postern_core::{Actor, ExecutionId, ExecutionState, Timestamp};
 use postern_store::StoreError;
 use rmcp::model::{DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
@@ -112,9 +112,8 @@ pub async fn task_on_record(
         interrupted: not_running_since.is_some_and(|since| summary.updated_at < since.as_millis()),
     };
     let read_only = summary.contract.get("class").and_then(Value::as_str) == Some("read_only");
-    let base =
-        Task::new(id.to_string(), TaskStatus::Working, rfc3339(summary.accepted_at), rfc3339(summary.updated_at))
-            .with_poll_interval_ms(POLL_INTERVAL_MS);
+    let base = Task::new(id.to_string(), TaskStatus::Working, when(summary.accepted_at), when(summary.updated_at))
+        .with_poll_interval_ms(POLL_INTERVAL_MS);
     let (task, delivers) = match standing(state, circumstances) {
         Standing::Working(message) => {
             (DetailedTask::new(base.with_status_message(message), TaskPayload::Working), None)
@@ -147,12 +146,6 @@ fn call_tool_result(outcome: &CallOutcome) -> Result<JsonObject, EngineError> {
         Ok(_) => Err(EngineError::Internal("a tool result is not a JSON object".into())),
         Err(e) => Err(EngineError::Internal(e.to_string())),
     }
-}
-
-/// Milliseconds since the epoch as the ISO 8601 instant tasks carry.
-pub(crate) fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
 }
 
 #[cfg(test)]
@@ -189,6 +182,6 @@ mod tests {
 
     #[test]
     fn instants_are_iso_8601() {
-        assert_eq!(rfc3339(1_764_547_200_123), "2025-12-01T00:00:00.123Z");
+        assert_eq!(when(1_764_547_200_123), "2025-12-01T00:00:00.123Z");
     }
 }

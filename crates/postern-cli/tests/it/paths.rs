@@ -142,30 +142,12 @@ impl ForeignRelay {
     fn start(to: &str) -> ForeignRelay {
         assert_eq!(postern_gateway::identity::current_uid().unwrap(), 0, "run as root (as CI does) to relay as nobody");
         let (host, port) = to.rsplit_once(':').unwrap();
-        let code = format!(
-            r#"
-import socket, threading, sys
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(16)
-print(srv.getsockname()[1], flush=True)
-def pipe(a, b):
-    try:
-        while (data := a.recv(65536)):
-            b.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (a, b):
-            try: s.shutdown(socket.SHUT_RDWR)
-            except OSError: pass
-while True:
-    c, _ = srv.accept()
-    u = socket.create_connection(("{host}", {port}))
-    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
-    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
-"#
-        );
+        assert_eq!(host, "127.0.0.1", "the relay forwards to loopback");
+        // Its text, not its path: `nobody` may not be able to read the checkout (a `mktemp -d`).
+        let script =
+            std::fs::read_to_string(super::gateway_support::repo_root().join("tests/clients/relay.py")).unwrap();
         let mut child = std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", &code])
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", &script, port])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("setpriv and /usr/bin/python3");
