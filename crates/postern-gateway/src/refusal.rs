@@ -106,7 +106,12 @@ impl Refusals {
             "reason": "not offered here: approvals, unlocking and session grants are only answered in the approver \
                        (the desktop app's dialogs or `postern serve --approver terminal`)",
         });
-        tracing::warn!(interface = refused.interface, attempted = %attempted, "refused a request Postern does not offer");
+        // What was asked for is the peer's text: escaped for the log like any outside text.
+        tracing::warn!(
+            interface = refused.interface,
+            attempted = %postern_core::Outside::line(&attempted),
+            "refused a request Postern does not offer"
+        );
         match self.store.refusal(detail, now) {
             Ok(entry) => Some(entry),
             Err(e) => {
