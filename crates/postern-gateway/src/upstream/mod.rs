@@ -342,7 +342,6 @@ impl Upstreams {
             let this = Arc::clone(self);
             starting.spawn(async move {
                 if this.ensure(&server).await.is_ok_and(|(_, fresh)| fresh) {
-                    this.refresh_catalogue();
                     // Agents that listed tools before it was ready list them again.
                     let _ = this.changes.send(());
                 }
@@ -426,9 +425,8 @@ impl Upstreams {
     /// Starts the server `name` if it is not running (a failure is kept for `status`).
     pub async fn ensure_started(&self, name: &str) {
         let Ok(server) = self.vault.mcp_server(name) else { return };
-        if self.ensure(&server).await.is_ok_and(|(_, fresh)| fresh) {
-            self.refresh_catalogue();
-        }
+        // A fresh start has put its tools in the catalogue already (`ensure`).
+        let _ = self.ensure(&server).await;
     }
 
     pub async fn status(&self) -> Vec<ServerStatus> {
@@ -573,13 +571,10 @@ impl Upstreams {
         }
         let def = self.vault.mcp_server(server)?;
         if contract.is_some() {
-            let (running, fresh) = self
+            let (running, _) = self
                 .ensure(&def)
                 .await
                 .map_err(|message| UpstreamError::Unavailable { server: server.into(), message })?;
-            if fresh {
-                self.refresh_catalogue();
-            }
             let schema = {
                 let listing = locked(&running.listing);
                 match listing.tools.iter().find(|t| t.name == tool) {
@@ -626,12 +621,7 @@ impl Upstreams {
                 return UpstreamSent::NotSent { reason: format!("no MCP server named {server:?} in the vault") };
             };
             match self.ensure(&def).await {
-                Ok((r, fresh)) => {
-                    if fresh {
-                        self.refresh_catalogue();
-                    }
-                    r
-                }
+                Ok((r, _)) => r,
                 Err(reason) => return UpstreamSent::NotSent { reason },
             }
         };
@@ -734,6 +724,8 @@ impl Upstreams {
                         tracing::warn!(server = %server.name, error = %Outside::line(&e), "upstream tools could not be listed again")
                     }
                 }
+                // Under the start lock, so a call waiting on it finds the new list.
+                self.refresh_catalogue();
                 return Ok((Arc::clone(r), true));
             }
             if r.alive() {
@@ -761,6 +753,11 @@ impl Upstreams {
                 let running = Arc::new(running);
                 slot.running = Some(Arc::clone(&running));
                 locked(&self.live).insert(server.name.clone(), Arc::clone(&running));
+                // Its tools enter the catalogue before the start lock is released: a call that
+                // waited on the lock (while a `tools/list` started the server) finds them. (They
+                // were added after, by the starter only, and such a call was told the tool was
+                // unknown: `hostile::an_upstream_flood_*` in a loaded fresh-clone CI run.)
+                self.refresh_catalogue();
                 slot.last_error = None;
                 slot.failed_at = None;
                 slot.failures = 0;
