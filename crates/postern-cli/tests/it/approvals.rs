@@ -588,12 +588,18 @@ fn a_change_that_weakens_safety_waits_for_the_reviewers_confirmation() {
     assert_eq!(listed(&gw), json!("idempotent"));
 }
 
-/// #27, 2026-07-28 ("closing a response stream MUST be treated as cancellation"): a sessionless
-/// client that closes its connection while the reviewer is still deciding has withdrawn the
-/// call. The reviewer's later "allow" sends nothing: the execution ends
-/// `failed_before_dispatch` (cancelled), and the target never hears of it.
-#[test]
-fn a_stream_closed_before_dispatch_sends_nothing() {
+/// A sessionless (2026-07-28) `wire` of `amount` whose client closed its stream while the
+/// reviewer's question was open, the gateway given time to notice.
+struct StreamClosedAtQuestion {
+    target: Target,
+    gw: Gateway,
+    term: Terminal,
+    addr: String,
+    token: String,
+    id: String,
+}
+
+fn stream_closed_at_the_question(amount: u64) -> StreamClosedAtQuestion {
     use std::io::Write as _;
     let target = Target::start();
     // The token is made before the reviewer's gateway runs (beside it, a new token waits for
@@ -604,15 +610,25 @@ fn a_stream_closed_before_dispatch_sends_nothing() {
     let token = added.stdout.trim().to_owned();
     let (gw, mut term) = serve_on_terminal_in(data_dir, &target.manifest(), &[]);
     let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
-    let request = super::gateway::sessionless_call_request(&addr, &token, 1, "wire", json!({ "amount": 41 }));
+    let request = super::gateway::sessionless_call_request(&addr, &token, 1, "wire", json!({ "amount": amount }));
     let mut stream = std::net::TcpStream::connect(&addr).unwrap();
     stream.write_all(request.as_bytes()).unwrap();
     term.wait_for("authorize an agent run");
     term.wait_for("> ");
     drop(stream);
     let id = eventually("the execution on record", LONG, || gw.executions_of("wire").pop());
-    // The gateway notices the closed connection; then the reviewer answers.
+    // The gateway notices the closed connection.
     std::thread::sleep(Duration::from_millis(500));
+    StreamClosedAtQuestion { target, gw, term, addr, token, id }
+}
+
+/// #27, 2026-07-28 ("closing a response stream MUST be treated as cancellation"): a sessionless
+/// client that closes its connection while the reviewer is still deciding has withdrawn the
+/// call. The reviewer's later "allow" sends nothing: the execution ends
+/// `failed_before_dispatch` (cancelled), and the target never hears of it.
+#[test]
+fn a_stream_closed_before_dispatch_sends_nothing() {
+    let StreamClosedAtQuestion { target, gw, mut term, id, .. } = stream_closed_at_the_question(41);
     term.type_line("s");
     let events = eventually("the execution to end", LONG, || {
         let events = gw.events_of(&id);
@@ -622,4 +638,33 @@ fn a_stream_closed_before_dispatch_sends_nothing() {
     let last = timeline(&gw, &id).pop().unwrap();
     assert_eq!(last["detail"]["reason"], "cancelled", "{last}");
     assert_eq!(target.posts(), 0, "nothing reached the target");
+}
+
+/// #27, 2026-07-28: "a broken response stream loses the in-flight request; clients MUST re-issue
+/// it as a new request". A client whose stream broke while the reviewer decided re-issues the
+/// call on a new connection; the re-issue joins the open question, so the execution is still
+/// wanted: the reviewer's "allow" sends it once and the re-issue gets its result. (Before, the
+/// first call's cancellation ended the shared execution `failed_before_dispatch` and the
+/// re-issue was told so: the agent had to repeat it and the reviewer was asked again.)
+#[test]
+fn a_call_re_issued_after_its_stream_broke_keeps_the_execution_wanted() {
+    let StreamClosedAtQuestion { target, gw, mut term, addr, token, id } = stream_closed_at_the_question(43);
+    let reissued = {
+        let (addr, token) = (addr.clone(), token.clone());
+        std::thread::spawn(move || {
+            super::gateway::post_sessionless_call(&addr, &token, 2, "wire", json!({ "amount": 43 }))
+        })
+    };
+    // The re-issue reaches the gateway and joins the question still open (nothing on record
+    // says so until the question is answered).
+    std::thread::sleep(Duration::from_millis(1500));
+    term.type_line("s");
+    let (status, body) = reissued.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&id.to_string()), "the re-issue is answered by the first execution: {body}");
+    assert!(body.contains("\"completed\""), "{body}");
+    assert_eq!(target.posts(), 1, "sent once");
+    assert_eq!(gw.executions_of("wire"), vec![id.clone()], "no second execution");
+    let events = gw.events_of(&id);
+    assert!(!events.contains(&"failed_before_dispatch".to_owned()), "{events:?}");
 }

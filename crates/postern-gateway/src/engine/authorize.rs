@@ -280,7 +280,7 @@ impl Engine {
             self.transition(id, ExecutionState::Denied, detail.clone()).await?;
             return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
         }
-        if call.cancel.is_cancelled() {
+        if call.cancel.withdrawn() {
             let steps =
                 vec![(ExecutionState::Authorized, detail), (ExecutionState::FailedBeforeDispatch, cancelled_detail())];
             self.store.transition_steps_async(id, steps, self.now()).await?;

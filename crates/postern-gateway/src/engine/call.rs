@@ -156,16 +156,43 @@ impl Bound {
 /// A client's request to cancel a call. Honoured until the `dispatched` row is written; after
 /// that the side effect may be under way, so the engine journals the request and carries on
 /// (design: cancelling never pretends to undo).
+///
+/// A call that leads an execution (others joined it while it waited for a reviewer) carries
+/// the joiners' signals too: the execution is withdrawn only once every call following it is
+/// ([`CancelSignal::withdrawn`]). At 2026-07-28 a client whose stream broke re-issues its
+/// request; the re-issue joins the open question and must not be told "cancelled".
 #[derive(Debug, Clone, Default)]
-pub struct CancelSignal(Arc<std::sync::atomic::AtomicBool>);
+pub struct CancelSignal(Arc<Followed>);
+
+#[derive(Debug, Default)]
+struct Followed {
+    cancelled: std::sync::atomic::AtomicBool,
+    /// The signals of calls that joined this one's execution and wait for its outcome.
+    joined: std::sync::Mutex<Vec<CancelSignal>>,
+}
 
 impl CancelSignal {
     pub fn cancel(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Whether this call itself was cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.cancelled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether nobody wants this call's execution any more: this call was cancelled, and so
+    /// was every call that joined it.
+    pub fn withdrawn(&self) -> bool {
+        self.is_cancelled()
+            && self.0.joined.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().all(Self::is_cancelled)
+    }
+
+    /// `joiner` waits for this call's execution now.
+    pub(super) fn joined_by(&self, joiner: &CancelSignal) {
+        if !self.is(joiner) {
+            self.0.joined.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(joiner.clone());
+        }
     }
 
     /// Whether `other` is this very signal (not just in the same state).
@@ -290,5 +317,20 @@ mod tests {
             assert_eq!(Decision::from(&retry).as_str(), retry.name());
         }
         assert!("retry".parse::<Decision>().is_err(), "an unknown spelling is an error");
+    }
+
+    #[test]
+    fn an_execution_is_withdrawn_only_when_every_call_following_it_is() {
+        let (lead, joiner) = (CancelSignal::default(), CancelSignal::default());
+        lead.joined_by(&joiner);
+        lead.joined_by(&lead);
+        lead.cancel();
+        assert!(lead.is_cancelled() && !lead.withdrawn(), "the joiner still waits for it");
+        joiner.cancel();
+        assert!(lead.withdrawn());
+        let alone = CancelSignal::default();
+        assert!(!alone.withdrawn());
+        alone.cancel();
+        assert!(alone.withdrawn());
     }
 }

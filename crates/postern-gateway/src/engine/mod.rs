@@ -70,8 +70,12 @@ type Shared = Option<Result<CallOutcome, (&'static str, String)>>;
 #[derive(Default)]
 struct OpenRequests {
     next: std::sync::atomic::AtomicU64,
-    open: std::sync::Mutex<std::collections::HashMap<ExecutionId, (u64, tokio::sync::watch::Receiver<Shared>)>>,
+    open: std::sync::Mutex<std::collections::HashMap<ExecutionId, OpenRequest>>,
 }
+
+/// One execution someone is handling: the leader's token, where its outcome will be told, and
+/// the leader's cancel signal (a joiner keeps the execution wanted).
+type OpenRequest = (u64, tokio::sync::watch::Receiver<Shared>, CancelSignal);
 
 /// Either lead the handling of an execution (others join you) or join whoever leads it.
 enum Turn<'a> {
@@ -89,14 +93,16 @@ struct Lead<'a> {
 }
 
 impl OpenRequests {
-    fn turn(&self, id: ExecutionId) -> Turn<'_> {
+    /// Lead execution `id`'s handling, or join whoever leads it; `cancel` is the caller's.
+    fn turn(&self, id: ExecutionId, cancel: &CancelSignal) -> Turn<'_> {
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, rx)) = open.get(&id) {
+        if let Some((_, rx, lead)) = open.get(&id) {
+            lead.joined_by(cancel);
             return Turn::Join(rx.clone());
         }
         let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = tokio::sync::watch::channel(None);
-        open.insert(id, (token, rx));
+        open.insert(id, (token, rx, cancel.clone()));
         Turn::Lead(Lead { requests: self, id, token, tx })
     }
 }
@@ -104,7 +110,7 @@ impl OpenRequests {
 impl Lead<'_> {
     fn close(&self) {
         let mut open = self.requests.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if open.get(&self.id).is_some_and(|(token, _)| *token == self.token) {
+        if open.get(&self.id).is_some_and(|(token, ..)| *token == self.token) {
             open.remove(&self.id);
         }
     }
@@ -475,7 +481,7 @@ impl Engine {
             let id = new.id;
             let verdict = self.authorize(&p, &call, id, false, None).await?;
             let auth = verdict_detail(&verdict);
-            let cancelled = call.cancel.is_cancelled();
+            let cancelled = call.cancel.withdrawn();
             let steps = if verdict.allowed && cancelled {
                 vec![
                     (ExecutionState::Authorized, auth.clone()),
@@ -521,7 +527,7 @@ impl Engine {
             call.bound.bind(*id);
         }
         match admission {
-            Admission::Accepted { id } => match self.open_requests.turn(id) {
+            Admission::Accepted { id } => match self.open_requests.turn(id, &call.cancel) {
                 Turn::Lead(lead) => {
                     let result =
                         self.authorize_and_run(&p, &call, id, Decision::NewExecution, false, Some(&lead)).await;

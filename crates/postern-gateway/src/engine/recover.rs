@@ -16,7 +16,7 @@ impl Engine {
         prior: postern_core::PriorExecution,
         decision: RetryDecision,
     ) -> Result<CallOutcome, EngineError> {
-        let lead = match self.open_requests.turn(prior.id) {
+        let lead = match self.open_requests.turn(prior.id, &call.cancel) {
             Turn::Join(rx) => return Self::join(rx).await,
             Turn::Lead(lead) => lead,
         };
@@ -71,7 +71,7 @@ impl Engine {
         // A withdrawn call (cancelled, its 2026-07-28 stream closed, `tasks/cancel`) sends
         // nothing either: the recovery waits for a call that still wants an answer.
         let refused = match sends {
-            true if call.cancel.is_cancelled() => Some("cancelled"),
+            true if call.cancel.withdrawn() => Some("cancelled"),
             true => self.ladder_denies(p, call)?,
             false => None,
         };
@@ -361,7 +361,7 @@ impl Engine {
         let input = self.ladder_input(p, call)?;
         let refused = if input.vault_locked {
             Some((Rung::VaultLocked, "the vault is locked"))
-        } else if call.cancel.is_cancelled() {
+        } else if call.cancel.withdrawn() {
             Some((Rung::SessionAuthorization, "the client withdrew the call while the reviewer decided"))
         } else if input.session == SessionStanding::Revoked {
             Some((Rung::SessionAuthorization, "this agent run was revoked or has ended"))
