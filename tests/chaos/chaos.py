@@ -7,16 +7,21 @@ HTTP), a counting target with IETF Idempotency-Key semantics and a status endpoi
 a real OpenSSH sshd on loopback whose commands append to a ledger file (the SSH tools' effects).
 
 Each schedule is one intent (a unique amount) of one agent process. Its plan is drawn from
-`random.Random(f"{seed}:{index}")`: the tool (idempotency-key payment, status-query payment,
-irreversible wire, an SSH command under the marker protocol or irreversible, or a tool of an
-upstream MCP server — tests/upstreams/counting.py over stdio, Postern's child — that is
-irreversible or keyed by an idempotency argument), the
+`random.Random(f"{seed}:{index}")`: the tool (idempotency-key payment; the same at a target that
+forgets a key 1.5 s after answering, under a contract that declares a 1 s retention; status-query
+payment, whose status route answers truthfully or, drawn per schedule, 503, 410, a 200 that is not
+its JSON, or 409 forever; irreversible wire, also as the built-in `http_request` whose body is
+written out anew for every repeat — a JSON text spaced or compact, its members in either order, or
+the object; an SSH command under the marker protocol or irreversible; or a tool of an upstream MCP
+server — tests/upstreams/counting.py over stdio, Postern's child — that is irreversible, keyed by
+an idempotency argument, or hinted `idempotentHint` while every call has an effect), the
 transport, a fault at the target for the first request (cut before, reset after the effect, half
 an answer, stall beyond the timeout, slow; for an upstream tool, the server killed after the
 effect and before its answer), the SDK (Python; TypeScript 1.x at 2025-11-25; the current
 TypeScript client at 2026-07-28), the path (as it is; a new connection and request id for every
-repeat; over HTTP through a relay run as `nobody`, so the gateway cannot name the process — root
-only), and a fault of a process at a random instant (SIGKILL
+repeat; over HTTP through a relay run as `nobody`, so the gateway cannot name the process and the
+run is the token's — root only; there a killed agent is restarted and its new process repeats
+the call), and a fault of a process at a random instant (SIGKILL
 of the bridge or of the agent's HTTP connection, SIGKILL or SIGTERM of the gateway then a
 restart, SIGKILL of the agent, or a crash point armed at one of the gateway's durable boundaries
 — before/after `dispatched` or `completed` is committed, before the send, before the response is
@@ -69,12 +74,14 @@ def agent_command(sdk, python):
     line protocol."""
     if sdk == "python":
         return [python, str(AGENT)]
+    if sdk == "python_discover":
+        return ["env", "POSTERN_PY_NEGOTIATE=auto", python, str(AGENT)]
     if sdk == "typescript_client":
         return ["env", "POSTERN_TS_SDK=client", "node", str(TS_AGENT)]
     return ["node", str(TS_AGENT)]
 
 
-SDKS = ["python", "python", "typescript", "typescript_client"]
+SDKS = ["python", "python_discover", "typescript", "typescript_client"]
 # How the agent reaches the gateway and repeats: as it is; over a new connection (and a new
 # request id) for every repeat; or over HTTP through a TCP relay run as another user, so the
 # gateway cannot name the process (the run is the token's).
@@ -91,7 +98,36 @@ def start_relay(gateway_port):
                              RELAY.read_text(), str(gateway_port)], stdout=subprocess.PIPE, text=True)
     return proc, int(proc.stdout.readline().strip())
 
-TOOLS = ["pay", "pay", "wire", "pay_checked", "ssh_pay", "ssh_wire", "up__pay", "up__charge"]
+TOOLS = ["pay", "pay", "wire", "pay_checked", "pay_checked", "pay_brief", "http_wire", "ssh_pay", "ssh_wire",
+         "up__pay", "up__charge", "up__set_flag"]
+# How the status route of `pay_checked` answers in a schedule: truthfully, or as a target that
+# cannot or will not tell (each inconclusive under the contract: nothing may be sent again).
+STATUS_MODES = ["truthful", "truthful", "unavailable", "gone", "garbage", "always_in_flight"]
+
+
+def arguments(tool, intent, rng):
+    """The arguments of one call of the schedule's intent. `http_wire` is the built-in
+    `http_request`, and its body is written out anew for every attempt, as models do when they
+    retry: a JSON text, spaced or not, its members in either order, or the object itself."""
+    if tool == "up__set_flag":
+        return {"name": intent}
+    if tool != "http_wire":
+        return {"amount": int(intent)}
+    members = [("amount", int(intent)), ("to", "acct_chaos")]
+    if rng.random() < 0.5:
+        members.reverse()
+    body = dict(members)
+    form = rng.choice(["spaced", "compact", "object"])
+    if form == "spaced":
+        body = json.dumps(body)
+    elif form == "compact":
+        body = json.dumps(body, separators=(",", ":"))
+    return {"method": "POST", "url": f"{HTTP_WIRE_BASE[0]}/wire", "body": body}
+
+
+HTTP_WIRE_BASE = [None]  # the target's base URL, set in main()
+# The agent's name for a campaign tool (`http_wire` is the built-in `http_request`).
+TOOL_NAMES = {"http_wire": "http_request"}
 # The upstream MCP server (tests/upstreams/counting.py) Postern runs as its child.
 COUNTING_UPSTREAM = HERE.parent / "upstreams" / "counting.py"
 TARGET_FAULTS = ["none", "none", "slow", "stall", "cut_before", "reset_after", "mid_response"]
@@ -139,7 +175,16 @@ method = "POST"
 url = "{base}/pay_checked"
 timeout = "2s"
 input_schema = {schema}
-contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{base}/status/{{execution_id}}", done = [200], in_flight = [409], never_received = [404] }} }}
+contract = {{ class = "status_query", idempotency_header = "Idempotency-Key", status_query = {{ method = "GET", url_template = "{base}/status/{{execution_id}}", done = [{{ status = 200, pointer = "/status_query", equals = true }}], in_flight = [409], never_received = [404] }} }}
+
+[[tool]]
+name = "pay_brief"
+description = "Make a payment at a target that remembers an idempotency key for 1.5 s."
+method = "POST"
+url = "{base}/pay_brief"
+timeout = "2s"
+input_schema = {schema}
+contract = {{ class = "idempotency_key", idempotency_header = "Idempotency-Key", key_retention = "1s" }}
 
 [[tool]]
 name = "pay"
@@ -340,7 +385,19 @@ def upstream_effects(counter_dir, intent):
     if not path.exists():
         return 0
     records = [json.loads(line) for line in path.read_text().splitlines() if line]
-    return sum(1 for r in records if r.get("amount") == int(intent) and r.get("kind") in ("pay", "charge"))
+    return sum(1 for r in records if (r.get("amount") == int(intent) and r.get("kind") in ("pay", "charge"))
+               or (r.get("kind") == "set_flag" and r.get("name") == intent))
+
+
+# The executions of one intent, whichever tool: its amount, an `http_request` body's amount (the
+# record holds a JSON body by its value), or the flag an upstream tool sets.
+OF_INTENT = ("(json_extract(record, '$.arguments.amount') = :amount "
+             "OR json_extract(record, '$.arguments.body.amount') = :amount "
+             "OR json_extract(record, '$.arguments.name') = :name)")
+
+
+def intent_params(intent):
+    return {"amount": int(intent), "name": intent}
 
 
 def timeline(gw, execution_id):
@@ -364,6 +421,7 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
     crash_point = rng.choice(CRASH_POINTS) if process_fault == "crash_point" else None
     sdk = rng.choice(SDKS)
     path = rng.choice(PATHS)
+    status_mode = rng.choice(STATUS_MODES) if tool == "pay_checked" else "truthful"
     if path == "relay":
         if relay_port is None:
             path = "plain"
@@ -373,6 +431,9 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
     plan = {"index": index, "tool": tool, "transport": transport, "target_fault": target_fault,
             "process_fault": process_fault, "fault_at_s": round(fault_at, 3), "intent": intent, "sdk": sdk,
             "path": path}
+    if tool == "pay_checked":
+        plan["status_route"] = status_mode
+        figures["status_routes"][status_mode] += 1
     figures["sdks"][sdk] += 1
     figures["paths"][path] += 1
     figures["tools"][tool] += 1
@@ -394,7 +455,7 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
     figures["process_faults"][process_fault] += 1
     figures["transports"][transport] += 1
     urllib.request.urlopen(urllib.request.Request(
-        f"http://127.0.0.1:{target_port}/_plan", data=json.dumps({"intent": intent, "fault": target_fault}).encode(),
+        f"http://127.0.0.1:{target_port}/_plan", data=json.dumps({"intent": intent, "fault": target_fault, "status": status_mode}).encode(),
         method="POST"), timeout=10).read()
 
     if transport == "stdio":
@@ -406,6 +467,7 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
         connect = {"transport": "http", "url": f"http://127.0.0.1:{port}/mcp", "token": token}
     agent = Agent(agent_command(sdk, python))
     answers = []  # (execution_id, state, result) the agent was told
+    sent = []  # the arguments of each attempt
     success = False
     try:
         deadline = time.monotonic() + SCHEDULE_BUDGET_S
@@ -426,7 +488,11 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
                 connected = agent.connect(connect)
                 continue
             tag = f"a{attempt}"
-            agent.send(op="call", tag=tag, tool=tool, arguments={"amount": int(intent)})
+            args = arguments(tool, intent, rng)
+            if sent and args != sent[-1]:
+                figures["rewritten_repeats"] += 1
+            sent.append(args)
+            agent.send(op="call", tag=tag, tool=TOOL_NAMES.get(tool, tool), arguments=args)
             if attempt == 0 and process_fault != "none":
                 time.sleep(fault_at)
                 if process_fault == "kill_bridge":
@@ -443,7 +509,15 @@ def run_schedule(index, seed, gw, target_port, python, token, figures, told, ver
                     check_nothing_lost(gw, told)
                 elif process_fault == "kill_agent":
                     agent.kill()
-                    return plan, answers, success
+                    if path != "relay":
+                        # A new process is a new run: its repeat would be a new intent.
+                        return plan, answers, success
+                    # Through the relay the run is the token's: a restarted agent repeats the
+                    # call, and the repeat must be matched to the first.
+                    figures["agent_restarts"] += 1
+                    agent = Agent(agent_command(sdk, python))
+                    connected = agent.connect(connect)
+                    continue
                 elif process_fault == "crash_point":
                     # The point fires if the call reaches it (a target fault may keep it from
                     # getting there); either way the gateway comes back disarmed.
@@ -506,8 +580,7 @@ def check_schedule(gw, ledger, plan, answers, success, effects_file, counter_dir
     intent = plan["intent"]
     effects = ledger.count(intent) + ssh_effects(effects_file, intent) + upstream_effects(counter_dir, intent)
     with gw.db() as db:
-        ids = [r[0] for r in db.execute(
-            "SELECT id FROM executions WHERE json_extract(record, '$.arguments.amount') = ? ORDER BY id", (int(intent),))]
+        ids = [r[0] for r in db.execute(f"SELECT id FROM executions WHERE {OF_INTENT} ORDER BY id", intent_params(intent))]
     if effects > 1:
         raise Violation(f"duplicate side effect: the target counted {effects} for one intent", ids)
     if success and effects != 1:
@@ -529,8 +602,7 @@ def check_schedule(gw, ledger, plan, answers, success, effects_file, counter_dir
     while True:
         with gw.db() as db:
             stuck = [r[0] for r in db.execute(
-                f"SELECT id FROM executions WHERE state IN {UNSETTLED} AND json_extract(record, '$.arguments.amount') = ?",
-                (int(intent),))]
+                f"SELECT id FROM executions WHERE state IN {UNSETTLED} AND {OF_INTENT}", intent_params(intent))]
         if not stuck:
             break
         if time.monotonic() > deadline:
@@ -571,6 +643,13 @@ def main():
     add_upstream(gw, counter_dir)
     gw.start()
     token = gw.cli("agents", "add", "chaos").stdout.strip()
+    # `http_request` reaches the target through a bound bearer credential (POST: irreversible).
+    HTTP_WIRE_BASE[0] = f"http://127.0.0.1:{target_port}"
+    added = subprocess.run([args.postern, "vault", "add", "chaos-api", "--kind", "bearer", "--host",
+                            f"127.0.0.1:{target_port}"], env=gw.env, input="chaos-bearer-secret\n",
+                           capture_output=True, text=True, timeout=60)
+    if added.returncode != 0:
+        raise SystemExit(f"vault add failed: {added.stderr}")
     python = sys.executable
     relay, relay_port = start_relay(gw.port)
 
@@ -578,7 +657,8 @@ def main():
                "rows_lost": 0, "successes": 0, "needs_review": 0, "executions": 0,
                "target_faults": Counter(), "process_faults": Counter(), "transports": Counter(),
                "crash_points": Counter(), "crash_points_fired": Counter(), "sdks": Counter(), "tools": Counter(),
-               "paths": Counter(), "protocols": Counter()}
+               "paths": Counter(), "protocols": Counter(), "status_routes": Counter(), "rewritten_repeats": 0,
+               "agent_restarts": 0}
     told = set()
     indices = [args.only] if args.only is not None else range(args.schedules)
     started = time.monotonic()
@@ -597,7 +677,7 @@ def main():
             print(f"  #{index:4d} {plan['tool']:11} {plan['transport']:5} {plan.get('protocol') or '-':10} "
                   f"{plan['sdk']:17} {plan['path']:20} {plan['target_fault']:12} "
                   f"{plan['process_fault']:12} effects={effects} executions={len(ids)} "
-                  f"answer={answers[-1][1] if answers else '-'}", flush=True)
+                  f"answer={answers[-1][1] if answers else '-'}" + (f" status_route={plan['status_route']}" if 'status_route' in plan else ""), flush=True)
         except Violation as v:
             figures["violations"] += 1
             if "duplicate" in str(v.args[0]):
@@ -629,7 +709,7 @@ def main():
     figures["elapsed_s"] = round(time.monotonic() - started, 1)
     figures["target_faults_applied"] = dict(ledger.applied)
     for k in ("target_faults", "process_faults", "transports", "crash_points", "crash_points_fired", "sdks", "tools",
-              "paths", "protocols"):
+              "paths", "protocols", "status_routes"):
         figures[k] = dict(figures[k])
     print("chaos: " + json.dumps(figures, sort_keys=True), flush=True)
     if args.json:

@@ -12,6 +12,12 @@ request. A fault planned for an intent is applied to that intent's first request
   reset_after   perform the effect, then reset the connection (RST) without answering
   mid_response  perform the effect, then send half of the answer and close
 
+`/pay_brief` honours Idempotency-Key like `/pay` but forgets a completed key BRIEF_MEMORY_S after
+it answered (as a target with a short key retention does): a same-key request after that is a new
+payment. The status route answers as the current schedule's plan says (`status`): truthfully, or
+as a target that cannot or will not tell (503, 410, a 200 that is not the route's JSON, a 409
+that never ends), whatever it received.
+
 The counts are the ground truth the campaign's invariants are checked against: they are side
 effects observed at the target, not log lines.
 """
@@ -26,20 +32,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PROCESSING_S = 0.15
 SLOW_S = 0.8
 STALL_S = 3.5  # beyond the chaos manifest's 2 s timeout
+BRIEF_MEMORY_S = 1.5  # the chaos manifest declares `key_retention = "1s"`, a little less
 
 
 class Ledger:
     def __init__(self):
         self.lock = threading.Lock()
         self.effects = {}  # intent -> count of side effects
-        self.by_key = {}  # idempotency key -> ("in_flight", None) | ("done", (status, body))
+        self.by_key = {}  # idempotency key -> ("in_flight", None) | ("done", (status, body), answered at)
+        self.status = "truthful"  # how the status route answers during the current schedule
         self.faults = {}  # intent -> fault for its first request
         self.seen = set()  # intents that have had their first request
         self.applied = {}  # fault -> count actually applied
 
-    def plan(self, intent, fault):
+    def plan(self, intent, fault, status="truthful"):
         with self.lock:
             self.faults[intent] = fault
+            self.status = status
 
     def first_fault(self, intent):
         with self.lock:
@@ -92,7 +101,21 @@ class Handler(BaseHTTPRequestHandler):
             # being processed (409: cannot tell yet), or never received (404).
             with self.ledger.lock:
                 known = self.ledger.by_key.get(self.path.rsplit("/", 1)[1])
-            if known is None:
+                status = self.ledger.status
+            if status == "unavailable":
+                self._send(503, {"error": "status service unavailable"})
+            elif status == "gone":
+                self._send(410, {"error": "gone"})
+            elif status == "garbage":
+                data = b"<html><body>Status</body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif status == "always_in_flight":
+                self._send(409, {"error": "still being processed"})
+            elif known is None:
                 self._send(404, {"error": "no request with this key was received"})
             elif known[0] == "in_flight":
                 self._send(409, {"error": "still being processed"})
@@ -106,18 +129,21 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if self.path == "/_plan":
             plan = json.loads(raw)
-            self.ledger.plan(str(plan["intent"]), plan["fault"])
+            self.ledger.plan(str(plan["intent"]), plan["fault"], plan.get("status", "truthful"))
             return self._send(200, {"ok": True})
-        if self.path not in ("/pay", "/wire", "/pay_checked"):
+        if self.path not in ("/pay", "/wire", "/pay_checked", "/pay_brief"):
             return self._send(404, {"error": "no such path"})
         intent = str(json.loads(raw or b"{}").get("amount"))
         fault = self.ledger.first_fault(intent)
         if fault == "cut_before":
             return self._reset()
-        key = self.headers.get("Idempotency-Key") if self.path in ("/pay", "/pay_checked") else None
+        key = self.headers.get("Idempotency-Key") if self.path in ("/pay", "/pay_checked", "/pay_brief") else None
         if key is not None:
             with self.ledger.lock:
                 known = self.ledger.by_key.get(key)
+                if (known is not None and known[0] == "done" and self.path == "/pay_brief"
+                        and time.monotonic() - known[2] > BRIEF_MEMORY_S):
+                    known = None  # forgotten: this request is a new payment
                 if known is None:
                     self.ledger.by_key[key] = ("in_flight", None)
             if known is not None:
@@ -130,7 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         body = {"intent": intent, "effect": n}
         if key is not None:
             with self.ledger.lock:
-                self.ledger.by_key[key] = ("done", (201, body))
+                self.ledger.by_key[key] = ("done", (201, body), time.monotonic())
         if fault == "reset_after":
             return self._reset()
         if fault == "mid_response":

@@ -15,6 +15,10 @@ Commands:
                           (as an agent's shell tool would); answers {"event": "ran", "code", "stdout", "stderr"}
   {"op": "exit"}
 Events: {"event": "...", ...}; a call answers {"event": "result", "tag": ..., "ok": bool, ...}.
+
+With POSTERN_PY_NEGOTIATE=auto it negotiates as the SDK's `Client(mode="auto")` does
+(`server/discover`, so 2026-07-28 where the server speaks it); otherwise it performs the
+2025-11-25 initialize handshake.
 """
 
 import json
@@ -24,6 +28,7 @@ from contextlib import AsyncExitStack
 
 import anyio
 import httpx2
+from mcp.client._probe import negotiate_auto
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -60,9 +65,16 @@ class Agent:
                     )
                     read, write = await stack.enter_async_context(streamable_http_client(cmd["url"], http_client=client))
                 session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
-                info = await session.initialize()
+                if os.environ.get("POSTERN_PY_NEGOTIATE") == "auto":
+                    # The SDK's own `mode="auto"`: `server/discover` at the newest revision
+                    # (2026-07-28, sessionless), the initialize handshake only where refused.
+                    await negotiate_auto(session)
+                else:
+                    await session.initialize()
+                protocol = session.protocol_version
                 self.session = session
-                emit(event="connected", protocol=str(info.protocol_version), server=info.server_info.name, pid=os.getpid())
+                server = session.server_info.name if session.server_info else None
+                emit(event="connected", protocol=str(protocol), server=server, pid=os.getpid())
                 ready.set()
                 await close.wait()  # then the stack unwinds, in this task
         except BaseException as e:

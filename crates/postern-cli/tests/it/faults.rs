@@ -16,6 +16,9 @@ fn stdio_bridge_killed_after_dispatch(sdk: Sdk, tool: &str) {
     let mut agent = Agent::start(sdk);
     let connected = agent.connect(gw.bridge_command());
     assert_eq!(connected["event"], "connected", "{connected}");
+    if sdk == Sdk::PythonDiscover {
+        assert_eq!(connected["protocol"], "2026-07-28", "{connected}");
+    }
     let bridge = agent.bridge_pid();
 
     target.hold();
@@ -51,6 +54,11 @@ fn python_stdio_bridge_killed_after_dispatch_idempotency_key() {
 #[test]
 fn python_stdio_bridge_killed_after_dispatch_irreversible() {
     stdio_bridge_killed_after_dispatch(Sdk::Python, "wire");
+}
+
+#[test]
+fn python_discover_stdio_bridge_killed_after_dispatch_idempotency_key() {
+    stdio_bridge_killed_after_dispatch(Sdk::PythonDiscover, "pay");
 }
 
 #[test]
@@ -277,7 +285,7 @@ fn http_connection_cut_after_dispatch(sdk: Sdk, tool: &str) {
     let mut agent = Agent::start(sdk);
     let connected = agent.connect(gw.http_command(&token));
     assert_eq!(connected["event"], "connected", "{connected}");
-    if sdk == Sdk::TypeScriptClient {
+    if matches!(sdk, Sdk::TypeScriptClient | Sdk::PythonDiscover) {
         // A sessionless agent: its run stands in for the session (a repeat matched, delivery).
         assert_eq!(connected["protocol"], "2026-07-28", "{connected}");
     }
@@ -315,6 +323,11 @@ fn python_http_connection_cut_after_dispatch_idempotency_key() {
 #[test]
 fn python_http_connection_cut_after_dispatch_irreversible() {
     http_connection_cut_after_dispatch(Sdk::Python, "wire");
+}
+
+#[test]
+fn python_discover_http_connection_cut_after_dispatch_irreversible() {
+    http_connection_cut_after_dispatch(Sdk::PythonDiscover, "wire");
 }
 
 #[test]

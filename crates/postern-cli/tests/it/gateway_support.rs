@@ -368,6 +368,9 @@ pub enum Sdk {
     TypeScript,
     /// The current TypeScript client, `@modelcontextprotocol/client` 2.x (2026-07-28).
     TypeScriptClient,
+    /// The Python SDK negotiating as its `Client(mode="auto")` does: `server/discover`, so
+    /// 2026-07-28 (sessionless) with Postern.
+    PythonDiscover,
 }
 
 /// One agent process built on an official MCP SDK.
@@ -397,6 +400,11 @@ impl Agent {
             Sdk::Python => {
                 let mut c = Command::new(python());
                 c.arg(repo_root().join("tests/clients/python/agent.py"));
+                c
+            }
+            Sdk::PythonDiscover => {
+                let mut c = Command::new(python());
+                c.arg(repo_root().join("tests/clients/python/agent.py")).env("POSTERN_PY_NEGOTIATE", "auto");
                 c
             }
             Sdk::TypeScript => {
