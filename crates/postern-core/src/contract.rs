@@ -1,4 +1,4 @@
-//! Replay contracts (design §5): what a tool promises about retries after a lost response.
+//! Replay contracts (docs/src/design.md): what a tool promises about retries after a lost response.
 //!
 //! Every side-effecting tool must carry one; a tool without one is refused when it is loaded,
 //! never guessed at when it is called.
@@ -61,7 +61,7 @@ impl AttachWindow {
     }
 }
 
-/// Which calls share an intent scope (design §4): by default one agent run; a contract may
+/// Which calls share an intent scope (docs/src/design.md): by default one agent run; a contract may
 /// widen it so that a later run of the same agent still finds the prior execution.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,4 +1,4 @@
-//! The intent fingerprint: a keyed digest of the canonical action record (design §2).
+//! The intent fingerprint: a keyed digest of the canonical action record (docs/src/design.md, the action record).
 //!
 //! A plain hash of a record that contains low-entropy values would turn the journal into a
 //! guessing oracle, so the digest is an HMAC under a per-installation key that lives in the OS

@@ -1,6 +1,6 @@
 //! Postern's own identifiers: `act_<ULID>` for an accepted execution, `ses_<ULID>` for an agent run.
 //!
-//! These are never confused with the client's JSON-RPC `id` (protocol correlation, design §1):
+//! These are never confused with the client's JSON-RPC `id` (protocol correlation, docs/src/design.md):
 //! they are minted by Postern, sort by creation time, and have exactly one spelling.
 
 use crate::{ErrorCode, time::Timestamp};

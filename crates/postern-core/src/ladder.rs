@@ -1,4 +1,4 @@
-//! The approval ladder (design §6) as a pure decision: the rungs are tried in a fixed order and
+//! The approval ladder (docs/src/design.md) as a pure decision: the rungs are tried in a fixed order and
 //! the first that applies decides. The engine asks the approver only what this says to ask.
 
 use serde::{Deserialize, Serialize};

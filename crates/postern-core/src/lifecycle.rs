@@ -1,4 +1,4 @@
-//! The lifecycle of an execution (design §3) as a state type that only allows legal transitions.
+//! The lifecycle of an execution (docs/src/design.md) as a state type that only allows legal transitions.
 //!
 //! ```text
 //! accepted ──▶ authorized ──▶ dispatched ──▶ completed ──▶ result_delivered

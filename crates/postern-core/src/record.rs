@@ -1,4 +1,4 @@
-//! The canonical action record (design §2): the effect an agent asked for, with everything that
+//! The canonical action record (docs/src/design.md, the action record): the effect an agent asked for, with everything that
 //! does not change the effect stripped away, and nothing secret in it.
 //!
 //! The record is what gets fingerprinted and journaled. Request ids, `_meta` and progress tokens

@@ -1,4 +1,4 @@
-//! Retry matching and recovery decisions (design §4): given what the journal says about a prior
+//! Retry matching and recovery decisions (docs/src/design.md): given what the journal says about a prior
 //! execution with the same fingerprint, decide what an incoming call does — never by guessing.
 //!
 //! Compared with the design's pseudocode, three more prior states attach instead of starting a
@@ -139,7 +139,7 @@ pub fn matches(prior: &PriorExecution, incoming: &IncomingIntent<'_>, now: Times
             || prior.contract.attach_window.contains(now.millis_since(prior.accepted_at)))
 }
 
-/// The retry decision of design §4, extended as described in the module docs.
+/// The retry decision (docs/src/design.md), extended as described in the module docs.
 pub fn decide_retry(prior: Option<&PriorExecution>, incoming: &IncomingIntent<'_>, now: Timestamp) -> RetryDecision {
     use ExecutionState::*;
     let Some(prior) = prior else {

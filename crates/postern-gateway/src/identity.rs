@@ -1,4 +1,4 @@
-//! Who is calling, as the kernel tells it (design §6): a process is its executable's path and
+//! Who is calling, as the kernel tells it (docs/src/design.md, identifiers): a process is its executable's path and
 //! SHA-256 plus pid and start time. What a client claims in `initialize` is only a label.
 //!
 //! Linux only (`/proc`); elsewhere every lookup answers `None` and callers fall back to the

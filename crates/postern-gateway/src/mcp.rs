@@ -1,6 +1,6 @@
 //! The MCP face of the engine (rmcp `ServerHandler`): tools with annotations derived from their
 //! replay contracts, tool results that always carry the execution's identity and state, and
-//! `execution_status` so an agent can ask instead of retrying (design §1, §4).
+//! `execution_status` so an agent can ask instead of retrying (docs/src/design.md, identifiers, retry decisions).
 
 use crate::{
     CallOutcome, Engine,

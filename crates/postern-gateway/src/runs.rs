@@ -1,4 +1,4 @@
-//! Agent runs: the Sessions journal and the default intent scope (design §4, §6).
+//! Agent runs: the Sessions journal and the default intent scope (docs/src/design.md, the intent scope).
 //!
 //! A run is one agent *process* (pid + start time) under one actor; it outlives any one bridge
 //! process or MCP session, so a reconnecting agent's retry lands in the same intent scope. It

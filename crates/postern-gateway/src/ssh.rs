@@ -1,4 +1,4 @@
-//! The SSH channel (design §2, §3, §5): one connection per execution through russh, the host
+//! The SSH channel (docs/src/design.md, the action record, the lifecycle, replay contracts): one connection per execution through russh, the host
 //! key checked against the vault's pin before anything is sent, the private key only in memory,
 //! and the marker protocol that lets Postern prove on the host whether an uncertain command ran.
 //!
@@ -405,7 +405,7 @@ pub fn kill_command(marker_root: Option<&str>, id: ExecutionId) -> String {
     format!("sh -c {}", shell_quote(&script))
 }
 
-/// The marker protocol's wrapper (README: "The SSH marker protocol"). It creates the execution's
+/// The marker protocol's wrapper (docs/src/guide/ssh.md). It creates the execution's
 /// directory atomically (`mkdir` fails if it exists, so an execution runs at most once), records
 /// `started` (the wrapper's pid and the time) before the command starts, runs the command in the
 /// background so a TERM can be passed on, and records `finished` (exit status and time) by

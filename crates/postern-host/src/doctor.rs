@@ -159,7 +159,7 @@ fn journal(data_dir: &Path) -> Check {
                 report.findings.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
             ),
             "keep a copy of the file, then `postern audit verify --checkpoint <your last checkpoint>` to see what \
-             changed since it; see the README's incident section",
+             changed since it; see docs/src/guide/audit.md",
         ),
         Err(e) => Check::fail(NAME, format!("{} cannot be verified: {e}", db.display()), "see the message"),
     }

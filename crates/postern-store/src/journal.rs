@@ -1,4 +1,4 @@
-//! The shape of one journal row and the hash chain that links rows together (design §7).
+//! The shape of one journal row and the hash chain that links rows together (docs/src/design.md, the journal).
 
 use postern_core::{ExecutionId, ExecutionState, SessionId, Timestamp};
 use serde::{Deserialize, Serialize};

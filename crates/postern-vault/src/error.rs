@@ -6,7 +6,7 @@ use postern_core::ErrorCode;
 pub const HEADLESS_RECIPE: &str = "Postern keeps secrets only in the OS keychain and never falls back to a file. \
 On a Linux desktop, make sure a Secret Service provider is running (GNOME Keyring or KeePassXC). \
 Headless: dbus-run-session -- sh -c 'printf %s \"$KEYRING_PASSWORD\" | gnome-keyring-daemon --unlock --components=secrets; postern ...' \
-(see README: \"Linux without a desktop\")";
+(see docs/src/guide/vault.md: \"Linux without a desktop\")";
 
 #[derive(Debug, thiserror::Error)]
 pub enum VaultError {

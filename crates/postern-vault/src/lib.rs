@@ -560,7 +560,7 @@ impl Vault {
         Ok(Sensitive::new(key))
     }
 
-    /// The installation's fingerprint key (design §2), created on first use.
+    /// The installation's fingerprint key (docs/src/design.md, the action record), created on first use.
     pub fn fingerprint_key(&self) -> Result<FingerprintKey, VaultError> {
         Ok(FingerprintKey::from_bytes(*self.key_material("fingerprint-key")?.expose()))
     }

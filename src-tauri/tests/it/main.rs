@@ -48,7 +48,7 @@ impl Drop for Xvfb {
 
 #[test]
 fn approvals_and_retry_review_in_the_real_app() {
-    // POSTERN_SCREENSHOTS=DIR keeps the screenshots (README's come from docs/screenshots).
+    // POSTERN_SCREENSHOTS=DIR keeps the screenshots (the book's come from docs/src/screenshots).
     for tool in ["tauri-driver", "WebKitWebDriver", "dunst", "dunstctl", "dbus-monitor", "xdotool", "import"] {
         let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
         assert!(found.status.success(), "{tool} is missing: run the tests through scripts/test.sh");

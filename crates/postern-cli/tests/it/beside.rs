@@ -1,4 +1,4 @@
-//! Every command of the README's "Using it" list, run while `postern serve` holds the journal —
+//! Every command of the book's "Commands at a glance" list, run while `postern serve` holds the journal —
 //! as a user who keeps the gateway (or the desktop app) running all day does. Reads work on the
 //! journal read-only; changes and calls go through the gateway (its control socket, its MCP
 //! socket) and say the same as when run alone; only what grants authority is refused, with

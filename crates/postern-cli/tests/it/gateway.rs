@@ -49,7 +49,7 @@ fn a_different_agent_process_is_a_fresh_intent() {
     assert_eq!(b["structured"]["attached"], false);
     assert_eq!(target.posts(), 2);
     // Within one agent, a repeat after the result was delivered is a new intent too: the agent
-    // saw the outcome and chose to act again (design §4).
+    // saw the outcome and chose to act again (docs/src/design.md, retry decisions).
     let first = a["structured"]["execution_id"].as_str().unwrap().to_owned();
     let read = one.call_and_wait("read", "balance", json!({}));
     assert_eq!(read["ok"], true, "the agent carries on with another tool: {read}");

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The conformance scenarios that apply to Postern (README lists why the others do not).
+/// The conformance scenarios that apply to Postern (docs/src/guide/agents.md lists why the others do not).
 pub const CONFORMANCE_SCENARIOS: &[&str] = &[
     "server-initialize",
     "ping",

@@ -14,6 +14,7 @@ mod gateway_support;
 mod hostile;
 mod journal;
 mod paths;
+mod reference;
 mod service;
 mod ssh;
 mod upstreams;

@@ -1,4 +1,4 @@
-//! What a reviewer is asked and what they may answer (design §6): the approval questions the
+//! What a reviewer is asked and what they may answer (docs/src/design.md, the approval ladder): the approval questions the
 //! ladder raises, the retry review, and the [`Approver`] trait behind which the terminal prompt
 //! and the desktop dialogs live. Nothing here decides; the engine does, from the journal.
 
@@ -14,7 +14,7 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
-/// What a reviewer is asked (design §6). The ladder decides whether anyone is asked at all.
+/// What a reviewer is asked (docs/src/design.md, the approval ladder). The ladder decides whether anyone is asked at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ask {
@@ -53,7 +53,7 @@ pub struct AgentRun {
     pub client: Option<String>,
 }
 
-/// A question the ladder raised (design §6): never a secret.
+/// A question the ladder raised (docs/src/design.md, the approval ladder): never a secret.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuthorizationRequest {
     pub ask: Ask,
@@ -157,7 +157,7 @@ pub struct TimelineStep {
     pub summary: String,
 }
 
-/// The retry review (design §6): the *original* record and the choices. The retry itself sent
+/// The retry review (docs/src/design.md, the approval ladder): the *original* record and the choices. The retry itself sent
 /// nothing and will send nothing unless the reviewer chooses "dispatch anew".
 #[derive(Debug, Clone, Serialize)]
 pub struct RetryReviewRequest {

@@ -5,7 +5,7 @@
 use super::*;
 
 impl Engine {
-    /// The approval ladder (design §6): the pure decision in `postern_core::decide_ladder`,
+    /// The approval ladder (docs/src/design.md): the pure decision in `postern_core::decide_ladder`,
     /// the approver asked only where it says so, one session-authorization question per run.
     pub(super) async fn authorize(
         &self,

@@ -155,7 +155,7 @@ impl Bound {
 
 /// A client's request to cancel a call. Honoured until the `dispatched` row is written; after
 /// that the side effect may be under way, so the engine journals the request and carries on
-/// (design: cancelling never pretends to undo).
+/// (cancelling never pretends to undo).
 ///
 /// A call that leads an execution (others joined it while it waited for a reviewer) carries
 /// the joiners' signals too: the execution is withdrawn only once every call following it is

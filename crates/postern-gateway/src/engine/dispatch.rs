@@ -6,7 +6,7 @@ use crate::upstream::UpstreamSent;
 
 impl Engine {
     /// A read-only call: authorized in memory, sent, then journaled as a whole in one
-    /// transaction that does not wait for the disk (design: a retry of a read is harmless).
+    /// transaction that does not wait for the disk (a retry of a read is harmless).
     pub(super) async fn read_only(
         &self,
         p: &Prepared<'_>,

@@ -1,5 +1,5 @@
 //! The engine: one call travels accept → authorize → dispatch → observe → deliver, and every
-//! retry is decided from the journal (design §3–§4), never from the transport.
+//! retry is decided from the journal (docs/src/design.md, the lifecycle, retry decisions), never from the transport.
 
 mod authorize;
 mod call;

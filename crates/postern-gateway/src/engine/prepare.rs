@@ -293,7 +293,7 @@ impl Engine {
         call: &Call,
         arguments: Value,
     ) -> Result<NewExecution, EngineError> {
-        // A contract may widen the scope beyond the agent run (design §5: e.g. a rotation).
+        // A contract may widen the scope beyond the agent run (docs/src/design.md, the intent scope: e.g. a rotation).
         let intent_scope = match p.tool.contract.scope {
             postern_core::contract::ScopePolicy::Durable => IntentScope::durable(),
             postern_core::contract::ScopePolicy::AgentRun => call.intent_scope.clone(),

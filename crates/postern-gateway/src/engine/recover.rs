@@ -132,7 +132,7 @@ impl Engine {
         }
     }
 
-    /// Retry review (design §6): the person behind the approver is shown the original record
+    /// Retry review (docs/src/design.md, the approval ladder): the person behind the approver is shown the original record
     /// and chooses. Nothing is sent unless they choose "dispatch anew" with a reason, or "check
     /// status" where the contract has a safe route.
     pub(super) async fn retry_review(
@@ -677,7 +677,7 @@ impl Engine {
     }
 }
 
-/// The prior states a person reviews when a retry matches them (design §6); `accepted` joins
+/// The prior states a person reviews when a retry matches them (docs/src/design.md, the approval ladder); `accepted` joins
 /// the pending approval instead, `denied` returns the same denial.
 fn reviewed_by_a_person(state: ExecutionState) -> bool {
     matches!(

@@ -29,7 +29,7 @@ fn a_gateway_that_breaks_a_rule_is_caught() {
     }
 }
 
-/// The larger bound whose counts the README gives (`cargo test -p postern-model --release --
+/// The larger bound whose counts docs/src/testing.md gives (`cargo test -p postern-model --release --
 /// --ignored --nocapture`).
 #[test]
 #[ignore = "the larger bound: seconds in a release build, long in a debug one; run by hand"]
