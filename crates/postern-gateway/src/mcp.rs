@@ -434,7 +434,7 @@ impl PosternMcp {
                 && was_withdrawn
             {
                 if o.state != ExecutionState::FailedBeforeDispatch {
-                    let _ = engine.cancel_requested(o.execution_id, None).await;
+                    let _ = engine.cancel_requested(o.execution_id, None, !withdrawn.withdrawn()).await;
                 }
                 if has_result(o.state) && !o.read_only && !as_task {
                     // The client discards this answer whatever the transport does with it: the
@@ -1114,8 +1114,10 @@ impl ServerHandler for PosternMcp {
                 Some(json!({ "code": "task_finished" })),
             ));
         }
+        // The task is the execution: cancelling it withdraws every call following it, the
+        // retries that joined it included.
         for signal in self.gateway.tasks.lock().ok().and_then(|t| t.get(&id).cloned()).unwrap_or_default() {
-            signal.cancel();
+            signal.withdraw_all();
         }
         Ok(())
     }

@@ -188,10 +188,22 @@ impl CancelSignal {
             && self.0.joined.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().all(Self::is_cancelled)
     }
 
+    /// Cancels this call and every call that joined it (`tasks/cancel`: the task is the
+    /// execution, not one of the calls following it).
+    pub fn withdraw_all(&self) {
+        self.cancel();
+        for joiner in self.0.joined.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            joiner.cancel();
+        }
+    }
+
     /// `joiner` waits for this call's execution now.
     pub(super) fn joined_by(&self, joiner: &CancelSignal) {
         if !self.is(joiner) {
-            self.0.joined.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(joiner.clone());
+            let mut joined = self.0.joined.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Cancellation is one-way: a joiner already withdrawn never counts again.
+            joined.retain(|j| !j.is_cancelled());
+            joined.push(joiner.clone());
         }
     }
 
@@ -328,6 +340,10 @@ mod tests {
         assert!(lead.is_cancelled() && !lead.withdrawn(), "the joiner still waits for it");
         joiner.cancel();
         assert!(lead.withdrawn());
+        let (task, joiner) = (CancelSignal::default(), CancelSignal::default());
+        task.joined_by(&joiner);
+        task.withdraw_all();
+        assert!(joiner.is_cancelled() && task.withdrawn(), "cancelling a task withdraws its joiners too");
         let alone = CancelSignal::default();
         assert!(!alone.withdrawn());
         alone.cancel();

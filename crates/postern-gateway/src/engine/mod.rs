@@ -682,9 +682,21 @@ impl Engine {
 
     /// Journals a cancellation that arrived once the execution was past the point of no return
     /// (dispatched or later): evidence only, the state stays what was observed.
-    pub async fn cancel_requested(&self, id: ExecutionId, reason: Option<String>) -> Result<(), EngineError> {
+    /// `still_wanted`: the call was withdrawn in time, but other calls following the same
+    /// execution (retries that joined it) still wanted it, so it went ahead.
+    pub async fn cancel_requested(
+        &self,
+        id: ExecutionId,
+        reason: Option<String>,
+        still_wanted: bool,
+    ) -> Result<(), EngineError> {
         let at = self.now();
-        let detail = json!({ "reason": reason, "effect": "none: the request had already been sent" });
+        let effect = if still_wanted {
+            "none: other calls following this execution still wanted it, so it went ahead"
+        } else {
+            "none: the request had already been sent"
+        };
+        let detail = json!({ "reason": reason, "effect": effect });
         self.on_store(move |store| store.note(id, "cancel_requested", detail, at)).await?;
         Ok(())
     }

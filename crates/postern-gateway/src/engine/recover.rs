@@ -105,10 +105,10 @@ impl Engine {
             } => self.dispatch_after(p, id, name, true, vec![], Attempt::SameKeyResend).await,
             RetryDecision::VerifyPrior { verification: Verification::QueryStatus { query }, .. } => {
                 // `decide_retry` chose this only inside the key's retention.
-                self.query_status(p, id, &query, name, true).await
+                self.query_status(p, id, &query, name, true, &call.cancel).await
             }
             RetryDecision::VerifyPrior { verification: Verification::ReadSshMarker, .. } => {
-                self.read_marker(p, id, state, name).await
+                self.read_marker(p, id, state, name, &call.cancel).await
             }
             RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name, &self.call_secrets(p, None)).await,
             RetryDecision::ReturnPriorDenial { .. } => {
@@ -202,9 +202,17 @@ impl Engine {
             }
             ReviewAnswer::CheckStatus => match (&decision, &prior.contract.status_query) {
                 (RetryDecision::VerifyPrior { .. }, _) => self.act_on(p, call, id, prior.state, decision).await,
+                // Withdrawn while the reviewer decided: the status route (and the send it may
+                // lead to) is not asked for a call nobody waits for.
+                (_, Some(_)) if call.cancel.withdrawn() => {
+                    let detail =
+                        json!({ "reason": "cancelled", "not_resent": true, "decision": Decision::CheckStatus });
+                    self.note(id, "recovery_refused", detail.clone()).await?;
+                    Ok(self.outcome(id, prior.state, true, Decision::CheckStatus, None, detail))
+                }
                 (_, Some(query)) => {
                     let remembered = !postern_core::key_forgotten(prior, self.now());
-                    self.query_status(p, id, query, Decision::CheckStatus, remembered).await
+                    self.query_status(p, id, query, Decision::CheckStatus, remembered, &call.cancel).await
                 }
                 _ => Err(EngineError::Internal("check status was offered without a route".into())),
             },
@@ -388,6 +396,24 @@ impl Engine {
         self.send_and_observe(p, id, out, Decision::DispatchedAnew, false, Attempt::First).await
     }
 
+    /// After a check proved the execution `not_executed`: sends it, unless every call following
+    /// it was withdrawn meanwhile (the check took a round trip); then it stays `not_executed`,
+    /// and a later retry continues it.
+    async fn dispatch_unless_withdrawn(
+        &self,
+        p: &Prepared<'_>,
+        id: ExecutionId,
+        decision: Decision,
+        cancel: &CancelSignal,
+    ) -> Result<CallOutcome, EngineError> {
+        if cancel.withdrawn() {
+            let detail = json!({ "reason": "cancelled", "not_resent": true, "decision": decision });
+            self.note(id, "recovery_refused", detail.clone()).await?;
+            return Ok(self.outcome(id, ExecutionState::NotExecuted, true, decision, None, detail));
+        }
+        self.dispatch(p, id, decision, true).await
+    }
+
     pub(super) async fn query_status(
         &self,
         p: &Prepared<'_>,
@@ -395,6 +421,7 @@ impl Engine {
         query: &postern_core::StatusQuery,
         decision: Decision,
         key_remembered: bool,
+        cancel: &CancelSignal,
     ) -> Result<CallOutcome, EngineError> {
         let url = url::Url::parse(&query.url_template.replace("{execution_id}", &id.to_string()))
             .map_err(|e| RecordError::InvalidUrl { reason: e.to_string() })?;
@@ -441,7 +468,7 @@ impl Engine {
                         let detail = json!({ "verified_by": "status_query", "http_status": status });
                         self.transition(id, ExecutionState::NotExecuted, detail).await?;
                         // Proven not received, by the contract's word: the same execution may be sent.
-                        self.dispatch(p, id, decision, true).await
+                        self.dispatch_unless_withdrawn(p, id, decision, cancel).await
                     }
                     StatusMeaning::InFlight => {
                         // The target has it: nothing to send and nothing for a person to decide yet.
@@ -487,6 +514,7 @@ impl Engine {
         id: ExecutionId,
         state: ExecutionState,
         decision: Decision,
+        cancel: &CancelSignal,
     ) -> Result<CallOutcome, EngineError> {
         use crate::ssh::Marker;
         let Target::Ssh(plan) = &p.target else {
@@ -548,7 +576,7 @@ impl Engine {
                 self.transition(id, ExecutionState::NotExecuted, detail).await?;
                 // Proven not started: the same execution may now be dispatched (its marker makes
                 // a second start impossible).
-                self.dispatch(p, id, decision, true).await
+                self.dispatch_unless_withdrawn(p, id, decision, cancel).await
             }
             Marker::Running { pid, started_at } => {
                 let detail = json!({
