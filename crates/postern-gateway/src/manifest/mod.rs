@@ -595,15 +595,20 @@ url = "http://127.0.0.1:8080/v1/payments"
         Manifest::parse(GOOD, Path::new("tools.toml")).expect("valid manifest")
     }
 
+    /// The manifest in the ```toml block of `doc` whose first lines, indent removed, begin
+    /// `[[tool]]` and `name = "{tool}"`, parsed as a user would copy it.
+    fn documented_manifest(doc: &str, indent: &str, tool: &str) -> Manifest {
+        let opening = format!("```toml\n{indent}[[tool]]\n{indent}name = \"{tool}\"");
+        let start = doc.find(&opening).expect("the example") + "```toml\n".len();
+        let block = &doc[start..start + doc[start..].find("```").expect("its end")];
+        let text: String = block.lines().map(|l| format!("{}\n", l.strip_prefix(indent).unwrap_or(l))).collect();
+        Manifest::parse(&text, Path::new("tools.toml")).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
     /// The README's quick-start tool loads as written (indented in a list item there).
     #[test]
     fn the_readmes_quick_start_tool_loads() {
-        let readme = include_str!("../../../../README.md");
-        let start =
-            readme.find("```toml\n   [[tool]]\n   name = \"create_issue\"").expect("the example") + "```toml\n".len();
-        let block = &readme[start..start + readme[start..].find("```").expect("its end")];
-        let text: String = block.lines().map(|l| format!("{}\n", l.strip_prefix("   ").unwrap_or(l))).collect();
-        let m = Manifest::parse(&text, Path::new("README.md")).unwrap_or_else(|e| panic!("{e:?}"));
+        let m = documented_manifest(include_str!("../../../../README.md"), "   ", "create_issue");
         let tool = m.tool("create_issue").expect("tool");
         assert_eq!(tool.contract.class, ReplayClass::Irreversible);
     }
@@ -611,11 +616,7 @@ url = "http://127.0.0.1:8080/v1/payments"
     /// The guide's `status_query` example loads as written, with what each answer means.
     #[test]
     fn the_guides_status_query_example_loads() {
-        let guide = include_str!("../../../../docs/src/guide/tools.md");
-        let start =
-            guide.find("```toml\n[[tool]]\nname = \"settle_invoice\"").expect("the example") + "```toml\n".len();
-        let text = &guide[start..start + guide[start..].find("```").expect("its end")];
-        let m = Manifest::parse(text, Path::new("tools.md")).unwrap_or_else(|e| panic!("{e:?}"));
+        let m = documented_manifest(include_str!("../../../../docs/src/guide/tools.md"), "", "settle_invoice");
         let c = &m.tool("settle_invoice").expect("tool").contract;
         assert_eq!((c.class, c.key_retention_ms), (ReplayClass::StatusQuery, Some(24 * 3_600_000)));
         let q = c.status_query.as_ref().expect("status query");
