@@ -205,10 +205,7 @@ impl Engine {
                 // Withdrawn while the reviewer decided: the status route (and the send it may
                 // lead to) is not asked for a call nobody waits for.
                 (_, Some(_)) if call.cancel.withdrawn() => {
-                    let detail =
-                        json!({ "reason": "cancelled", "not_resent": true, "decision": Decision::CheckStatus });
-                    self.note(id, "recovery_refused", detail.clone()).await?;
-                    Ok(self.outcome(id, prior.state, true, Decision::CheckStatus, None, detail))
+                    self.refused_as_withdrawn(id, prior.state, Decision::CheckStatus).await
                 }
                 (_, Some(query)) => {
                     let remembered = !postern_core::key_forgotten(prior, self.now());
@@ -407,11 +404,22 @@ impl Engine {
         cancel: &CancelSignal,
     ) -> Result<CallOutcome, EngineError> {
         if cancel.withdrawn() {
-            let detail = json!({ "reason": "cancelled", "not_resent": true, "decision": decision });
-            self.note(id, "recovery_refused", detail.clone()).await?;
-            return Ok(self.outcome(id, ExecutionState::NotExecuted, true, decision, None, detail));
+            return self.refused_as_withdrawn(id, ExecutionState::NotExecuted, decision).await;
         }
         self.dispatch(p, id, decision, true).await
+    }
+
+    /// Nothing is sent for an execution every caller withdrew: `recovery_refused`, as `act_on`
+    /// journals it, and the execution stays in `state`.
+    async fn refused_as_withdrawn(
+        &self,
+        id: ExecutionId,
+        state: ExecutionState,
+        decision: Decision,
+    ) -> Result<CallOutcome, EngineError> {
+        let detail = json!({ "reason": "cancelled", "not_resent": true, "decision": decision });
+        self.note(id, "recovery_refused", detail.clone()).await?;
+        Ok(self.outcome(id, state, true, decision, None, detail))
     }
 
     pub(super) async fn query_status(
