@@ -91,6 +91,16 @@ impl Catalogue {
             ok
         };
         for (server, running) in running {
+            // The owner's settings (a contract, approve-every-use) are part of what a tool is:
+            // a server whose record cannot be read offers nothing, rather than tools that
+            // silently lost them.
+            let server_def = match vault.mcp_server(server) {
+                Ok(def) => def,
+                Err(e) => {
+                    tracing::warn!(%server, error = %e, "upstream tools not offered: the server's record could not be read");
+                    continue;
+                }
+            };
             let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for r in &listing.resources {
                 if !offered(server, "resource", &r.name) || !uri_ok(&r.uri) {
@@ -119,7 +129,6 @@ impl Catalogue {
                 prompts.push(p);
             }
             let overrides = overrides.get(server);
-            let server_def = vault.mcp_server(server).ok();
             for t in &listing.tools {
                 if !offered(server, "tool", &t.name) {
                     continue;
@@ -129,7 +138,7 @@ impl Catalogue {
                 // setting made in the app, which refuses to edit a tool the file decides.
                 let (over, source) = match overrides.and_then(|o| o.get(t.name.as_ref())) {
                     Some(o) => (Some(o), "tools.toml"),
-                    None => (server_def.as_ref().and_then(|s| s.tools.get(t.name.as_ref())), "owner"),
+                    None => (server_def.tools.get(t.name.as_ref()), "owner"),
                 };
                 let (contract, contract_source) = derive_contract(t, over);
                 let contract_source = if contract_source == OVERRIDE { source } else { contract_source };
@@ -149,8 +158,7 @@ impl Catalogue {
                         contract,
                         contract_source,
                         hinted: hinted_class(t),
-                        approve_every_use: over.is_some_and(|o| o.approve_every_use)
-                            || server_def.as_ref().is_some_and(|s| s.approve_every_use),
+                        approve_every_use: over.is_some_and(|o| o.approve_every_use) || server_def.approve_every_use,
                         validator: Arc::new(validator),
                         operation: "tools/call",
                     },

@@ -276,6 +276,11 @@ pub struct Upstreams {
     live: Mutex<HashMap<String, Arc<Running>>>,
     /// The tools of the running servers, for the synchronous paths (tool lists, call preparation).
     catalogue: Mutex<Catalogue>,
+    /// Held while the catalogue is rebuilt: two servers that finish starting at once each
+    /// rebuild it, and without this the one that read `live` first could store its older view
+    /// last, hiding the other's tools until the next change (seen in a loaded CI run:
+    /// `import_moves_agent_config_secrets_*` was told `counter__balance` was unknown).
+    rebuilding: Mutex<()>,
     /// Fires when an upstream's tools changed: each connected agent is told to list them again.
     changes: tokio::sync::broadcast::Sender<()>,
     /// The result limit: what a server may send in one message (plus framing).
@@ -301,6 +306,7 @@ impl Upstreams {
             slots: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             catalogue: Mutex::new(Catalogue::default()),
+            rebuilding: Mutex::new(()),
             changes: tokio::sync::broadcast::channel(16).0,
             limit: crate::http::DEFAULT_MAX_RESULT_BYTES,
         }
@@ -873,6 +879,7 @@ impl Upstreams {
     }
 
     fn refresh_catalogue(&self) {
+        let _one_at_a_time = locked(&self.rebuilding);
         let running: Vec<(String, Arc<Running>)> =
             locked(&self.live).iter().map(|(n, r)| (n.clone(), Arc::clone(r))).collect();
         let catalogue = Catalogue::build(&running, &self.overrides, &self.vault);
