@@ -2,7 +2,7 @@
 //! exactly what was sent (one spelling per request).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use postern_gateway::resumption::ResumeToken;
+use postern_gateway::door::resumption::ResumeToken;
 
 fuzz_target!(|data: &[u8]| {
     let raw = String::from_utf8_lossy(data);

@@ -702,7 +702,7 @@ pub async fn restart_server(app: State<'_>, name: String) -> Result<(), IpcError
 
 #[tauri::command]
 pub fn tools(app: State<'_>) -> ToolsView {
-    let tools = postern_gateway::mcp::tool_list(&app.engine)
+    let tools = postern_gateway::door::mcp::tool_list(&app.engine)
         .into_iter()
         .map(|t| ToolRow {
             name: t.name.to_string(),
@@ -826,9 +826,10 @@ pub fn add_ssh_host(app: State<'_>, host: NewSshHost) -> Result<(), IpcError> {
         host;
     let key = Sensitive::new(private_key);
     let passphrase = passphrase.filter(|p| !p.is_empty()).map(Sensitive::new);
-    postern_gateway::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
+    postern_gateway::channel::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
         .map_err(|reason| IpcError::new("ssh_bad_key", format!("the private key cannot be used: {reason}")))?;
-    let pinned = host_key.filter(|k| !k.trim().is_empty()).map(|k| postern_gateway::ssh::host_key(&k)).transpose()?;
+    let pinned =
+        host_key.filter(|k| !k.trim().is_empty()).map(|k| postern_gateway::channel::ssh::host_key(&k)).transpose()?;
     let host = SshHost {
         name,
         address,

@@ -3,7 +3,7 @@
 
 use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
-use postern_gateway::control::ControlRequest;
+use postern_gateway::door::control::ControlRequest;
 use sha2::{Digest, Sha256};
 use std::{path::Path, process::ExitCode};
 

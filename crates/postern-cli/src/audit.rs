@@ -119,7 +119,7 @@ pub fn verify(
 
 /// `audit checkpoint`: signed by this process, or by the running gateway that holds the journal.
 pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failure> {
-    let answer = crate::route::perform(data_dir, postern_gateway::control::ControlRequest::Checkpoint)?;
+    let answer = crate::route::perform(data_dir, postern_gateway::door::control::ControlRequest::Checkpoint)?;
     let cp: postern_store::Checkpoint = serde_json::from_value(answer).context("read the checkpoint")?;
     let text = serde_json::to_string_pretty(&cp).context("encode checkpoint")? + "\n";
     match out {
@@ -165,7 +165,7 @@ pub fn rederive(data_dir: &Path) -> Result<ExitCode, Failure> {
 
 /// `audit pubkey`: the journal-signing key's public half (asked of the gateway when one runs).
 pub fn pubkey(data_dir: &Path) -> Result<ExitCode, Failure> {
-    let answer = crate::route::perform(data_dir, postern_gateway::control::ControlRequest::PublicKey)?;
+    let answer = crate::route::perform(data_dir, postern_gateway::door::control::ControlRequest::PublicKey)?;
     println!("{}", answer.as_str().unwrap_or_default());
     Ok(ExitCode::SUCCESS)
 }

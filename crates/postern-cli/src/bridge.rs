@@ -3,7 +3,7 @@
 
 use crate::Failure;
 use anyhow::{Context, anyhow};
-use postern_gateway::socket;
+use postern_gateway::door::socket;
 use std::{path::Path, process::ExitCode, sync::Arc};
 
 /// The stdio bridge: relays newline-delimited MCP messages between this process's stdin/stdout

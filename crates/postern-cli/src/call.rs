@@ -29,7 +29,7 @@ pub struct CallArgs {
 fn actor() -> Actor {
     #[cfg(unix)]
     {
-        let uid = postern_gateway::identity::current_uid().unwrap_or(u32::MAX);
+        let uid = postern_gateway::caller::identity::current_uid().unwrap_or(u32::MAX);
         Actor::from_recorded(format!("cli:uid={uid}"))
     }
     #[cfg(not(unix))]
@@ -86,7 +86,7 @@ fn local(host: Host, args: &CallArgs, arguments: serde_json::Value) -> Result<se
         };
         Failure { code, error: e.into() }
     })?;
-    Ok(postern_gateway::mcp::outcome_result(&outcome).structured_content.unwrap_or_default())
+    Ok(postern_gateway::door::mcp::outcome_result(&outcome).structured_content.unwrap_or_default())
 }
 
 /// A gateway holds the journal: the call goes through its MCP socket as the client
@@ -117,7 +117,7 @@ fn through_gateway(
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
     let answer = runtime
-        .block_on(postern_gateway::socket::call_through(data_dir, "postern-call", &args.tool, arguments))
+        .block_on(postern_gateway::door::socket::call_through(data_dir, "postern-call", &args.tool, arguments))
         .map_err(|message| Failure { code: 2, error: anyhow!("{message}") })?;
     if answer.structured.is_null() {
         return Err(Failure { code: 1, error: anyhow!("{}", answer.text) });

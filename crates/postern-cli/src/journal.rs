@@ -35,8 +35,9 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
         // Opened (created if new) and recovered; it is read below like any journal.
         Ok((_store, recovery)) => (recovery.outcome_unknown, None),
         Err(postern_host::HostError::InUse { .. }) => {
-            let answer = crate::route::perform(data_dir, postern_gateway::control::ControlRequest::GatewayStatus)?;
-            let info: postern_gateway::control::GatewayInfo =
+            let answer =
+                crate::route::perform(data_dir, postern_gateway::door::control::ControlRequest::GatewayStatus)?;
+            let info: postern_gateway::door::control::GatewayInfo =
                 serde_json::from_value(answer).context("read the gateway's status")?;
             (vec![], Some(info))
         }
@@ -146,7 +147,7 @@ pub fn activity(
 
 /// `postern sessions revoke ID`: directly, or through a running gateway's control socket.
 pub fn revoke(data_dir: &Path, id: postern_core::SessionId) -> Result<ExitCode, Failure> {
-    crate::route::perform(data_dir, postern_gateway::control::ControlRequest::RevokeSession { id })?;
+    crate::route::perform(data_dir, postern_gateway::door::control::ControlRequest::RevokeSession { id })?;
     eprintln!("agent run {id} revoked: its calls are denied, and it is never authorized again");
     Ok(ExitCode::SUCCESS)
 }

@@ -50,7 +50,7 @@ enum Command {
     /// running gateway, the agent configs — and say how to fix what is wrong. Changes nothing.
     Doctor {
         /// The HTTP port a gateway would use (default 7387).
-        #[arg(long, default_value_t = postern_gateway::streamable::DEFAULT_PORT)]
+        #[arg(long, default_value_t = postern_gateway::door::streamable::DEFAULT_PORT)]
         port: u16,
         #[arg(long)]
         json: bool,

@@ -4,14 +4,14 @@
 use crate::Failure;
 use crate::terminal::TerminalApprover;
 use anyhow::{Context, anyhow};
-use postern_gateway::{LockOnlyApprover, Manifest, engine::system_clock, socket};
+use postern_gateway::{LockOnlyApprover, Manifest, door::socket, engine::system_clock};
 use postern_host::{Host, HostConfig};
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Streamable HTTP port on 127.0.0.1 (0 picks a free port).
-    #[arg(long, env = "POSTERN_PORT", default_value_t = postern_gateway::streamable::DEFAULT_PORT)]
+    #[arg(long, env = "POSTERN_PORT", default_value_t = postern_gateway::door::streamable::DEFAULT_PORT)]
     port: u16,
     /// Serve only the local socket (`postern mcp`), no HTTP endpoint.
     #[arg(long)]
@@ -25,7 +25,7 @@ pub struct ServeArgs {
     max_message_bytes: usize,
     /// The most bytes a result may hold, for every channel (HTTP, SSH, upstream MCP servers): a
     /// larger answer is not kept, and the agent is told `result_too_large` with the limit.
-    #[arg(long, env = "POSTERN_MAX_RESULT_BYTES", default_value_t = postern_gateway::http::DEFAULT_MAX_RESULT_BYTES)]
+    #[arg(long, env = "POSTERN_MAX_RESULT_BYTES", default_value_t = postern_gateway::channel::http::DEFAULT_MAX_RESULT_BYTES)]
     max_result_bytes: usize,
     /// How long a shutdown waits for executions in flight, in seconds.
     #[arg(long, default_value_t = 35)]
@@ -45,7 +45,7 @@ pub struct ServeArgs {
     /// How long the run of an agent whose process cannot be identified (an HTTP client behind a
     /// relay, in a container, another user's) lasts after its last request, in seconds: its
     /// repeats inside it are matched to the earlier execution. It survives a gateway restart.
-    #[arg(long, value_name = "SECONDS", env = "POSTERN_RUN_IDLE", default_value_t = postern_gateway::runs::DEFAULT_IDLE_LEASE.as_secs())]
+    #[arg(long, value_name = "SECONDS", env = "POSTERN_RUN_IDLE", default_value_t = postern_gateway::caller::runs::DEFAULT_IDLE_LEASE.as_secs())]
     run_idle: u64,
 }
 

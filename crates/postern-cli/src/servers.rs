@@ -6,7 +6,7 @@ use crate::{Failure, render};
 use anyhow::{Context, anyhow};
 use postern_core::Outside;
 use postern_core::ReplayClass;
-use postern_gateway::control::{ControlRequest, SecretText};
+use postern_gateway::door::control::{ControlRequest, SecretText};
 use postern_vault::{McpServer, Sensitive, ServerStart, ToolOverride};
 use std::{collections::BTreeMap, io::Read, path::Path, process::ExitCode};
 
@@ -334,12 +334,12 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         .map(McpServer::from_record)
         .collect::<Result<_, _>>()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
-    let asked = runtime.block_on(postern_gateway::control::request(
+    let asked = runtime.block_on(postern_gateway::door::control::request(
         data_dir,
-        &postern_gateway::control::ControlRequest::ServersStatus,
+        &postern_gateway::door::control::ControlRequest::ServersStatus,
     ));
     let statuses = match asked {
-        Ok(postern_gateway::control::ControlReply::Servers { servers }) => Some(servers),
+        Ok(postern_gateway::door::control::ControlReply::Servers { servers }) => Some(servers),
         _ => None,
     };
     let state_of = |name: &str| -> (String, Option<usize>, Option<String>) {
@@ -397,7 +397,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
 
 /// Restarts a server in the running gateway (through its control socket).
 pub fn restart(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
-    use postern_gateway::control::{ControlReply, ControlRequest, request};
+    use postern_gateway::door::control::{ControlReply, ControlRequest, request};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
     let asked = runtime.block_on(request(data_dir, &ControlRequest::RestartServer { name: name.to_owned() }));
     match asked {

@@ -4,7 +4,7 @@
 
 use crate::{Failure, render};
 use anyhow::{Context, anyhow};
-use postern_gateway::control::{ControlRequest, SecretText};
+use postern_gateway::door::control::{ControlRequest, SecretText};
 use postern_host::now;
 use postern_vault::{Binding, Credential, CredentialKind, HostKeyPolicy, Sensitive, SshHost, Vault};
 use std::{io::Read, path::Path, process::ExitCode, sync::Arc};
@@ -161,7 +161,7 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
     let key = Sensitive::new(key);
     let passphrase = if args.passphrase { Some(read_secret()?) } else { None };
     // Refuse a key that cannot be used, or a wrong passphrase, now rather than at the first call.
-    postern_gateway::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
+    postern_gateway::channel::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
         .map_err(|e| usage(format!("the key in {} cannot be used: {e}", args.key_file.display())))?;
     let line = match (&args.host_key, &args.host_key_file) {
         (Some(line), _) => Some(line.clone()),
@@ -171,7 +171,7 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
         ),
         (None, None) => None,
     };
-    let pinned = line.as_deref().map(postern_gateway::ssh::host_key).transpose()?;
+    let pinned = line.as_deref().map(postern_gateway::channel::ssh::host_key).transpose()?;
     let host = SshHost {
         name: args.name,
         address: args.address,
@@ -349,7 +349,7 @@ pub fn set_locked(data_dir: &Path, locked: bool) -> Result<ExitCode, Failure> {
 }
 
 fn route_lock(route: &postern_host::operations::Route) -> Result<(), Failure> {
-    use postern_gateway::control::ControlReply;
+    use postern_gateway::door::control::ControlReply;
     match route.perform(ControlRequest::LockVault { by: "cli".into() }, now()) {
         ControlReply::Refused { message, .. } => Err(Failure { code: 1, error: anyhow!("{message}") }),
         _ => Ok(()),

@@ -41,7 +41,7 @@ impl rmcp::ServerHandler for Floor {
     }
 
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
-        std::borrow::Cow::Borrowed(postern_gateway::mcp::PROTOCOL_VERSIONS)
+        std::borrow::Cow::Borrowed(postern_gateway::door::mcp::PROTOCOL_VERSIONS)
     }
 
     async fn list_tools(

@@ -6,7 +6,7 @@
 //!
 //! `cargo bench -p postern-gateway --bench peer_lookup`
 
-use postern_gateway::identity;
+use postern_gateway::caller::identity;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -42,8 +42,9 @@ fn main() {
     let n = 200;
     let pid = time(n, || assert!(identity::tcp_peer_pid(peer, local).is_some()));
     let queue = time(n * 10, || assert!(identity::tcp_send_queue(local, peer).is_some()));
-    let entry =
-        time(n * 10, || assert!(postern_gateway::sock_diag::tcp_entry(local, peer).expect("netlink").is_some()));
+    let entry = time(n * 10, || {
+        assert!(postern_gateway::caller::sock_diag::tcp_entry(local, peer).expect("netlink").is_some())
+    });
     let proc_table = time(20, || {
         let _ = std::fs::read_to_string("/proc/net/tcp").expect("read");
     });

@@ -27,7 +27,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let postern = common::host(postern_host::HostConfig::new(dir.path().to_owned()));
     let vault = Arc::clone(&postern.vault);
-    let (_, fingerprint) = postern_gateway::ssh::host_key(&sshd.host_key()).expect("host key");
+    let (_, fingerprint) = postern_gateway::channel::ssh::host_key(&sshd.host_key()).expect("host key");
     let host = SshHost {
         name: "box".into(),
         address: "127.0.0.1".into(),

@@ -1,32 +1,21 @@
-//! Postern's engine: what tools exist (manifests with replay contracts) and, in later modules,
-//! how one call travels accept → authorize → dispatch → observe → deliver.
+//! Postern's gateway, laid out by role from the lowest: `catalog` (what tools exist and what
+//! they send), `channel` (how a call reaches its target), `approval` (who decides), `engine`
+//! (one call's execution: prepare → admit → authorize → dispatch → observe), `caller` (who is
+//! calling), `delivery` (did the result reach the agent) and `door` (where agents and the owner
+//! reach Postern). A module imports only from its own role or a lower one
+//! (`scripts/module-graph.py` checks it in CI).
 
 pub mod approval;
-pub mod control;
+pub mod caller;
+pub mod catalog;
+pub mod channel;
 pub mod delivery;
+pub mod door;
 pub mod engine;
-pub mod http;
-pub mod identity;
-pub mod manifest;
-pub mod mcp;
-pub mod provenance;
-pub mod redaction;
-pub mod refusal;
-pub mod resumption;
-pub mod runs;
-pub mod serve;
-pub mod sock_diag;
-pub mod socket;
-pub mod ssh;
-pub mod ssh_pool;
-pub mod streamable;
-pub mod tasks;
-pub mod template;
-pub mod upstream;
 
 pub use approval::{
     AgentRun, Approver, Ask, Authorization, AuthorizationRequest, ChangeRequest, Grant, LockOnlyApprover,
     RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict,
 };
+pub use catalog::manifest::{Manifest, ManifestError, Tool};
 pub use engine::{Bound, Call, CallOutcome, CancelSignal, Decision, Engine, EngineError};
-pub use manifest::{Manifest, ManifestError, Tool};

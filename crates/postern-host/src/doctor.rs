@@ -4,7 +4,7 @@
 //! It reads and probes; it changes nothing.
 
 use crate::import;
-use postern_gateway::control::{ControlReply, ControlRequest, GatewayInfo};
+use postern_gateway::door::control::{ControlReply, ControlRequest, GatewayInfo};
 use postern_vault::{OsKeychain, SecretStore};
 use serde::Serialize;
 use std::path::Path;
@@ -67,7 +67,11 @@ fn versions() -> Check {
             "postern {}, SQLite {} (bundled), MCP protocols {}",
             env!("CARGO_PKG_VERSION"),
             postern_store::sqlite_version(),
-            postern_gateway::mcp::PROTOCOL_VERSIONS.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            postern_gateway::door::mcp::PROTOCOL_VERSIONS
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     )
 }
@@ -104,7 +108,7 @@ fn data_directory(data_dir: &Path) -> Check {
             "`postern status` (or the first `postern serve`) creates it, owner-only",
         );
     };
-    let me = postern_gateway::identity::current_uid().unwrap_or(u32::MAX);
+    let me = postern_gateway::caller::identity::current_uid().unwrap_or(u32::MAX);
     let mode = meta.permissions().mode() & 0o777;
     if meta.uid() != me {
         return Check::fail(
@@ -169,11 +173,11 @@ fn journal(data_dir: &Path) -> Check {
 fn socket_directory(data_dir: &Path) -> Check {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     const NAME: &str = "socket directory";
-    let dir = postern_gateway::socket::runtime_dir(data_dir);
+    let dir = postern_gateway::door::socket::runtime_dir(data_dir);
     let Ok(meta) = std::fs::metadata(&dir) else {
         return Check::ok(NAME, format!("{} (created 0700 when a gateway starts)", dir.display()));
     };
-    let me = postern_gateway::identity::current_uid().unwrap_or(u32::MAX);
+    let me = postern_gateway::caller::identity::current_uid().unwrap_or(u32::MAX);
     let mode = meta.permissions().mode() & 0o777;
     if meta.uid() != me || mode & 0o077 != 0 {
         return Check::fail(
@@ -190,7 +194,7 @@ fn running_gateway(data_dir: &Path) -> Option<GatewayInfo> {
     let asked = runtime.block_on(async {
         tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            postern_gateway::control::request(data_dir, &ControlRequest::GatewayStatus),
+            postern_gateway::door::control::request(data_dir, &ControlRequest::GatewayStatus),
         )
         .await
     });

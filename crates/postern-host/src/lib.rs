@@ -13,11 +13,11 @@ pub mod plaintext;
 use postern_core::{ErrorCode, Timestamp};
 use postern_gateway::{
     Approver, Engine, EngineError, Manifest,
+    caller::runs::AgentRuns,
+    catalog::manifest::ManifestError,
+    door::mcp::Gateway,
+    door::serve::{self, BoundGateway, Endpoints, ServeError, ServeOptions},
     engine::system_clock,
-    manifest::ManifestError,
-    mcp::Gateway,
-    runs::AgentRuns,
-    serve::{self, BoundGateway, Endpoints, ServeError, ServeOptions},
 };
 use postern_store::{Recovery, Store, StoreError};
 use postern_vault::{OsKeychain, SecretStore, Vault, VaultError};
@@ -141,13 +141,13 @@ impl HostConfig {
         HostConfig {
             data_dir,
             tools: None,
-            http_port: Some(postern_gateway::streamable::DEFAULT_PORT),
-            max_message_bytes: postern_gateway::socket::DEFAULT_MAX_MESSAGE_BYTES,
-            max_result_bytes: postern_gateway::http::DEFAULT_MAX_RESULT_BYTES,
+            http_port: Some(postern_gateway::door::streamable::DEFAULT_PORT),
+            max_message_bytes: postern_gateway::door::socket::DEFAULT_MAX_MESSAGE_BYTES,
+            max_result_bytes: postern_gateway::channel::http::DEFAULT_MAX_RESULT_BYTES,
             drain: Duration::from_secs(35),
             approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
             idle_lock: None,
-            run_idle: postern_gateway::runs::DEFAULT_IDLE_LEASE,
+            run_idle: postern_gateway::caller::runs::DEFAULT_IDLE_LEASE,
         }
     }
 
@@ -269,9 +269,11 @@ impl Host {
 
     /// The engine serving `manifest`, asking `approver`.
     pub fn engine(&self, manifest: Manifest, approver: Arc<dyn Approver>) -> Result<Arc<Engine>, HostError> {
-        let upstreams =
-            postern_gateway::upstream::Upstreams::new(Arc::clone(&self.vault), manifest.server_overrides().clone())
-                .with_max_result_bytes(self.config.max_result_bytes);
+        let upstreams = postern_gateway::channel::upstream::Upstreams::new(
+            Arc::clone(&self.vault),
+            manifest.server_overrides().clone(),
+        )
+        .with_max_result_bytes(self.config.max_result_bytes);
         let engine = Engine::new(
             Arc::clone(&self.store),
             Arc::clone(&self.vault),
@@ -289,7 +291,7 @@ impl Host {
     /// the control socket, Streamable HTTP).
     pub async fn bind(&self, engine: Arc<Engine>) -> Result<Serving, HostError> {
         let runs = AgentRuns::new(Arc::clone(&self.store), system_clock(), self.config.run_idle);
-        let hashes = postern_gateway::identity::ExecutableHashes::default();
+        let hashes = postern_gateway::caller::identity::ExecutableHashes::default();
         let (adopted, ended) = runs.adopt_open(&hashes)?;
         let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&self.store), system_clock(), runs);
         let options = ServeOptions {

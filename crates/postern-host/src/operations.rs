@@ -7,10 +7,10 @@
 use crate::HostError;
 use postern_core::Timestamp;
 use postern_gateway::{
-    control::{self, Authority, ControlCode, ControlOp, ControlReply, ControlRequest},
-    identity::ProcessKey,
-    provenance::Provenance,
-    upstream::{ToolOverride, Upstreams},
+    caller::identity::ProcessKey,
+    caller::provenance::Provenance,
+    channel::upstream::{ToolOverride, Upstreams},
+    door::control::{self, Authority, ControlCode, ControlOp, ControlReply, ControlRequest},
 };
 use postern_store::Store;
 use postern_vault::{OsKeychain, Vault};

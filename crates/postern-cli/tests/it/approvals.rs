@@ -352,7 +352,8 @@ pub(crate) fn journal_rows(gw: &Gateway, prefix: &str) -> Vec<Value> {
 /// of this user could, and returns the answer to `request` after the handshake.
 fn raw_mcp(gw: &Gateway, request: Value) -> Value {
     use std::io::BufRead;
-    let socket = std::os::unix::net::UnixStream::connect(postern_gateway::socket::socket_path(gw.path())).unwrap();
+    let socket =
+        std::os::unix::net::UnixStream::connect(postern_gateway::door::socket::socket_path(gw.path())).unwrap();
     let mut reader = std::io::BufReader::new(socket.try_clone().unwrap());
     let mut writer = socket;
     let mut send = |v: Value| writeln!(writer, "{v}").unwrap();
@@ -410,7 +411,9 @@ fn self_approval_through_every_interface_an_agent_reaches_fails_and_is_journaled
     // The control socket (what `postern` talks to while the gateway runs).
     let control = |line: Value| {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(postern_gateway::control::request_line(gw.path(), serde_json::to_vec(&line).unwrap())).unwrap()
+        runtime
+            .block_on(postern_gateway::door::control::request_line(gw.path(), serde_json::to_vec(&line).unwrap()))
+            .unwrap()
     };
     for attempt in [
         json!({ "op": "approvals.grant", "execution_id": pending }),
@@ -421,8 +424,8 @@ fn self_approval_through_every_interface_an_agent_reaches_fails_and_is_journaled
         assert!(
             matches!(
                 reply,
-                postern_gateway::control::ControlReply::Refused {
-                    code: postern_gateway::control::ControlCode::NotOffered,
+                postern_gateway::door::control::ControlReply::Refused {
+                    code: postern_gateway::door::control::ControlCode::NotOffered,
                     ..
                 }
             ),

@@ -228,7 +228,7 @@ fn http_refuses_foreign_origins_hosts_and_tokens() {
 
 fn socket_exchange(gw: &Gateway, lines: &[Vec<u8>], expect: usize) -> Vec<Value> {
     use std::io::{BufRead, Write};
-    let path = postern_gateway::socket::socket_path(gw.path());
+    let path = postern_gateway::door::socket::socket_path(gw.path());
     let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
     stream.set_read_timeout(Some(LONG)).unwrap();
     for line in lines {
@@ -407,12 +407,12 @@ fn a_cancel_after_dispatch_is_journaled_not_undone() {
     let target = Target::start();
     let gw = Gateway::start(&target.manifest());
     target.hold();
-    let path = postern_gateway::socket::socket_path(gw.path());
+    let path = postern_gateway::door::socket::socket_path(gw.path());
     // A client that speaks like the bridge (greets, and acknowledges what it received), so an
     // acknowledgement alone would count as delivery.
     let writer = std::thread::spawn(move || {
         let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
-        s.write_all(&postern_gateway::socket::bridge_hello_line()).unwrap();
+        s.write_all(&postern_gateway::door::socket::bridge_hello_line()).unwrap();
         let lines = [
             r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
@@ -449,7 +449,7 @@ fn a_cancel_after_dispatch_is_journaled_not_undone() {
             _ => break false,
         }
     };
-    if answered && let Some(ack) = postern_gateway::socket::delivered_ack_line(line.as_bytes()) {
+    if answered && let Some(ack) = postern_gateway::door::socket::delivered_ack_line(line.as_bytes()) {
         s.write_all(&ack).unwrap();
     }
     eventually("the withdrawn request's result to be journaled as not delivered", LONG, || {
@@ -655,7 +655,7 @@ fn a_connection_flooding_bad_input_is_closed_and_journaled_once() {
     use std::io::Write;
     let target = Target::start();
     let gw = Gateway::start(&target.manifest());
-    let path = postern_gateway::socket::socket_path(gw.path());
+    let path = postern_gateway::door::socket::socket_path(gw.path());
     let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
     stream.set_write_timeout(Some(LONG)).unwrap();
     let junk = b"this is not JSON-RPC\n".repeat(1000);
@@ -696,7 +696,7 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
     let token = gw.add_agent("many");
     let auth = format!("Authorization: Bearer {token}\r\n");
     let mut sessions = Vec::new();
-    for n in 0..postern_gateway::streamable::MAX_SESSIONS_PER_AGENT {
+    for n in 0..postern_gateway::door::streamable::MAX_SESSIONS_PER_AGENT {
         let (status, answer) = post_initialize(&addr, &auth);
         assert_eq!(status, 200, "session {n}: {answer}");
         let id = answer

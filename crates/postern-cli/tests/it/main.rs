@@ -12,6 +12,7 @@ mod faults;
 mod gateway;
 mod gateway_support;
 mod hostile;
+mod hostile_configs;
 mod journal;
 mod paths;
 mod reference;

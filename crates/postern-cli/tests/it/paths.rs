@@ -16,10 +16,11 @@ struct RawBridge {
 
 impl RawBridge {
     fn connect(gw: &Gateway) -> RawBridge {
-        let socket = std::os::unix::net::UnixStream::connect(postern_gateway::socket::socket_path(gw.path())).unwrap();
+        let socket =
+            std::os::unix::net::UnixStream::connect(postern_gateway::door::socket::socket_path(gw.path())).unwrap();
         socket.set_read_timeout(Some(LONG)).unwrap();
         let mut bridge = RawBridge { reader: std::io::BufReader::new(socket.try_clone().unwrap()), writer: socket };
-        bridge.writer.write_all(&postern_gateway::socket::bridge_hello_line()).unwrap();
+        bridge.writer.write_all(&postern_gateway::door::socket::bridge_hello_line()).unwrap();
         bridge.send(json!({ "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": { "name": "raw-bridge", "version": "0" } } }));
         bridge.answer_to(&json!(0));
@@ -50,7 +51,7 @@ impl RawBridge {
 
     fn acknowledge(&mut self, id: u64) {
         self.send(
-            json!({ "jsonrpc": "2.0", "method": postern_gateway::socket::DELIVERED_METHOD, "params": { "id": id } }),
+            json!({ "jsonrpc": "2.0", "method": postern_gateway::door::socket::DELIVERED_METHOD, "params": { "id": id } }),
         );
     }
 }
@@ -140,7 +141,11 @@ struct ForeignRelay {
 
 impl ForeignRelay {
     fn start(to: &str) -> ForeignRelay {
-        assert_eq!(postern_gateway::identity::current_uid().unwrap(), 0, "run as root (as CI does) to relay as nobody");
+        assert_eq!(
+            postern_gateway::caller::identity::current_uid().unwrap(),
+            0,
+            "run as root (as CI does) to relay as nobody"
+        );
         let (host, port) = to.rsplit_once(':').unwrap();
         assert_eq!(host, "127.0.0.1", "the relay forwards to loopback");
         // Its text, not its path: `nobody` may not be able to read the checkout (a `mktemp -d`).

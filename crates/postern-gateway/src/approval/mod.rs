@@ -53,6 +53,17 @@ pub struct AgentRun {
     pub client: Option<String>,
 }
 
+/// When a process started, in ms since the Unix epoch, from its start time in clock ticks after
+/// boot (as in `/proc/<pid>/stat`) and the boot time in `/proc/stat`: how an [`AgentRun`]'s
+/// start is shown, from the ticks its run's record keeps.
+pub fn process_started_at_ms(start_ticks: u64) -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot_s: i64 = stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    let per_s = rustix::param::clock_ticks_per_second().max(1);
+    let after_boot_ms = i64::try_from(start_ticks.checked_mul(1000)? / per_s).ok()?;
+    boot_s.checked_mul(1000)?.checked_add(after_boot_ms)
+}
+
 /// A question the ladder raised (docs/src/design.md, the approval ladder): never a secret.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuthorizationRequest {
@@ -345,7 +356,7 @@ const GENERAL_PURPOSE: &[&str] = &[
     "electron",
 ];
 
-/// Is `executable` an interpreter, runtime, shell or editor (see [`GENERAL_PURPOSE`])?
+/// Is `executable` an interpreter, runtime, shell or editor (see `GENERAL_PURPOSE`)?
 pub fn runs_anything(executable: &str) -> bool {
     let name = executable.rsplit('/').next().unwrap_or(executable);
     // python3.12, node20, ruby3.3: the family name followed by a version.
@@ -604,12 +615,12 @@ mod tests {
     #[test]
     fn a_body_preview_masks_secret_arguments_and_is_never_cut_silently() {
         let key = postern_core::FingerprintKey::from_bytes([7; 32]);
-        let mut secrets = crate::redaction::CallSecrets::default();
+        let mut secrets = crate::catalog::redaction::CallSecrets::default();
         secrets.add("approval_code", &serde_json::json!("CANARY-7731"), &key);
         let (shown, full) = body_preview(br#"{"amount":5,"approval_code":"CANARY-7731"}"#, &secrets, 200);
         assert!(shown.starts_with(r#"{"amount":5,"approval_code":"SECRET(approval_code:"#), "{shown}");
         assert!(!shown.contains("CANARY-7731") && full.is_none());
-        let none = crate::redaction::CallSecrets::default();
+        let none = crate::catalog::redaction::CallSecrets::default();
         let long = format!("{}{}{}", "é".repeat(100), "x".repeat(1000), "TAIL-MATTERS");
         let (cut, full) = body_preview(long.as_bytes(), &none, 60);
         assert!(cut.starts_with("éééééééééééééééééééé"), "{cut}");

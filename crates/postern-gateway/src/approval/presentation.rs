@@ -103,7 +103,11 @@ pub const BODY_FULL_BYTES: usize = 256 * 1024;
 /// A request body for a reviewer (secrets masked, binary bodies described rather than shown):
 /// whole if it fits in `limit` bytes, else its head and tail with the size of what is not shown
 /// (a preview is never cut silently); and then the whole text for a reviewer who expands it.
-pub fn body_preview(body: &[u8], secrets: &crate::redaction::CallSecrets, limit: usize) -> (String, Option<String>) {
+pub fn body_preview(
+    body: &[u8],
+    secrets: &crate::catalog::redaction::CallSecrets,
+    limit: usize,
+) -> (String, Option<String>) {
     let text = match std::str::from_utf8(body) {
         Ok(text) => text,
         Err(_) => return (format!("({} bytes of binary data)", body.len()), None),

@@ -259,7 +259,7 @@ impl Engine {
             process_started_at: run
                 .process_start
                 .and_then(|t| u64::try_from(t).ok())
-                .and_then(crate::identity::process_started_at_ms),
+                .and_then(crate::approval::process_started_at_ms),
             transport: run.transport,
             client: run.client,
         }))

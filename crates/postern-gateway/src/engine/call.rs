@@ -3,7 +3,7 @@
 //! code, out).
 
 use super::Settled;
-use crate::{http, http::HttpResult, manifest::ArgumentError};
+use crate::{catalog::manifest::ArgumentError, channel::http, channel::http::HttpResult};
 use postern_core::{Actor, ErrorCode, ExecutionId, ExecutionState, IntentScope, RecordError, RetryDecision, SessionId};
 use postern_store::StoreError;
 use postern_vault::VaultError;
@@ -235,10 +235,10 @@ pub struct CallOutcome {
     pub result: Option<Settled<HttpResult>>,
     /// An SSH execution's result (exit status, output).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ssh: Option<Settled<crate::ssh::SshResult>>,
+    pub ssh: Option<Settled<crate::channel::ssh::SshResult>>,
     /// An upstream MCP server's answer.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Settled<crate::upstream::UpstreamResult>>,
+    pub upstream: Option<Settled<crate::channel::upstream::UpstreamResult>>,
     /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
     pub detail: Value,
 }
@@ -271,7 +271,7 @@ pub enum EngineError {
     )]
     FirstContactRefused { host: String, reason: &'static str },
     #[error(transparent)]
-    Ssh(#[from] crate::ssh::SshError),
+    Ssh(#[from] crate::channel::ssh::SshError),
     #[error("the engine's worker failed: {0}")]
     Internal(String),
     #[error("the request this call joined failed: {message}")]

@@ -2,7 +2,7 @@
 //! durable first, the outcome observed and classified, and journaled before the answer.
 
 use super::*;
-use crate::upstream::UpstreamSent;
+use crate::channel::upstream::UpstreamSent;
 
 impl Engine {
     /// A read-only call: authorized in memory, sent, then journaled as a whole in one
@@ -80,11 +80,11 @@ impl Engine {
         let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
         let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
         let command = if marker {
-            crate::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
+            crate::channel::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
         } else {
-            crate::ssh::plain_command(id, plan.working_dir.as_deref(), &plan.command)
+            crate::channel::ssh::plain_command(id, plan.working_dir.as_deref(), &plan.command)
         };
-        let kill = crate::ssh::kill_command(marker.then_some(plan.host.marker_root.as_str()), id);
+        let kill = crate::channel::ssh::kill_command(marker.then_some(plan.host.marker_root.as_str()), id);
         Ok(Wire::Ssh(SshOutgoing {
             host: plan.host.clone(),
             key,
@@ -97,8 +97,8 @@ impl Engine {
     }
 
     /// Runs an SSH command on a kept connection to its host, or a new one.
-    async fn ssh_send(&self, out: SshOutgoing) -> crate::ssh::SshSent {
-        let job = crate::ssh_pool::SshJob {
+    async fn ssh_send(&self, out: SshOutgoing) -> crate::channel::ssh::SshSent {
+        let job = crate::channel::ssh_pool::SshJob {
             host: &out.host,
             key: &out.key,
             passphrase: out.passphrase.as_ref(),
@@ -151,8 +151,12 @@ impl Engine {
         })
     }
 
-    pub(super) fn observe_ssh(&self, p: &Prepared<'_>, sent: crate::ssh::SshSent) -> Result<Observation, EngineError> {
-        use crate::ssh::SshSent;
+    pub(super) fn observe_ssh(
+        &self,
+        p: &Prepared<'_>,
+        sent: crate::channel::ssh::SshSent,
+    ) -> Result<Observation, EngineError> {
+        use crate::channel::ssh::SshSent;
         Ok(match sent {
             SshSent::Finished { result, .. }
                 if result.exit_status == Some(125) && result.stderr.contains("postern-marker: exists") =>

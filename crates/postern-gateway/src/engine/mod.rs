@@ -13,9 +13,9 @@ pub use crate::approval::{
     RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict, TimelineStep, Withdrawal,
 };
 use crate::{
-    http::{self, HttpResult, Outgoing, Sent},
-    manifest::{ArgumentError, Manifest, Tool},
-    redaction::CallSecrets,
+    catalog::manifest::{ArgumentError, Manifest, Tool},
+    catalog::redaction::CallSecrets,
+    channel::http::{self, HttpResult, Outgoing, Sent},
 };
 use call::cancelled_detail;
 pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
@@ -161,9 +161,9 @@ pub struct Engine {
     /// The most bytes a result may hold, for every channel (the outcome stage holds them to it).
     max_result_bytes: usize,
     /// Authenticated SSH connections kept for reuse.
-    ssh: crate::ssh_pool::SshPool,
+    ssh: crate::channel::ssh_pool::SshPool,
     /// The upstream MCP servers whose tools are offered beside Postern's own.
-    upstreams: Option<Arc<crate::upstream::Upstreams>>,
+    upstreams: Option<Arc<crate::channel::upstream::Upstreams>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -379,18 +379,18 @@ impl Engine {
             http: http::client(),
             clock,
             max_result_bytes: http::DEFAULT_MAX_RESULT_BYTES,
-            ssh: crate::ssh_pool::SshPool::default(),
+            ssh: crate::channel::ssh_pool::SshPool::default(),
             upstreams: None,
         })
     }
 
     /// Offers the tools of these upstream MCP servers beside Postern's own.
-    pub fn with_upstreams(mut self, upstreams: Arc<crate::upstream::Upstreams>) -> Self {
+    pub fn with_upstreams(mut self, upstreams: Arc<crate::channel::upstream::Upstreams>) -> Self {
         self.upstreams = Some(upstreams);
         self
     }
 
-    pub fn upstreams(&self) -> Option<&Arc<crate::upstream::Upstreams>> {
+    pub fn upstreams(&self) -> Option<&Arc<crate::channel::upstream::Upstreams>> {
         self.upstreams.as_ref()
     }
 

@@ -10,7 +10,7 @@
 //! [`Completion`] (what the journal stores).
 
 use super::*;
-use crate::{ssh::SshResult, upstream::UpstreamResult};
+use crate::{channel::ssh::SshResult, channel::upstream::UpstreamResult};
 use serde::Serialize;
 
 /// A channel's result as it came back: not yet through the stage, so never answered, journaled
@@ -90,7 +90,7 @@ impl Any {
         if secrets.is_empty() {
             return false;
         }
-        let min = crate::redaction::MIN_SEARCHED;
+        let min = crate::catalog::redaction::MIN_SEARCHED;
         let text = |s: &mut String| {
             let (masked, found) = secrets.mask_bytes(s.as_bytes(), min);
             if found {

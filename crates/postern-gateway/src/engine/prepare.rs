@@ -8,13 +8,15 @@ impl Engine {
     pub(super) fn prepare(&self, call: &Call) -> Result<(Prepared<'_>, Value), EngineError> {
         let tool = match self.manifest.tool(&call.tool) {
             Some(tool) => tool,
-            None if call.tool == crate::manifest::HTTP_REQUEST => return self.prepare_http_request(&call.arguments),
-            None if call.tool == crate::manifest::SSH_EXEC => {
+            None if call.tool == crate::catalog::manifest::HTTP_REQUEST => {
+                return self.prepare_http_request(&call.arguments);
+            }
+            None if call.tool == crate::catalog::manifest::SSH_EXEC => {
                 let timeout = call.arguments.get("timeout_s").and_then(Value::as_u64).unwrap_or(60);
                 let contract = postern_core::ReplayContract {
                     class: postern_core::ReplayClass::SshMarker,
                     attach_window: postern_core::AttachWindow::Millis(
-                        crate::manifest::DEFAULT_ATTACH_WINDOW.as_millis() as u64,
+                        crate::catalog::manifest::DEFAULT_ATTACH_WINDOW.as_millis() as u64,
                     ),
                     ..postern_core::ReplayContract::read_only()
                 };
@@ -71,7 +73,7 @@ impl Engine {
     /// as the agent wrote it (the idempotency argument, if the contract names one, is Postern's).
     fn prepare_upstream(
         &self,
-        t: crate::upstream::UpstreamTool,
+        t: crate::channel::upstream::UpstreamTool,
         arguments: &Value,
     ) -> Result<(Prepared<'_>, Value), EngineError> {
         let tool = Tool::upstream(
@@ -79,7 +81,7 @@ impl Engine {
             &t.description,
             &t.input_schema,
             t.contract.clone(),
-            crate::upstream::CALL_TIMEOUT,
+            crate::channel::upstream::CALL_TIMEOUT,
             std::sync::Arc::clone(&t.validator),
         );
         let mut arguments = match arguments {
@@ -144,9 +146,9 @@ impl Engine {
     /// execution (its record names the pinned key).
     pub(super) async fn pin_first_key(&self, plan: &mut SshPlan) -> Result<(), EngineError> {
         let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
-        let connection = crate::ssh::connect(&plan.host, &key, passphrase.as_ref()).await?;
+        let connection = crate::channel::ssh::connect(&plan.host, &key, passphrase.as_ref()).await?;
         let line = connection.presented.to_openssh().map_err(|e| EngineError::Internal(e.to_string()))?;
-        let fingerprint = crate::ssh::fingerprint(&connection.presented);
+        let fingerprint = crate::channel::ssh::fingerprint(&connection.presented);
         connection.close().await;
         let (vault, name, at) = (Arc::clone(&self.vault), plan.host.name.clone(), self.now());
         plan.host = tokio::task::spawn_blocking(move || vault.pin_host_key(&name, &line, &fingerprint, at))
@@ -160,8 +162,12 @@ impl Engine {
     /// chosen by the URL's bindings, never by the agent (a `credential` argument only picks
     /// between several that are bound to the URL).
     pub(super) fn prepare_http_request(&self, raw: &Value) -> Result<(Prepared<'_>, Value), EngineError> {
-        let probe =
-            Tool::http_request("GET", "", postern_core::ReplayContract::read_only(), crate::manifest::DEFAULT_TIMEOUT);
+        let probe = Tool::http_request(
+            "GET",
+            "",
+            postern_core::ReplayContract::read_only(),
+            crate::catalog::manifest::DEFAULT_TIMEOUT,
+        );
         let mut args = probe.validate_arguments(raw)?;
         let field_error =
             |field: &str, message: String| ArgumentError { tool: probe.name.clone(), field: field.into(), message };
@@ -171,7 +177,7 @@ impl Engine {
         http::check_target(&url)?;
         let mut headers = Vec::new();
         for (name, value) in args.get("headers").and_then(Value::as_object).into_iter().flatten() {
-            if crate::manifest::RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            if crate::catalog::manifest::RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
                 return Err(field_error(
                     &format!("/headers/{name}"),
                     "credentials come from the vault; this header cannot be set".into(),
@@ -221,7 +227,7 @@ impl Engine {
                 None => contract.class = postern_core::ReplayClass::Irreversible,
             }
         }
-        let (body, content_type) = crate::manifest::http_request_body(args.get("body"));
+        let (body, content_type) = crate::catalog::manifest::http_request_body(args.get("body"));
         // Several Content-Type headers (names differing in case): none is normalised away, and
         // the body is taken byte for byte (which one a target reads is its own business).
         let types: Vec<&str> = headers.iter().filter(|(k, _)| k == "content-type").map(|(_, v)| v.trim()).collect();
@@ -255,10 +261,10 @@ impl Engine {
         // Headers and query parameters named like secrets (an agent's own API key, a signed URL)
         // are kept out of the record, the journal and the approval text.
         let mut secrets = CallSecrets::default();
-        for (name, value) in headers.iter().filter(|(name, _)| crate::redaction::sensitive_name(name)) {
+        for (name, value) in headers.iter().filter(|(name, _)| crate::catalog::redaction::sensitive_name(name)) {
             secrets.add(name, &Value::String(value.clone()), &self.key);
         }
-        for (name, value) in url.query_pairs().filter(|(name, _)| crate::redaction::sensitive_name(name)) {
+        for (name, value) in url.query_pairs().filter(|(name, _)| crate::catalog::redaction::sensitive_name(name)) {
             secrets.add(&name, &Value::String(value.into_owned()), &self.key);
         }
         // A string body that is JSON enters the record as its value (models write a body out
@@ -275,7 +281,7 @@ impl Engine {
                 args["body"] = value;
             }
         }
-        let tool = Tool::http_request(&method, url.as_str(), contract, crate::manifest::DEFAULT_TIMEOUT);
+        let tool = Tool::http_request(&method, url.as_str(), contract, crate::catalog::manifest::DEFAULT_TIMEOUT);
         let shown_url = secrets.mask(url.as_str());
         let prepared = Prepared {
             tool: ToolRef::Builtin(Box::new(tool)),

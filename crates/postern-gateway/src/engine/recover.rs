@@ -524,15 +524,15 @@ impl Engine {
         decision: Decision,
         cancel: &CancelSignal,
     ) -> Result<CallOutcome, EngineError> {
-        use crate::ssh::Marker;
+        use crate::channel::ssh::Marker;
         let Target::Ssh(plan) = &p.target else {
             return self.review(id, state, "an ssh_marker contract on a tool that is not SSH", decision).await;
         };
         let unreadable =
             |why: String| json!({ "reason": format!("the marker could not be read: {why}"), "recovery": "ssh_marker" });
         let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
-        let probe = crate::ssh::marker_probe(&plan.host.marker_root, id);
-        let answer = match crate::ssh::connect(&plan.host, &key, passphrase.as_ref()).await {
+        let probe = crate::channel::ssh::marker_probe(&plan.host.marker_root, id);
+        let answer = match crate::channel::ssh::connect(&plan.host, &key, passphrase.as_ref()).await {
             Ok(connection) => {
                 let sent = connection.exec(&probe, Duration::from_secs(15), 4096, None).await;
                 connection.close().await;
@@ -541,10 +541,10 @@ impl Engine {
             Err(e) => return Ok(self.outcome(id, state, true, decision, None, unreadable(e.to_string()))),
         };
         let line = match answer {
-            crate::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
+            crate::channel::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
             other => return Ok(self.outcome(id, state, true, decision, None, unreadable(other.summary()))),
         };
-        let Some(marker) = crate::ssh::parse_marker(&line) else {
+        let Some(marker) = crate::channel::ssh::parse_marker(&line) else {
             return Ok(self.outcome(
                 id,
                 state,
@@ -556,7 +556,7 @@ impl Engine {
         };
         match marker {
             Marker::Finished { exit_status, finished_at } => {
-                let result = crate::ssh::SshResult {
+                let result = crate::channel::ssh::SshResult {
                     exit_status: Some(exit_status),
                     exit_signal: None,
                     stdout: String::new(),
@@ -672,7 +672,7 @@ impl Engine {
 
     /// What a call that reached execution `id` (with retry decision `decision`) is answered with,
     /// read from the journal: `None` while it is in flight (accepted, authorized, dispatched). A
-    /// client resuming a broken stream gets this ([`crate::resumption`]), not a new execution.
+    /// client resuming a broken stream gets this ([`crate::door::resumption`]), not a new execution.
     pub async fn answer_on_record(
         &self,
         id: ExecutionId,

@@ -403,7 +403,7 @@ async fn every_spelling_of_an_echoed_credential_is_redacted() {
             "{}{:?}{}",
             result.body,
             result.headers,
-            postern_gateway::mcp::outcome_result(&outcome).content[0].as_text().unwrap().text
+            postern_gateway::door::mcp::outcome_result(&outcome).content[0].as_text().unwrap().text
         );
         for spelling in spellings(HOSTILE_SECRET) {
             assert!(!shown.contains(&spelling), "{tool}: {spelling:?} reached the result: {shown}");
@@ -522,7 +522,7 @@ async fn redirects_are_never_followed_and_a_body_over_the_result_limit_is_not_ke
     let large = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 2)).await.unwrap();
     let result = large.result.clone().unwrap();
     assert_eq!((result.status, result.result_too_large, result.body.as_str()), (200, Some(1_000), ""), "{result:?}");
-    let answer = postern_gateway::mcp::outcome_result(&large);
+    let answer = postern_gateway::door::mcp::outcome_result(&large);
     assert_eq!(answer.is_error, Some(true), "the agent is told it cannot see the answer");
     let structured = answer.structured_content.unwrap();
     assert_eq!(structured["error"], json!({ "code": "result_too_large", "limit": 1_000 }), "{structured}");

@@ -1,0 +1,105 @@
+//! A call forwarded to a running server, classified for the journal: never written, answered
+//! (a result or a JSON-RPC error), too large, or lost in flight; and the read-only operations
+//! (`resources/read`, `prompts/get`) sent the same way.
+
+use super::*;
+
+impl Upstreams {
+    /// Forwards one call. `arguments` are what the agent sent (with the idempotency argument
+    /// filled); `execution` goes into `_meta`. What comes back is as the server sent it.
+    pub async fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        execution: &str,
+        timeout: Duration,
+    ) -> UpstreamSent {
+        let running = {
+            let Ok(def) = self.vault.mcp_server(server) else {
+                return UpstreamSent::NotSent { reason: format!("no MCP server named {server:?} in the vault") };
+            };
+            match self.ensure(&def).await {
+                Ok((r, _)) => r,
+                Err(reason) => return UpstreamSent::NotSent { reason },
+            }
+        };
+        let meta = json!({ EXECUTION_META: execution });
+        if tool == READ_RESOURCE || tool == GET_PROMPT {
+            return read(&running, server, tool, arguments, meta, timeout).await;
+        }
+        let params = json!({ "name": tool, "arguments": arguments, "_meta": meta });
+        let params: CallToolRequestParams = match serde_json::from_value(params) {
+            Ok(p) => p,
+            Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
+        };
+        let answer = tokio::time::timeout(timeout, running.service.peer().call_tool(params)).await;
+        let answered = |upstream_result: Value, is_error: bool| {
+            UpstreamSent::Answered(UpstreamResult::new(server, tool, upstream_result, is_error))
+        };
+        match answer {
+            Ok(Ok(result)) => {
+                let is_error = result.is_error == Some(true);
+                answered(serde_json::to_value(&result).unwrap_or(Value::Null), is_error)
+            }
+            Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
+                UpstreamSent::TooLarge(UpstreamResult::new(server, tool, Value::Null, false))
+            }
+            Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
+            Ok(Err(rmcp::ServiceError::UnexpectedResponse)) => answered(
+                json!({ "error": { "message": "the server asked for input or started a task; Postern forwards only \
+                                               final tool results" } }),
+                true,
+            ),
+            Ok(Err(e)) => {
+                UpstreamSent::Lost { reason: format!("the connection to {server:?} ended before it answered: {e}") }
+            }
+            Err(_) => {
+                UpstreamSent::Lost { reason: format!("{server:?} did not answer within {} s", timeout.as_secs()) }
+            }
+        }
+    }
+}
+
+/// Is this error the answer that stands in for one larger than the limit ([`frames`])?
+fn too_large(e: &rmcp::ErrorData) -> bool {
+    e.code.0 == frames::TOO_LARGE_CODE && e.data.as_ref().is_some_and(|d| d["postern"] == frames::TOO_LARGE_MARKER)
+}
+
+/// `resources/read` (`arguments.uri`) or `prompts/get` (`arguments.name`, `arguments.arguments`).
+async fn read(
+    running: &Running,
+    server: &str,
+    operation: &str,
+    arguments: Map<String, Value>,
+    meta: Value,
+    timeout: Duration,
+) -> UpstreamSent {
+    let mut params = Value::Object(arguments);
+    params["_meta"] = meta;
+    let answer = if operation == READ_RESOURCE {
+        match serde_json::from_value::<rmcp::model::ReadResourceRequestParams>(params) {
+            Ok(p) => tokio::time::timeout(timeout, running.service.read_resource(p)).await.map(|r| r.map(|r| json!(r))),
+            Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
+        }
+    } else {
+        match serde_json::from_value::<rmcp::model::GetPromptRequestParams>(params) {
+            Ok(p) => tokio::time::timeout(timeout, running.service.get_prompt(p)).await.map(|r| r.map(|r| json!(r))),
+            Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
+        }
+    };
+    let answered = |upstream_result: Value, is_error: bool| {
+        UpstreamSent::Answered(UpstreamResult::new(server, operation, upstream_result, is_error))
+    };
+    match answer {
+        Ok(Ok(result)) => answered(result, false),
+        Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
+            UpstreamSent::TooLarge(UpstreamResult::new(server, operation, Value::Null, false))
+        }
+        Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
+        Ok(Err(e)) => {
+            UpstreamSent::Lost { reason: format!("the connection to {server:?} ended before it answered: {e}") }
+        }
+        Err(_) => UpstreamSent::Lost { reason: format!("{server:?} did not answer within {} s", timeout.as_secs()) },
+    }
+}

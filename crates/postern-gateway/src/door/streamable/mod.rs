@@ -1,0 +1,770 @@
+//! Streamable HTTP on 127.0.0.1 (rmcp's `StreamableHttpService` behind an axum guard): Origin
+//! and Host validation (403), per-agent bearer tokens (401), the calling process traced from
+//! the loopback socket, and delivery tracking on the response body.
+
+use crate::{
+    caller::identity::{self, AgentProcess},
+    caller::runs::{Caller, Transport as RunTransport},
+    delivery::pending::request_key,
+    delivery::{Answers, DeliveryTicket, FollowUps},
+    door::mcp::{Gateway, HttpCaller, PosternMcp},
+    door::resumption::{self, ResumeToken},
+};
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::{ConnectInfo, Request, State, connect_info::Connected},
+    http::{HeaderValue, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    serve::IncomingStream,
+};
+use http_body::Frame;
+use rmcp::model::NumberOrString;
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+};
+use sha2::{Digest, Sha256};
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+use tokio::net::TcpListener;
+
+/// Default port of the Streamable HTTP endpoint.
+pub const DEFAULT_PORT: u16 = 7387;
+
+/// One TCP connection: its two ends, and (looked up once, on first use) the process holding
+/// the client end.
+#[derive(Clone, Debug)]
+pub struct PeerConnection {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    process: Arc<tokio::sync::OnceCell<Option<AgentProcess>>>,
+}
+
+/// The listener: loopback TCP with Nagle off (answers are small SSE frames written in pieces;
+/// with Nagle and delayed ACKs each would wait ~40 ms).
+#[derive(Debug)]
+pub struct NoDelayListener(TcpListener);
+
+impl axum::serve::Listener for NoDelayListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((stream, addr)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+                    }
+                    return (stream, addr);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "accept on the HTTP endpoint failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, NoDelayListener>> for PeerConnection {
+    fn connect_info(stream: IncomingStream<'_, NoDelayListener>) -> Self {
+        let peer = *stream.remote_addr();
+        let local = stream.io().local_addr().unwrap_or(peer);
+        PeerConnection { peer, local, process: Arc::new(tokio::sync::OnceCell::new()) }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Guard {
+    gateway: Arc<Gateway>,
+    follow_ups: Arc<FollowUps>,
+    max_message_bytes: usize,
+    sessions: Arc<AgentSessions>,
+}
+
+/// Most MCP sessions one agent token may hold open (a session idle for `SESSION_IDLE` no
+/// longer counts: rmcp has closed it by then).
+pub const MAX_SESSIONS_PER_AGENT: usize = 64;
+
+/// How long a session counts without a request (rmcp's own idle timeout is 5 minutes).
+const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(330);
+
+/// The MCP sessions each agent token holds, with when each was last used, and whose each session
+/// is: a session belongs to the token that opened it.
+#[derive(Debug, Default)]
+struct AgentSessions {
+    /// Per agent token, its sessions and when each was last used.
+    open: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
+    /// Per session, the agent token that opened it.
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Who may use an MCP session.
+enum SessionOwner {
+    /// This agent's token opened it.
+    This,
+    /// It was remembered without an owner (before sessions had one): it is this agent's now.
+    NowThis,
+    /// Another agent's.
+    Other(String),
+    /// Not a session Postern knows (rmcp answers for it).
+    Unknown,
+}
+
+impl AgentSessions {
+    /// Whose session `session` is, for `agent` asking (from memory, else the remembered sessions).
+    fn owner(&self, agent: &str, session: &str, view: &postern_store::JournalView) -> SessionOwner {
+        let known = self.owners.lock().ok().and_then(|o| o.get(session).cloned());
+        let owner = match known {
+            Some(owner) => Some(owner),
+            None => match view.mcp_session_agent(session) {
+                Ok(Some(Some(owner))) => Some(owner),
+                // Remembered before sessions had owners: the first token to use it keeps it.
+                Ok(Some(None)) => None,
+                _ => return SessionOwner::Unknown,
+            },
+        };
+        match owner {
+            Some(owner) if owner != agent => SessionOwner::Other(owner),
+            Some(owner) => {
+                self.bind(session, &owner);
+                SessionOwner::This
+            }
+            None => {
+                self.bind(session, agent);
+                SessionOwner::NowThis
+            }
+        }
+    }
+
+    /// `session` is `agent`'s from now on (in memory; the caller persists it).
+    fn bind(&self, session: &str, agent: &str) {
+        if let Ok(mut owners) = self.owners.lock() {
+            owners.entry(session.to_owned()).or_insert_with(|| agent.to_owned());
+        }
+    }
+
+    /// Whether `agent` may open another session.
+    fn may_open(&self, agent: &str) -> bool {
+        let Ok(mut all) = self.open.lock() else { return false };
+        let open = all.entry(agent.to_owned()).or_default();
+        open.retain(|_, used| used.elapsed() < SESSION_IDLE);
+        // Owners of idle sessions are forgotten in memory (the remembered sessions keep them).
+        if let Ok(mut owners) = self.owners.lock() {
+            owners.retain(|session, owner| owner != agent || open.contains_key(session));
+        }
+        open.len() < MAX_SESSIONS_PER_AGENT
+    }
+
+    fn used(&self, agent: &str, session: &str) {
+        if let Ok(mut all) = self.open.lock() {
+            all.entry(agent.to_owned()).or_default().insert(session.to_owned(), std::time::Instant::now());
+        }
+    }
+
+    fn ended(&self, agent: &str, session: &str) {
+        if let Ok(mut all) = self.open.lock()
+            && let Some(open) = all.get_mut(agent)
+        {
+            open.remove(session);
+        }
+        if let Ok(mut owners) = self.owners.lock()
+            && owners.get(session).is_some_and(|owner| owner == agent)
+        {
+            owners.remove(session);
+        }
+    }
+}
+
+/// What the guard needs to know of a client's message: its id, its method, the tool a
+/// `tools/call` names, and the request a cancellation withdraws.
+#[derive(Debug, serde::Deserialize)]
+pub struct MessageHead {
+    id: Option<NumberOrString>,
+    method: Option<String>,
+    params: Option<ParamsHead>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ParamsHead {
+    #[serde(rename = "requestId")]
+    request_id: Option<NumberOrString>,
+    name: Option<String>,
+}
+
+impl MessageHead {
+    /// The head of a POST body, if it is one JSON-RPC message (a batch or anything else: `None`).
+    pub fn parse(bytes: &[u8]) -> Option<MessageHead> {
+        serde_json::from_slice::<MessageHead>(bytes).ok()
+    }
+
+    /// The request this message withdraws, if it is a `notifications/cancelled`.
+    pub fn withdrawn(&self) -> Option<&NumberOrString> {
+        (self.method.as_deref() == Some("notifications/cancelled"))
+            .then(|| self.params.as_ref()?.request_id.as_ref())
+            .flatten()
+    }
+
+    pub fn tool(&self) -> Option<&str> {
+        (self.method.as_deref() == Some("tools/call")).then(|| self.params.as_ref()?.name.as_deref()).flatten()
+    }
+}
+
+/// Reads a POST's body (at most `max` bytes) so the guard can see which message it carries, and
+/// puts it back for rmcp.
+async fn read_message(request: Request, max: usize) -> Result<(Request, Option<MessageHead>), Response> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| {
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "message_too_large",
+            &format!("the message exceeds the gateway's limit of {max} bytes (postern serve --max-message-bytes)"),
+        )
+    })?;
+    let head = MessageHead::parse(&bytes);
+    Ok((Request::from_parts(parts, Body::from(bytes)), head))
+}
+
+fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"postern\""));
+    }
+    response
+}
+
+/// A browser page may only call from a loopback origin (any port): a DNS-rebinding page has a
+/// foreign origin and is refused. A loopback page still needs an agent's token, and no CORS
+/// headers are ever sent, so a browser cannot read an answer anyway.
+pub fn loopback_origin(origin: &str) -> bool {
+    url::Url::parse(origin).is_ok_and(|u| {
+        matches!(u.scheme(), "http" | "https")
+            && matches!(u.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"))
+            && u.path() == "/"
+    })
+}
+
+/// A `Host` header naming this machine's loopback endpoint (any port).
+pub fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').filter(|(_, p)| p.is_empty() || p.starts_with(':')).map(|(h, _)| h),
+        None => Some(
+            host.rsplit_once(':')
+                .map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host }),
+        ),
+    };
+    matches!(name, Some("127.0.0.1" | "localhost" | "::1"))
+}
+
+async fn guard(
+    State(guard): State<Guard>,
+    ConnectInfo(conn): ConnectInfo<PeerConnection>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if let Some(origin) = request.headers().get(header::ORIGIN) {
+        let allowed = origin.to_str().is_ok_and(loopback_origin);
+        if !allowed {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "origin_forbidden",
+                "requests from web pages on other hosts are refused (Origin is not a loopback address)",
+            );
+        }
+    }
+    // A foreign Host (DNS rebinding) is refused before the token is looked at, as Origin is.
+    if let Some(host) = request.headers().get(header::HOST)
+        && !host.to_str().is_ok_and(loopback_host)
+    {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "host_forbidden",
+            "requests for other hosts are refused (Host is not a loopback address)",
+        );
+    }
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = token else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "token_required",
+            "send Authorization: Bearer <token>; create one with `postern agents add NAME`",
+        );
+    };
+    let digest = hex::encode(Sha256::digest(token.as_bytes()));
+    let agent = match guard.gateway.engine.view().active_agent_by_token(&digest) {
+        Ok(Some(agent)) => agent,
+        Ok(None) => {
+            return refuse(StatusCode::UNAUTHORIZED, "token_invalid", "this token is unknown or has been revoked");
+        }
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, "journal_unavailable", &e.to_string()),
+    };
+    let hashes = Arc::clone(&guard.gateway.hashes);
+    let (peer, local) = (conn.peer, conn.local);
+    let process = conn
+        .process
+        .get_or_init(|| async move {
+            // The common case — a process seen before, its executable hashed — costs a few
+            // non-sleeping syscalls and is answered here: a hand-off to the blocking pool costs
+            // more than that (measured ~110 µs a connection on the 2-core CI machine). A scan of
+            // processes or a first hash of an executable goes to the blocking pool.
+            let lookup = identity::tcp_peer_quick(peer, local);
+            match lookup {
+                identity::PeerLookup::Gone => return None,
+                identity::PeerLookup::Found(pid) => {
+                    if let Ok(described) = hashes.describe_if_hashed(pid) {
+                        return described;
+                    }
+                }
+                identity::PeerLookup::Scan { .. } => {}
+            }
+            tokio::task::spawn_blocking(move || lookup.finish(peer, local).and_then(|pid| hashes.describe(pid)))
+                .await
+                .ok()
+                .flatten()
+        })
+        .await
+        .clone();
+    // The second step of delivery: the agent calling another tool on its session after a result
+    // was written says it carried on. Nothing else is such evidence: SDKs send `tools/list`,
+    // `ping` and notifications on their own (the Python SDK lists tools to validate a result it
+    // has not handed over yet), a call of the same tool may repeat a call whose answer was lost,
+    // and a cancellation withdraws its request (the client discards that answer).
+    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let agent_name = agent.name.clone();
+    // At 2026-07-28 there is no session: the agent's run is what it carries on in (its process,
+    // as `runs` keys it; the token alone when the process cannot be named). Its key starts with
+    // a control character, which no header value can hold, so no `Mcp-Session-Id` names a run.
+    let sessionless = request.headers().get("mcp-protocol-version").is_some_and(|v| v.as_bytes() == b"2026-07-28");
+    let carries_on_in = session.clone().or_else(|| {
+        sessionless.then(|| match &process {
+            Some(p) => format!("{RUN_KEY}{agent_name}:{}:{}", p.key.pid, p.key.start_ticks),
+            None => format!("{RUN_KEY}{agent_name}"),
+        })
+    });
+    // An MCP session is its opener's: another token may not call on it, read its streams, or
+    // (by carrying on in it) mark the first agent's result delivered.
+    if let Some(s) = &session {
+        match guard.sessions.owner(&agent_name, s, guard.gateway.engine.view()) {
+            SessionOwner::Other(owner) => {
+                let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
+                let attempted = format!("MCP session of agent {owner:?}");
+                let refused = crate::door::refusal::Refused { interface: "http", attempted, peer };
+                guard.gateway.refusals.record_async(refused).await;
+                return refuse(
+                    StatusCode::NOT_FOUND,
+                    "session_not_found",
+                    "no such MCP session for this token (a session belongs to the agent token that opened it)",
+                );
+            }
+            SessionOwner::NowThis => {
+                let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), s.clone(), agent_name.clone());
+                tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
+            }
+            SessionOwner::This | SessionOwner::Unknown => {}
+        }
+    }
+    match &session {
+        Some(s) if request.method() == axum::http::Method::DELETE => guard.sessions.ended(&agent_name, s),
+        Some(s) => guard.sessions.used(&agent_name, s),
+        None if request.method() == axum::http::Method::POST && !guard.sessions.may_open(&agent_name) => {
+            let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
+            let attempted = format!("a new MCP session beyond {MAX_SESSIONS_PER_AGENT} open for this token");
+            guard
+                .gateway
+                .refusals
+                .record_async(crate::door::refusal::Refused { interface: "http", attempted, peer })
+                .await;
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_sessions",
+                &format!(
+                    "this agent token already holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
+                     (DELETE /mcp with its Mcp-Session-Id) or let one sit idle for 5 minutes"
+                ),
+            );
+        }
+        None => {}
+    }
+    let mut answers = None;
+    let mut priming = None;
+    if request.method() == axum::http::Method::POST {
+        let (readable, head) = match read_message(request, guard.max_message_bytes).await {
+            Ok(read) => read,
+            Err(refused) => return refused,
+        };
+        request = readable;
+        if let (Some(session), Some(head)) = (&carries_on_in, &head) {
+            match head.withdrawn() {
+                Some(withdrawn) => guard.follow_ups.cancelled(session, &request_key(withdrawn)),
+                None => {
+                    if let Some(tool) = head.tool() {
+                        guard.follow_ups.tool_called(session, tool);
+                    }
+                }
+            }
+        }
+        // A `tools/call` stream opens with an event whose ID names the request: a client whose
+        // stream breaks resumes with it and is answered from the journal (`resumption`).
+        priming = head.as_ref().filter(|h| h.tool().is_some()).and_then(|h| h.id.clone()).map(ResumeToken);
+        answers = head.map(|h| Answers { tool: h.tool().map(str::to_owned), request: h.id.map(|id| request_key(&id)) });
+    } else if request.method() == axum::http::Method::DELETE
+        && let Some(session) = &session
+    {
+        guard.follow_ups.session_ended(session);
+    }
+    let ticket = DeliveryTicket::new(Arc::clone(&guard.gateway.engine));
+    let caller = Caller { transport: RunTransport::StreamableHttp, agent: Some(agent.name), process };
+    let resume = (request.method() == axum::http::Method::GET)
+        .then(|| request.headers().get("last-event-id").and_then(|v| v.to_str().ok()).and_then(ResumeToken::parse))
+        .flatten();
+    if let (Some(token), Some(session)) = (resume, &session) {
+        let resumed = resumption::resume(Arc::clone(&guard.gateway), &caller, session, token, ticket.clone()).await;
+        let response = Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(resumed.body)
+            .unwrap_or_default();
+        let follow_up =
+            FollowUp { session: session.clone(), answers: resumed.answers, follow_ups: Arc::clone(&guard.follow_ups) };
+        return delivering(response, ticket, (local, peer), Some(follow_up), None);
+    }
+    // At 2026-07-28 a closed response stream is its request's cancellation: the client cannot
+    // resume it and must re-issue the call as a new request. The stream is closed if the
+    // connection goes while the answer is awaited (the request is dropped here) or before its
+    // body was read to the end ([`DeliveryBody`]). Before `dispatched` the engine then sends
+    // nothing; after it the outcome is kept and answers the re-issued call.
+    let abandoned = crate::CancelSignal::default();
+    let sessionless_call = sessionless && answers.as_ref().is_some_and(|a| a.tool.is_some());
+    let mut abandon = Abandon(sessionless_call.then(|| abandoned.clone()));
+    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned });
+    let response = next.run(request).await;
+    let abandon = abandon.0.take();
+    // A new session's id comes back on the response to `initialize`.
+    let session = session.or_else(|| {
+        let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if let Some(new) = &new {
+            guard.sessions.used(&agent_name, new);
+            guard.sessions.bind(new, &agent_name);
+            let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), new.clone(), agent_name.clone());
+            tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
+        }
+        new
+    });
+    let streamed = response.status() == StatusCode::OK
+        && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let follow_up = session.or(carries_on_in).map(|session| FollowUp {
+        session,
+        answers: answers.unwrap_or_default(),
+        follow_ups: Arc::clone(&guard.follow_ups),
+    });
+    let mut response =
+        delivering(response, ticket, (local, peer), follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()));
+    if let Some(signal) = abandon {
+        response = abandoned_unless_read(response, signal);
+    }
+    response
+}
+
+/// Raises the request's cancellation if dropped still holding it (the request was dropped
+/// before its answer came: the client's connection went).
+struct Abandon(Option<crate::CancelSignal>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(signal) = self.0.take() {
+            signal.cancel();
+        }
+    }
+}
+
+/// `response`, whose request is cancelled if its body is dropped before it was read to the end.
+fn abandoned_unless_read(response: Response, signal: crate::CancelSignal) -> Response {
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::new(ReadToEnd { inner: body, abandon: Abandon(Some(signal)) }))
+}
+
+/// A body that disarms its [`Abandon`] once its last frame was taken.
+struct ReadToEnd {
+    inner: Body,
+    abandon: Abandon,
+}
+
+impl http_body::Body for ReadToEnd {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            self.abandon.0 = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// How the key of a sessionless agent run's [`FollowUps`] begins (see `guard`).
+const RUN_KEY: &str = "\u{1}run:";
+
+/// `response` with its body tracked for delivery, opened with `preamble` if any.
+fn delivering(
+    response: Response,
+    ticket: DeliveryTicket,
+    conn: (SocketAddr, SocketAddr),
+    follow_up: Option<FollowUp>,
+    preamble: Option<Bytes>,
+) -> Response {
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: false, conn, follow_up, preamble }),
+    )
+}
+
+/// Where a written result waits for the client's next message.
+struct FollowUp {
+    session: String,
+    answers: Answers,
+    follow_ups: Arc<FollowUps>,
+}
+
+/// A response body that takes a result's delivery through its first step once the frame carrying
+/// it was handed to the connection *and* the client's kernel acknowledged every byte sent on it,
+/// then leaves it to the session's [`FollowUps`]; it settles the result as lost if the connection
+/// drops the body first, the client's end closes or resets before acknowledging, or there is no
+/// session to follow up on (uncertain resolves to "not delivered").
+struct DeliveryBody {
+    inner: Body,
+    ticket: DeliveryTicket,
+    settled: bool,
+    /// A frame carrying the result was handed out and awaits the next poll.
+    handed_out: bool,
+    conn: (SocketAddr, SocketAddr),
+    follow_up: Option<FollowUp>,
+    /// Sent before the first frame of `inner` (a `tools/call` stream's priming event).
+    preamble: Option<Bytes>,
+}
+
+/// How long the client's kernel has to acknowledge a result's bytes before the result counts as
+/// not delivered (a loopback peer acknowledges within microseconds unless it is gone or stuck).
+const ACK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl DeliveryBody {
+    fn settle(&mut self, written: bool) {
+        if !self.settled {
+            self.settled = true;
+            self.ticket.settle(written);
+        }
+    }
+
+    /// The frame was taken by the connection: watch the kernel's send queue until the client has
+    /// acknowledged everything, or its end is gone.
+    fn confirm_when_acknowledged(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let ticket = self.ticket.clone();
+        let written = |ticket: DeliveryTicket| ticket.written();
+        let (local, peer) = self.conn;
+        // On loopback the client's kernel acknowledges inside the write that sent the bytes, so
+        // the first look (right away, before the client can read and close) usually settles it;
+        // a client that closes with unread bytes resets the connection and leaves no record.
+        match identity::tcp_send_queue(local, peer) {
+            Some(identity::SendQueue::Acknowledged) => return written(ticket),
+            Some(identity::SendQueue::Pending(_)) => {}
+            _ => return ticket.settle(false),
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            ticket.settle(false);
+            return;
+        };
+        handle.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut pause = std::time::Duration::from_micros(200);
+            let delivered = loop {
+                match tokio::task::spawn_blocking(move || identity::tcp_send_queue(local, peer)).await {
+                    Ok(Some(identity::SendQueue::Acknowledged)) => break true,
+                    Ok(Some(identity::SendQueue::Pending(_))) if started.elapsed() < ACK_DEADLINE => {}
+                    // Closed, unreadable, or not acknowledged in time: not delivered.
+                    _ => break false,
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            };
+            if delivered { written(ticket) } else { ticket.settle(false) }
+        });
+    }
+
+    /// Does `frame` carry the result of an execution registered on this ticket?
+    fn carries_result(&self, frame: &Frame<Bytes>) -> bool {
+        let Some(data) = frame.data_ref() else { return false };
+        self.ticket.carried().iter().any(|id| memchr::memmem::find(data, id.to_string().as_bytes()).is_some())
+    }
+}
+
+impl Drop for DeliveryBody {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
+}
+
+impl http_body::Body for DeliveryBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        if let Some(preamble) = self.preamble.take() {
+            return Poll::Ready(Some(Ok(Frame::data(preamble))));
+        }
+        // Polled again: the previous frame was taken by the connection.
+        if std::mem::take(&mut self.handed_out) {
+            self.confirm_when_acknowledged();
+        }
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => {
+                // From now on a call of another tool on the session is a step of delivery: the
+                // client may read this frame and call again before the kernel's answer is read.
+                match self.follow_up.take() {
+                    Some(FollowUp { session, answers, follow_ups }) => {
+                        follow_ups.awaiting(&session, answers, self.ticket.clone());
+                        self.handed_out = true;
+                    }
+                    // A result the agent fetched itself (a task's): its request was the step.
+                    None if self.ticket.is_followed_up() => self.handed_out = true,
+                    None => self.settle(false),
+                }
+            }
+            // Ended without carrying a result: any execution registered later (its MCP session
+            // was closed under this stream) was not delivered by it.
+            Poll::Ready(None) => self.settle(false),
+            _ => {}
+        }
+        polled
+    }
+
+    // Never claim the end early: the connection must poll past the last frame, which is how
+    // this body learns the last frame was taken.
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    // Never an exact length either: with one, the connection stops polling once it has the
+    // bytes and drops the body, before this body could learn the last frame was taken (a
+    // fetched task result is a plain JSON answer with a length).
+    fn size_hint(&self) -> http_body::SizeHint {
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(self.inner.size_hint().lower());
+        hint
+    }
+}
+
+/// The router: `/mcp` behind the guard.
+pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: CancelToken) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(["127.0.0.1", "localhost", "::1", "[::1]"])
+        .with_allowed_origins(["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(max_message_bytes)
+        // A client speaking 2026-07-28 (no sessions) that accepts `application/json` gets a
+        // `tools/call` answer as one JSON body instead of an SSE stream per POST.
+        .with_json_response(true)
+        .with_cancellation_token(config_token.0);
+    let mut config = config;
+    // Sessions outlive a restart, so a resumed stream finds its session (`resumption`).
+    config.session_store = Some(Arc::new(resumption::RememberedSessions(Arc::clone(&gateway.engine))));
+    let factory_gateway = Arc::clone(&gateway);
+    // The guard primes `tools/call` streams with event IDs the journal can answer after any
+    // break, a restart included (`resumption`); rmcp's own priming IDs name an in-memory cache.
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.sse_retry = None;
+    let service = StreamableHttpService::new(
+        move || Ok(PosternMcp::for_http(Arc::clone(&factory_gateway))),
+        Arc::new(sessions),
+        config,
+    );
+    let state = Guard {
+        gateway,
+        follow_ups: Arc::new(FollowUps::default()),
+        max_message_bytes,
+        sessions: Arc::new(AgentSessions::default()),
+    };
+    let refusals = Arc::clone(&state.gateway.refusals);
+    Router::new()
+        .nest_service("/mcp", service)
+        .fallback(move |request: Request| not_offered(Arc::clone(&refusals), request))
+        .layer(middleware::from_fn_with_state(state, guard))
+}
+
+/// Any path but `/mcp`, from an agent with a valid token (the guard ran first): there is no
+/// approval endpoint, nor any other. Refused (404) and journaled.
+async fn not_offered(refusals: Arc<crate::door::refusal::Refusals>, request: Request) -> Response {
+    let peer = request.extensions().get::<HttpCaller>().map_or(serde_json::Value::Null, |h| {
+        serde_json::json!({
+            "actor": h.caller.actor().as_str(),
+            "pid": h.caller.process.as_ref().map(|p| p.key.pid),
+        })
+    });
+    let attempted = format!("{} {}", request.method(), request.uri().path());
+    refusals.record_async(crate::door::refusal::Refused { interface: "http", attempted, peer }).await;
+    refuse(
+        StatusCode::NOT_FOUND,
+        "not_offered",
+        "Postern's only HTTP endpoint is /mcp; approvals are given only in the approver, never over HTTP",
+    )
+}
+
+/// Stops the HTTP endpoint's MCP sessions on shutdown.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(pub tokio_util::sync::CancellationToken);
+
+/// Binds `127.0.0.1:port` (0 = any free port).
+pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
+    TcpListener::bind(("127.0.0.1", port)).await
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    max_message_bytes: usize,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let token = CancelToken::default();
+    let app = router(gateway, max_message_bytes, token.clone());
+    let stop = async move {
+        shutdown.await;
+        token.0.cancel();
+    };
+    axum::serve(NoDelayListener(listener), app.into_make_service_with_connect_info::<PeerConnection>())
+        .with_graceful_shutdown(stop)
+        .await
+}
+
+#[cfg(test)]
+mod tests;
