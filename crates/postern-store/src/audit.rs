@@ -150,6 +150,11 @@ impl fmt::Display for Finding {
             Finding::ResultMismatch { execution_id, why } => {
                 write!(f, "execution {execution_id}: stored result {why}")
             }
+            Finding::AuthorityMismatch { table, key, journal, .. } if table == "journal" && key != "chain" => write!(
+                f,
+                "journal {key} grants authority but cannot be read: {journal} (the journal was edited; \
+                 nothing is re-derived from it)"
+            ),
             Finding::AuthorityMismatch { table, key, journal, table_value } => write!(
                 f,
                 "table `{table}`, row {key:?}: the journal says {journal}, the table holds {table_value} \

@@ -21,6 +21,9 @@ pub struct AuthorityState {
     pub session_grants: BTreeMap<String, String>,
     /// Actors allowlisted now.
     pub allowlist: BTreeMap<String, ()>,
+    /// Journal rows that grant authority but could not be read (a field missing or of another
+    /// type): each is a finding, never read with a default.
+    pub malformed: Vec<AuthorityMismatch>,
 }
 
 /// One difference between a table and the journal.
@@ -44,58 +47,74 @@ impl std::fmt::Display for AuthorityMismatch {
     }
 }
 
+/// What a row that lacks `field` (or has it of another type) is said to lack.
+fn missing(field: &str, what: &str) -> String {
+    format!("its `{field}` is not {what}")
+}
+
 fn credential(kind: &Value, spec: &Value, bindings: &Value, approve_every_use: bool) -> Value {
     serde_json::json!({ "kind": kind, "spec": spec, "bindings": bindings, "approve_every_use": approve_every_use })
 }
 
 impl AuthorityState {
-    /// Applies one journal row (rows that grant nothing are ignored).
-    pub fn apply(&mut self, row: &JournalRow) {
+    /// Applies one journal row (rows that grant nothing are ignored). A row that grants
+    /// something but lacks a field it needs, or has it of another type, changes nothing and
+    /// says which field: read with a default, a missing `approve_every_use` would turn approval
+    /// off and a missing `name` would grant to the empty name.
+    fn apply(&mut self, row: &JournalRow) -> Result<(), String> {
         let d = &row.detail;
-        let name = || d["name"].as_str().unwrap_or_default().to_owned();
+        let text = |field: &str| d[field].as_str().map(str::to_owned).ok_or_else(|| missing(field, "a string"));
+        let flag = |field: &str| d[field].as_bool().ok_or_else(|| missing(field, "true or false"));
+        let present = |field: &str| match d.get(field) {
+            Some(v) if !v.is_null() => Ok(v.clone()),
+            _ => Err(missing(field, "a value")),
+        };
         match (row.stream, row.event.as_str()) {
             (Stream::Vault, "vault_locked") => self.locked = true,
             (Stream::Vault, "vault_unlocked") => self.locked = false,
             (Stream::Vault, "credential_added") => {
-                let approve = d["approve_every_use"].as_bool().unwrap_or(false);
-                self.credentials.insert(name(), credential(&d["kind"], &d["spec"], &d["bindings"], approve));
+                let (name, approve) = (text("name")?, flag("approve_every_use")?);
+                let (kind, spec, bindings) = (Value::String(text("kind")?), present("spec")?, present("bindings")?);
+                self.credentials.insert(name, credential(&kind, &spec, &bindings, approve));
             }
             (Stream::Vault, "credential_removed") => {
-                self.credentials.remove(&name());
+                self.credentials.remove(&text("name")?);
             }
             (Stream::Vault, "approve_every_use_changed") => {
-                if let Some(c) = self.credentials.get_mut(&name()) {
-                    c["approve_every_use"] = d["approve_every_use"].clone();
+                let (name, approve) = (text("name")?, flag("approve_every_use")?);
+                if let Some(c) = self.credentials.get_mut(&name) {
+                    c["approve_every_use"] = Value::Bool(approve);
                 }
             }
             // A spec replaced in place (an SSH host's pinned key) carries the new spec.
             (Stream::Vault, _) if d.get("spec").is_some() && d.get("kind").is_none() => {
-                if let Some(c) = self.credentials.get_mut(&name()) {
-                    c["spec"] = d["spec"].clone();
+                let (name, spec) = (text("name")?, present("spec")?);
+                if let Some(c) = self.credentials.get_mut(&name) {
+                    c["spec"] = spec;
                 }
             }
             (Stream::Vault, "agent_added") => {
-                self.agents.insert(name(), (d["token_sha256"].as_str().unwrap_or_default().to_owned(), false));
+                self.agents.insert(text("name")?, (text("token_sha256")?, false));
             }
             (Stream::Vault, "agent_revoked") => {
-                if let Some(agent) = self.agents.get_mut(&name()) {
+                if let Some(agent) = self.agents.get_mut(&text("name")?) {
                     agent.1 = true;
                 }
             }
             (Stream::Session, "session_authorized" | "session_revoked") => {
-                if let Some(session) = row.session_id {
-                    let standing = if row.event == "session_authorized" { "authorized" } else { "revoked" };
-                    self.session_grants.insert(session.to_string(), standing.to_owned());
-                }
+                let session = row.session_id.ok_or_else(|| "it names no session".to_owned())?;
+                let standing = if row.event == "session_authorized" { "authorized" } else { "revoked" };
+                self.session_grants.insert(session.to_string(), standing.to_owned());
             }
             (Stream::Session, "allowlist_added") => {
-                self.allowlist.insert(d["actor"].as_str().unwrap_or_default().to_owned(), ());
+                self.allowlist.insert(text("actor")?, ());
             }
             (Stream::Session, "allowlist_removed") => {
-                self.allowlist.remove(d["actor"].as_str().unwrap_or_default());
+                self.allowlist.remove(&text("actor")?);
             }
             _ => {}
         }
+        Ok(())
     }
 
     /// The state the journal's vault and session streams build up, in order.
@@ -109,7 +128,14 @@ impl AuthorityState {
             let (seq, body): (i64, String) = (r.get(0)?, r.get(1)?);
             let row = JournalRow::from_body(body.as_bytes())
                 .map_err(|e| StoreError::Corrupt(format!("journal row {seq}: {e}")))?;
-            state.apply(&row);
+            if let Err(problem) = state.apply(&row) {
+                state.malformed.push(AuthorityMismatch {
+                    table: "journal",
+                    key: format!("row {seq} ({})", row.event),
+                    journal: problem,
+                    table_value: "not read".into(),
+                });
+            }
         }
         Ok(state)
     }
@@ -147,12 +173,12 @@ impl AuthorityState {
         while let Some(r) = rows.next()? {
             allowlist.insert(r.get(0)?, ());
         }
-        Ok(AuthorityState { locked, credentials, agents, session_grants, allowlist })
+        Ok(AuthorityState { locked, credentials, agents, session_grants, allowlist, malformed: Vec::new() })
     }
 
     /// Every difference, naming the table and row (`self` is the journal's, `tables` the tables').
     pub fn differences(&self, tables: &AuthorityState) -> Vec<AuthorityMismatch> {
-        let mut out = Vec::new();
+        let mut out = self.malformed.clone();
         if self.locked != tables.locked {
             out.push(AuthorityMismatch {
                 table: "vault_state",
@@ -281,6 +307,10 @@ pub(crate) fn compare_execution(
 pub fn rederive(conn: &mut Connection) -> Result<Vec<AuthorityMismatch>, StoreError> {
     let tx = conn.transaction()?;
     let journal = AuthorityState::from_journal(&tx)?;
+    // A row that cannot be read would be re-derived as if it were not there: refused instead.
+    if let Some(row) = journal.malformed.first() {
+        return Err(StoreError::Corrupt(format!("{} cannot be re-derived from: {}", row.key, row.journal)));
+    }
     let changed = journal.differences(&AuthorityState::from_tables(&tx)?);
     if changed.is_empty() {
         return Ok(changed);

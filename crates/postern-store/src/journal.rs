@@ -109,7 +109,7 @@ impl JournalRow {
 
     /// The RFC 8785 bytes that are stored and chained. The head's members are written here in
     /// RFC 8785 order (the journal writer's hot path); `canonical_is_rfc8785_of_the_stored_shape`
-    /// checks the result against an independent canonicaliser over [`StoredRef`].
+    /// checks the result against an independent canonicaliser over `StoredRef`.
     pub fn canonical(&self) -> Result<Vec<u8>, postern_core::CanonicalError> {
         fn member<T: Serialize + ?Sized>(out: &mut Vec<u8>, key: &[u8], value: &T) {
             out.extend_from_slice(key);

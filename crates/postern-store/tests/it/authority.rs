@@ -126,6 +126,38 @@ fn a_running_writer_raises_the_alarm_when_another_process_edits_or_appends_journ
     }
 }
 
+/// A journal row that grants authority but lacks a field it needs is a finding, never read
+/// with a default: with `approve_every_use` dropped from `credential_added` (and the table
+/// edited to match), a default of `false` would agree with the table and turn approval off
+/// unnoticed. `rederive` refuses to rebuild from such a row.
+#[test]
+fn a_granting_row_missing_a_field_is_a_finding_not_a_default() {
+    for (field, table_edit) in [
+        ("approve_every_use", "UPDATE credentials SET approve_every_use = 0"),
+        ("name", "DELETE FROM credentials"),
+        ("token_sha256", "UPDATE agents SET token_sha256 = ''"),
+    ] {
+        let fx = granted();
+        let event = if field == "token_sha256" { "agent_added" } else { "credential_added" };
+        same_user(&fx.path)
+            .execute_batch(&format!(
+                "DROP TRIGGER journal_refuses_update; \
+                 UPDATE journal SET body = json_remove(body, '$.payload.{field}') WHERE event = '{event}'; {table_edit}"
+            ))
+            .unwrap();
+        rechain(&fx.path);
+        let found = verify(&fx.path, None, &mut |_, _| {}).unwrap().findings;
+        assert!(!found.iter().any(Finding::is_chain), "{field}: the chain was rewritten to hold: {found:?}");
+        assert!(
+            found.iter().any(|f| matches!(f, Finding::AuthorityMismatch { table, key, journal, .. }
+                if table == "journal" && key.contains(event) && journal.contains(field))),
+            "{field}: {found:?}"
+        );
+        let refused = Store::rederive_authority(&fx.path, at(200)).unwrap_err();
+        assert!(refused.to_string().contains(field), "{field}: {refused}");
+    }
+}
+
 #[test]
 fn deleting_the_lock_file_does_not_let_a_second_writer_in() {
     let fx = Fixture::new();
@@ -136,6 +168,24 @@ fn deleting_the_lock_file_does_not_let_a_second_writer_in() {
     let second = Store::open(&fx.path, at(1)).map(drop).unwrap_err();
     assert!(matches!(second, StoreError::InUse { .. }), "{second}");
     drop(store);
+}
+
+/// Recomputes every row's hash, as an attacker who edited a row would (the chain is unkeyed;
+/// only an exported, signed checkpoint tells such a chain from the original).
+fn rechain(path: &std::path::Path) {
+    let conn = same_user(path);
+    let rows: Vec<(i64, String)> = conn
+        .prepare("SELECT seq, body FROM journal ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut prev = postern_store::journal::GENESIS;
+    for (seq, body) in rows {
+        prev = postern_store::journal::chain_hash(&prev, body.as_bytes());
+        conn.execute("UPDATE journal SET row_hash = ?1 WHERE seq = ?2", rusqlite::params![prev.to_vec(), seq]).unwrap();
+    }
 }
 
 /// A plain connection to the database file, as any process of the same user can open.
