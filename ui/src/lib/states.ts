@@ -2,9 +2,12 @@
 // the uncertain states (the outcome is not known, or the agent may not have the result) are
 // visibly distinct, because they are where a person may have to act.
 
+import type { ExecutionState } from './bindings/ExecutionState';
+
 export type StateGroup = 'progress' | 'done' | 'uncertain' | 'stopped';
 
-const groups: Record<string, StateGroup> = {
+// Every state has its group: a state added to the Rust type fails the type check until it does.
+const groups: Record<ExecutionState, StateGroup> = {
   accepted: 'progress',
   authorized: 'progress',
   dispatched: 'progress',
@@ -20,7 +23,7 @@ const groups: Record<string, StateGroup> = {
 
 /** The group of a state (or of a journal event that is not a state: `progress`). */
 export function groupOf(state: string): StateGroup {
-  return groups[state] ?? 'progress';
+  return groups[state as ExecutionState] ?? 'progress';
 }
 
 /** The legend, in the order a call moves through them. */
