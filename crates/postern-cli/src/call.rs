@@ -75,6 +75,7 @@ fn local(host: Host, args: &CallArgs, arguments: serde_json::Value) -> Result<se
         correlation: serde_json::json!({ "transport": "cli" }),
         cancel: Default::default(),
         bound: Default::default(),
+        resolved: None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     let outcome = runtime.block_on(engine.call(call)).map_err(|e| {

@@ -120,6 +120,7 @@ fn main() {
                             correlation: json!({}),
                             cancel: Default::default(),
                             bound: Default::default(),
+                            resolved: None,
                         };
                         let outcome = e.call(call).await.expect("call");
                         assert!(outcome.result.is_some(), "{outcome:?}");

@@ -94,6 +94,7 @@ fn main() {
             correlation: json!({}),
             cancel: Default::default(),
             bound: Default::default(),
+            resolved: None,
         };
         let out = runtime.block_on(engine.call(call)).expect("call");
         assert_eq!(out.ssh.and_then(|s| s.exit_status), Some(0), "{:?}", out.detail);

@@ -112,6 +112,10 @@ pub struct Call {
     pub cancel: CancelSignal,
     /// Told which execution the call is bound to, once that is on record.
     pub bound: Bound,
+    /// The upstream tool the door looked up for `tool`, carried so the call runs the tool the
+    /// agent was told exists (`None`: the engine looks the name up itself). One lookup per call:
+    /// two could disagree while a server's tools change.
+    pub resolved: Option<crate::channel::upstream::UpstreamTool>,
 }
 
 /// Which execution will answer a call, told as soon as that is certain and on record: a new

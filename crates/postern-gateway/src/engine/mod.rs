@@ -438,20 +438,21 @@ impl Engine {
     /// Handles one call end to end. Errors are reserved for calls that never became an
     /// execution (unknown tool, invalid arguments, unsafe target, …); every execution's fate —
     /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
-    pub async fn call(&self, call: Call) -> Result<CallOutcome, EngineError> {
+    pub async fn call(&self, mut call: Call) -> Result<CallOutcome, EngineError> {
         self.touch();
         // Another process changed what grants authority behind the journal's back: nothing is
         // granted any more (before the lock, credentials or grants are even read).
         if let Some(found) = self.store.authority_alarm() {
             return Err(StoreError::AuthorityTampered(found).into());
         }
-        if let Some(u) = &self.upstreams
+        if call.resolved.is_none()
+            && let Some(u) = &self.upstreams
             && self.manifest.tool(&call.tool).is_none()
         {
-            // Known to `prepare` from here on (its server started if it was not).
-            u.resolve(&call.tool).await;
+            // Its server is started if it was not; every later step of the call uses this lookup.
+            call.resolved = u.resolve(&call.tool).await;
         }
-        let (mut p, arguments) = self.prepare(&call)?;
+        let (mut p, arguments) = self.prepare(&call, call.resolved.clone())?;
         if let Some(host) = p.unpinned_host().map(|plan| plan.host.name.clone()) {
             // The first contact with an `accept-new` host logs in (to pin the key the record
             // names) before the call becomes an execution: the rungs that need no person are

@@ -5,7 +5,12 @@
 use super::*;
 
 impl Engine {
-    pub(super) fn prepare(&self, call: &Call) -> Result<(Prepared<'_>, Value), EngineError> {
+    /// `upstream`: the upstream tool `call.tool` names, as resolved once for this call.
+    pub(super) fn prepare(
+        &self,
+        call: &Call,
+        upstream: Option<crate::channel::upstream::UpstreamTool>,
+    ) -> Result<(Prepared<'_>, Value), EngineError> {
         let tool = match self.manifest.tool(&call.tool) {
             Some(tool) => tool,
             None if call.tool == crate::catalog::manifest::HTTP_REQUEST => {
@@ -23,7 +28,7 @@ impl Engine {
                 let tool = Tool::ssh_exec(contract, Duration::from_secs(timeout.clamp(1, 3600)));
                 return self.prepare_ssh(ToolRef::Builtin(Box::new(tool)), &call.arguments);
             }
-            None => match self.upstreams.as_ref().and_then(|u| u.tool(&call.tool)) {
+            None => match upstream {
                 Some(t) => return self.prepare_upstream(t, &call.arguments),
                 None => return Err(EngineError::UnknownTool(call.tool.clone())),
             },

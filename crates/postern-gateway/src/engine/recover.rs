@@ -377,7 +377,7 @@ impl Engine {
             let detail = json!({ "rung": rung.as_str(), "by": "postern", "reason": why });
             return Ok(self.outcome(prior, self.current_state(prior)?, true, Decision::RetryDenied, None, detail));
         }
-        let (_, arguments) = self.prepare(call)?;
+        let (_, arguments) = self.prepare(call, call.resolved.clone())?;
         let new = self.admission(p, call, arguments)?;
         let id = new.id;
         let out = self.outgoing(p, id)?;

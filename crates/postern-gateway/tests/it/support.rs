@@ -351,6 +351,7 @@ pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Cal
         correlation: json!({ "jsonrpc_id": jsonrpc_id }),
         cancel: Default::default(),
         bound: Default::default(),
+        resolved: None,
     }
 }
 

@@ -216,11 +216,17 @@ impl PosternMcp {
             return Ok(CallToolResponse::Complete(self.execution_status(&caller, &arguments)));
         }
         // Only tools: an upstream's resources and prompts are reached as themselves.
+        // Looked up once: the call carries the tool the agent is told exists.
         let upstream = match self.gateway.engine.upstreams() {
-            Some(u) => u.resolve(&name).await.is_some_and(|t| t.operation == "tools/call"),
-            None => false,
+            Some(u) if self.gateway.engine.manifest().tool(&name).is_none() => {
+                u.resolve(&name).await.filter(|t| t.operation == "tools/call")
+            }
+            _ => None,
         };
-        if name != HTTP_REQUEST && name != SSH_EXEC && !upstream && self.gateway.engine.manifest().tool(&name).is_none()
+        if name != HTTP_REQUEST
+            && name != SSH_EXEC
+            && upstream.is_none()
+            && self.gateway.engine.manifest().tool(&name).is_none()
         {
             self.refused(&caller, format!("tools/call {name}")).await;
             return Err(McpError::invalid_params(
@@ -264,6 +270,7 @@ impl PosternMcp {
             }),
             cancel: cancel.clone(),
             bound: if as_task { crate::Bound::for_task() } else { crate::Bound::default() },
+            resolved: upstream,
         };
         let bound = call.bound.clone();
         // The engine runs in its own task: a dropped connection must not abandon an execution
@@ -414,6 +421,7 @@ impl PosternMcp {
             correlation: json!({ "transport": caller.transport.as_str(), "agent_session": run.session.to_string() }),
             cancel: crate::CancelSignal::default(),
             bound: crate::Bound::default(),
+            resolved: None,
         };
         let engine = Arc::clone(&self.gateway.engine);
         let outcome = self
