@@ -197,8 +197,12 @@ enum AgentsCommand {
 #[derive(Subcommand, Debug)]
 enum ToolsCommand {
     /// Check a manifest: every tool, its replay contract; every problem with file and line.
-    /// Without FILE, the one `serve` would use (no default file: the built-in tools).
-    Check { file: Option<PathBuf> },
+    /// Without FILE, the one `serve` would use (POSTERN_TOOLS, else tools.toml in the config
+    /// directory; no such file: the built-in tools).
+    Check {
+        #[arg(env = "POSTERN_TOOLS", value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
     /// The tools agents are offered (built-ins and the manifest's; upstream servers' tools are
     /// listed by `postern servers tools NAME`), each with its replay contract.
     List {

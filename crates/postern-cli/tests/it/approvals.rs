@@ -671,3 +671,104 @@ fn a_call_re_issued_after_its_stream_broke_keeps_the_execution_wanted() {
     let events = gw.events_of(&id);
     assert!(!events.contains(&"failed_before_dispatch".to_owned()), "{events:?}");
 }
+
+/// The README's quick-start commands, in order (each shell block's lines, comments dropped).
+fn quick_start_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(super::gateway_support::repo_root().join("README.md")).unwrap();
+    let start = readme.find("## Quick start").expect("a Quick start section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |end| end + 3)];
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    for line in section.lines().map(str::trim) {
+        match line {
+            "```sh" => in_sh = true,
+            "```" => in_sh = false,
+            _ if in_sh && !line.is_empty() => {
+                commands.push(line.split(" #").next().unwrap_or(line).trim().to_owned());
+            }
+            _ => {}
+        }
+    }
+    commands
+}
+
+/// A newcomer's quick start, as the README writes it: the gateway on the terminal, a credential
+/// from stdin, the agent on `postern mcp`, the run allowed on the terminal, the call in
+/// `postern activity` and `postern execution show`, and the README's `tools.toml` checked. Two
+/// things differ, and only them: the agent is the Python SDK (Claude Code is not on CI
+/// machines) started with the same `postern mcp` command, and it asks `http_request` for a
+/// loopback target instead of GitHub (CI has no internet).
+#[test]
+fn the_readme_quick_start_works_as_written() {
+    let commands = quick_start_commands();
+    assert_eq!(
+        commands,
+        [
+            "postern serve --approver terminal",
+            "postern vault add github --kind bearer --host api.github.com",
+            "claude mcp add postern -- postern mcp",
+            "postern activity --limit 5",
+            "postern execution show act_…",
+        ],
+        "the README's quick start changed: make this test run what it says now"
+    );
+    let words = |i: usize| -> Vec<String> { commands[i].split_whitespace().skip(1).map(str::to_owned).collect() };
+    let target = Target::start();
+    let serve = words(0);
+    assert_eq!(serve, ["serve", "--approver", "terminal"]);
+    let (gw, mut term) = serve_on_terminal("", &[]);
+
+    let add = words(1);
+    let add: Vec<&str> = add.iter().map(String::as_str).collect();
+    let added = super::support::postern_with(&add, Some(gw.path()), Some("a-token-from-github\n"), &[]);
+    assert_eq!(added.code, 0, "{}", added.stderr);
+    let listed = gw.postern(&["vault", "list"]);
+    assert!(listed.stdout.contains("github") && listed.stdout.contains("api.github.com"), "{}", listed.stdout);
+    assert!(!listed.stdout.contains("a-token-from-github"), "{}", listed.stdout);
+
+    // What Claude Code runs after `claude mcp add postern -- …`: the words after `--`.
+    let mcp: Vec<String> = commands[2].split(" -- ").nth(1).unwrap().split_whitespace().map(str::to_owned).collect();
+    assert_eq!(mcp, ["postern", "mcp"]);
+    let bridge = gw.bridge_command();
+    assert_eq!(bridge["args"], json!(mcp[1..]), "the bridge the agent starts is `postern mcp`");
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(bridge);
+    let url = format!("http://{}/balance", target.addr);
+    agent.call("first", "http_request", json!({ "method": "GET", "url": url }));
+    let shown = term.wait_for("choice (s/d)> ");
+    assert!(shown.contains("authorize an agent run"), "the first call of the run asks: {shown}");
+    term.type_line("s");
+    let first = agent.result("first");
+    assert_eq!(first["structured"]["state"], "completed", "{first}");
+    assert_eq!(target.gets(), 1);
+    let id = execution_of(&first);
+
+    let activity = words(3);
+    let activity: Vec<&str> = activity.iter().map(String::as_str).collect();
+    let listed = gw.postern(&activity);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    assert!(listed.stdout.contains(&id) && listed.stdout.contains("completed"), "{}", listed.stdout);
+    let show = words(4);
+    assert_eq!(show, ["execution", "show", "act_…"]);
+    let shown = gw.postern(&["execution", "show", &id]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(shown.stdout.contains(&id) && shown.stdout.contains("completed"), "{}", shown.stdout);
+
+    // Step 5: the README's tools.toml, checked as it says.
+    let readme = std::fs::read_to_string(super::gateway_support::repo_root().join("README.md")).unwrap();
+    let toml_start = readme.find("```toml\n").unwrap() + "```toml\n".len();
+    let toml: String = readme[toml_start..readme[toml_start..].find("```").unwrap() + toml_start]
+        .lines()
+        .map(|l| l.strip_prefix("   ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Where the README puts it: ~/.config/postern/tools.toml.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join(".config/postern")).unwrap();
+    std::fs::write(home.path().join(".config/postern/tools.toml"), toml).unwrap();
+    let env = [("HOME", home.path().to_str().unwrap()), ("XDG_CONFIG_HOME", "")];
+    let checked = super::support::postern_with(&["tools", "check"], Some(gw.path()), None, &env);
+    assert_eq!(checked.code, 0, "{}{}", checked.stdout, checked.stderr);
+    assert!(checked.stdout.contains("create_issue") && checked.stdout.contains("irreversible"), "{}", checked.stdout);
+}

@@ -105,4 +105,10 @@ fn tools_check_lists_tools_or_every_located_problem() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains(&format!("{}:2: tool \"deploy\":", bad.display())), "{}", run.stderr);
     assert!(run.stderr.contains("declares no replay contract"), "{}", run.stderr);
+
+    // Without FILE, the manifest `serve` would load: POSTERN_TOOLS names it.
+    let run =
+        crate::support::postern_with(&["tools", "check"], None, None, &[("POSTERN_TOOLS", bad.to_str().unwrap())]);
+    assert_eq!(run.code, 2, "POSTERN_TOOLS is the file serve loads, so it is the file checked: {}", run.stdout);
+    assert!(run.stderr.contains("declares no replay contract"), "{}", run.stderr);
 }
