@@ -123,7 +123,7 @@ fn main() {
                             resolved: None,
                         };
                         let outcome = e.call(call).await.expect("call");
-                        assert!(outcome.result.is_some(), "{outcome:?}");
+                        assert!(outcome.http().is_some(), "{outcome:?}");
                     }
                 })
                 .await;

@@ -97,7 +97,7 @@ fn main() {
             resolved: None,
         };
         let out = runtime.block_on(engine.call(call)).expect("call");
-        assert_eq!(out.ssh.and_then(|s| s.exit_status), Some(0), "{:?}", out.detail);
+        assert_eq!(out.ssh().and_then(|s| s.exit_status), Some(0), "{:?}", out.detail);
     };
     let marker = time(CALLS, || call("ssh_exec", json!({ "host": "box", "command": "true" })));
     let plain = time(CALLS, || call("true_plain", json!({})));

@@ -69,12 +69,12 @@ pub(crate) fn explain(o: &CallOutcome) -> (String, bool) {
             true,
         );
     }
-    let too_large = too_large(o);
+    let too_large = o.result_too_large();
     match o.state {
         ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered
             if too_large.is_some() =>
         {
-            let status = o.result.as_ref().map_or_else(String::new, |r| format!(" (HTTP {})", r.status));
+            let status = o.http().map_or_else(String::new, |r| format!(" (HTTP {})", r.status));
             (
                 format!(
                     "RESULT TOO LARGE: the action COMPLETED{status}, but its answer was larger than the result limit of \
@@ -86,7 +86,7 @@ pub(crate) fn explain(o: &CallOutcome) -> (String, bool) {
             )
         }
         ExecutionState::Completed | ExecutionState::ResultDelivered | ExecutionState::CompletedResultNotDelivered => {
-            let status = match (&o.result, &o.ssh) {
+            let status = match (o.http(), o.ssh()) {
                 (Some(r), _) => format!(": HTTP {}", r.status),
                 (None, Some(ssh)) => match (&ssh.exit_status, &ssh.exit_signal) {
                     (Some(code), _) => format!(": exit status {code}"),
@@ -131,15 +131,6 @@ pub(crate) fn explain(o: &CallOutcome) -> (String, bool) {
     }
 }
 
-/// The result limit, when the execution's answer was larger (and not kept).
-fn too_large(o: &CallOutcome) -> Option<u64> {
-    o.result
-        .as_ref()
-        .and_then(|r| r.result_too_large)
-        .or_else(|| o.ssh.as_ref().and_then(|r| r.result_too_large))
-        .or_else(|| o.upstream.as_ref().and_then(|r| r.result_too_large))
-}
-
 /// A tool result: the execution's identity and state in `structuredContent` and in words.
 pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
     let (message, is_error) = explain(o);
@@ -149,18 +140,17 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
         "attached": o.attached,
         "decision": o.decision,
         "message": message,
-        "result": o.result.as_ref().map(|r| json!(r)).or_else(|| o.ssh.as_ref().map(|r| json!(r)))
-            .or_else(|| o.upstream.as_ref().map(|r| json!(r))),
+        "result": o.answer,
         "detail": o.detail,
     });
-    if let Some(limit) = too_large(o) {
+    if let Some(limit) = o.result_too_large() {
         structured["error"] = json!({ "code": "result_too_large", "limit": limit });
     }
     let mut text = message;
-    if let Some(r) = &o.result {
+    if let Some(r) = o.http() {
         text.push_str(&format!("\n\n{}", r.body));
     }
-    if let Some(r) = &o.ssh {
+    if let Some(r) = o.ssh() {
         if r.from_marker {
             text.push_str("\n\n(the output was lost with the connection; the exit status is from the host's marker)");
         }
@@ -173,7 +163,7 @@ pub fn outcome_result(o: &CallOutcome) -> CallToolResult {
         }
     }
     text.push_str(&format!("\n\nexecution_id: {}\nstate: {}", o.execution_id, o.state));
-    if let Some(u) = &o.upstream {
+    if let Some(u) = o.upstream() {
         // The upstream's own content, as it sent it, after Postern's account of the execution.
         let mut content = vec![Content::text(text)];
         if let Some(items) = u.upstream_result.get("content").and_then(Value::as_array) {

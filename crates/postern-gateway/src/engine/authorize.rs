@@ -278,20 +278,16 @@ impl Engine {
         let detail = verdict_detail(&verdict);
         if !verdict.allowed {
             self.transition(id, ExecutionState::Denied, detail.clone()).await?;
-            return Ok(self.outcome(id, ExecutionState::Denied, attached, decision, None, detail));
+            return Ok(self.outcome(id, ExecutionState::Denied, decision).attached_if(attached).because(detail));
         }
         if call.cancel.withdrawn() {
             let steps =
                 vec![(ExecutionState::Authorized, detail), (ExecutionState::FailedBeforeDispatch, cancelled_detail())];
             self.store.transition_steps_async(id, steps, self.now()).await?;
-            return Ok(self.outcome(
-                id,
-                ExecutionState::FailedBeforeDispatch,
-                attached,
-                decision,
-                None,
-                cancelled_detail(),
-            ));
+            return Ok(self
+                .outcome(id, ExecutionState::FailedBeforeDispatch, decision)
+                .attached_if(attached)
+                .because(cancelled_detail()));
         }
         // `authorized` and `dispatched` are journaled together, in one fsync.
         self.dispatch_after(p, id, decision, attached, vec![(ExecutionState::Authorized, detail)], Attempt::First).await

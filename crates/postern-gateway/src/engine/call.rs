@@ -2,7 +2,7 @@
 //! `Call` in; a `CallOutcome` with its `Decision`, or an `EngineError` with a machine-readable
 //! code, out).
 
-use super::Settled;
+use super::{ChannelAnswer, Settled};
 use crate::{catalog::manifest::ArgumentError, channel::http, channel::http::HttpResult};
 use postern_core::{Actor, ErrorCode, ExecutionId, ExecutionState, IntentScope, RecordError, RetryDecision, SessionId};
 use postern_store::StoreError;
@@ -234,17 +234,67 @@ pub struct CallOutcome {
     pub read_only: bool,
     /// How the call was decided (`new_execution` for a fresh call).
     pub decision: Decision,
-    /// An HTTP execution's result. Every result here went through the outcome stage (a
-    /// [`Settled`] is made nowhere else): secrets masked, size within the limit.
-    pub result: Option<Settled<HttpResult>>,
-    /// An SSH execution's result (exit status, output).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ssh: Option<Settled<crate::channel::ssh::SshResult>>,
-    /// An upstream MCP server's answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Settled<crate::channel::upstream::UpstreamResult>>,
+    /// What the channel sent back, if anything. Every answer here went through the outcome
+    /// stage (a [`Settled`] is made nowhere else): secrets masked, size within the limit.
+    #[serde(rename = "result")]
+    pub answer: Option<Settled<ChannelAnswer>>,
     /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
     pub detail: Value,
+}
+
+impl CallOutcome {
+    /// The call matched an execution already on record.
+    pub(super) fn attached(self) -> Self {
+        CallOutcome { attached: true, ..self }
+    }
+
+    /// The call matched an execution on record when `matched` is true.
+    pub(super) fn attached_if(self, matched: bool) -> Self {
+        CallOutcome { attached: matched, ..self }
+    }
+
+    /// What the channel sent back (through the outcome stage), if anything.
+    pub(super) fn answered(self, answer: Option<Settled<ChannelAnswer>>) -> Self {
+        CallOutcome { answer, ..self }
+    }
+
+    /// Why it ended so (the detail an agent and the journal read).
+    pub(super) fn because(self, detail: Value) -> Self {
+        CallOutcome { detail, ..self }
+    }
+
+    /// An HTTP execution's result.
+    pub fn http(&self) -> Option<&HttpResult> {
+        match self.answer.as_deref() {
+            Some(ChannelAnswer::Http(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// An SSH execution's result (exit status, output).
+    pub fn ssh(&self) -> Option<&crate::channel::ssh::SshResult> {
+        match self.answer.as_deref() {
+            Some(ChannelAnswer::Ssh(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// An upstream MCP server's answer.
+    pub fn upstream(&self) -> Option<&crate::channel::upstream::UpstreamResult> {
+        match self.answer.as_deref() {
+            Some(ChannelAnswer::Upstream(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The result limit, when the answer was larger (and not kept).
+    pub fn result_too_large(&self) -> Option<u64> {
+        match self.answer.as_deref()? {
+            ChannelAnswer::Http(r) => r.result_too_large,
+            ChannelAnswer::Ssh(r) => r.result_too_large,
+            ChannelAnswer::Upstream(r) => r.result_too_large,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ impl Engine {
         let auth = verdict_detail(&verdict);
         if !verdict.allowed {
             self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;
-            return Ok(self.outcome(id, ExecutionState::Denied, false, Decision::NewExecution, None, auth));
+            return Ok(self.outcome(id, ExecutionState::Denied, Decision::NewExecution).because(auth));
         }
         let out = self.outgoing(p, id)?;
         let secrets = self.call_secrets(p, Some(&out));
@@ -33,9 +33,7 @@ impl Engine {
         self.store.record_read_only_detached(new, steps, staged.completion)?;
         Ok(CallOutcome {
             read_only: true,
-            ssh: staged.ssh,
-            upstream: staged.upstream,
-            ..self.outcome(id, state, false, Decision::NewExecution, staged.result, staged.detail)
+            ..self.outcome(id, state, Decision::NewExecution).answered(staged.answer).because(staged.detail)
         })
     }
 
@@ -225,14 +223,20 @@ impl Engine {
                 // outcome is as unknown as before.
                 let detail = json!({ "reason": "vault_locked", "message": e.to_string(), "not_resent": true });
                 self.note(id, "recovery_refused", detail.clone()).await?;
-                return Ok(self.outcome(id, ExecutionState::OutcomeUnknown, attached, decision, None, detail));
+                return Ok(self
+                    .outcome(id, ExecutionState::OutcomeUnknown, decision)
+                    .attached_if(attached)
+                    .because(detail));
             }
             Err(EngineError::Vault(e @ VaultError::Locked)) => {
                 // Locked between authorization and dispatch: nothing was sent.
                 let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
                 before.push((ExecutionState::FailedBeforeDispatch, detail.clone()));
                 self.store.transition_steps_async(id, before, self.now()).await?;
-                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, attached, decision, None, detail));
+                return Ok(self
+                    .outcome(id, ExecutionState::FailedBeforeDispatch, decision)
+                    .attached_if(attached)
+                    .because(detail));
             }
             Err(e) => return Err(e),
         };
@@ -301,11 +305,7 @@ impl Engine {
         postern_store::crash::point("engine::observed::before_journal");
         self.journal_observation(id, state, staged.detail.clone(), staged.completion).await?;
         postern_store::crash::point("engine::journaled::before_answer");
-        Ok(CallOutcome {
-            ssh: staged.ssh,
-            upstream: staged.upstream,
-            ..self.outcome(id, state, attached, decision, staged.result, staged.detail)
-        })
+        Ok(self.outcome(id, state, decision).attached_if(attached).answered(staged.answer).because(staged.detail))
     }
 
     /// Journals what a sent request's attempt observed. If the journal cannot be written right

@@ -19,7 +19,7 @@ use crate::{
 };
 use call::cancelled_detail;
 pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
-pub use outcome::Settled;
+pub use outcome::{ChannelAnswer, Settled};
 use outcome::{Observation, Raw};
 use postern_core::{
     ActionRequest, ActionTarget, CanonicalAction, Channel, ErrorCode, ExecutionId, ExecutionState, FingerprintKey,
@@ -502,19 +502,14 @@ impl Engine {
                 call.bound.bind(*id);
             }
             return match admission {
-                Admission::Accepted { .. } if verdict.allowed && cancelled => Ok(self.outcome(
-                    id,
-                    ExecutionState::FailedBeforeDispatch,
-                    false,
-                    Decision::NewExecution,
-                    None,
-                    cancelled_detail(),
-                )),
+                Admission::Accepted { .. } if verdict.allowed && cancelled => Ok(self
+                    .outcome(id, ExecutionState::FailedBeforeDispatch, Decision::NewExecution)
+                    .because(cancelled_detail())),
                 Admission::Accepted { .. } if verdict.allowed => {
                     self.send_and_observe(&p, id, out, Decision::NewExecution, false, Attempt::First).await
                 }
                 Admission::Accepted { .. } => {
-                    Ok(self.outcome(id, ExecutionState::Denied, false, Decision::NewExecution, None, auth))
+                    Ok(self.outcome(id, ExecutionState::Denied, Decision::NewExecution).because(auth))
                 }
                 Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
             };
@@ -619,25 +614,17 @@ impl Engine {
         current.state.parse().map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))
     }
 
-    fn outcome(
-        &self,
-        id: ExecutionId,
-        state: ExecutionState,
-        attached: bool,
-        decision: Decision,
-        result: Option<Settled<HttpResult>>,
-        detail: Value,
-    ) -> CallOutcome {
+    /// How a call ended: execution `id` in `state`, decided by `decision`; a new execution that
+    /// carries no answer until [`CallOutcome::answered`] says otherwise.
+    fn outcome(&self, id: ExecutionId, state: ExecutionState, decision: Decision) -> CallOutcome {
         CallOutcome {
             execution_id: id,
             state,
-            attached,
+            attached: false,
             read_only: false,
             decision,
-            result,
-            ssh: None,
-            upstream: None,
-            detail,
+            answer: None,
+            detail: Value::Null,
         }
     }
 

@@ -70,21 +70,22 @@ impl<T> Settled<T> {
 /// What the stage hands on: the state, what the agent is answered, and what the journal keeps.
 #[derive(Debug, Default)]
 pub(super) struct Staged {
-    pub(super) result: Option<Settled<HttpResult>>,
-    pub(super) ssh: Option<Settled<SshResult>>,
-    pub(super) upstream: Option<Settled<UpstreamResult>>,
+    pub(super) answer: Option<Settled<ChannelAnswer>>,
     pub(super) detail: Value,
     pub(super) completion: Option<Completion>,
 }
 
-/// One result of any channel, as the stage works on it.
-enum Any {
+/// What a channel sent back: one variant per channel. The stage works on it, and a
+/// [`CallOutcome`] carries it as a [`Settled`] (serialized as the result itself).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ChannelAnswer {
     Http(HttpResult),
     Ssh(SshResult),
     Upstream(UpstreamResult),
 }
 
-impl Any {
+impl ChannelAnswer {
     /// Masks every secret in the result in place; whether there was one.
     fn mask(&mut self, secrets: &CallSecrets) -> bool {
         if secrets.is_empty() {
@@ -99,7 +100,7 @@ impl Any {
             found
         };
         match self {
-            Any::Http(r) => {
+            ChannelAnswer::Http(r) => {
                 // The body as text first: a target can send text that merely starts with
                 // `base64:`. Then, if it is the channel's spelling of a binary body, the bytes.
                 let mut found = text(&mut r.body);
@@ -120,12 +121,12 @@ impl Any {
                 r.secret_echoed |= found;
                 found
             }
-            Any::Ssh(r) => {
+            ChannelAnswer::Ssh(r) => {
                 let found = text(&mut r.stdout) | text(&mut r.stderr);
                 r.secret_echoed |= found;
                 found
             }
-            Any::Upstream(r) => {
+            ChannelAnswer::Upstream(r) => {
                 let found = secrets.mask_json(&mut r.upstream_result);
                 r.secret_echoed |= found;
                 found
@@ -137,17 +138,17 @@ impl Any {
     fn too_large(&mut self, limit: usize) {
         let limit = Some(limit as u64);
         match self {
-            Any::Http(r) => {
+            ChannelAnswer::Http(r) => {
                 r.body = String::new();
                 r.result_too_large = limit;
             }
-            Any::Ssh(r) => {
+            ChannelAnswer::Ssh(r) => {
                 r.stdout = String::new();
                 r.stderr = String::new();
                 r.truncated = false;
                 r.result_too_large = limit;
             }
-            Any::Upstream(r) => {
+            ChannelAnswer::Upstream(r) => {
                 r.upstream_result = Value::Null;
                 r.result_too_large = limit;
             }
@@ -156,54 +157,50 @@ impl Any {
 
     /// The channel read past its limit (an SSH command's output goes on past it).
     fn over_limit(&self) -> bool {
-        matches!(self, Any::Ssh(r) if r.truncated)
+        matches!(self, ChannelAnswer::Ssh(r) if r.truncated)
     }
 
     fn secret_echoed(&self) -> bool {
         match self {
-            Any::Http(r) => r.secret_echoed,
-            Any::Ssh(r) => r.secret_echoed,
-            Any::Upstream(r) => r.secret_echoed,
+            ChannelAnswer::Http(r) => r.secret_echoed,
+            ChannelAnswer::Ssh(r) => r.secret_echoed,
+            ChannelAnswer::Upstream(r) => r.secret_echoed,
         }
     }
 
     fn to_bytes(&self) -> Result<Vec<u8>, EngineError> {
         let bytes = match self {
-            Any::Http(r) => serde_json::to_vec(r),
-            Any::Ssh(r) => serde_json::to_vec(r),
-            Any::Upstream(r) => serde_json::to_vec(r),
+            ChannelAnswer::Http(r) => serde_json::to_vec(r),
+            ChannelAnswer::Ssh(r) => serde_json::to_vec(r),
+            ChannelAnswer::Upstream(r) => serde_json::to_vec(r),
         };
         bytes.map_err(|e| EngineError::Internal(e.to_string()))
     }
 
     /// A stored result, read back by its shape.
-    fn from_stored(id: ExecutionId, body: &[u8]) -> Result<Any, EngineError> {
+    fn from_stored(id: ExecutionId, body: &[u8]) -> Result<ChannelAnswer, EngineError> {
         let corrupt = |e: serde_json::Error| EngineError::Internal(format!("stored result of {id}: {e}"));
         let value: Value = serde_json::from_slice(body).map_err(corrupt)?;
         Ok(if value.get("status").is_some() {
-            Any::Http(serde_json::from_value(value).map_err(corrupt)?)
+            ChannelAnswer::Http(serde_json::from_value(value).map_err(corrupt)?)
         } else if value.get("server").is_some() {
-            Any::Upstream(serde_json::from_value(value).map_err(corrupt)?)
+            ChannelAnswer::Upstream(serde_json::from_value(value).map_err(corrupt)?)
         } else {
-            Any::Ssh(serde_json::from_value(value).map_err(corrupt)?)
+            ChannelAnswer::Ssh(serde_json::from_value(value).map_err(corrupt)?)
         })
     }
 
     fn settle(self, staged: &mut Staged) {
-        match self {
-            Any::Http(r) => staged.result = Some(Settled(r)),
-            Any::Ssh(r) => staged.ssh = Some(Settled(r)),
-            Any::Upstream(r) => staged.upstream = Some(Settled(r)),
-        }
+        staged.answer = Some(Settled(self));
     }
 }
 
-impl From<Raw> for Any {
-    fn from(raw: Raw) -> Any {
+impl From<Raw> for ChannelAnswer {
+    fn from(raw: Raw) -> ChannelAnswer {
         match raw {
-            Raw::Http(r) => Any::Http(r),
-            Raw::Ssh(r) => Any::Ssh(r),
-            Raw::Upstream(r) => Any::Upstream(r),
+            Raw::Http(r) => ChannelAnswer::Http(r),
+            Raw::Ssh(r) => ChannelAnswer::Ssh(r),
+            Raw::Upstream(r) => ChannelAnswer::Upstream(r),
         }
     }
 }
@@ -216,7 +213,7 @@ impl Engine {
         secrets.mask_json(&mut detail);
         let mut staged = Staged { detail, ..Staged::default() };
         let Some(raw) = raw else { return Ok(staged) };
-        let mut result = Any::from(raw);
+        let mut result = ChannelAnswer::from(raw);
         result.mask(secrets);
         let mut bytes = result.to_bytes()?;
         let too_large = over_limit || result.over_limit() || bytes.len() > self.max_result_bytes;
@@ -246,8 +243,8 @@ impl Engine {
         secrets: &CallSecrets,
         body: &[u8],
     ) -> Result<Staged, EngineError> {
-        let mut result = Any::from_stored(id, body)?;
-        if let (Any::Upstream(r), Some(u)) = (&result, &self.upstreams) {
+        let mut result = ChannelAnswer::from_stored(id, body)?;
+        if let (ChannelAnswer::Upstream(r), Some(u)) = (&result, &self.upstreams) {
             let mut with_server = secrets.clone();
             with_server.extend(&u.secrets_of(&r.server));
             result.mask(&with_server);
@@ -267,13 +264,7 @@ impl Engine {
     pub fn result_on_record(&self, id: ExecutionId) -> Result<Value, EngineError> {
         let Some(stored) = self.store.view().result(id)? else { return Ok(Value::Null) };
         let staged = self.stage_stored(id, &CallSecrets::default(), &stored.body)?;
-        let value = match (&staged.result, &staged.ssh, &staged.upstream) {
-            (Some(r), _, _) => json!(r),
-            (_, Some(r), _) => json!(r),
-            (_, _, Some(r)) => json!(r),
-            _ => Value::Null,
-        };
-        Ok(value)
+        Ok(staged.answer.map_or(Value::Null, |a| json!(a)))
     }
 
     /// Every secret a call carries, for the stage: its secret arguments, and what its channel
@@ -348,9 +339,9 @@ mod tests {
             base64::engine::general_purpose::STANDARD.encode(format!("\u{0}\u{ff}{token}\u{1}").as_bytes())
         );
         for body in [format!("base64:! {token}"), format!("base64:{token}"), binary] {
-            let mut result = Any::Http(http(body.clone()));
+            let mut result = ChannelAnswer::Http(http(body.clone()));
             assert!(result.mask(&secrets), "{body}");
-            let Any::Http(r) = result else { unreachable!() };
+            let ChannelAnswer::Http(r) = result else { unreachable!() };
             let decoded = r
                 .body
                 .strip_prefix("base64:")

@@ -80,10 +80,10 @@ impl Engine {
             if state == ExecutionState::Authorized {
                 // Nothing was ever sent for it: it ends here, as a new call would.
                 self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
-                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, true, name, None, detail));
+                return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, name).attached().because(detail));
             }
             self.note(id, "recovery_refused", detail.clone()).await?;
-            return Ok(self.outcome(id, state, true, name, None, detail));
+            return Ok(self.outcome(id, state, name).attached().because(detail));
         }
         match decision {
             RetryDecision::NewExecution => Err(EngineError::Internal("a match cannot decide new_execution".into())),
@@ -112,7 +112,7 @@ impl Engine {
             }
             RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name, &self.call_secrets(p, None)).await,
             RetryDecision::ReturnPriorDenial { .. } => {
-                Ok(self.outcome(id, ExecutionState::Denied, true, name, None, json!({})))
+                Ok(self.outcome(id, ExecutionState::Denied, name).attached().because(json!({})))
             }
             RetryDecision::NeedsReview { reason, .. } => {
                 let why = match reason {
@@ -163,13 +163,13 @@ impl Engine {
                 let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
                 let detail = denied("approval_timed_out", "timeout", reason);
                 self.note(id, "retry_review_timed_out", detail.clone()).await?;
-                return Ok(self.outcome(id, prior.state, true, Decision::RetryDenied, None, detail));
+                return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
             Asked::Locked => {
                 let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
                 let detail = denied("vault_locked", "postern", reason);
                 self.note(id, "retry_review_withdrawn", detail.clone()).await?;
-                return Ok(self.outcome(id, prior.state, true, Decision::RetryDenied, None, detail));
+                return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
         };
         if let ReviewAnswer::DispatchAnew { reason } = &verdict.answer
@@ -177,7 +177,7 @@ impl Engine {
         {
             let detail = denied("reason_required", &verdict.by, "dispatch anew needs a typed reason".into());
             self.note(id, "retry_review_decided", json!({ "decision": &verdict, "effect": detail })).await?;
-            return Ok(self.outcome(id, prior.state, true, Decision::RetryDenied, None, detail));
+            return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
         }
         self.note(id, "retry_review_decided", json!({ "decision": &verdict })).await?;
         match verdict.answer {
@@ -196,7 +196,7 @@ impl Engine {
                     }
                     other => {
                         let detail = json!({ "reason": request.known_outcome, "returned": "recorded_state" });
-                        Ok(self.outcome(id, other, true, Decision::ReturnRecordedResult, None, detail))
+                        Ok(self.outcome(id, other, Decision::ReturnRecordedResult).attached().because(detail))
                     }
                 }
             }
@@ -214,14 +214,10 @@ impl Engine {
                 _ => Err(EngineError::Internal("check status was offered without a route".into())),
             },
             ReviewAnswer::DispatchAnew { reason } => self.dispatch_anew(p, call, id, &verdict.by, reason.trim()).await,
-            ReviewAnswer::Deny { reason } => Ok(self.outcome(
-                id,
-                prior.state,
-                true,
-                Decision::RetryDenied,
-                None,
-                denied("retry_denied", &verdict.by, reason),
-            )),
+            ReviewAnswer::Deny { reason } => Ok(self
+                .outcome(id, prior.state, Decision::RetryDenied)
+                .attached()
+                .because(denied("retry_denied", &verdict.by, reason))),
         }
     }
 
@@ -375,7 +371,10 @@ impl Engine {
         };
         if let Some((rung, why)) = refused {
             let detail = json!({ "rung": rung.as_str(), "by": "postern", "reason": why });
-            return Ok(self.outcome(prior, self.current_state(prior)?, true, Decision::RetryDenied, None, detail));
+            return Ok(self
+                .outcome(prior, self.current_state(prior)?, Decision::RetryDenied)
+                .attached()
+                .because(detail));
         }
         let (_, arguments) = self.prepare(call, call.resolved.clone())?;
         let new = self.admission(p, call, arguments)?;
@@ -419,7 +418,7 @@ impl Engine {
     ) -> Result<CallOutcome, EngineError> {
         let detail = json!({ "reason": "cancelled", "not_resent": true, "decision": decision });
         self.note(id, "recovery_refused", detail.clone()).await?;
-        Ok(self.outcome(id, state, true, decision, None, detail))
+        Ok(self.outcome(id, state, decision).attached().because(detail))
     }
 
     pub(super) async fn query_status(
@@ -463,7 +462,11 @@ impl Engine {
                         if let Some(completion) = staged.completion {
                             self.store.complete_async(id, completion).await?;
                         }
-                        Ok(self.outcome(id, ExecutionState::Completed, true, decision, staged.result, json!({})))
+                        Ok(self
+                            .outcome(id, ExecutionState::Completed, decision)
+                            .attached()
+                            .answered(staged.answer)
+                            .because(json!({})))
                     }
                     StatusMeaning::NeverReceived if !key_remembered => {
                         let why = format!(
@@ -483,14 +486,10 @@ impl Engine {
                         let reason = format!(
                             "the target's status route says it is still working on it (HTTP {status}); ask again later"
                         );
-                        Ok(self.outcome(
-                            id,
-                            ExecutionState::OutcomeUnknown,
-                            true,
-                            decision,
-                            None,
-                            json!({ "reason": reason }),
-                        ))
+                        Ok(self
+                            .outcome(id, ExecutionState::OutcomeUnknown, decision)
+                            .attached()
+                            .because(json!({ "reason": reason })))
                     }
                     StatusMeaning::Done | StatusMeaning::Inconclusive => {
                         let why = if over_limit {
@@ -538,21 +537,17 @@ impl Engine {
                 connection.close().await;
                 sent
             }
-            Err(e) => return Ok(self.outcome(id, state, true, decision, None, unreadable(e.to_string()))),
+            Err(e) => return Ok(self.outcome(id, state, decision).attached().because(unreadable(e.to_string()))),
         };
         let line = match answer {
             crate::channel::ssh::SshSent::Finished { result, .. } if result.exit_status == Some(0) => result.stdout,
-            other => return Ok(self.outcome(id, state, true, decision, None, unreadable(other.summary()))),
+            other => return Ok(self.outcome(id, state, decision).attached().because(unreadable(other.summary()))),
         };
         let Some(marker) = crate::channel::ssh::parse_marker(&line) else {
-            return Ok(self.outcome(
-                id,
-                state,
-                true,
-                decision,
-                None,
-                unreadable(format!("unexpected answer {line:?}")),
-            ));
+            return Ok(self
+                .outcome(id, state, decision)
+                .attached()
+                .because(unreadable(format!("unexpected answer {line:?}"))));
         };
         match marker {
             Marker::Finished { exit_status, finished_at } => {
@@ -574,10 +569,11 @@ impl Engine {
                     self.store.complete_async(id, completion).await?;
                 }
                 let detail = json!({ "verified_by": "ssh_marker" });
-                Ok(CallOutcome {
-                    ssh: staged.ssh,
-                    ..self.outcome(id, ExecutionState::Completed, true, decision, None, detail)
-                })
+                Ok(self
+                    .outcome(id, ExecutionState::Completed, decision)
+                    .attached()
+                    .answered(staged.answer)
+                    .because(detail))
             }
             Marker::Absent => {
                 let detail = json!({ "verified_by": "ssh_marker", "marker": "absent" });
@@ -591,7 +587,7 @@ impl Engine {
                     "reason": format!("still running on the host (pid {pid}); ask again later"),
                     "verified_by": "ssh_marker", "started_at": started_at,
                 });
-                Ok(self.outcome(id, state, true, decision, None, detail))
+                Ok(self.outcome(id, state, decision).attached().because(detail))
             }
             Marker::Died { pid, started_at } => {
                 let why = format!(
@@ -620,7 +616,7 @@ impl Engine {
         if state == ExecutionState::OutcomeUnknown {
             self.transition(id, ExecutionState::NeedsReview, detail.clone()).await?;
         }
-        Ok(self.outcome(id, ExecutionState::NeedsReview, true, decision, None, detail))
+        Ok(self.outcome(id, ExecutionState::NeedsReview, decision).attached().because(detail))
     }
 
     /// The stored result of execution `id`, through the outcome stage with `secrets` (those of
@@ -636,11 +632,11 @@ impl Engine {
             Some(r) => self.stage_stored(id, secrets, &r.body)?,
             None => outcome::Staged::default(),
         };
-        Ok(CallOutcome {
-            ssh: staged.ssh,
-            upstream: staged.upstream,
-            ..self.outcome(id, state, true, decision, staged.result, json!({ "returned": "stored_result" }))
-        })
+        Ok(self
+            .outcome(id, state, decision)
+            .attached()
+            .answered(staged.answer)
+            .because(json!({ "returned": "stored_result" })))
     }
 
     /// Waits (bounded) for a dispatched execution to leave `dispatched`, then reports it.
@@ -663,7 +659,7 @@ impl Engine {
                     ExecutionState::Completed
                     | ExecutionState::CompletedResultNotDelivered
                     | ExecutionState::ResultDelivered => self.stored(id, state, decision, secrets).await,
-                    other => Ok(self.outcome(id, other, true, decision, None, json!({ "waited_for": id }))),
+                    other => Ok(self.outcome(id, other, decision).attached().because(json!({ "waited_for": id }))),
                 };
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -706,7 +702,7 @@ impl Engine {
                     .rev()
                     .find(|e| e.row.state == Some(other))
                     .map_or(Value::Null, |e| e.row.detail);
-                self.outcome(id, other, attached, decision, None, why)
+                self.outcome(id, other, decision).attached_if(attached).because(why)
             }
         };
         Ok(Some(CallOutcome { attached, read_only, ..outcome }))

@@ -14,7 +14,7 @@ async fn a_get_is_read_only_and_carries_the_bound_credential() {
     let url = format!("http://{addr}/v1/echo");
     let outcome = rig.engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
     assert_eq!(outcome.state, ExecutionState::Completed);
-    let result = outcome.result.unwrap();
+    let result = outcome.http().cloned().unwrap();
     assert!(result.secret_echoed, "the credential bound to 127.0.0.1 was injected");
     assert_eq!(target.requests.load(Ordering::SeqCst), 1);
     rig.store.flush().unwrap(); // read-only executions are journaled without being waited for
@@ -147,7 +147,7 @@ async fn host_names_go_through_the_guarded_resolver_and_still_connect() {
     let url = format!("http://localhost:{}/v1/echo", addr.port());
     let outcome = rig.engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
     assert_eq!(outcome.state, ExecutionState::Completed, "{outcome:?}");
-    assert_eq!(outcome.result.unwrap().body, "you sent ", "no credential is bound to the name localhost");
+    assert_eq!(outcome.http().cloned().unwrap().body, "you sent ", "no credential is bound to the name localhost");
     assert_eq!(target.requests.load(Ordering::SeqCst), 1);
 }
 

@@ -24,7 +24,7 @@ async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_ef
     assert!(retry.attached);
     assert_eq!(retry.decision, postern_gateway::Decision::VerifyPrior);
     assert_eq!(retry.state, ExecutionState::Completed);
-    let result = retry.result.unwrap();
+    let result = retry.http().cloned().unwrap();
     assert_eq!(result.status, 201);
     assert!(result.body.contains("pay_1"), "the replayed response of the first request: {}", result.body);
     assert_eq!(target.payments.load(Ordering::SeqCst), 1, "exactly one payment");
@@ -139,7 +139,7 @@ async fn a_status_query_settles_an_executed_request_without_resending_it() {
     assert_eq!(target.payments.load(Ordering::SeqCst), 1, "the target executed it");
     let retry = rig.engine.call(call("create_payment_checked", json!({"amount": 4}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert!(retry.result.unwrap().body.contains("pay_1"), "the status endpoint's record of the first request");
+    assert!(retry.http().cloned().unwrap().body.contains("pay_1"), "the status endpoint's record of the first request");
     assert_eq!(target.payments.load(Ordering::SeqCst), 1, "settled by asking, not by sending again");
     assert_eq!(
         events(&rig, first.execution_id),
@@ -213,7 +213,7 @@ async fn a_status_answer_proves_only_what_the_contract_says() {
     let retry = rig.engine.call(call("pay_checked", json!({"amount": 6}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::OutcomeUnknown));
     assert!(retry.detail.to_string().contains("still working on it"), "{}", retry.detail);
-    assert!(retry.result.is_none(), "a pending answer is not the payment's result");
+    assert!(retry.http().is_none(), "a pending answer is not the payment's result");
     assert_eq!(target.payments.load(Ordering::SeqCst), 2, "one payment per intent");
     assert_eq!(events(&rig, first.execution_id).last().map(String::as_str), Some("retry_received"));
 
@@ -331,7 +331,7 @@ async fn the_credential_never_reaches_the_journal_and_an_echo_is_flagged_and_red
     let (_target, addr) = start_target().await;
     let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
     let outcome = rig.engine.call(call("echo", json!({}), 1, 1)).await.unwrap();
-    let result = outcome.result.clone().unwrap();
+    let result = outcome.http().cloned().unwrap();
     assert!(result.secret_echoed, "the target sent the credential back");
     assert_eq!(result.body, "you sent <redacted>");
     assert!(!format!("{outcome:?}").contains(SECRET));
@@ -396,7 +396,7 @@ async fn every_spelling_of_an_echoed_credential_is_redacted() {
     };
     for (n, tool) in ["mirror_bearer", "mirror_basic"].into_iter().enumerate() {
         let outcome = rig.engine.call(call(tool, json!({}), 1, n as u64)).await.unwrap();
-        let result = outcome.result.clone().unwrap();
+        let result = outcome.http().cloned().unwrap();
         assert_eq!(result.status, 200, "{result:?}");
         assert!(result.secret_echoed, "{tool}: the target sent the credential back: {result:?}");
         let shown = format!(
@@ -514,13 +514,13 @@ async fn redirects_are_never_followed_and_a_body_over_the_result_limit_is_not_ke
         .unwrap();
     let url = format!("http://{addr}/v1/redirect");
     let moved = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
-    let result = moved.result.unwrap();
+    let result = moved.http().cloned().unwrap();
     assert_eq!(result.status, 302, "the redirect is the result; the credential never went to its location");
     assert!(result.headers.contains(&("location".to_string(), "http://127.0.0.2:9/steal".to_string())));
     assert_eq!(target.requests.load(Ordering::SeqCst), 1);
     let url = format!("http://{addr}/v1/large");
     let large = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 2)).await.unwrap();
-    let result = large.result.clone().unwrap();
+    let result = large.http().cloned().unwrap();
     assert_eq!((result.status, result.result_too_large, result.body.as_str()), (200, Some(1_000), ""), "{result:?}");
     let answer = postern_gateway::door::mcp::outcome_result(&large);
     assert_eq!(answer.is_error, Some(true), "the agent is told it cannot see the answer");

@@ -323,7 +323,7 @@ async fn a_per_use_approval_binds_to_one_call_and_its_retry_joins_the_open_quest
     assert_eq!(x.state, ExecutionState::Completed);
     assert_eq!(x_retry.execution_id, x.execution_id);
     assert!(x_retry.attached);
-    assert_eq!(x_retry.result.as_ref().unwrap().body, x.result.as_ref().unwrap().body);
+    assert_eq!(x_retry.http().unwrap().body, x.http().unwrap().body);
     // Approving X did not approve Y (different arguments): Y was its own question, refused.
     assert_eq!(y.state, ExecutionState::Denied);
     assert_ne!(y.execution_id, x.execution_id);
@@ -399,8 +399,8 @@ async fn a_retry_of_an_undelivered_result_shows_the_reviewer_the_original_and_re
     for r in retries {
         let r = r.await.unwrap();
         assert_eq!((r.execution_id, r.attached), (first.execution_id, true));
-        assert_eq!(r.result.as_ref().unwrap().status, 201);
-        assert_eq!(r.result.as_ref().unwrap().body, first.result.as_ref().unwrap().body);
+        assert_eq!(r.http().unwrap().status, 201);
+        assert_eq!(r.http().unwrap().body, first.http().unwrap().body);
     }
     assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1, "nothing was sent again");
     let reviews = reviewer.reviews();

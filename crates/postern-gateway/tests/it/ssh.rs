@@ -208,7 +208,7 @@ async fn exit_status_and_output_with_every_key_type() {
         r.add_host(&name, &sshd, sshd.addr(), key, HostKeyPolicy::Strict, Some(sshd.host_key()));
         let out = r.engine.call(exec(&name, "echo out; echo err >&2; exit 3")).await.unwrap();
         assert_eq!(out.state, ExecutionState::Completed, "{key}: {:?}", out.detail);
-        let ssh = out.ssh.unwrap();
+        let ssh = out.ssh().cloned().unwrap();
         assert_eq!((ssh.exit_status, ssh.stdout.as_str(), ssh.stderr.as_str()), (Some(3), "out\n", "err\n"), "{key}");
         assert!(!ssh.truncated);
         // The marker on the host recorded the same exit status.
@@ -233,7 +233,7 @@ async fn output_beyond_the_result_limit_is_not_kept_and_the_exit_status_is() {
     let r = ssh_rig();
     r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
     let out = r.engine.call(exec("box", "head -c 2000000 /dev/zero | tr '\\0' x; echo tail >&2")).await.unwrap();
-    let ssh = out.ssh.clone().unwrap();
+    let ssh = out.ssh().cloned().unwrap();
     let limit = postern_gateway::channel::http::DEFAULT_MAX_RESULT_BYTES as u64;
     assert_eq!((ssh.result_too_large, ssh.stdout.as_str(), ssh.stderr.as_str()), (Some(limit), "", ""), "{ssh:?}");
     assert_eq!(ssh.exit_status, Some(0), "what is known of the command is kept");
@@ -251,7 +251,7 @@ async fn a_timeout_terminates_the_remote_command_and_says_so() {
     c.arguments["timeout_s"] = json!(1);
     let out = r.engine.call(c).await.unwrap();
     assert_eq!(out.state, ExecutionState::Completed, "{:?}", out.detail);
-    let ssh = out.ssh.unwrap();
+    let ssh = out.ssh().cloned().unwrap();
     assert!(ssh.timed_out.as_deref().unwrap().contains("TERM"), "{ssh:?}");
     assert_eq!(ssh.exit_status, Some(143), "the command ended by TERM (128+15): {ssh:?}");
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -271,7 +271,7 @@ async fn a_timeout_without_an_exit_status_is_an_unknown_outcome_not_completed() 
     let out = r.engine.call(c).await.unwrap();
     assert_eq!(out.state, ExecutionState::OutcomeUnknown, "{:?}", out.detail);
     assert_eq!(out.detail["reason"], "ssh_timed_out", "{:?}", out.detail);
-    assert!(out.ssh.is_none(), "no result is claimed for an unobserved outcome");
+    assert!(out.ssh().is_none(), "no result is claimed for an unobserved outcome");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,7 +334,7 @@ async fn accept_new_pins_the_first_key_only_after_authentication() {
     let proxy = CutProxy::start(sshd.addr()).await;
     r.add_host("box", &sshd, proxy.addr, "id_ed25519", HostKeyPolicy::AcceptNew, None);
     let out = r.engine.call(exec("box", "echo hi")).await.unwrap();
-    assert_eq!(out.ssh.unwrap().stdout, "hi\n");
+    assert_eq!(out.ssh().cloned().unwrap().stdout, "hi\n");
     let pinned = r.rig.vault.ssh_host("box").unwrap();
     assert_eq!(pinned.host_key_fingerprint, Some(postern_gateway::channel::ssh::host_key(&sshd.host_key()).unwrap().1));
     // The host is re-installed (a new host key on the same address): refused from now on.
@@ -407,7 +407,7 @@ async fn a_cut_after_the_command_started_is_recovered_through_the_marker() {
     eventually("the command to finish", Duration::from_secs(10), || finished.exists()).await;
     let retry = r.engine.call(call("append_line", args, 0, 3)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    let ssh = retry.ssh.unwrap();
+    let ssh = retry.ssh().cloned().unwrap();
     assert_eq!((ssh.exit_status, ssh.from_marker), (Some(0), true));
     assert_eq!(lines(&file), 1, "the line was appended exactly once");
 }
@@ -555,7 +555,7 @@ async fn an_argument_reaches_the_host_as_exactly_one_word() {
     for (n, (a, b)) in hostile.iter().enumerate() {
         let out = r.engine.call(call("echo_words", json!({ "a": a, "b": b }), 0, n as u64)).await.unwrap();
         assert_eq!(out.state, ExecutionState::Completed, "{:?}", out.detail);
-        let ssh = out.ssh.unwrap();
+        let ssh = out.ssh().cloned().unwrap();
         let words: Vec<&str> = ssh.stdout.split('\0').filter(|w| !w.is_empty()).collect();
         assert_eq!(words, [a.as_str(), b.as_str()], "{a:?} {b:?}");
     }
@@ -572,7 +572,7 @@ async fn a_secret_argument_in_an_ssh_command_is_journaled_nowhere() {
     r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
     let out = r.engine.call(call("check_token", json!({ "token": TOKEN }), 0, 1)).await.unwrap();
     assert_eq!(out.state, ExecutionState::Completed, "{:?}", out.detail);
-    assert_eq!(out.ssh.unwrap().stdout, "ok\n");
+    assert_eq!(out.ssh().cloned().unwrap().stdout, "ok\n");
     let record = r.rig.store.view().execution(out.execution_id).unwrap().unwrap().record;
     assert!(record["target"]["command"].as_str().unwrap().starts_with("test -n 'SECRET(token:"), "{record}");
     r.rig.store.flush().unwrap();
@@ -603,6 +603,6 @@ async fn an_unpinned_host_is_not_contacted_before_the_ladder_allows_it() {
     assert_eq!(r.rig.vault.ssh_host("box").unwrap().host_key, None);
     r.rig.vault.set_approve_every_use("box", false, Timestamp::from_millis(8)).unwrap();
     let out = r.engine.call(exec("box", "echo hi")).await.unwrap();
-    assert_eq!(out.ssh.unwrap().stdout, "hi\n", "with nothing in the way, the first contact pins and runs");
+    assert_eq!(out.ssh().cloned().unwrap().stdout, "hi\n", "with nothing in the way, the first contact pins and runs");
     assert!(r.rig.vault.ssh_host("box").unwrap().host_key.is_some());
 }

@@ -432,7 +432,7 @@ impl PosternMcp {
             .map_err(|e| McpError::internal_error(format!("the engine task failed: {e}"), None))?
             .map_err(|e| McpError::invalid_params(e.to_string(), Some(json!({ "code": e.code() }))))?;
         let id = outcome.execution_id;
-        match (&outcome.upstream, outcome.state) {
+        match (outcome.upstream(), outcome.state) {
             (Some(u), _) if u.result_too_large.is_some() => Err(McpError::internal_error(
                 format!(
                     "MCP server {} answered with more than the result limit of {} bytes (execution {id}); the answer \
