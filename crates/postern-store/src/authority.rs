@@ -86,8 +86,12 @@ impl AuthorityState {
                     c["approve_every_use"] = Value::Bool(approve);
                 }
             }
-            // A spec replaced in place (an SSH host's pinned key) carries the new spec.
-            (Stream::Vault, _) if d.get("spec").is_some() && d.get("kind").is_none() => {
+            // A spec replaced in place (an SSH host's pinned key, an MCP server's start or tool
+            // contracts) carries the new spec. Only these events: a row is read by its event,
+            // never by its shape, because other vault rows carry details a process of the user
+            // chose (an import record over the control socket), and one shaped like a spec change
+            // would otherwise re-derive a credential an attacker wrote (a pinned host key).
+            (Stream::Vault, event) if crate::SpecChange::ALL.iter().any(|c| c.as_str() == event) => {
                 let (name, spec) = (text("name")?, present("spec")?);
                 if let Some(c) = self.credentials.get_mut(&name) {
                     c["spec"] = spec;

@@ -200,6 +200,31 @@ impl ErrorCode for StoreError {
     }
 }
 
+/// The journal events that replace a credential's spec in place
+/// ([`Store::update_credential_spec`]). The authority view re-derives a spec only from these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecChange {
+    /// An SSH host's first key pinned.
+    SshHostKeyPinned,
+    /// An owner's contract for an MCP server's tool.
+    McpToolContractSet,
+    /// When an MCP server starts.
+    McpServerStartSet,
+}
+
+impl SpecChange {
+    pub const ALL: [SpecChange; 3] =
+        [SpecChange::SshHostKeyPinned, SpecChange::McpToolContractSet, SpecChange::McpServerStartSet];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpecChange::SshHostKeyPinned => "ssh_host_key_pinned",
+            SpecChange::McpToolContractSet => "mcp_tool_contract_set",
+            SpecChange::McpServerStartSet => "mcp_server_start_set",
+        }
+    }
+}
+
 /// The journal events of an import of agent configs ([`Store::import_recorded`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -494,13 +519,13 @@ impl Store {
         &self,
         name: &str,
         spec: Value,
-        event: &'static str,
+        event: SpecChange,
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
         self.vault_changed(
-            self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at)),
+            self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event.as_str(), detail, at)),
         )
     }
 

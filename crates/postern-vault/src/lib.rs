@@ -384,7 +384,13 @@ impl Vault {
         };
         s.validate()?;
         let detail = json!({ "tool": tool, "contract": s.tools.get(tool) });
-        self.store.update_credential_spec(server, s.spec(), "mcp_tool_contract_set", detail, now)?;
+        self.store.update_credential_spec(
+            server,
+            s.spec(),
+            postern_store::SpecChange::McpToolContractSet,
+            detail,
+            now,
+        )?;
         Ok(s)
     }
 
@@ -397,7 +403,13 @@ impl Vault {
     ) -> Result<McpServer, VaultError> {
         let mut s = self.mcp_server(server)?;
         s.start = start;
-        self.store.update_credential_spec(server, s.spec(), "mcp_server_start_set", json!({ "start": start }), now)?;
+        self.store.update_credential_spec(
+            server,
+            s.spec(),
+            postern_store::SpecChange::McpServerStartSet,
+            json!({ "start": start }),
+            now,
+        )?;
         Ok(s)
     }
 
@@ -493,7 +505,13 @@ impl Vault {
         host.host_key = Some(key.to_owned());
         host.host_key_fingerprint = Some(fingerprint.to_owned());
         let detail = json!({ "name": name, "host_key_fingerprint": fingerprint, "policy": host.policy });
-        self.store.update_credential_spec(name, host.spec(), "ssh_host_key_pinned", detail, now)?;
+        self.store.update_credential_spec(
+            name,
+            host.spec(),
+            postern_store::SpecChange::SshHostKeyPinned,
+            detail,
+            now,
+        )?;
         Ok(host)
     }
 

@@ -158,6 +158,29 @@ fn a_granting_row_missing_a_field_is_a_finding_not_a_default() {
     }
 }
 
+/// Any process of the user can journal an import record over the control socket with a detail
+/// it chose. One shaped like a spec change (a name and a spec: an SSH host's pinned key) must
+/// re-derive nothing: before, the authority view read rows by shape, so the journal and the
+/// table disagreed, the gateway refused to start, and `audit rederive` (what its error advises)
+/// wrote the attacker's spec into the table.
+#[test]
+fn an_import_record_shaped_like_a_spec_change_re_derives_nothing() {
+    let fx = granted();
+    let store = fx.open();
+    let forged = json!({ "name": "pay", "spec": { "idempotency_header": "X-Attacker" } });
+    store.import_recorded(postern_store::ImportEvent::ImportApplied, forged, at(50)).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    let found = verify(&fx.path, None, &mut |_, _| {}).unwrap().findings;
+    assert!(found.is_empty(), "an import record grants nothing and changes no credential: {found:?}");
+    let changed = Store::rederive_authority(&fx.path, at(60)).unwrap();
+    assert!(changed.is_empty(), "{changed:?}");
+    let spec: String = same_user(&fx.path)
+        .query_row("SELECT spec FROM credentials WHERE name = 'pay'", [], |r| r.get(0))
+        .unwrap();
+    assert!(!spec.contains("X-Attacker"), "{spec}");
+}
+
 #[test]
 fn deleting_the_lock_file_does_not_let_a_second_writer_in() {
     let fx = Fixture::new();
