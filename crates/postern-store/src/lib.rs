@@ -108,7 +108,8 @@ pub enum StoreError {
     #[error(
         "the tables that grant authority were changed behind the journal's back: {}. Postern trusts \
          only the journal: see `postern audit verify`, then `postern audit rederive` rebuilds the \
-         tables from the verified journal",
+         tables from the verified journal (a journal row that cannot be read is not rebuilt from: \
+         restore the database from a backup)",
         .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     AuthorityTampered(Vec<authority::AuthorityMismatch>),

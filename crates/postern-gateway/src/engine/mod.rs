@@ -445,6 +445,10 @@ impl Engine {
         if let Some(found) = self.store.authority_alarm() {
             return Err(StoreError::AuthorityTampered(found).into());
         }
+        // A lookup is only ever for the name the call carries.
+        if call.resolved.as_ref().is_some_and(|t| t.name != call.tool) {
+            call.resolved = None;
+        }
         if call.resolved.is_none()
             && let Some(u) = &self.upstreams
             && self.manifest.tool(&call.tool).is_none()

@@ -175,9 +175,8 @@ fn an_import_record_shaped_like_a_spec_change_re_derives_nothing() {
     assert!(found.is_empty(), "an import record grants nothing and changes no credential: {found:?}");
     let changed = Store::rederive_authority(&fx.path, at(60)).unwrap();
     assert!(changed.is_empty(), "{changed:?}");
-    let spec: String = same_user(&fx.path)
-        .query_row("SELECT spec FROM credentials WHERE name = 'pay'", [], |r| r.get(0))
-        .unwrap();
+    let spec: String =
+        same_user(&fx.path).query_row("SELECT spec FROM credentials WHERE name = 'pay'", [], |r| r.get(0)).unwrap();
     assert!(!spec.contains("X-Attacker"), "{spec}");
 }
 

@@ -58,7 +58,7 @@ impl Listing {
     }
 }
 
-/// What the running servers offer, for the synchronous paths (lists, call preparation).
+/// What the running servers offer, for the synchronous paths (lists, the door's lookup).
 #[derive(Default)]
 pub(super) struct Catalogue {
     pub(super) tools: HashMap<String, UpstreamTool>,
@@ -77,11 +77,16 @@ pub fn uri_ok(uri: &str) -> bool {
 impl Catalogue {
     /// The catalogue of `running` servers (by name), with the owner's `overrides` from
     /// `tools.toml` and the contracts kept on each server's vault record.
+    /// Fails when the servers' records cannot be read: the caller keeps the catalogue it has,
+    /// rather than one whose tools lost the owner's settings.
     pub(super) fn build(
         running: &[(String, Arc<Running>)],
         overrides: &BTreeMap<String, BTreeMap<String, ToolOverride>>,
         vault: &Vault,
-    ) -> Catalogue {
+    ) -> Result<Catalogue, postern_vault::VaultError> {
+        // One read of the records for the whole rebuild.
+        let records: HashMap<String, postern_vault::McpServer> =
+            vault.mcp_servers()?.into_iter().map(|s| (s.name.clone(), s)).collect();
         let mut catalogue = HashMap::new();
         let (mut resources, mut resource_templates, mut prompts) = (Vec::new(), Vec::new(), Vec::new());
         let offered = |server: &str, what: &str, name: &str| {
@@ -92,16 +97,9 @@ impl Catalogue {
             ok
         };
         for (server, running) in running {
-            // The owner's settings (a contract, approve-every-use) are part of what a tool is:
-            // a server whose record cannot be read offers nothing, rather than tools that
-            // silently lost them.
-            let server_def = match vault.mcp_server(server) {
-                Ok(def) => def,
-                Err(e) => {
-                    tracing::warn!(%server, error = %e, "upstream tools not offered: the server's record could not be read");
-                    continue;
-                }
-            };
+            // The owner's settings (a contract, approve-every-use) are part of what a tool is: a
+            // running server whose record is gone (removed meanwhile) offers nothing.
+            let Some(server_def) = records.get(server) else { continue };
             let listing = running.listing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for r in &listing.resources {
                 if !offered(server, "resource", &r.name) || !uri_ok(&r.uri) {
@@ -169,7 +167,7 @@ impl Catalogue {
         resources.sort_by(|a, b| a.uri.cmp(&b.uri));
         resource_templates.sort_by(|a, b| a.uri_template.cmp(&b.uri_template));
         prompts.sort_by(|a, b| a.name.cmp(&b.name));
-        Catalogue { tools: catalogue, resources, resource_templates, prompts }
+        Ok(Catalogue { tools: catalogue, resources, resource_templates, prompts })
     }
 }
 

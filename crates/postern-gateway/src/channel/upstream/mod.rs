@@ -275,7 +275,7 @@ pub struct Upstreams {
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
     /// The servers running now, by name: what the catalogue and the outcome stage read.
     live: Mutex<HashMap<String, Arc<Running>>>,
-    /// The tools of the running servers, for the synchronous paths (tool lists, call preparation).
+    /// The tools of the running servers, for the synchronous paths (tool lists, the door's lookup).
     catalogue: Mutex<Catalogue>,
     /// Held while the catalogue is rebuilt: two servers that finish starting at once each
     /// rebuild it, and without this the one that read `live` first could store its older view
@@ -729,8 +729,14 @@ impl Upstreams {
         let _one_at_a_time = locked(&self.rebuilding);
         let running: Vec<(String, Arc<Running>)> =
             locked(&self.live).iter().map(|(n, r)| (n.clone(), Arc::clone(r))).collect();
-        let catalogue = Catalogue::build(&running, &self.overrides, &self.vault);
-        *locked(&self.catalogue) = catalogue;
+        match Catalogue::build(&running, &self.overrides, &self.vault) {
+            Ok(catalogue) => *locked(&self.catalogue) = catalogue,
+            // Kept as it was (with the owner's settings as last read); the next start or tools
+            // change rebuilds it.
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream catalogue not rebuilt: the servers' records could not be read")
+            }
+        }
     }
 }
 
