@@ -250,6 +250,26 @@ pub fn open_journal(data_dir: &Path, now: Timestamp) -> Result<(Arc<Store>, Reco
     }
 }
 
+/// How long a gateway that is starting waits for the journal while another process holds it. A
+/// CLI command run while no gateway served holds it for a moment (`postern status` creates the
+/// journal and recovers it), and a gateway must not fail to start because of that: the install
+/// check's app did, started while its wait loop ran `postern status`. Another gateway holds it
+/// for good, and is named once the wait is over.
+const START_WAIT: Duration = Duration::from_secs(5);
+
+/// [`open_journal`], trying again for up to `wait` while another process holds the journal.
+fn open_journal_waiting(data_dir: &Path, now: Timestamp, wait: Duration) -> Result<(Arc<Store>, Recovery), HostError> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match open_journal(data_dir, now) {
+            Err(HostError::InUse { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            opened => return opened,
+        }
+    }
+}
+
 impl Host {
     /// Creates the data directory if needed, opens the journal (saying so when another gateway
     /// holds it) and the vault (the OS keychain).
@@ -262,7 +282,7 @@ impl Host {
     /// memory; everything that runs for a user uses the OS keychain), `now` stamping what opening
     /// writes.
     pub fn open_with(config: HostConfig, keychain: Arc<dyn SecretStore>, now: Timestamp) -> Result<Host, HostError> {
-        let (store, recovery) = open_journal(&config.data_dir, now)?;
+        let (store, recovery) = open_journal_waiting(&config.data_dir, now, START_WAIT)?;
         let vault = Arc::new(Vault::open(Arc::clone(&store), keychain, now)?);
         Ok(Host { config, store, vault, recovery })
     }
@@ -427,6 +447,25 @@ mod tests {
     /// Whoever stops a host (`postern serve` on a signal, the app on exit) gets every write that
     /// was queued before the stop on disk: read-only executions are journaled without waiting,
     /// and the app used to exit without flushing them.
+    /// A gateway that starts while a short-lived command holds the journal waits for it, and one
+    /// that finds the journal held for good says who holds it.
+    #[test]
+    fn a_gateway_starting_beside_a_brief_command_waits_for_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (held, _) = open_journal(dir.path(), Timestamp::from_millis(1)).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let keychain = Arc::new(postern_vault::MemoryKeychain::default());
+        let host = Host::open_with(HostConfig::new(dir.path().to_owned()), keychain, Timestamp::from_millis(2));
+        release.join().unwrap();
+        let host = host.unwrap_or_else(|e| panic!("the gateway waited for the command: {e}"));
+        let refused = open_journal_waiting(dir.path(), Timestamp::from_millis(3), Duration::from_millis(200));
+        assert!(matches!(refused, Err(HostError::InUse { .. })), "a gateway holds it: {:?}", refused.err());
+        drop(host);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopped_host_has_written_everything_queued() {
         use postern_core::{
