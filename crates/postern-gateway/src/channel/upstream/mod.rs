@@ -473,6 +473,9 @@ impl Upstreams {
         let stopping: Vec<Arc<Running>> = locked(&self.live).drain().map(|(_, r)| r).collect();
         locked(&self.slots).clear();
         futures_stop(stopping).await;
+        // Under the rebuild lock, like every write of the catalogue: a rebuild that read the
+        // servers before they were stopped cannot store their tools after this.
+        let _one_at_a_time = locked(&self.rebuilding);
         *locked(&self.catalogue) = Catalogue::default();
     }
 
