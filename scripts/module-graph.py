@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""The gateway's module graph: lists every import that runs from a lower role to a higher one
-and every cycle between modules, and exits non-zero if there is either (CI runs it).
+"""The module graphs of the engine and gateway crates: lists every import that runs from a lower
+role to a higher one, every cycle between modules and every `pub mod` of a crate root that is not
+a role, and exits non-zero if there is any (CI runs it). The engine crate holds the four lowest
+roles and the gateway the three above; cargo keeps the engine from importing the gateway.
 
 Roles, lowest first: catalog, channel, approval, engine, caller, delivery, door (ARCHITECTURE.md).
 A module may import from its own role or a lower one. A module and its own submodules are one
@@ -15,7 +17,7 @@ import re
 import sys
 
 ROLES = ["catalog", "channel", "approval", "engine", "caller", "delivery", "door"]
-DEFAULT = ["crates/postern-gateway/src"]
+DEFAULT = ["crates/postern-engine/src", "crates/postern-gateway/src"]
 
 
 def modules(src):
@@ -171,6 +173,11 @@ def check(src):
             if to and not related(here, to):
                 edges.setdefault(here, set()).add(to)
     problems = []
+    root = src / "lib.rs"
+    if root.exists():
+        for m in re.finditer(r"(?m)^pub mod (\w+);", strip_comments(root.read_text())):
+            if m.group(1) not in ROLES:
+                problems.append(f"{src}: `pub mod {m.group(1)}` is not one of the roles ({', '.join(ROLES)})")
     for a, tos in sorted(edges.items()):
         for b in sorted(tos):
             ra, rb = role(a), role(b)

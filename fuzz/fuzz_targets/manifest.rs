@@ -6,7 +6,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let (toml, args) = text.split_once('\u{1}').unwrap_or((&text, "{}"));
-    match postern_gateway::Manifest::parse(toml, std::path::Path::new("fuzz.toml")) {
+    match postern_engine::Manifest::parse(toml, std::path::Path::new("fuzz.toml")) {
         Ok(manifest) => {
             let Ok(arguments) = serde_json::from_str::<serde_json::Value>(args) else { return };
             for tool in manifest.tools() {

@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = postern_gateway::channel::ssh::parse_marker(&String::from_utf8_lossy(data));
+    let _ = postern_engine::channel::ssh::parse_marker(&String::from_utf8_lossy(data));
 });

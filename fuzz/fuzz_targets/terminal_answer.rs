@@ -6,7 +6,7 @@ const KEYS: [(char, &str); 3] = [('a', "allow once"), ('s', "allow for this run"
 
 fuzz_target!(|data: &[u8]| {
     let line = String::from_utf8_lossy(data);
-    let picked = postern_gateway::approval::pick(&line, &KEYS);
+    let picked = postern_engine::approval::pick(&line, &KEYS);
     let trimmed = line.trim().to_ascii_lowercase();
     match picked {
         Some((k, _)) => assert_eq!(trimmed, k.to_string()),

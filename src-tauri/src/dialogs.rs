@@ -4,7 +4,7 @@
 
 use crate::views::{ApprovalView, ChoiceView, Reply, TimelineRow};
 use crate::windows::{show_window, window_label};
-use postern_gateway::{
+use postern_engine::{
     Approver, Authorization, AuthorizationRequest, ChangeRequest, RetryReviewRequest, ReviewVerdict,
     approval::{Presentation, Withdrawal},
 };
@@ -180,8 +180,8 @@ impl Approver for DialogApprover {
 
     fn authorize(&self, r: &AuthorizationRequest) -> Authorization {
         let kind = match r.ask {
-            postern_gateway::Ask::PerUse => "per_use",
-            postern_gateway::Ask::SessionAuthorization => "session_authorization",
+            postern_engine::Ask::PerUse => "per_use",
+            postern_engine::Ask::SessionAuthorization => "session_authorization",
         };
         let shown = r.presentation();
         let keys: Vec<char> = shown.choices.iter().map(|c| c.key).collect();

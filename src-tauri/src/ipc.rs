@@ -151,7 +151,7 @@ pub struct ManifestProblem {
 /// The tool manifest `postern-host` finds (`POSTERN_TOOLS`, else `tools.toml` in the config
 /// directory; none → the built-in tools only). A manifest with problems is not served (the
 /// built-ins are), and its problems are shown in the Tools view with file and line.
-pub fn manifest(explicit: Option<&std::path::Path>) -> (postern_gateway::Manifest, String, Vec<ManifestProblem>) {
+pub fn manifest(explicit: Option<&std::path::Path>) -> (postern_engine::Manifest, String, Vec<ManifestProblem>) {
     let problem = |file: &str, line: usize, tool: Option<String>, message: String| ManifestProblem {
         file: file.to_owned(),
         line: u32::try_from(line).unwrap_or(u32::MAX),
@@ -166,7 +166,7 @@ pub fn manifest(explicit: Option<&std::path::Path>) -> (postern_gateway::Manifes
         }
         Err(e) => {
             let shown = explicit.map_or_else(|| "(none)".to_owned(), |p| p.display().to_string());
-            (postern_gateway::Manifest::default(), shown.clone(), vec![problem(&shown, 1, None, e.to_string())])
+            (postern_engine::Manifest::default(), shown.clone(), vec![problem(&shown, 1, None, e.to_string())])
         }
     }
 }
@@ -826,10 +826,10 @@ pub fn add_ssh_host(app: State<'_>, host: NewSshHost) -> Result<(), IpcError> {
         host;
     let key = Sensitive::new(private_key);
     let passphrase = passphrase.filter(|p| !p.is_empty()).map(Sensitive::new);
-    postern_gateway::channel::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
+    postern_engine::channel::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
         .map_err(|reason| IpcError::new("ssh_bad_key", format!("the private key cannot be used: {reason}")))?;
     let pinned =
-        host_key.filter(|k| !k.trim().is_empty()).map(|k| postern_gateway::channel::ssh::host_key(&k)).transpose()?;
+        host_key.filter(|k| !k.trim().is_empty()).map(|k| postern_engine::channel::ssh::host_key(&k)).transpose()?;
     let host = SshHost {
         name,
         address,

@@ -12,7 +12,7 @@ mod views;
 mod windows;
 
 use dialogs::{DialogApprover, Questions};
-use postern_gateway::Engine;
+use postern_engine::Engine;
 use postern_host::{Host, HostConfig};
 use postern_store::Store;
 use postern_vault::Vault;

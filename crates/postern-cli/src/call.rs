@@ -4,7 +4,7 @@
 use crate::{Failure, render};
 use anyhow::{Context, anyhow};
 use postern_core::{Actor, IntentScope, Outside, SessionId};
-use postern_gateway::{Call, LockOnlyApprover};
+use postern_engine::{Call, LockOnlyApprover};
 use postern_host::{Host, HostConfig, now};
 use std::{path::Path, process::ExitCode, sync::Arc};
 

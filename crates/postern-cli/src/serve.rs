@@ -4,7 +4,8 @@
 use crate::Failure;
 use crate::terminal::TerminalApprover;
 use anyhow::{Context, anyhow};
-use postern_gateway::{LockOnlyApprover, Manifest, door::socket, engine::system_clock};
+use postern_engine::{LockOnlyApprover, Manifest, engine::system_clock};
+use postern_gateway::door::socket;
 use postern_host::{Host, HostConfig};
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 
@@ -25,7 +26,7 @@ pub struct ServeArgs {
     max_message_bytes: usize,
     /// The most bytes a result may hold, for every channel (HTTP, SSH, upstream MCP servers): a
     /// larger answer is not kept, and the agent is told `result_too_large` with the limit.
-    #[arg(long, env = "POSTERN_MAX_RESULT_BYTES", default_value_t = postern_gateway::channel::http::DEFAULT_MAX_RESULT_BYTES)]
+    #[arg(long, env = "POSTERN_MAX_RESULT_BYTES", default_value_t = postern_engine::channel::http::DEFAULT_MAX_RESULT_BYTES)]
     max_result_bytes: usize,
     /// How long a shutdown waits for executions in flight, in seconds.
     #[arg(long, default_value_t = 35)]
@@ -99,7 +100,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
     let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });
     config.idle_lock = (idle_lock > 0).then(|| Duration::from_secs(idle_lock));
     let host = Host::open(config)?;
-    let approver: Arc<dyn postern_gateway::Approver> = match args.approver {
+    let approver: Arc<dyn postern_engine::Approver> = match args.approver {
         ApproverKind::None => Arc::new(LockOnlyApprover),
         ApproverKind::Terminal => {
             let terminal = TerminalApprover::open(Arc::clone(&host.vault), system_clock())?;

@@ -6,11 +6,11 @@
 //! a person or by anything that can write to the terminal's input — answers a question nobody
 //! has read. Between questions the terminal takes three commands: `lock`, `unlock`, `status`.
 
-use postern_gateway::approval::{
+use postern_engine::approval::{
     Approver, Authorization, AuthorizationRequest, ChangeRequest, Presentation, RetryReviewRequest, ReviewVerdict,
     Withdrawal, pick, when,
 };
-use postern_gateway::engine::Clock;
+use postern_engine::engine::Clock;
 use postern_vault::Vault;
 use std::{
     fs::File,

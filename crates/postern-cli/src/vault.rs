@@ -161,7 +161,7 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
     let key = Sensitive::new(key);
     let passphrase = if args.passphrase { Some(read_secret()?) } else { None };
     // Refuse a key that cannot be used, or a wrong passphrase, now rather than at the first call.
-    postern_gateway::channel::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
+    postern_engine::channel::ssh::decode_key(key.expose(), passphrase.as_ref().map(|p| p.expose().as_str()))
         .map_err(|e| usage(format!("the key in {} cannot be used: {e}", args.key_file.display())))?;
     let line = match (&args.host_key, &args.host_key_file) {
         (Some(line), _) => Some(line.clone()),
@@ -171,7 +171,7 @@ pub fn add_ssh(data_dir: &Path, args: AddSsh) -> Result<ExitCode, Failure> {
         ),
         (None, None) => None,
     };
-    let pinned = line.as_deref().map(postern_gateway::channel::ssh::host_key).transpose()?;
+    let pinned = line.as_deref().map(postern_engine::channel::ssh::host_key).transpose()?;
     let host = SshHost {
         name: args.name,
         address: args.address,

@@ -12,7 +12,7 @@ use axum::{
     routing::{get, post},
 };
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::Call;
+use postern_engine::Call;
 use serde_json::json;
 use std::{sync::Arc, time::Instant};
 

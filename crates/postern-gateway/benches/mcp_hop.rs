@@ -210,7 +210,7 @@ fn main() {
         let app = Router::new().route("/r", get(|| async { axum::Json(json!({"ok": true})) }));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         let base = format!("http://{addr}");
-        let manifest = postern_gateway::Manifest::parse(
+        let manifest = postern_engine::Manifest::parse(
             &format!(
                 "[[tool]]\nname = \"read\"\nmethod = \"GET\"\nurl = \"{base}/r\"\ncredential = \"{}\"\n\
                  input_schema = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n",
@@ -225,7 +225,7 @@ fn main() {
         config.drain = Duration::from_secs(5);
         let host = common::host(config);
         let store = Arc::clone(&host.store);
-        let engine = host.engine(manifest, Arc::new(postern_gateway::LockOnlyApprover)).expect("engine");
+        let engine = host.engine(manifest, Arc::new(postern_engine::LockOnlyApprover)).expect("engine");
         // After the engine, which installs the TLS crypto provider every reqwest client needs.
         let floor_url = start_floor(format!("{base}/r")).await;
         // One agent token per client kind: each token holds at most 64 sessions.

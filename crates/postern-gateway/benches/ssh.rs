@@ -11,7 +11,7 @@ mod common;
 mod sshd;
 
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::{Call, LockOnlyApprover, Manifest};
+use postern_engine::{Call, LockOnlyApprover, Manifest};
 use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use serde_json::json;
 use std::{
@@ -27,7 +27,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let postern = common::host(postern_host::HostConfig::new(dir.path().to_owned()));
     let vault = Arc::clone(&postern.vault);
-    let (_, fingerprint) = postern_gateway::channel::ssh::host_key(&sshd.host_key()).expect("host key");
+    let (_, fingerprint) = postern_engine::channel::ssh::host_key(&sshd.host_key()).expect("host key");
     let host = SshHost {
         name: "box".into(),
         address: "127.0.0.1".into(),

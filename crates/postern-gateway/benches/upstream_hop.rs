@@ -164,7 +164,7 @@ fn main() {
         let digest = hex::encode(sha2::Sha256::digest(token.as_bytes()));
         host.store.add_agent("bench", &digest, Timestamp::from_millis(4)).expect("agent");
         let engine = host
-            .engine(postern_gateway::Manifest::default(), Arc::new(postern_gateway::LockOnlyApprover))
+            .engine(postern_engine::Manifest::default(), Arc::new(postern_engine::LockOnlyApprover))
             .expect("engine");
         let bound = host.bind(Arc::clone(&engine)).await.expect("bind gateway");
         let socket = bound.endpoints.socket.to_string_lossy().into_owned();

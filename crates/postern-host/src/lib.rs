@@ -11,13 +11,11 @@ pub mod operations;
 pub mod plaintext;
 
 use postern_core::{ErrorCode, Timestamp};
+use postern_engine::{Approver, Engine, EngineError, Manifest, catalog::manifest::ManifestError, engine::system_clock};
 use postern_gateway::{
-    Approver, Engine, EngineError, Manifest,
     caller::runs::AgentRuns,
-    catalog::manifest::ManifestError,
     door::mcp::Gateway,
     door::serve::{self, BoundGateway, Endpoints, ServeError, ServeOptions},
-    engine::system_clock,
 };
 use postern_store::{Recovery, Store, StoreError};
 use postern_vault::{OsKeychain, SecretStore, Vault, VaultError};
@@ -143,9 +141,9 @@ impl HostConfig {
             tools: None,
             http_port: Some(postern_gateway::door::streamable::DEFAULT_PORT),
             max_message_bytes: postern_gateway::door::socket::DEFAULT_MAX_MESSAGE_BYTES,
-            max_result_bytes: postern_gateway::channel::http::DEFAULT_MAX_RESULT_BYTES,
+            max_result_bytes: postern_engine::channel::http::DEFAULT_MAX_RESULT_BYTES,
             drain: Duration::from_secs(35),
-            approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
+            approval_timeout: postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT,
             idle_lock: None,
             run_idle: postern_gateway::caller::runs::DEFAULT_IDLE_LEASE,
         }
@@ -289,7 +287,7 @@ impl Host {
 
     /// The engine serving `manifest`, asking `approver`.
     pub fn engine(&self, manifest: Manifest, approver: Arc<dyn Approver>) -> Result<Arc<Engine>, HostError> {
-        let upstreams = postern_gateway::channel::upstream::Upstreams::new(
+        let upstreams = postern_engine::channel::upstream::Upstreams::new(
             Arc::clone(&self.vault),
             manifest.server_overrides().clone(),
         )
@@ -478,7 +476,7 @@ mod tests {
         config.drain = Duration::from_millis(100);
         let keychain = Arc::new(postern_vault::MemoryKeychain::default());
         let host = Host::open_with(config, keychain, Timestamp::from_millis(1)).unwrap();
-        let engine = host.engine(Manifest::default(), Arc::new(postern_gateway::LockOnlyApprover)).unwrap();
+        let engine = host.engine(Manifest::default(), Arc::new(postern_engine::LockOnlyApprover)).unwrap();
         let serving = host.bind(engine).await.unwrap();
         let before = host.store.view().head().unwrap().size;
         let key = FingerprintKey::from_bytes([7; 32]);

@@ -6,10 +6,10 @@
 
 use crate::HostError;
 use postern_core::Timestamp;
+use postern_engine::channel::upstream::{ToolOverride, Upstreams};
 use postern_gateway::{
     caller::identity::ProcessKey,
     caller::provenance::Provenance,
-    channel::upstream::{ToolOverride, Upstreams},
     door::control::{self, Authority, ControlCode, ControlOp, ControlReply, ControlRequest},
 };
 use postern_store::Store;
@@ -81,7 +81,7 @@ impl Route {
                     upstreams,
                     gateway: None,
                     approver: None,
-                    approval_timeout: postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
+                    approval_timeout: postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT,
                 };
                 // This process is the one asking: traced like a control socket's peer, against the
                 // agent runs the journal shows open (their process still alive).

@@ -127,7 +127,7 @@ fn flat(name: &str) -> String {
 pub fn secret_name(name: &str) -> bool {
     let flat = flat(name);
     !flat.is_empty()
-        && (postern_gateway::catalog::upstream_contract::SECRET_ARGUMENT_PARTS
+        && (postern_engine::catalog::upstream_contract::SECRET_ARGUMENT_PARTS
             .iter()
             .chain(MORE_SECRET_NAME_PARTS)
             .any(|p| flat.contains(p))

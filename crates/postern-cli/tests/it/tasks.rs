@@ -34,7 +34,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn connect(gw: &Gateway, token: &str) -> RunningService<RoleClient, TaskAgent> {
     let config = StreamableHttpClientTransportConfig::with_uri(gw.http.clone()).auth_header(token.to_owned());
     // The gateway's own client: rustls with a crypto provider installed (any reqwest client would do).
-    let transport = StreamableHttpClientTransport::with_client(postern_gateway::channel::http::client(), config);
+    let transport = StreamableHttpClientTransport::with_client(postern_engine::channel::http::client(), config);
     let lifecycle = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
     TaskAgent.serve_with_lifecycle(transport, lifecycle).await.unwrap()
 }

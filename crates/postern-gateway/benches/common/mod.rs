@@ -5,7 +5,7 @@
 pub mod clients;
 
 use postern_core::Timestamp;
-use postern_gateway::{Engine, LockOnlyApprover, Manifest};
+use postern_engine::{Engine, LockOnlyApprover, Manifest};
 use postern_store::Store;
 use postern_vault::MemoryKeychain;
 use std::{sync::Arc, time::Duration};

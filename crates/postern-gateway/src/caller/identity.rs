@@ -82,7 +82,7 @@ pub fn is_alive(key: &ProcessKey) -> bool {
     process_key(key.pid).is_some_and(|now| now.start_ticks == key.start_ticks)
 }
 
-pub use crate::approval::process_started_at_ms;
+pub use postern_engine::approval::process_started_at_ms;
 
 fn executable(pid: u32) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()

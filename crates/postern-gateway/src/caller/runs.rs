@@ -9,11 +9,9 @@
 //! every POST is its own MCP handler, so without the lease each request would be a run of its
 //! own, and a retry a new execution.
 
-use crate::{
-    caller::identity::{self, AgentProcess, ProcessKey},
-    engine::Clock,
-};
+use crate::caller::identity::{self, AgentProcess, ProcessKey};
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
+use postern_engine::engine::Clock;
 use postern_store::{SessionStart, Store, StoreError};
 use std::{
     collections::HashMap,

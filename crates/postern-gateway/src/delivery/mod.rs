@@ -14,8 +14,8 @@ pub mod pending;
 pub mod result;
 pub mod tasks;
 
-use crate::Engine;
 use postern_core::ExecutionId;
+use postern_engine::Engine;
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug)]
@@ -252,7 +252,7 @@ impl FollowUps {
     /// up on a request drops its late answer). A call of `execution_status` confirms nothing: an
     /// agent asking after an execution has not necessarily seen its result.
     pub fn tool_called(&self, session: &str, tool: &str) {
-        if tool == crate::catalog::manifest::EXECUTION_STATUS {
+        if tool == postern_engine::catalog::manifest::EXECUTION_STATUS {
             return;
         }
         let confirmed = self.take_where(session, |w| w.answers.tool.as_deref() != Some(tool));
@@ -337,7 +337,7 @@ mod tests {
         let read = written(&f, "s1", "n:2", "balance");
         let elsewhere = written(&f, "s2", "n:1", "pay");
         // Asking after an execution is not evidence of having seen its result.
-        f.tool_called("s1", crate::catalog::manifest::EXECUTION_STATUS);
+        f.tool_called("s1", postern_engine::catalog::manifest::EXECUTION_STATUS);
         assert_eq!((pay.verdict(), read.verdict()), (None, None));
         // A call of the same tool may be the repeat of a lost answer: it confirms the others.
         f.tool_called("s1", "pay");

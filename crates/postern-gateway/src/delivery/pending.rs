@@ -3,7 +3,7 @@
 //! with the connection.
 
 use super::{Answers, DeliveryTicket, FollowUps};
-use crate::Engine;
+use postern_engine::Engine;
 use rmcp::model::NumberOrString;
 use std::{
     collections::HashMap,

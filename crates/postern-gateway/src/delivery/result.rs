@@ -2,8 +2,8 @@
 //! state (in `structuredContent` and in words), the result on record, and the report
 //! `execution_status` gives.
 
-use crate::{CallOutcome, Engine};
 use postern_core::{ExecutionId, ExecutionState};
+use postern_engine::{CallOutcome, Engine};
 use rmcp::model::{CallToolResult, ContentBlock as Content};
 use serde_json::{Value, json};
 
@@ -58,7 +58,7 @@ pub(crate) fn explain(o: &CallOutcome) -> (String, bool) {
         String::new()
     };
     let reason = o.detail.get("reason").and_then(Value::as_str).unwrap_or("");
-    if o.decision == crate::engine::Decision::RetryDenied {
+    if o.decision == postern_engine::engine::Decision::RetryDenied {
         return (
             format!(
                 "RETRY REFUSED: this call repeats execution {id} ({}), which is on record; a reviewer was asked and \

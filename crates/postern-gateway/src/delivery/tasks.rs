@@ -6,8 +6,8 @@
 //! move (outcome unknown, needs review, not executed, never sent before a restart) is `working`,
 //! with what would move it, so a terminal answer is never taken back.
 
-use crate::{CallOutcome, Engine, EngineError, approval::when};
 use postern_core::{Actor, ExecutionId, ExecutionState, Timestamp};
+use postern_engine::{CallOutcome, Engine, EngineError, approval::when};
 use postern_store::StoreError;
 use rmcp::model::{DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::Value;
@@ -127,7 +127,7 @@ pub async fn task_on_record(
         ),
         Standing::Finished => {
             let outcome = engine
-                .answer_on_record(id, crate::Decision::NewExecution)
+                .answer_on_record(id, postern_engine::Decision::NewExecution)
                 .await?
                 .ok_or(StoreError::UnknownExecution(id))?;
             let delivers = (super::result::has_result(state) && !read_only).then_some(id);

@@ -7,7 +7,7 @@
 //! bound by trying, nor hide another peer's real attempt behind its own junk: beyond its budget
 //! a peer's refusals are counted, and the count goes into its next row.
 
-use crate::engine::Clock;
+use postern_engine::engine::Clock;
 use postern_store::Store;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};

@@ -152,7 +152,7 @@ pub async fn resume(
     };
     // The journal names how the request was decided; a spelling this version does not know is
     // not guessed at.
-    let decision = match decision.parse::<crate::engine::Decision>() {
+    let decision = match decision.parse::<postern_engine::engine::Decision>() {
         Ok(decision) => decision,
         Err(e) => return error_stream(&jsonrpc_id, "journal_unreadable", &e.to_string(), answers),
     };
@@ -240,7 +240,7 @@ fn sse_data(message: &Value) -> Bytes {
 /// Streamable HTTP sessions kept in the database, so that after a restart a client carries on
 /// in its MCP session (rmcp replays its `initialize`) and can resume a stream there.
 #[derive(Debug)]
-pub struct RememberedSessions(pub Arc<crate::Engine>);
+pub struct RememberedSessions(pub Arc<postern_engine::Engine>);
 
 #[async_trait::async_trait]
 impl SessionStore for RememberedSessions {

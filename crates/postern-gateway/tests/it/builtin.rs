@@ -77,7 +77,7 @@ async fn a_read_through_a_credential_whose_reads_have_effects_is_never_resent() 
         "[[tool]]\nname = \"export\"\nmethod = \"GET\"\nurl = \"http://{}/v1/echo\"\ncredential = \"exports\"\n",
         proxy.addr
     );
-    let manifest = postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap();
+    let manifest = postern_engine::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap();
     let rig = open_rig(tempfile::tempdir().unwrap(), manifest);
     let exports = Credential {
         name: "exports".into(),

@@ -22,7 +22,7 @@ async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_ef
     let retry = rig.engine.call(call("create_payment", json!({"amount": 1250}), 1, 2)).await.unwrap();
     assert_eq!(retry.execution_id, first.execution_id, "the retry is the first execution");
     assert!(retry.attached);
-    assert_eq!(retry.decision, postern_gateway::Decision::VerifyPrior);
+    assert_eq!(retry.decision, postern_engine::Decision::VerifyPrior);
     assert_eq!(retry.state, ExecutionState::Completed);
     let result = retry.http().cloned().unwrap();
     assert_eq!(result.status, 201);
@@ -176,13 +176,13 @@ async fn a_status_query_that_proves_nothing_ran_lets_the_same_execution_dispatch
 
 /// A payment tool whose status route is `status_path` and whose answers mean what `meanings`
 /// (TOML keys of `status_query`) says.
-fn checked_payment(base: &str, status_base: &str, status_path: &str, meanings: &str) -> postern_gateway::Manifest {
+fn checked_payment(base: &str, status_base: &str, status_path: &str, meanings: &str) -> postern_engine::Manifest {
     let text = format!(
         "[[tool]]\nname = \"pay_checked\"\nmethod = \"POST\"\nurl = \"{base}/v1/payments\"\ncredential = \"pay\"\n\
          timeout = \"3s\"\ncontract = {{ class = \"status_query\", idempotency_header = \"Idempotency-Key\", \
          status_query = {{ method = \"GET\", url_template = \"{status_base}{status_path}/{{execution_id}}\", {meanings} }} }}\n"
     );
-    postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap()
+    postern_engine::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap()
 }
 
 /// Regression (#27 finding 3): a 404 from the status route was read as "never executed" and the
@@ -223,12 +223,12 @@ async fn a_status_answer_proves_only_what_the_contract_says() {
         "[[tool]]\nname = \"p\"\nmethod = \"POST\"\nurl = \"{base}/v1/payments\"\ncontract = {{ class = \"status_query\", \
          status_query = {{ method = \"GET\", url_template = \"{status_base}/v1/status/{{execution_id}}\", done = [200] }} }}\n"
     );
-    let errors = postern_gateway::Manifest::parse(&keyless, std::path::Path::new("t.toml")).unwrap_err();
+    let errors = postern_engine::Manifest::parse(&keyless, std::path::Path::new("t.toml")).unwrap_err();
     assert!(errors[0].to_string().contains("needs `idempotency_header`"), "{}", errors[0]);
     let silent = keyless
         .replace("contract = { class", "contract = { idempotency_header = \"Idempotency-Key\", class")
         .replace(", done = [200]", "");
-    let errors = postern_gateway::Manifest::parse(&silent, std::path::Path::new("t.toml")).unwrap_err();
+    let errors = postern_engine::Manifest::parse(&silent, std::path::Path::new("t.toml")).unwrap_err();
     assert!(errors[0].to_string().contains("must say what its answers mean"), "{}", errors[0]);
 }
 
@@ -245,7 +245,7 @@ async fn a_key_the_target_has_forgotten_is_never_re_sent() {
          key_retention = \"1s\" }}\n",
         proxy.addr
     );
-    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    let rig = rig(postern_engine::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(call("pay_briefly", json!({"amount": 8}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
@@ -264,7 +264,7 @@ async fn a_key_the_target_has_forgotten_is_never_re_sent() {
     // A contract keeps its own retention, and it applies only where a key is sent.
     let keyless = text
         .replace("class = \"idempotency_key\", idempotency_header = \"Idempotency-Key\"", "class = \"irreversible\"");
-    let errors = postern_gateway::Manifest::parse(&keyless, std::path::Path::new("t.toml")).unwrap_err();
+    let errors = postern_engine::Manifest::parse(&keyless, std::path::Path::new("t.toml")).unwrap_err();
     assert!(errors[0].to_string().contains("`key_retention` only applies"), "{}", errors[0]);
 }
 
@@ -282,7 +282,7 @@ async fn a_recovery_re_sends_the_original_request_or_nothing() {
          fingerprint_fields = [\"amount\"] }}\n",
         proxy.addr
     );
-    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    let rig = rig(postern_engine::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
     let pay = |memo: &str, id| call("pay_with_memo", json!({"amount": 3, "memo": memo}), 1, id);
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(pay("rent", 1)).await.unwrap();
@@ -369,7 +369,7 @@ async fn every_spelling_of_an_echoed_credential_is_redacted() {
         "[[tool]]\nname = \"mirror_bearer\"\nmethod = \"GET\"\nurl = \"http://{addr}/v1/mirror\"\ncredential = \"bearer\"\n\n\
          [[tool]]\nname = \"mirror_basic\"\nmethod = \"GET\"\nurl = \"http://{addr}/v1/mirror\"\ncredential = \"basic\"\n"
     );
-    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    let rig = rig(postern_engine::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
     for (name, kind) in
         [("bearer", CredentialKind::Bearer), ("basic", CredentialKind::Basic { username: "ops".into() })]
     {
@@ -509,7 +509,7 @@ async fn redirects_are_never_followed_and_a_body_over_the_result_limit_is_not_ke
         .host
         .engine(
             manifest(&format!("http://{addr}"), &format!("http://{addr}")),
-            Arc::new(postern_gateway::LockOnlyApprover),
+            Arc::new(postern_engine::LockOnlyApprover),
         )
         .unwrap();
     let url = format!("http://{addr}/v1/redirect");
@@ -547,7 +547,7 @@ async fn a_secret_in_a_url_or_header_is_journaled_nowhere() {
          input_schema = {{ type = \"object\", required = [\"sig\"], properties = {{ sig = {{ type = \"string\" }} }} }}\n\
          contract = {{ class = \"irreversible\", secret_fields = [\"sig\"] }}\n"
     );
-    let rig = rig(postern_gateway::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
+    let rig = rig(postern_engine::Manifest::parse(&text, std::path::Path::new("t.toml")).unwrap());
     let signed = rig.engine.call(call("signed_ticket", json!({ "sig": URL_SECRET }), 1, 1)).await.unwrap();
     assert_eq!(signed.state, ExecutionState::Completed, "{signed:?}");
     let mut ids = vec![signed.execution_id];

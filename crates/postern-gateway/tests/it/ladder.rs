@@ -2,7 +2,7 @@
 
 use crate::support::{call, manifest, rig, start_target};
 use postern_core::{Actor, ExecutionState, SessionId, Timestamp};
-use postern_gateway::{
+use postern_engine::{
     Approver, Ask, Authorization, AuthorizationRequest, Engine, Grant, RetryReviewRequest, ReviewAnswer, ReviewChoice,
     ReviewVerdict,
 };
@@ -66,7 +66,7 @@ impl Reviewer {
     }
 
     /// Pauses like a person would; `false` if the question was withdrawn meanwhile.
-    fn deliberate(&self, withdrawn: &postern_gateway::approval::Withdrawal) -> bool {
+    fn deliberate(&self, withdrawn: &postern_engine::approval::Withdrawal) -> bool {
         std::thread::sleep(std::time::Duration::from_millis(150));
         while self.held.load(Ordering::SeqCst) {
             if withdrawn.is_withdrawn() {
@@ -123,7 +123,7 @@ struct Ladder {
 }
 
 async fn ladder(reviewer: Arc<Reviewer>) -> Ladder {
-    ladder_with_timeout(reviewer, postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT).await
+    ladder_with_timeout(reviewer, postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT).await
 }
 
 async fn ladder_with_timeout(reviewer: Arc<Reviewer>, timeout: std::time::Duration) -> Ladder {
@@ -165,7 +165,7 @@ fn start_run(l: &Ladder, n: u128) -> SessionId {
     id
 }
 
-fn in_run(tool: &str, amount: u64, session: SessionId) -> postern_gateway::Call {
+fn in_run(tool: &str, amount: u64, session: SessionId) -> postern_engine::Call {
     let mut c = call(tool, json!({ "amount": amount }), 0, amount);
     c.session = Some(session);
     c.intent_scope = postern_core::IntentScope::agent_run(session);
@@ -503,7 +503,7 @@ async fn check_status_verifies_an_unknown_outcome_through_the_contract() {
     let (target, addr) = start_target().await;
     let proxy = crate::support::FaultProxy::start(addr).await;
     let l =
-        ladder_at(Arc::clone(&reviewer), postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT, target, proxy.addr, addr);
+        ladder_at(Arc::clone(&reviewer), postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT, target, proxy.addr, addr);
     let run = start_run(&l, 1);
     proxy.next(crate::support::Fault::CutAfterForward);
     let first = l.engine.call(in_run("create_payment_checked", 7, run)).await.unwrap();
@@ -529,7 +529,7 @@ async fn past_the_key_retention_a_status_route_cannot_send_it_again() {
     let proxy = crate::support::FaultProxy::start(addr).await;
     let l = ladder_at(
         Arc::clone(&reviewer),
-        postern_gateway::engine::DEFAULT_APPROVAL_TIMEOUT,
+        postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT,
         Arc::clone(&target),
         proxy.addr,
         addr,

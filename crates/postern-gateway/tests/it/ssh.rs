@@ -7,7 +7,7 @@ use crate::{
     support::{call, open_rig},
 };
 use postern_core::{ExecutionState, Timestamp};
-use postern_gateway::{Engine, LockOnlyApprover, Manifest};
+use postern_engine::{Engine, LockOnlyApprover, Manifest};
 use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use serde_json::json;
 use std::{
@@ -80,7 +80,7 @@ impl SshRig {
         pin: Option<String>,
     ) {
         let key = sshd.key(key);
-        let fingerprint = pin.as_deref().map(|line| postern_gateway::channel::ssh::host_key(line).unwrap().1);
+        let fingerprint = pin.as_deref().map(|line| postern_engine::channel::ssh::host_key(line).unwrap().1);
         let host = SshHost {
             name: name.into(),
             address: addr.ip().to_string(),
@@ -104,7 +104,7 @@ impl SshRig {
     }
 }
 
-fn exec(host: &str, command: &str) -> postern_gateway::Call {
+fn exec(host: &str, command: &str) -> postern_engine::Call {
     call("ssh_exec", json!({ "host": host, "command": command }), 0, 1)
 }
 
@@ -234,7 +234,7 @@ async fn output_beyond_the_result_limit_is_not_kept_and_the_exit_status_is() {
     r.add_host("box", &sshd, sshd.addr(), "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
     let out = r.engine.call(exec("box", "head -c 2000000 /dev/zero | tr '\\0' x; echo tail >&2")).await.unwrap();
     let ssh = out.ssh().cloned().unwrap();
-    let limit = postern_gateway::channel::http::DEFAULT_MAX_RESULT_BYTES as u64;
+    let limit = postern_engine::channel::http::DEFAULT_MAX_RESULT_BYTES as u64;
     assert_eq!((ssh.result_too_large, ssh.stdout.as_str(), ssh.stderr.as_str()), (Some(limit), "", ""), "{ssh:?}");
     assert_eq!(ssh.exit_status, Some(0), "what is known of the command is kept");
     assert_eq!(out.state, postern_core::ExecutionState::Completed);
@@ -292,8 +292,8 @@ async fn a_changed_host_key_is_refused_naming_both_fingerprints() {
     assert_eq!(out.state, ExecutionState::FailedBeforeDispatch);
     assert_eq!(out.detail["code"], "host_key_mismatch");
     let reason = out.detail["reason"].as_str().unwrap();
-    let pinned = postern_gateway::channel::ssh::host_key(&wrong).unwrap().1;
-    let presented = postern_gateway::channel::ssh::host_key(&sshd.host_key()).unwrap().1;
+    let pinned = postern_engine::channel::ssh::host_key(&wrong).unwrap().1;
+    let presented = postern_engine::channel::ssh::host_key(&sshd.host_key()).unwrap().1;
     assert!(reason.contains(&pinned) && reason.contains(&presented), "{reason}");
     assert!(!witness.exists() && !r.marker_dir(out.execution_id).exists(), "nothing was sent");
 }
@@ -336,7 +336,7 @@ async fn accept_new_pins_the_first_key_only_after_authentication() {
     let out = r.engine.call(exec("box", "echo hi")).await.unwrap();
     assert_eq!(out.ssh().cloned().unwrap().stdout, "hi\n");
     let pinned = r.rig.vault.ssh_host("box").unwrap();
-    assert_eq!(pinned.host_key_fingerprint, Some(postern_gateway::channel::ssh::host_key(&sshd.host_key()).unwrap().1));
+    assert_eq!(pinned.host_key_fingerprint, Some(postern_engine::channel::ssh::host_key(&sshd.host_key()).unwrap().1));
     // The host is re-installed (a new host key on the same address): refused from now on.
     let port = sshd.port;
     drop(sshd);
@@ -372,7 +372,7 @@ async fn unknown_and_unreachable_hosts_are_specific_errors() {
 async fn cut_while_running(
     sshd: &Sshd,
     tool: &'static str,
-) -> (SshRig, CutProxy, std::path::PathBuf, serde_json::Value, postern_gateway::CallOutcome) {
+) -> (SshRig, CutProxy, std::path::PathBuf, serde_json::Value, postern_engine::CallOutcome) {
     let proxy = CutProxy::start(sshd.addr()).await;
     let r = ssh_rig();
     r.add_host("box", sshd, proxy.addr, "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
@@ -503,7 +503,7 @@ async fn the_private_key_and_passphrase_never_leak() {
         assert!(!format!("{out:?}").contains(canary.as_str()));
     }
     // A wrong passphrase is an error that names the problem, not the secret.
-    let wrong = postern_gateway::channel::ssh::decode_key(&key.private, Some("not it")).unwrap_err();
+    let wrong = postern_engine::channel::ssh::decode_key(&key.private, Some("not it")).unwrap_err();
     assert!(!wrong.contains(&passphrase) && !wrong.contains(&body_line), "{wrong}");
     let host = format!("{:?}", r.rig.vault.ssh_host("box").unwrap());
     assert!(!host.contains(&body_line));
@@ -516,7 +516,7 @@ async fn an_approve_every_use_host_needs_a_reviewer_for_each_command() {
     let sshd = Sshd::start();
     let r = ssh_rig();
     let key = sshd.key("id_ed25519");
-    let (_, fingerprint) = postern_gateway::channel::ssh::host_key(&sshd.host_key()).unwrap();
+    let (_, fingerprint) = postern_engine::channel::ssh::host_key(&sshd.host_key()).unwrap();
     let host = SshHost {
         name: "guarded".into(),
         address: "127.0.0.1".into(),

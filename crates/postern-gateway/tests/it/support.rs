@@ -9,7 +9,7 @@ use axum::{
     routing::{get, post},
 };
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_gateway::{Call, Engine, LockOnlyApprover, Manifest};
+use postern_engine::{Call, Engine, LockOnlyApprover, Manifest};
 use postern_store::Store;
 use postern_vault::{Binding, Credential, CredentialKind, OsKeychain, Sensitive, Vault};
 use serde_json::{Value, json};

@@ -30,11 +30,11 @@ use std::sync::Arc;
 pub struct Authority {
     pub store: Arc<Store>,
     pub vault: Option<Arc<Vault>>,
-    pub upstreams: Option<Arc<crate::channel::upstream::Upstreams>>,
+    pub upstreams: Option<Arc<postern_engine::channel::upstream::Upstreams>>,
     /// `None` when the command opened the journal itself (no gateway runs).
     pub gateway: Option<GatewayInfo>,
     /// The gateway's approver, which confirms a change that weakens safety (`None`: nobody to ask).
-    pub approver: Option<Arc<dyn crate::Approver>>,
+    pub approver: Option<Arc<dyn postern_engine::Approver>>,
     /// How long its person has to answer.
     pub approval_timeout: std::time::Duration,
 }
@@ -73,7 +73,7 @@ impl ControlRequest {
         let w = |change: String, weakens: &str| Some(Weakening { change, weakens: weakens.to_owned(), ask: true });
         match self {
             ControlRequest::SetToolContract { server, tool, contract } => {
-                let name = format!("{server}{}{tool}", crate::channel::upstream::SEPARATOR);
+                let name = format!("{server}{}{tool}", postern_engine::channel::upstream::SEPARATOR);
                 let why = contract_weakens(a, server, tool, contract.as_ref()).await;
                 if why.is_empty() {
                     return None;
@@ -230,7 +230,7 @@ pub async fn apply(
             return reply;
         }
         if let Some(approver) = a.approver.as_ref().filter(|_| weakening.ask) {
-            let question = crate::ChangeRequest {
+            let question = postern_engine::ChangeRequest {
                 op: serde_json::to_value(request.op())
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
@@ -239,7 +239,7 @@ pub async fn apply(
                 weakens: weakening.weakens.clone(),
                 from: from.lines(),
                 timeout_ms: a.approval_timeout.as_millis() as u64,
-                withdrawn: crate::approval::Withdrawal::default(),
+                withdrawn: postern_engine::approval::Withdrawal::default(),
             };
             let (approver, asked) = (Arc::clone(approver), question.clone());
             let answer = tokio::time::timeout(
@@ -371,7 +371,7 @@ async fn apply_inner(
                         ),
                     ));
                 }
-                crate::channel::http::check_target(&parsed)
+                postern_engine::channel::http::check_target(&parsed)
                     .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
             }
             let start = server.start == ServerStart::WithGateway && a.gateway.is_some();
@@ -394,8 +394,8 @@ async fn apply_inner(
             let u = a.upstreams.as_ref().ok_or_else(no_gateway)?;
             match u.set_contract(&server, &tool, contract, now).await {
                 Ok(()) => ControlReply::Done,
-                Err(crate::channel::upstream::UpstreamError::Vault(e)) => ControlReply::of_vault(&e),
-                Err(e @ crate::channel::upstream::UpstreamError::Unavailable { .. }) => {
+                Err(postern_engine::channel::upstream::UpstreamError::Vault(e)) => ControlReply::of_vault(&e),
+                Err(e @ postern_engine::channel::upstream::UpstreamError::Unavailable { .. }) => {
                     ControlReply::refused(ControlCode::Failed, e.to_string())
                 }
                 Err(e) => ControlReply::refused(ControlCode::Invalid, e.to_string()),
@@ -450,7 +450,7 @@ async fn apply_inner(
         }
         ControlRequest::SshGc { host, older_than_days } => {
             let v = vault()?;
-            match crate::channel::ssh::marker_gc_on(&v, a.store.view(), &host, older_than_days.max(1)).await {
+            match postern_engine::channel::ssh::marker_gc_on(&v, a.store.view(), &host, older_than_days.max(1)).await {
                 Ok(report) => ControlReply::Answer { answer: json!(report) },
                 Err(e) => ControlReply::refused(ControlCode::Failed, e),
             }

@@ -302,7 +302,7 @@ pub enum ControlReply {
     },
     /// The answer to `servers.status`.
     Servers {
-        servers: Vec<crate::channel::upstream::ServerStatus>,
+        servers: Vec<postern_engine::channel::upstream::ServerStatus>,
     },
     /// The answer to a question (`gateway.status`, `servers.tools`, `audit.checkpoint`, …).
     Answer {

@@ -1,11 +1,11 @@
 //! The tools agents list: the manifest's, the built-ins and the upstream servers', each with
 //! annotations and a description derived from its replay contract.
 
-use crate::{
+use postern_core::{ReplayClass, ReplayContract};
+use postern_engine::{
     Engine,
     catalog::manifest::{EXECUTION_STATUS, HTTP_REQUEST, SSH_EXEC, Tool as ManifestTool},
 };
-use postern_core::{ReplayClass, ReplayContract};
 use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -66,12 +66,12 @@ fn manifest_tool(t: &ManifestTool) -> Tool {
 
 /// An upstream server's tool as agents see it: its own schema and description, the contract
 /// Postern derived (annotations are only the server's hints) and annotations from that contract.
-fn upstream_tool(t: &crate::channel::upstream::UpstreamTool) -> Tool {
+fn upstream_tool(t: &postern_engine::channel::upstream::UpstreamTool) -> Tool {
     let hinted = t.hinted.map_or("", |c| c.as_str());
     let unconfirmed =
         format!("Postern's default: the server's hints suggest {hinted}, which its owner has not confirmed");
     let source = match t.contract_source {
-        crate::catalog::upstream_contract::HINTS_UNCONFIRMED => unconfirmed.as_str(),
+        postern_engine::catalog::upstream_contract::HINTS_UNCONFIRMED => unconfirmed.as_str(),
         "tools.toml" => "set by the owner in tools.toml",
         "owner" => "set by the owner",
         _ => "Postern's default: no annotation says it is safe to repeat",
@@ -98,7 +98,7 @@ pub fn tool_list(engine: &Engine) -> Vec<Tool> {
              sees it). GET and HEAD are read_only by their verb, unless the credential declares that its reads have \
              effects; other methods (and those reads) are idempotency_key when the credential declares \
              an idempotency header, else irreversible (an uncertain attempt is never re-sent).",
-            schema_object(&crate::catalog::manifest::http_request_schema()),
+            schema_object(&postern_engine::catalog::manifest::http_request_schema()),
         )
         .with_annotations(ToolAnnotations::new().read_only(false).destructive(true).open_world(true)),
     );
@@ -109,7 +109,7 @@ pub fn tool_list(engine: &Engine) -> Vec<Tool> {
                 "Run one command on an SSH host from Postern's vault; the private key never leaves Postern. Replay \
                  contract: ssh_marker (the command runs inside a marker wrapper on the host, so an uncertain attempt \
                  is checked there and never run twice).",
-                schema_object(&crate::catalog::manifest::ssh_exec_schema()),
+                schema_object(&postern_engine::catalog::manifest::ssh_exec_schema()),
             )
             .with_annotations(
                 ToolAnnotations::new().read_only(false).destructive(true).idempotent(false).open_world(true),

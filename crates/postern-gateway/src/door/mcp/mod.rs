@@ -3,13 +3,15 @@
 //! `execution_status` so an agent can ask instead of retrying (docs/src/design.md, identifiers, retry decisions).
 
 use crate::{
-    Engine,
     caller::identity::ExecutableHashes,
     caller::runs::{AgentRuns, Caller, RunLease},
-    catalog::manifest::{HTTP_REQUEST, SSH_EXEC},
     delivery::DeliveryTicket,
 };
 use postern_core::{ErrorCode as _, ExecutionId, ExecutionState};
+use postern_engine::{
+    Engine,
+    catalog::manifest::{HTTP_REQUEST, SSH_EXEC},
+};
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler,
     model::{
@@ -25,7 +27,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-pub use crate::catalog::manifest::EXECUTION_STATUS;
+pub use postern_engine::catalog::manifest::EXECUTION_STATUS;
 mod listing;
 pub use crate::delivery::{
     pending::PendingResponses,
@@ -46,7 +48,7 @@ pub const PROTOCOL_VERSIONS: &[ProtocolVersion] =
 pub struct Gateway {
     pub engine: Arc<Engine>,
     pub store: Arc<postern_store::Store>,
-    pub clock: crate::engine::Clock,
+    pub clock: postern_engine::engine::Clock,
     pub runs: Arc<AgentRuns>,
     pub hashes: Arc<ExecutableHashes>,
     pub executions: tokio_util::task::TaskTracker,
@@ -55,7 +57,7 @@ pub struct Gateway {
     /// The task calls running in this process, by the execution that answers them: what
     /// `tasks/cancel` raises (every call following that execution). A task's status is never
     /// kept here: it is read from the journal.
-    pub tasks: Mutex<HashMap<ExecutionId, Vec<crate::CancelSignal>>>,
+    pub tasks: Mutex<HashMap<ExecutionId, Vec<postern_engine::CancelSignal>>>,
     /// When this process started: an execution left before it, not sent, runs no more.
     pub started_at: postern_core::Timestamp,
 }
@@ -70,7 +72,7 @@ impl Gateway {
     pub fn new(
         engine: Arc<Engine>,
         store: Arc<postern_store::Store>,
-        clock: crate::engine::Clock,
+        clock: postern_engine::engine::Clock,
         runs: Arc<AgentRuns>,
     ) -> Arc<Self> {
         let refusals = crate::door::refusal::Refusals::new(Arc::clone(&store), Arc::clone(&clock));
@@ -96,12 +98,12 @@ pub struct HttpCaller {
     pub ticket: DeliveryTicket,
     /// Raised when a 2026-07-28 client closes the request's response stream before its answer:
     /// that revision makes a closed stream the request's cancellation (there is no resumption).
-    pub abandoned: crate::CancelSignal,
+    pub abandoned: postern_engine::CancelSignal,
 }
 
 /// A call's place among the session's calls in flight, given up however the call ends.
 struct InFlight<'a> {
-    calls: &'a Mutex<HashMap<String, crate::CancelSignal>>,
+    calls: &'a Mutex<HashMap<String, postern_engine::CancelSignal>>,
     key: String,
 }
 
@@ -121,7 +123,7 @@ pub struct PosternMcp {
     caller: Option<Caller>,
     pending: Option<Arc<PendingResponses>>,
     lease: tokio::sync::Mutex<Option<RunLease>>,
-    in_flight: Mutex<HashMap<String, crate::CancelSignal>>,
+    in_flight: Mutex<HashMap<String, postern_engine::CancelSignal>>,
 }
 
 impl PosternMcp {
@@ -256,7 +258,7 @@ impl PosternMcp {
         }
         let _in_flight = InFlight { calls: &self.in_flight, key: key.clone() };
         let run = self.run_for(&caller, &context).await?;
-        let call = crate::Call {
+        let call = postern_engine::Call {
             tool: name,
             arguments,
             actor: run.actor.clone(),
@@ -269,7 +271,7 @@ impl PosternMcp {
                 "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
             }),
             cancel: cancel.clone(),
-            bound: if as_task { crate::Bound::for_task() } else { crate::Bound::default() },
+            bound: if as_task { postern_engine::Bound::for_task() } else { postern_engine::Bound::default() },
             resolved: upstream,
         };
         let bound = call.bound.clone();
@@ -318,7 +320,7 @@ impl PosternMcp {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(e)) => {
                 let mut r = error_result(e.code(), &e.to_string());
-                if let (crate::EngineError::OutcomeNotJournaled { id, .. }, Some(Value::Object(body))) =
+                if let (postern_engine::EngineError::OutcomeNotJournaled { id, .. }, Some(Value::Object(body))) =
                     (&e, r.structured_content.as_mut())
                 {
                     // It was sent: the agent gets the execution to follow, like any execution.
@@ -339,7 +341,7 @@ impl PosternMcp {
     fn follow_as_task<T: Send + 'static>(
         &self,
         id: ExecutionId,
-        cancel: crate::CancelSignal,
+        cancel: postern_engine::CancelSignal,
         task: tokio::task::JoinHandle<T>,
     ) -> rmcp::model::CreateTaskResult {
         if let Ok(mut tasks) = self.gateway.tasks.lock() {
@@ -357,7 +359,7 @@ impl PosternMcp {
                 }
             }
         });
-        let now = crate::approval::when((self.gateway.clock)().as_millis());
+        let now = postern_engine::approval::when((self.gateway.clock)().as_millis());
         rmcp::model::CreateTaskResult::new(
             rmcp::model::Task::new(id.to_string(), rmcp::model::TaskStatus::Working, now.clone(), now)
                 .with_status_message("accepted; follow it with tasks/get")
@@ -396,7 +398,7 @@ impl PosternMcp {
     }
 
     /// The upstream servers, every one started (so what they offer is current).
-    async fn started_upstreams(&self) -> Option<&Arc<crate::channel::upstream::Upstreams>> {
+    async fn started_upstreams(&self) -> Option<&Arc<postern_engine::channel::upstream::Upstreams>> {
         let upstreams = self.gateway.engine.upstreams()?;
         upstreams.start_all().await;
         Some(upstreams)
@@ -412,15 +414,15 @@ impl PosternMcp {
     ) -> Result<Value, McpError> {
         let (caller, _ticket) = self.caller_and_ticket(context)?;
         let run = self.run_for(&caller, context).await?;
-        let call = crate::Call {
+        let call = postern_engine::Call {
             tool: name,
             arguments,
             actor: run.actor.clone(),
             intent_scope: run.intent_scope(),
             session: Some(run.session),
             correlation: json!({ "transport": caller.transport.as_str(), "agent_session": run.session.to_string() }),
-            cancel: crate::CancelSignal::default(),
-            bound: crate::Bound::default(),
+            cancel: postern_engine::CancelSignal::default(),
+            bound: postern_engine::Bound::default(),
             resolved: None,
         };
         let engine = Arc::clone(&self.gateway.engine);
@@ -537,7 +539,7 @@ impl ServerHandler for PosternMcp {
         request: rmcp::model::ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
-        use crate::channel::upstream::{READ_RESOURCE, RESOURCE_PREFIX, SEPARATOR};
+        use postern_engine::channel::upstream::{READ_RESOURCE, RESOURCE_PREFIX, SEPARATOR};
         let not_found =
             || McpError::resource_not_found(format!("no resource {:?}: see resources/list", request.uri), None);
         let (server, uri) =
@@ -581,7 +583,7 @@ impl ServerHandler for PosternMcp {
         request: rmcp::model::GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, McpError> {
-        use crate::channel::upstream::{GET_PROMPT, SEPARATOR};
+        use postern_engine::channel::upstream::{GET_PROMPT, SEPARATOR};
         let (server, prompt) = request
             .name
             .split_once(SEPARATOR)

@@ -450,7 +450,7 @@ async fn guard(
     // connection goes while the answer is awaited (the request is dropped here) or before its
     // body was read to the end ([`DeliveryBody`]). Before `dispatched` the engine then sends
     // nothing; after it the outcome is kept and answers the re-issued call.
-    let abandoned = crate::CancelSignal::default();
+    let abandoned = postern_engine::CancelSignal::default();
     let sessionless_call = sessionless && answers.as_ref().is_some_and(|a| a.tool.is_some());
     let mut abandon = Abandon(sessionless_call.then(|| abandoned.clone()));
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned });
@@ -484,7 +484,7 @@ async fn guard(
 
 /// Raises the request's cancellation if dropped still holding it (the request was dropped
 /// before its answer came: the client's connection went).
-struct Abandon(Option<crate::CancelSignal>);
+struct Abandon(Option<postern_engine::CancelSignal>);
 
 impl Drop for Abandon {
     fn drop(&mut self) {
@@ -495,7 +495,7 @@ impl Drop for Abandon {
 }
 
 /// `response`, whose request is cancelled if its body is dropped before it was read to the end.
-fn abandoned_unless_read(response: Response, signal: crate::CancelSignal) -> Response {
+fn abandoned_unless_read(response: Response, signal: postern_engine::CancelSignal) -> Response {
     let (parts, body) = response.into_parts();
     Response::from_parts(parts, Body::new(ReadToEnd { inner: body, abandon: Abandon(Some(signal)) }))
 }

@@ -668,7 +668,7 @@ impl Engine {
 
     /// What a call that reached execution `id` (with retry decision `decision`) is answered with,
     /// read from the journal: `None` while it is in flight (accepted, authorized, dispatched). A
-    /// client resuming a broken stream gets this ([`crate::door::resumption`]), not a new execution.
+    /// client resuming a broken stream gets this (`postern_gateway::door::resumption`), not a new execution.
     pub async fn answer_on_record(
         &self,
         id: ExecutionId,
