@@ -3,7 +3,7 @@
 //! message head. Never a panic; an acknowledgement is always one line naming a string or number id.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use postern_gateway::{door::socket, door::streamable::MessageHead};
+use postern_gateway::{delivery::head::MessageHead, door::socket};
 
 fuzz_target!(|data: &[u8]| {
     let _ = socket::is_bridge_notification(data);

@@ -272,8 +272,9 @@ fn bad_input_gets_specific_errors_and_the_gateway_keeps_serving() {
             .to_vec(),
         br#"{"jsonrpc":"2.0","id":6,"method":"no/such/method","params":{}}"#.to_vec(),
         br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"balance","arguments":{}}}"#.to_vec(),
+        br#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":["pay"],"arguments":{}}}"#.to_vec(),
     ];
-    let answers = socket_exchange(&gw, &lines, 9);
+    let answers = socket_exchange(&gw, &lines, 10);
     let by_code = |code: &str| answers.iter().find(|a| a["error"]["data"]["code"] == code).cloned();
     assert_eq!(by_code("invalid_json").unwrap()["error"]["code"], -32700);
     let big = by_code("message_too_large").unwrap();
@@ -292,6 +293,12 @@ fn bad_input_gets_specific_errors_and_the_gateway_keeps_serving() {
     assert!(invalid["result"]["structuredContent"]["error"]["message"].as_str().unwrap().contains("/amount"));
     assert_eq!(by_id(6)["error"]["code"], -32601);
     assert_eq!(by_id(7)["result"]["structuredContent"]["state"], "completed");
+    let mistyped = by_id(8);
+    assert_eq!(
+        (mistyped["error"]["code"].clone(), mistyped["error"]["data"]["code"].clone()),
+        (json!(-32600), json!("invalid_request")),
+        "{mistyped}"
+    );
     assert_eq!(target.posts(), 0, "nothing invalid reached the target");
 
     // Another client is served meanwhile, and the journal verifies.

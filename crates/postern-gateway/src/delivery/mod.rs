@@ -10,6 +10,7 @@
 //! another tool on the same MCP session ([`FollowUps`]) — a client library that loses its session
 //! can drop a response its socket already received, so bytes alone are not evidence.
 
+pub mod head;
 pub mod pending;
 pub mod result;
 pub mod tasks;

@@ -9,6 +9,7 @@
 
 use crate::{
     caller::runs::{Caller, Transport as RunTransport},
+    delivery::head::MessageHead,
     delivery::pending::{PendingResponses, request_key},
     door::mcp::{Gateway, PosternMcp},
 };
@@ -36,10 +37,7 @@ use tokio::{
 /// Default cap on one incoming message.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// The bridge's first line: "I am `postern mcp`, and I acknowledge what I relay".
-pub const BRIDGE_HELLO_METHOD: &str = "notifications/postern/bridge";
-/// The bridge's acknowledgement of a response it wrote and flushed to the agent.
-pub const DELIVERED_METHOD: &str = "notifications/postern/delivered";
+pub use crate::delivery::head::{BRIDGE_HELLO_METHOD, DELIVERED_METHOD};
 
 /// The line `postern mcp` sends before anything of the agent's.
 pub fn bridge_hello_line() -> Vec<u8> {
@@ -453,29 +451,8 @@ impl LineTransport {
             id: None,
             data: serde_json::json!({ "code": "invalid_json", "line": e.line(), "column": e.column() }),
         })?;
-        let id = value.get("id").and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok());
-        // The bridge's own notifications are the transport's business, never the MCP handler's.
-        if id.is_none() {
-            match value.get("method").and_then(Value::as_str) {
-                Some(BRIDGE_HELLO_METHOD) => {
-                    self.pending.expect_acknowledgements();
-                    if let Some(hello) = self.on_hello.lock().ok().and_then(|mut h| h.take()) {
-                        hello();
-                    }
-                    return Ok(None);
-                }
-                Some(DELIVERED_METHOD) => {
-                    if let Some(acked) = value
-                        .pointer("/params/id")
-                        .and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok())
-                    {
-                        self.pending.acknowledged(&request_key(&acked));
-                    }
-                    return Ok(None);
-                }
-                _ => {}
-            }
-        }
+        // The id to answer a refusal with, if it is one (a refused message has no head).
+        let refused_id = value.get("id").and_then(|id| serde_json::from_value::<NumberOrString>(id.clone()).ok());
         if value.is_array() {
             return Err(Rejection {
                 code: ErrorCode::INVALID_REQUEST,
@@ -490,14 +467,31 @@ impl LineTransport {
             return Err(Rejection {
                 code: ErrorCode::INVALID_PARAMS,
                 message: "params must be a JSON object".into(),
-                id,
+                id: refused_id,
                 data: serde_json::json!({ "code": "params_not_object" }),
             });
         }
-        let method = value.get("method").and_then(Value::as_str).map(str::to_owned);
-        let tool = value.pointer("/params/name").and_then(Value::as_str).map(str::to_owned);
-        let withdrawn =
-            value.pointer("/params/requestId").and_then(|r| serde_json::from_value::<NumberOrString>(r.clone()).ok());
+        let head = MessageHead::read(&value).map_err(|e| Rejection {
+            code: ErrorCode::INVALID_REQUEST,
+            message: format!("not a valid JSON-RPC 2.0 message: {e}"),
+            id: refused_id.clone(),
+            data: serde_json::json!({ "code": "invalid_request" }),
+        })?;
+        // The bridge's own notifications are the transport's business, never the MCP handler's.
+        if head.is_bridge_hello() {
+            self.pending.expect_acknowledgements();
+            if let Some(hello) = self.on_hello.lock().ok().and_then(|mut h| h.take()) {
+                hello();
+            }
+            return Ok(None);
+        }
+        if let Some(acked) = head.acknowledgement() {
+            if let Some(acked) = acked {
+                self.pending.acknowledged(&request_key(acked));
+            }
+            return Ok(None);
+        }
+        let id = head.id().cloned();
         let shown_id = value["id"].clone();
         let message = serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value).map_err(|e| Rejection {
             code: ErrorCode::INVALID_REQUEST,
@@ -507,7 +501,7 @@ impl LineTransport {
         })?;
         // One request per id at a time: answers and acknowledgements name a request by its id.
         // (Checked last, so a request refused for anything else leaves no id in use behind.)
-        if let (Some(method), Some(request)) = (&method, &id)
+        if let (Some(method), Some(request)) = (head.method(), &id)
             && !self.pending.request_arrived(&request_key(request))
         {
             return Err(Rejection {
@@ -522,18 +516,11 @@ impl LineTransport {
         }
         // What delivery needs to know of the agent's messages: which tool a call names (a call of
         // another tool is the agent carrying on), and which request a cancellation withdraws.
-        match (method.as_deref(), &id) {
-            (Some("tools/call"), Some(request)) => {
-                if let Some(tool) = &tool {
-                    self.pending.tool_called(request_key(request), tool);
-                }
-            }
-            (Some("notifications/cancelled"), None) => {
-                if let Some(withdrawn) = withdrawn {
-                    self.pending.cancelled(&request_key(&withdrawn));
-                }
-            }
-            _ => {}
+        if let (Some(tool), Some(request)) = (head.tool(), &id) {
+            self.pending.tool_called(request_key(request), tool);
+        }
+        if let Some(withdrawn) = head.withdrawn() {
+            self.pending.cancelled(&request_key(withdrawn));
         }
         Ok(Some(message))
     }

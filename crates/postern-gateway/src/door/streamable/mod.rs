@@ -5,6 +5,7 @@
 use crate::{
     caller::identity::{self, AgentProcess},
     caller::runs::{Caller, Transport as RunTransport},
+    delivery::head::MessageHead,
     delivery::pending::request_key,
     delivery::{Answers, DeliveryTicket, FollowUps},
     door::mcp::{Gateway, HttpCaller, PosternMcp},
@@ -20,7 +21,6 @@ use axum::{
     serve::IncomingStream,
 };
 use http_body::Frame;
-use rmcp::model::NumberOrString;
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
 };
@@ -183,40 +183,6 @@ impl AgentSessions {
         {
             owners.remove(session);
         }
-    }
-}
-
-/// What the guard needs to know of a client's message: its id, its method, the tool a
-/// `tools/call` names, and the request a cancellation withdraws.
-#[derive(Debug, serde::Deserialize)]
-pub struct MessageHead {
-    id: Option<NumberOrString>,
-    method: Option<String>,
-    params: Option<ParamsHead>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-struct ParamsHead {
-    #[serde(rename = "requestId")]
-    request_id: Option<NumberOrString>,
-    name: Option<String>,
-}
-
-impl MessageHead {
-    /// The head of a POST body, if it is one JSON-RPC message (a batch or anything else: `None`).
-    pub fn parse(bytes: &[u8]) -> Option<MessageHead> {
-        serde_json::from_slice::<MessageHead>(bytes).ok()
-    }
-
-    /// The request this message withdraws, if it is a `notifications/cancelled`.
-    pub fn withdrawn(&self) -> Option<&NumberOrString> {
-        (self.method.as_deref() == Some("notifications/cancelled"))
-            .then(|| self.params.as_ref()?.request_id.as_ref())
-            .flatten()
-    }
-
-    pub fn tool(&self) -> Option<&str> {
-        (self.method.as_deref() == Some("tools/call")).then(|| self.params.as_ref()?.name.as_deref()).flatten()
     }
 }
 
@@ -421,8 +387,8 @@ async fn guard(
         }
         // A `tools/call` stream opens with an event whose ID names the request: a client whose
         // stream breaks resumes with it and is answered from the journal (`resumption`).
-        priming = head.as_ref().filter(|h| h.tool().is_some()).and_then(|h| h.id.clone()).map(ResumeToken);
-        answers = head.map(|h| Answers { tool: h.tool().map(str::to_owned), request: h.id.map(|id| request_key(&id)) });
+        priming = head.as_ref().filter(|h| h.tool().is_some()).and_then(|h| h.id().cloned()).map(ResumeToken);
+        answers = head.map(|h| Answers { tool: h.tool().map(str::to_owned), request: h.id().map(request_key) });
     } else if request.method() == axum::http::Method::DELETE
         && let Some(session) = &session
     {
