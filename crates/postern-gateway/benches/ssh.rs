@@ -6,12 +6,10 @@
 //! `cargo bench -p postern-gateway --bench ssh` (needs openssh-server and openssh-client).
 
 mod common;
-#[allow(dead_code, clippy::unwrap_used)] // the tests' sshd harness, shared
-#[path = "../tests/it/sshd.rs"]
-mod sshd;
 
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
 use postern_engine::{Call, LockOnlyApprover, Manifest};
+use postern_testkit::sshd;
 use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use serde_json::json;
 use std::{

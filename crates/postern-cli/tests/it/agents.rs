@@ -13,7 +13,7 @@ fn a_token_is_printed_once_stored_only_as_a_hash_and_revocable() {
     let token = run.stdout.trim().to_owned();
     assert!(token.starts_with("pst_") && token.len() == 68, "{token}");
     assert!(run.stderr.contains("Authorization: Bearer"), "{}", run.stderr);
-    assert_eq!(any_file_contains(dir.path(), &token), None, "the token itself is never stored");
+    assert_eq!(file_containing(dir.path(), &token), None, "the token itself is never stored");
 
     let listed: Vec<Value> = serde_json::from_str(&postern(&["agents", "list", "--json"], d).stdout).expect("json");
     assert_eq!(listed.len(), 1);

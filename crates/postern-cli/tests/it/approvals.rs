@@ -541,7 +541,7 @@ fn per_use_approval_covers_one_call_and_its_retry_joins_the_open_question() {
     assert_eq!(events.iter().filter(|e| *e == "approval_requested").count(), 1, "{events:?}");
     // The secret was sent to the target, and shown or journaled nowhere.
     assert!(!term.screen().contains(BANK_SECRET));
-    assert!(super::support::any_file_contains(gw.path(), BANK_SECRET).is_none());
+    assert!(super::support::file_containing(gw.path(), BANK_SECRET).is_none());
 }
 
 /// A change that weakens safety asked for from outside any agent run (here, the owner's own

@@ -150,7 +150,7 @@ fn every_command_works_beside_a_running_gateway() {
     ok(&postern_with(&["servers", "import", "--undo"], Some(gw.path()), None, &home_env), "servers import --undo");
     assert_eq!(std::fs::read(home.path().join(".cursor/mcp.json")).unwrap(), cursor, "the original bytes");
     assert_eq!(serde_json::from_str::<Value>(&run(&["servers", "list", "--json"], None).stdout).unwrap(), json!([]));
-    assert_eq!(super::support::any_file_contains(gw.path(), canary), None);
+    assert_eq!(super::support::file_containing(gw.path(), canary), None);
 
     // The audit trail: a checkpoint signed by the gateway, its key, and an offline verification.
     let checkpoint = work.path().join("head.json");
@@ -191,7 +191,7 @@ fn every_command_works_beside_a_running_gateway() {
         assert!(ops.contains(&op), "{op} in {ops:?}");
     }
     assert!(applied.iter().all(|r| r["detail"]["peer"]["pid"].is_u64()), "{applied:?}");
-    assert_eq!(super::support::any_file_contains(gw.path(), SECRET), None, "the secret went to the keychain only");
+    assert_eq!(super::support::file_containing(gw.path(), SECRET), None, "the secret went to the keychain only");
     let log = gw.stderr.lock().unwrap().clone();
     assert!(!log.contains(SECRET) && !log.contains(CANARY), "no secret carried over the socket is logged");
 }

@@ -18,11 +18,7 @@ mod paths;
 mod reference;
 mod service;
 mod ssh;
-mod upstreams;
-// The gateway's sshd harness, shared; this binary uses part of it.
-#[allow(dead_code)]
-#[path = "../../../postern-gateway/tests/it/sshd.rs"]
-mod sshd;
 mod support;
 mod tasks;
+mod upstreams;
 mod vault;

@@ -1,8 +1,8 @@
 //! `postern vault add-ssh`, `postern call ssh_exec` and `postern ssh gc` against a real OpenSSH
 //! server on loopback (the harness is shared with the gateway's tests).
 
-use super::sshd::Sshd;
 use super::support::{postern, postern_with};
+use postern_testkit::sshd::Sshd;
 use serde_json::Value;
 
 struct Setup {
@@ -82,7 +82,7 @@ fn add_ssh_pins_the_host_key_imports_an_encrypted_key_and_runs_a_command() {
     let key_body = std::fs::read_to_string(s.sshd.dir.path().join("id_locked")).unwrap();
     let body_line = key_body.lines().nth(1).unwrap();
     for needle in [body_line, "correct horse battery"] {
-        assert!(super::support::any_file_contains(s.data.path(), needle).is_none(), "{needle} on disk");
+        assert!(super::support::file_containing(s.data.path(), needle).is_none(), "{needle} on disk");
     }
 }
 
@@ -159,7 +159,7 @@ fn a_gateway_crash_while_an_ssh_command_runs_is_recovered_through_the_marker() {
     assert!(events.contains(&"outcome_unknown".to_owned()) && events.contains(&"completed".to_owned()), "{events:?}");
     // The private key is in no log line and no file of the data directory.
     assert!(!gw.stderr.lock().unwrap().contains(&key_line));
-    assert!(super::support::any_file_contains(gw.path(), &key_line).is_none());
+    assert!(super::support::file_containing(gw.path(), &key_line).is_none());
 }
 
 /// `ssh gc` removes a marker only when the journal shows its execution settled: the marker of an

@@ -9,13 +9,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Bytes of every file in `dir` contain `needle`?
-pub fn any_file_contains(dir: &Path, needle: &str) -> Option<PathBuf> {
-    std::fs::read_dir(dir)
-        .expect("dir")
-        .map(|e| e.expect("entry").path())
-        .find(|p| std::fs::read(p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())))
-}
+pub use postern_testkit::file_containing;
 
 pub const T0: i64 = 1_764_445_000_000;
 

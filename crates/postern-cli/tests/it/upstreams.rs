@@ -3,7 +3,7 @@
 //! through `postern mcp`, and every effect is counted at the upstream (its own file), not in logs.
 
 use super::gateway_support::{Agent, Gateway, Sdk, repo_root};
-use super::support::{any_file_contains, postern_with};
+use super::support::{file_containing, postern_with};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -160,7 +160,7 @@ fn upstream_tools_are_offered_namespaced_with_their_contracts_and_each_call_is_a
     // The secrets are in no Postern file (journal, WAL, logs) and not in the gateway's log.
     drop(agent);
     for secret in [CANARY, password] {
-        assert_eq!(any_file_contains(gw.path(), secret), None);
+        assert_eq!(file_containing(gw.path(), secret), None);
         assert!(!gw.stderr.lock().unwrap().contains(secret));
     }
 }
@@ -354,7 +354,7 @@ fn servers_are_added_listed_inspected_and_removed_without_their_secret_showing()
     let list = postern_with(&["servers", "list", "--json"], Some(data.path()), None, &[]);
     assert_eq!(serde_json::from_str::<Value>(&list.stdout).unwrap()[0]["start"], "on_first_use");
 
-    assert_eq!(any_file_contains(data.path(), CANARY), None, "the secret is only in the keychain");
+    assert_eq!(file_containing(data.path(), CANARY), None, "the secret is only in the keychain");
     let removed = postern_with(&["servers", "remove", "counter"], Some(data.path()), None, &[]);
     assert_eq!(removed.code, 0, "{}", removed.stderr);
     let gone = postern_with(&["servers", "tools", "counter"], Some(data.path()), None, &[]);
@@ -562,7 +562,7 @@ fn a_remote_upstream_gets_its_vault_credential_and_its_calls_are_executions() {
     assert_eq!(pays[0]["execution_id"], id, "the execution ID travels in _meta over HTTP too");
     assert!(!dir.path().join("unauthorized.log").exists(), "every request carried the credential");
     drop(agent);
-    assert_eq!(any_file_contains(gw.path(), CANARY), None);
+    assert_eq!(file_containing(gw.path(), CANARY), None);
     assert!(!gw.stderr.lock().unwrap().contains(CANARY));
     let _ = upstream.kill();
     let _ = upstream.wait();

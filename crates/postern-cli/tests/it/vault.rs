@@ -34,7 +34,7 @@ fn a_credential_is_added_from_stdin_listed_without_its_secret_and_removed() {
     for out in [&run.stdout, &run.stderr] {
         assert!(!out.contains(CANARY));
     }
-    assert_eq!(any_file_contains(dir.path(), CANARY), None, "the secret must live only in the keychain");
+    assert_eq!(file_containing(dir.path(), CANARY), None, "the secret must live only in the keychain");
     // Every change is journaled and the journal verifies.
     assert_eq!(postern(&["audit", "verify"], d).code, 0);
     assert_eq!(postern(&["vault", "remove", "deploy"], d).code, 0);
@@ -79,7 +79,7 @@ fn without_a_secret_service_postern_says_how_to_get_one_and_stores_nothing() {
     assert!(run.stderr.contains("the OS keychain is not available"), "{}", run.stderr);
     assert!(run.stderr.contains("never falls back to a file"), "{}", run.stderr);
     assert!(run.stderr.contains("gnome-keyring-daemon --unlock"), "{}", run.stderr);
-    assert_eq!(any_file_contains(dir.path(), CANARY), None);
+    assert_eq!(file_containing(dir.path(), CANARY), None);
 }
 
 #[test]

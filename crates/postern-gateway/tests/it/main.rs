@@ -7,5 +7,4 @@ mod builtin;
 mod faults;
 mod ladder;
 mod ssh;
-mod sshd;
 mod support;

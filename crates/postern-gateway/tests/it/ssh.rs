@@ -1,13 +1,11 @@
-//! The SSH channel against a real OpenSSH server on loopback (see `sshd.rs`): exit status and
+//! The SSH channel against a real OpenSSH server on loopback (`postern_testkit::sshd`): exit status and
 //! output, the cap, the timeout, host-key policies, and the marker protocol when the connection
 //! is cut after the remote command started.
 
-use crate::{
-    sshd::Sshd,
-    support::{call, open_rig},
-};
+use crate::support::{call, open_rig};
 use postern_core::{ExecutionState, Timestamp};
 use postern_engine::{Engine, LockOnlyApprover, Manifest};
+use postern_testkit::sshd::Sshd;
 use postern_vault::{HostKeyPolicy, Sensitive, SshHost};
 use serde_json::json;
 use std::{
@@ -499,7 +497,7 @@ async fn the_private_key_and_passphrase_never_leak() {
     let body_line = key.private.lines().nth(1).unwrap().to_owned();
     let passphrase = key.passphrase.unwrap();
     for canary in [&body_line, &passphrase] {
-        assert!(crate::support::any_file_in(r.rig.dir.path(), canary).is_none(), "{canary} on disk");
+        assert!(crate::support::file_containing(r.rig.dir.path(), canary).is_none(), "{canary} on disk");
         assert!(!format!("{out:?}").contains(canary.as_str()));
     }
     // A wrong passphrase is an error that names the problem, not the secret.

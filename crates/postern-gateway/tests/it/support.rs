@@ -355,17 +355,4 @@ pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Cal
     }
 }
 
-/// The first file under `dir` (recursively) whose bytes contain `needle`.
-pub fn any_file_in(dir: &std::path::Path, needle: &str) -> Option<std::path::PathBuf> {
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            if let Some(found) = any_file_in(&path, needle) {
-                return Some(found);
-            }
-        } else if std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
-            return Some(path);
-        }
-    }
-    None
-}
+pub use postern_testkit::file_containing;

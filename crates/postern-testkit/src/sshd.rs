@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+#[derive(Debug)]
 pub struct Sshd {
     pub dir: tempfile::TempDir,
     pub port: u16,
@@ -19,6 +20,12 @@ pub struct Sshd {
 pub struct ClientKey {
     pub private: String,
     pub passphrase: Option<String>,
+}
+
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientKey").field("passphrase", &self.passphrase.is_some()).finish_non_exhaustive()
+    }
 }
 
 fn keygen(dir: &Path, name: &str, kind: &[&str], passphrase: &str) -> PathBuf {
