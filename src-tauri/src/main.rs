@@ -96,7 +96,8 @@ fn main() {
             });
             *task_slot.lock().map_err(|_| "poisoned")? = Some(task);
             let watched = Arc::clone(&store);
-            tauri::async_runtime::spawn(async move { notify::watch_uncertain(watched).await });
+            let live = handle.clone();
+            tauri::async_runtime::spawn(async move { notify::watch_journal(live, watched).await });
             if let Err(e) = tray::install(&handle) {
                 tracing::warn!(error = %e, "no tray icon (is there a tray host?)");
             }

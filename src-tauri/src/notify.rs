@@ -42,20 +42,27 @@ pub fn needs_review(new: u64) {
     let _ = show("Postern: an outcome needs review", &body);
 }
 
-/// Notifies when executions become `outcome_unknown` or `needs_review`: every 2 s it reads only
-/// the journal rows appended since the last look (never a scan of all executions).
-pub async fn watch_uncertain(store: std::sync::Arc<postern_store::Store>) {
-    let head = |store: &postern_store::Store| store.view().head().map_or(0, |h| h.size);
-    let mut seen = head(&store);
-    loop {
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        let now = head(&store);
+/// Pushes the journal's changes to the windows and notifies when executions become
+/// `outcome_unknown` or `needs_review`. It waits on the journal's size (never polls) and reads
+/// only the rows appended since the last look; at most one `journal-changed` event per
+/// `LIVE_INTERVAL`, so a burst of calls reloads a view once.
+pub async fn watch_journal(app: AppHandle, store: std::sync::Arc<postern_store::Store>) {
+    use tauri::Emitter;
+    let mut size = store.journal_size();
+    let mut seen = *size.borrow_and_update();
+    while size.changed().await.is_ok() {
+        let now = *size.borrow_and_update();
         if now > seen {
             let new = store.view().events_after(seen, &["outcome_unknown", "needs_review"]).unwrap_or(0);
             if new > 0 {
                 needs_review(new);
             }
+            let _ = app.emit("journal-changed", now);
             seen = now;
         }
+        tokio::time::sleep(LIVE_INTERVAL).await;
     }
 }
+
+/// How often, at most, the windows are told the journal changed.
+pub const LIVE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);

@@ -547,6 +547,12 @@ impl Store {
         &self.writer.stats
     }
 
+    /// The journal's size, changed after every commit that appended rows: a live view waits on
+    /// it instead of polling (a burst of commits is seen as one change).
+    pub fn journal_size(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.writer.committed()
+    }
+
     /// Records the current journal head as a checkpoint and returns it for export.
     pub fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
         self.writer.call(WriteKind::DURABLE, move |w| w.checkpoint(at))

@@ -78,6 +78,9 @@ export const ipc = {
   onAuditProgress: (f: (done: number, total: number) => void): Promise<UnlistenFn> =>
     listen<[number, number]>('audit-progress', (e) => f(e.payload[0], e.payload[1])),
   onApprovalsChanged: (f: () => void): Promise<UnlistenFn> => listen('approvals-changed', () => f()),
+  /** The journal grew (at most every 250 ms, with its size): a live view reloads. */
+  onJournalChanged: (f: (size: number) => void): Promise<UnlistenFn> =>
+    listen<number>('journal-changed', (e) => f(e.payload)),
 };
 
 export type Ipc = typeof ipc;

@@ -3,6 +3,8 @@ import { describe, expect, it, vi } from 'vitest';
 import Activity from './Activity.svelte';
 import type { ExecutionFilter, ExecutionRow, Ipc } from '../lib/ipc';
 
+const onJournalChanged = async () => () => {};
+
 function rows(n: number, from = 0): ExecutionRow[] {
   return Array.from({ length: n }, (_, i) => ({
     id: `act_${String(1_000_000 - from - i).padStart(26, '0')}`,
@@ -19,7 +21,7 @@ function rows(n: number, from = 0): ExecutionRow[] {
 
 describe('Activity', () => {
   it('says how to connect an agent when nothing has happened yet, and that filters match nothing', async () => {
-    const ipc = { executions: vi.fn(async () => []) } as unknown as Ipc;
+    const ipc = { executions: vi.fn(async () => []), onJournalChanged } as unknown as Ipc;
     render(Activity, { props: { ipc } });
     expect((await screen.findByTestId('activity-empty')).textContent).toContain('claude mcp add postern -- postern mcp');
     expect(screen.getByTestId('copy-connect')).toBeTruthy();
@@ -39,7 +41,7 @@ describe('Activity', () => {
         { at: 4, event: 'outcome_unknown', summary: '' },
       ],
     }));
-    const ipc = { executions: vi.fn(async () => rows(3)), executionDetail } as unknown as Ipc;
+    const ipc = { executions: vi.fn(async () => rows(3)), executionDetail, onJournalChanged } as unknown as Ipc;
     render(Activity, { props: { ipc } });
     await screen.findByTestId('activity');
     const groups = [...document.querySelectorAll('[data-testid=state] [data-group]')].map((b) => b.getAttribute('data-group'));
@@ -54,7 +56,7 @@ describe('Activity', () => {
 
   it('pages by the last execution ID and filters by state', async () => {
     const executions = vi.fn(async (f: ExecutionFilter) => (f.before ? rows(10, 100) : rows(100)));
-    const ipc = { executions } as unknown as Ipc;
+    const ipc = { executions, onJournalChanged } as unknown as Ipc;
     render(Activity, { props: { ipc } });
     await screen.findByTestId('activity');
     expect(screen.getByTestId('loaded-count').textContent).toBe('100');
@@ -73,7 +75,7 @@ describe('Activity', () => {
 
   it('sends a time range as milliseconds', async () => {
     const executions = vi.fn(async (_f: ExecutionFilter) => rows(3));
-    render(Activity, { props: { ipc: { executions } as unknown as Ipc } });
+    render(Activity, { props: { ipc: { executions, onJournalChanged } as unknown as Ipc } });
     await screen.findByTestId('activity');
     await fireEvent.input(screen.getByTestId('from'), { target: { value: '2026-11-30T00:00' } });
     await fireEvent.submit(screen.getByTestId('search').closest('form')!);
@@ -82,8 +84,24 @@ describe('Activity', () => {
   });
 
   it('shows an error state with the message', async () => {
-    const ipc = { executions: vi.fn(async () => { throw new Error('the journal is unavailable'); }) } as unknown as Ipc;
+    const ipc = { executions: vi.fn(async () => { throw new Error('the journal is unavailable'); }), onJournalChanged } as unknown as Ipc;
     render(Activity, { props: { ipc } });
     expect((await screen.findByTestId('activity-error')).textContent).toContain('journal is unavailable');
+  });
+
+  it('reloads the first page when the journal grows, and stops listening when it is closed', async () => {
+    let changed: ((size: number) => void) | null = null;
+    const unlisten = vi.fn();
+    const listen = vi.fn(async (f: (size: number) => void) => { changed = f; return unlisten; });
+    let journal = rows(2);
+    const executions = vi.fn(async () => journal);
+    const view = render(Activity, { props: { ipc: { executions, onJournalChanged: listen } as unknown as Ipc } });
+    await waitFor(() => expect(document.querySelectorAll('[data-execution]').length).toBe(2));
+    journal = rows(3);
+    changed!(42);
+    await waitFor(() => expect(document.querySelectorAll('[data-execution]').length).toBe(3));
+    expect(executions).toHaveBeenCalledTimes(2);
+    view.unmount();
+    await waitFor(() => expect(unlisten).toHaveBeenCalled());
   });
 });

@@ -44,7 +44,7 @@ describe('Sessions', () => {
     const revokeSession = vi.fn(async (id: string) => {
       list = list.map((s) => (s.id === id ? { ...s, authorization: 'revoked' } : s));
     });
-    const ipc = { sessions: vi.fn(async () => list), revokeSession } as unknown as Ipc;
+    const ipc = { sessions: vi.fn(async () => list), revokeSession, onJournalChanged: listen } as unknown as Ipc;
     render(Sessions, { props: { ipc } });
     await screen.findByTestId('sessions');
     expect(screen.getAllByText('Revoke').length).toBe(1);
@@ -54,7 +54,7 @@ describe('Sessions', () => {
   });
 
   it('has an empty state', async () => {
-    render(Sessions, { props: { ipc: { sessions: vi.fn(async () => []) } as unknown as Ipc } });
+    render(Sessions, { props: { ipc: { sessions: vi.fn(async () => []), onJournalChanged: listen } as unknown as Ipc } });
     expect(await screen.findByTestId('sessions-empty')).toBeTruthy();
   });
 });

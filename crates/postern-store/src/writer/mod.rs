@@ -173,6 +173,8 @@ pub(crate) struct WriterHandle {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     alarm: Arc<std::sync::Mutex<Option<Vec<crate::authority::AuthorityMismatch>>>>,
+    /// The journal's size after each commit.
+    committed: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Drop for WriterHandle {
@@ -193,7 +195,9 @@ impl WriterHandle {
         let stats = Arc::new(WriterStats::default());
         let alarm = Arc::new(std::sync::Mutex::new(None));
         let data_version = data_version(&conn)?;
+        let (committed_tx, committed) = tokio::sync::watch::channel(head.size);
         let mut writer = Writer {
+            committed: committed_tx,
             alarm: Arc::clone(&alarm),
             data_version,
             conn,
@@ -209,7 +213,12 @@ impl WriterHandle {
             .name("postern-journal-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| StoreError::Corrupt(format!("cannot start the journal writer: {e}")))?;
-        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread), alarm })
+        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread), alarm, committed })
+    }
+
+    /// The journal's size, updated after every commit that appended rows.
+    pub(crate) fn committed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.committed.clone()
     }
 
     fn submit(&self, job: Job) -> Result<(), StoreError> {
@@ -277,6 +286,8 @@ pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
 
 pub(crate) struct Writer {
     conn: Connection,
+    /// Told the journal's size after each commit (what the app's live views wait on).
+    committed: tokio::sync::watch::Sender<u64>,
     /// Set when another process committed to the database and the authority tables then
     /// differed from the journal.
     alarm: Arc<std::sync::Mutex<Option<Vec<crate::authority::AuthorityMismatch>>>>,
@@ -347,6 +358,9 @@ impl Writer {
     /// Commits `batch` and tells each job's caller how it went.
     fn commit_and_answer(&mut self, mut batch: Vec<Job>) {
         let failed = self.commit_batch(&mut batch);
+        // Before the answers: a caller that reads the size after its write sees the write.
+        let size = self.head.size;
+        self.committed.send_if_modified(|seen| std::mem::replace(seen, size) != size);
         for job in batch {
             job.answer(failed.as_ref());
         }

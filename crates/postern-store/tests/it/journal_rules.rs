@@ -329,3 +329,26 @@ fn the_prior_a_retry_would_match_can_be_looked_up_read_only() {
     assert_eq!(view.prior_execution(&fp, "process:/other@sha256:00", scope.as_str()).unwrap(), None, "another actor");
     assert_eq!(view.prior_execution(&fp, actor.as_str(), "run:other").unwrap(), None, "another scope");
 }
+
+/// A live view (the app's Activity) waits on the journal's size instead of polling: it changes
+/// after each commit that appended rows, reads the size the journal has, and a reader that was
+/// away sees one change for many commits.
+#[test]
+fn a_live_view_is_told_the_journal_size_after_each_commit() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let mut size = store.journal_size();
+    let start = *size.borrow_and_update();
+    assert_eq!(start, store.view().head().expect("head").size);
+    assert!(!size.has_changed().expect("writer alive"), "nothing committed yet");
+    let id = dispatch_new(&store, payment(exec_id(1), 5, session(1), at(0)));
+    assert!(size.has_changed().expect("writer alive"));
+    assert_eq!(*size.borrow_and_update(), start + 3, "accepted, authorized, dispatched");
+    store.transition(id, ExecutionState::OutcomeUnknown, json!({}), at(10)).expect("unknown");
+    populate(&store, 2);
+    assert_eq!(*size.borrow_and_update(), store.view().head().expect("head").size);
+    assert!(!size.has_changed().expect("writer alive"), "seen up to the head");
+    // A write the journal refuses appends nothing, and tells nothing.
+    assert!(store.transition(id, ExecutionState::Accepted, json!({}), at(20)).is_err());
+    assert!(!size.has_changed().expect("writer alive"));
+}
