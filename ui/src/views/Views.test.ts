@@ -120,6 +120,18 @@ describe('Servers', () => {
     await waitFor(() => expect(screen.getByTestId('server-state-github').textContent).toBe('running'));
   });
 
+  it('keeps an action\'s error in view after the list reloads', async () => {
+    const restartServer = vi.fn(async () => {
+      throw new Error('the server github cannot start: its secret GITHUB_TOKEN is not in the keychain');
+    });
+    const servers = vi.fn(async () => [server('crashed', null)]);
+    render(Servers, { props: { ipc: { servers, restartServer } as unknown as Ipc } });
+    await screen.findByTestId('server-github');
+    await fireEvent.click(screen.getByText('Restart'));
+    await waitFor(() => expect(servers).toHaveBeenCalledTimes(2));
+    expect(screen.getByTestId('servers-error').textContent).toContain('GITHUB_TOKEN is not in the keychain');
+  });
+
   it('lets the owner hold a tool to a contract, not where tools.toml decides, and choose when it starts', async () => {
     const setToolContract = vi.fn(async () => undefined);
     const setServerStart = vi.fn(async () => undefined);
