@@ -28,7 +28,8 @@ pub use ladder::{LadderDecision, LadderInput, Rung, SessionStanding, decide_ladd
 pub use lifecycle::{ExecutionState, IllegalTransition};
 pub use outside::Outside;
 pub use record::{
-    ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, McpAction, RecordError, SshAction,
+    ActionRequest, ActionTarget, Actor, CanonicalAction, HttpAction, IntentScope, McpAction, McpOperation, RecordError,
+    SshAction,
 };
 pub use retry::{
     IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry, key_forgotten,

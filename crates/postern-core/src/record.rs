@@ -104,12 +104,35 @@ pub struct SshAction {
     pub command: String,
 }
 
-/// A `tools/call` forwarded to an upstream MCP server: which server (by its vault name) and
-/// which of its tools (its own name, not the namespaced one agents see).
+/// A request forwarded to an upstream MCP server: which server (by its vault name), which
+/// operation, and for a `tools/call` which of its tools (its own name, not the namespaced one
+/// agents see).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct McpAction {
     pub server: String,
     pub tool: String,
+    pub operation: McpOperation,
+}
+
+/// What a request to an upstream server does: call one of its tools, or one of the reads agents
+/// reach through `resources/read` and `prompts/get`. A kind of its own, never a tool's name: an
+/// upstream may offer a tool called `resources/read`, and calling it is still a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum McpOperation {
+    CallTool,
+    ReadResource,
+    GetPrompt,
+}
+
+impl McpOperation {
+    /// The MCP method.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            McpOperation::CallTool => "tools/call",
+            McpOperation::ReadResource => "resources/read",
+            McpOperation::GetPrompt => "prompts/get",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -186,8 +209,13 @@ impl CanonicalAction {
                     }),
                 );
             }
-            ActionTarget::Mcp(mcp) => {
+            // A tool call's target is as it always was (its fingerprints unchanged); a read names
+            // its operation, so it never matches a call of a tool with the operation's name.
+            ActionTarget::Mcp(mcp) if mcp.operation == McpOperation::CallTool => {
                 record.insert("target".into(), json!({ "server": mcp.server, "tool": mcp.tool }));
+            }
+            ActionTarget::Mcp(mcp) => {
+                record.insert("target".into(), json!({ "server": mcp.server, "operation": mcp.operation.as_str() }));
             }
         }
         let record = Value::Object(record);
@@ -440,6 +468,27 @@ mod tests {
             arguments,
             intent_scope: IntentScope::agent_run(session()),
         }
+    }
+
+    #[test]
+    fn an_upstream_read_never_shares_a_record_with_a_tool_of_its_name() {
+        let mcp = |tool: &str, operation| ActionRequest {
+            tool: "counter__resources/read".into(),
+            target: ActionTarget::Mcp(McpAction { server: "counter".into(), tool: tool.into(), operation }),
+            credential_ref: None,
+            ..deploy_request(json!({ "uri": "counter://effects" }))
+        };
+        let build =
+            |r: &ActionRequest| CanonicalAction::build(r, &ReplayContract::read_only(), &key()).expect("builds");
+        let tool = build(&mcp("resources/read", McpOperation::CallTool));
+        let read = build(&mcp("resources/read", McpOperation::ReadResource));
+        assert_eq!(
+            tool.record["target"],
+            json!({ "server": "counter", "tool": "resources/read" }),
+            "a tool's as before"
+        );
+        assert_eq!(read.record["target"], json!({ "server": "counter", "operation": "resources/read" }));
+        assert_ne!(tool.fingerprint(&key()), read.fingerprint(&key()));
     }
 
     #[test]

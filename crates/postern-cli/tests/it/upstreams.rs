@@ -611,6 +611,17 @@ fn upstream_resources_and_prompts_are_offered_namespaced_and_each_read_is_journa
     let tools: Vec<&str> = accepted.iter().map(|r| r["detail"]["tool"].as_str().unwrap()).collect();
     assert_eq!(tools, ["counter__resources/read", "counter__resources/read", "counter__prompts/get"], "{accepted:?}");
     assert_eq!(count(dir.path(), "pay"), 0);
+
+    // A read is a kind of its own, not a tool name: a server's tool called `resources/read` is
+    // that tool, called with tools/call (it was sent as a resource read, and failed).
+    let added = agent.call_and_wait("add", "counter__add_tool", json!({ "name": "resources/read" }));
+    assert_eq!(added["structured"]["state"], "completed", "{added}");
+    super::gateway_support::eventually("the tool in tools/list", std::time::Duration::from_secs(30), || {
+        let tools = agent.tools();
+        tools["tools"].as_array().unwrap().iter().any(|t| t["name"] == "counter__resources/read").then_some(())
+    });
+    let called = agent.call_and_wait("the tool", "counter__resources/read", json!({}));
+    assert!(called["text"].to_string().contains("resources/read says hello"), "{called}");
 }
 
 #[test]

@@ -52,6 +52,7 @@ impl Engine {
                 return Ok(Wire::Mcp(McpOutgoing {
                     server: plan.server.clone(),
                     tool: plan.tool.clone(),
+                    operation: plan.operation,
                     arguments,
                     execution: id.to_string(),
                     timeout: p.tool.timeout,
@@ -120,7 +121,9 @@ impl Engine {
             Wire::Ssh(out) => self.observe_ssh(p, self.ssh_send(out).await),
             Wire::Mcp(out) => {
                 let sent = match &self.upstreams {
-                    Some(u) => u.call(&out.server, &out.tool, out.arguments, &out.execution, out.timeout).await,
+                    Some(u) => {
+                        u.call(&out.server, &out.tool, out.operation, out.arguments, &out.execution, out.timeout).await
+                    }
                     None => UpstreamSent::NotSent { reason: "this gateway runs no upstream MCP servers".into() },
                 };
                 self.observe_mcp(p, sent)

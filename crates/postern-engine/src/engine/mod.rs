@@ -222,6 +222,7 @@ struct McpPlan {
     server: String,
     /// The upstream's own name for the tool.
     tool: String,
+    operation: postern_core::McpOperation,
     arguments: serde_json::Map<String, Value>,
     approve_every_use: bool,
 }
@@ -340,6 +341,7 @@ impl Wire {
 struct McpOutgoing {
     server: String,
     tool: String,
+    operation: postern_core::McpOperation,
     arguments: serde_json::Map<String, Value>,
     execution: String,
     timeout: Duration,

@@ -106,6 +106,7 @@ impl Engine {
             target: Target::Mcp(McpPlan {
                 server: t.server,
                 tool: t.tool,
+                operation: t.operation,
                 arguments: map,
                 approve_every_use: t.approve_every_use,
             }),
@@ -316,9 +317,11 @@ impl Engine {
                 working_dir: plan.working_dir.clone(),
                 command: p.shown_command(plan),
             }),
-            Target::Mcp(plan) => {
-                ActionTarget::Mcp(postern_core::McpAction { server: plan.server.clone(), tool: plan.tool.clone() })
-            }
+            Target::Mcp(plan) => ActionTarget::Mcp(postern_core::McpAction {
+                server: plan.server.clone(),
+                tool: plan.tool.clone(),
+                operation: plan.operation,
+            }),
             Target::Http(plan) => ActionTarget::Http(HttpAction {
                 method: plan.method.clone(),
                 url: p.shown_url.clone(),

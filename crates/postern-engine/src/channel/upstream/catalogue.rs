@@ -8,7 +8,7 @@
 use super::{RESOURCE_PREFIX, Running, SEPARATOR, ToolOverride, UpstreamTool};
 use crate::catalog::redaction::CallSecrets;
 use crate::catalog::upstream_contract::{OVERRIDE, derive_contract, hinted_class};
-use postern_core::ReplayContract;
+use postern_core::{McpOperation, ReplayContract};
 use postern_vault::Vault;
 use rmcp::model::Tool as RmcpTool;
 use serde_json::{Value, json};
@@ -159,7 +159,7 @@ impl Catalogue {
                         hinted: hinted_class(t),
                         approve_every_use: over.is_some_and(|o| o.approve_every_use) || server_def.approve_every_use,
                         validator: Arc::new(validator),
-                        operation: "tools/call",
+                        operation: McpOperation::CallTool,
                     },
                 );
             }
@@ -179,15 +179,15 @@ pub fn tool_name_ok(name: &str) -> bool {
 }
 
 /// The read-only operation `operation` on `server`, as the engine runs it.
-pub(super) fn read_operation(server: &str, operation: &'static str) -> UpstreamTool {
+pub(super) fn read_operation(server: &str, operation: McpOperation) -> UpstreamTool {
     static ANY: std::sync::LazyLock<Arc<jsonschema::Validator>> = std::sync::LazyLock::new(|| {
         Arc::new(jsonschema::validator_for(&json!({})).expect("the empty schema compiles"))
     });
     UpstreamTool {
         server: server.to_owned(),
-        tool: operation.to_owned(),
-        name: format!("{server}{SEPARATOR}{operation}"),
-        description: format!("{operation} on MCP server {server}"),
+        tool: operation.as_str().to_owned(),
+        name: format!("{server}{SEPARATOR}{}", operation.as_str()),
+        description: format!("{} on MCP server {server}", operation.as_str()),
         input_schema: json!({ "type": "object" }),
         contract: ReplayContract::read_only(),
         contract_source: "default",

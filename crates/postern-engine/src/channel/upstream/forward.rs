@@ -11,6 +11,7 @@ impl Upstreams {
         &self,
         server: &str,
         tool: &str,
+        operation: McpOperation,
         arguments: Map<String, Value>,
         execution: &str,
         timeout: Duration,
@@ -25,8 +26,8 @@ impl Upstreams {
             }
         };
         let meta = json!({ EXECUTION_META: execution });
-        if tool == READ_RESOURCE || tool == GET_PROMPT {
-            return read(&running, server, tool, arguments, meta, timeout).await;
+        if operation != McpOperation::CallTool {
+            return read(&running, server, operation, arguments, meta, timeout).await;
         }
         let params = json!({ "name": tool, "arguments": arguments, "_meta": meta });
         let params: CallToolRequestParams = match serde_json::from_value(params) {
@@ -70,14 +71,14 @@ fn too_large(e: &rmcp::ErrorData) -> bool {
 async fn read(
     running: &Running,
     server: &str,
-    operation: &str,
+    operation: McpOperation,
     arguments: Map<String, Value>,
     meta: Value,
     timeout: Duration,
 ) -> UpstreamSent {
     let mut params = Value::Object(arguments);
     params["_meta"] = meta;
-    let answer = if operation == READ_RESOURCE {
+    let answer = if operation == McpOperation::ReadResource {
         match serde_json::from_value::<rmcp::model::ReadResourceRequestParams>(params) {
             Ok(p) => tokio::time::timeout(timeout, running.service.read_resource(p)).await.map(|r| r.map(|r| json!(r))),
             Err(e) => return UpstreamSent::NotSent { reason: format!("the request could not be built: {e}") },
@@ -89,12 +90,12 @@ async fn read(
         }
     };
     let answered = |upstream_result: Value, is_error: bool| {
-        UpstreamSent::Answered(UpstreamResult::new(server, operation, upstream_result, is_error))
+        UpstreamSent::Answered(UpstreamResult::new(server, operation.as_str(), upstream_result, is_error))
     };
     match answer {
         Ok(Ok(result)) => answered(result, false),
         Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
-            UpstreamSent::TooLarge(UpstreamResult::new(server, operation, Value::Null, false))
+            UpstreamSent::TooLarge(UpstreamResult::new(server, operation.as_str(), Value::Null, false))
         }
         Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
         Ok(Err(e)) => {

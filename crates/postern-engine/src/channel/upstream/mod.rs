@@ -21,6 +21,7 @@ use crate::catalog::redaction::CallSecrets;
 use crate::catalog::upstream_contract::derive_contract;
 use catalogue::{Catalogue, Listing, read_operation};
 pub use catalogue::{MAX_TOOL_NAME, tool_name_ok, uri_ok};
+pub use postern_core::McpOperation;
 use postern_core::{Outside, ReplayClass, ReplayContract};
 use postern_vault::{McpServer, Sensitive, Vault, VaultError};
 use rmcp::{
@@ -39,10 +40,6 @@ use tokio::io::AsyncBufReadExt;
 
 /// Separates the server from the tool in the names agents see.
 pub const SEPARATOR: &str = "__";
-/// The operations on an upstream that are not tool calls, journaled as read-only executions
-/// under `<server>__resources/read` and `<server>__prompts/get` (names no agent can call as tools).
-pub const READ_RESOURCE: &str = "resources/read";
-pub const GET_PROMPT: &str = "prompts/get";
 /// Upstream resources are offered as `postern://<server>/<the server's own URI>`.
 pub const RESOURCE_PREFIX: &str = "postern://";
 
@@ -118,9 +115,10 @@ pub struct UpstreamTool {
     pub approve_every_use: bool,
     /// The upstream's input schema, compiled once (a schema that does not compile checks nothing).
     pub validator: Arc<jsonschema::Validator>,
-    /// `tools/call`, or a read ([`READ_RESOURCE`], [`GET_PROMPT`]) that agents reach through
-    /// `resources/read` and `prompts/get`, never as a tool.
-    pub operation: &'static str,
+    /// `tools/call`, or a read that agents reach through `resources/read` and `prompts/get`
+    /// ([`Upstreams::read`]), never as a tool: a read is journaled as a read-only execution
+    /// named `<server>__resources/read` or `<server>__prompts/get`.
+    pub operation: McpOperation,
 }
 
 /// What happened to one forwarded call. An answer is as the server sent it: it goes through
@@ -375,16 +373,18 @@ impl Upstreams {
         self.changes.subscribe()
     }
 
-    /// The tool an agent named, if a running server offers it; or, for `<server>__resources/read`
-    /// and `<server>__prompts/get`, the read-only operation on a running server.
+    /// The tool an agent named, if a running server offers it. Only tools: a server's tool
+    /// named `resources/read` is that tool, and a read is asked for by its kind ([`Upstreams::read`]).
     pub fn tool(&self, name: &str) -> Option<UpstreamTool> {
+        locked(&self.catalogue).tools.get(name).cloned()
+    }
+
+    /// A read (`resources/read`, `prompts/get`) of the running server `server`, as a read-only
+    /// operation the engine executes like a tool: `None` for a tool call or a server not running.
+    pub fn read(&self, server: &str, operation: McpOperation) -> Option<UpstreamTool> {
         let catalogue = locked(&self.catalogue);
-        if let Some(t) = catalogue.tools.get(name) {
-            return Some(t.clone());
-        }
-        let (server, operation) = name.split_once(SEPARATOR)?;
-        let operation = [READ_RESOURCE, GET_PROMPT].into_iter().find(|o| *o == operation)?;
-        catalogue.tools.values().any(|t| t.server == server).then(|| read_operation(server, operation))
+        (operation != McpOperation::CallTool && catalogue.tools.values().any(|t| t.server == server))
+            .then(|| read_operation(server, operation))
     }
 
     /// Every upstream resource, its URI namespaced (`postern://<server>/<uri>`).
@@ -410,7 +410,7 @@ impl Upstreams {
         tools
     }
 
-    /// The upstream tool (or read operation) `name` names, starting its server if its tools are
+    /// The upstream tool `name` names, starting its server if its tools are
     /// not known yet. The one lookup both the MCP handler and the engine use.
     pub async fn resolve(&self, name: &str) -> Option<UpstreamTool> {
         if !name.contains(SEPARATOR) {

@@ -7,7 +7,7 @@ use crate::{
     caller::runs::{AgentRuns, Caller, RunLease},
     delivery::DeliveryTicket,
 };
-use postern_core::{ErrorCode as _, ExecutionId, ExecutionState};
+use postern_core::{ErrorCode as _, ExecutionId, ExecutionState, McpOperation};
 use postern_engine::{
     Engine,
     catalog::manifest::{HTTP_REQUEST, SSH_EXEC},
@@ -221,7 +221,7 @@ impl PosternMcp {
         // Looked up once: the call carries the tool the agent is told exists.
         let upstream = match self.gateway.engine.upstreams() {
             Some(u) if self.gateway.engine.manifest().tool(&name).is_none() => {
-                u.resolve(&name).await.filter(|t| t.operation == "tools/call")
+                u.resolve(&name).await.filter(|t| t.operation == McpOperation::CallTool)
             }
             _ => None,
         };
@@ -408,14 +408,29 @@ impl PosternMcp {
     /// calling agent's run: journaled, refused while the vault is locked, like a tool call.
     async fn upstream_read(
         &self,
-        name: String,
+        server: &str,
+        operation: McpOperation,
         arguments: Value,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, McpError> {
         let (caller, _ticket) = self.caller_and_ticket(context)?;
         let run = self.run_for(&caller, context).await?;
+        // The read is resolved here, by its kind: no tool name reaches it.
+        let resolved = match self.gateway.engine.upstreams() {
+            Some(u) => {
+                u.ensure_started(server).await;
+                u.read(server, operation)
+            }
+            None => None,
+        };
+        let Some(resolved) = resolved else {
+            return Err(McpError::invalid_params(
+                format!("no running MCP server {server:?} to {} from: see `postern servers list`", operation.as_str()),
+                Some(json!({ "code": "unknown_server", "server": server })),
+            ));
+        };
         let call = postern_engine::Call {
-            tool: name,
+            tool: resolved.name.clone(),
             arguments,
             actor: run.actor.clone(),
             intent_scope: run.intent_scope(),
@@ -423,7 +438,7 @@ impl PosternMcp {
             correlation: json!({ "transport": caller.transport.as_str(), "agent_session": run.session.to_string() }),
             cancel: postern_engine::CancelSignal::default(),
             bound: postern_engine::Bound::default(),
-            resolved: None,
+            resolved: Some(resolved),
         };
         let engine = Arc::clone(&self.gateway.engine);
         let outcome = self
@@ -539,14 +554,13 @@ impl ServerHandler for PosternMcp {
         request: rmcp::model::ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
-        use postern_engine::channel::upstream::{READ_RESOURCE, RESOURCE_PREFIX, SEPARATOR};
+        use postern_engine::channel::upstream::RESOURCE_PREFIX;
         let not_found =
             || McpError::resource_not_found(format!("no resource {:?}: see resources/list", request.uri), None);
         let (server, uri) =
             request.uri.strip_prefix(RESOURCE_PREFIX).and_then(|rest| rest.split_once('/')).ok_or_else(not_found)?;
         let prefix = format!("{RESOURCE_PREFIX}{server}/");
-        let value =
-            self.upstream_read(format!("{server}{SEPARATOR}{READ_RESOURCE}"), json!({ "uri": uri }), &context).await?;
+        let value = self.upstream_read(server, McpOperation::ReadResource, json!({ "uri": uri }), &context).await?;
         let mut result: rmcp::model::ReadResourceResult = serde_json::from_value(value).map_err(|e| {
             McpError::internal_error(format!("MCP server {server} sent an unreadable resource: {e}"), None)
         })?;
@@ -583,13 +597,13 @@ impl ServerHandler for PosternMcp {
         request: rmcp::model::GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, McpError> {
-        use postern_engine::channel::upstream::{GET_PROMPT, SEPARATOR};
+        use postern_engine::channel::upstream::SEPARATOR;
         let (server, prompt) = request
             .name
             .split_once(SEPARATOR)
             .ok_or_else(|| McpError::invalid_params(format!("no prompt {:?}: see prompts/list", request.name), None))?;
         let arguments = json!({ "name": prompt, "arguments": request.arguments });
-        let value = self.upstream_read(format!("{server}{SEPARATOR}{GET_PROMPT}"), arguments, &context).await?;
+        let value = self.upstream_read(server, McpOperation::GetPrompt, arguments, &context).await?;
         let result: rmcp::model::GetPromptResult = serde_json::from_value(value).map_err(|e| {
             McpError::internal_error(format!("MCP server {server} sent an unreadable prompt: {e}"), None)
         })?;
