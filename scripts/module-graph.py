@@ -11,6 +11,7 @@ Reads `crate::…` paths (in `use` groups too), `super::…` paths and `use chil
 child, in tests as well: a test that needs a higher module is a sign the code is misplaced.
 
     python3 scripts/module-graph.py [--edges] [SRC_DIR ...]
+    python3 scripts/module-graph.py --self-test   # the checker on crates it plants problems in
 """
 import pathlib
 import re
@@ -87,7 +88,8 @@ def group_paths(body):
     items.append(cur)
     out = []
     for item in items:
-        item = item.strip()
+        # `engine::Engine as E` imports `engine::Engine`; `self` in a group is the group's head.
+        item = re.sub(r"\s+as\s+\w+\s*$", "", item.strip())
         if not item:
             continue
         m = re.match(r"([A-Za-z_][\w:]*?)(::\{(.*)\})?$", item, flags=re.S)
@@ -125,6 +127,8 @@ def references(text, here, children):
             p = re.match(r"[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*", text[start:])
             if p:
                 refs.append(base + p.group(0).split("::"))
+    for m in re.finditer(r"\b(?:use\s+crate\s+as|extern\s+crate\s+self\s+as)\s+(\w+)", text):
+        refs.append(["<alias>", m.group(1)])
     for m in re.finditer(r"\buse\s+([a-z_]\w*)::", text):
         if m.group(1) in children:
             refs.append(list(here) + [m.group(1)])
@@ -163,16 +167,19 @@ def reexports(src, known):
 def check(src):
     known = modules(src)
     exported = reexports(src, known)
-    edges = {}
+    edges, aliases = {}, []
     for here, f in known.items():
         children = {k[-1] for k in known if k[:-1] == here and len(k) == len(here) + 1}
         for ref in references(f.read_text(), here, children):
+            if ref[0] == "<alias>":
+                aliases.append(f"{src}: {'::'.join(here) or 'crate'} names the crate `{ref[1]}`: write `crate::`")
+                continue
             to = resolve(ref, known)
             if to == () and ref and ref[0] in exported:
                 to = exported[ref[0]]
             if to and not related(here, to):
                 edges.setdefault(here, set()).add(to)
-    problems = []
+    problems = list(aliases)
     root = src / "lib.rs"
     if root.exists():
         for m in re.finditer(r"(?m)^pub mod (\w+);", strip_comments(root.read_text())):
@@ -217,7 +224,42 @@ def check(src):
     return edges, problems
 
 
+def self_test():
+    """The checker on small crates written for the purpose: each must find what it plants."""
+    import tempfile
+
+    def crate(files):
+        d = pathlib.Path(tempfile.mkdtemp())
+        for name, text in files.items():
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_text(text)
+        return check(d)[1]
+
+    base = {"lib.rs": "pub mod engine;\npub mod door;\n", "door/mod.rs": "use crate::engine::Engine;\n"}
+    cases = [
+        ("clean", {**base, "engine/mod.rs": "pub struct Engine;\n"}, None),
+        ("upward", {**base, "engine/mod.rs": "use crate::door::X;\n"}, "a higher role"),
+        ("upward, renamed in a group", {**base, "engine/mod.rs": "use crate::{door::X as Y};\n"}, "a higher role"),
+        ("upward, nested group", {**base, "engine/mod.rs": "use crate::{door::{self, a::B as C}};\n"}, "a higher role"),
+        ("upward through super", {**base, "engine/mod.rs": "pub mod inner;\n", "engine/inner.rs": "use super::super::door::X;\n"}, "a higher role"),
+        ("upward in a string only", {**base, "engine/mod.rs": 'const S: &str = "crate::door::X";\n'}, None),
+        ("the crate aliased", {**base, "engine/mod.rs": "use crate as root;\n"}, "names the crate"),
+        ("a cycle", {"lib.rs": "pub mod engine;\n", "engine/mod.rs": "pub mod a;\npub mod b;\n", "engine/a.rs": "use crate::engine::b::X;\n", "engine/b.rs": "use crate::engine::a::Y;\n"}, "cycle"),
+        ("a root module that is no role", {**base, "lib.rs": "pub mod engine;\npub mod door;\npub mod util;\n", "engine/mod.rs": "", "util.rs": ""}, "not one of the roles"),
+    ]
+    failed = 0
+    for name, files, expect in cases:
+        found = crate(files)
+        ok = (not found) if expect is None else any(expect in p for p in found)
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {found or 'nothing found'}")
+        failed += not ok
+    if failed:
+        sys.exit(1)
+
+
 def main():
+    if "--self-test" in sys.argv:
+        return self_test()
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     show = "--edges" in sys.argv
     problems = []
