@@ -325,7 +325,7 @@ fn row(s: &postern_store::ExecutionSummary) -> ExecutionRow {
     ExecutionRow {
         id: s.id.clone(),
         tool: s.tool.clone(),
-        state: s.state.clone(),
+        state: s.state.to_string(),
         actor: s.actor.clone(),
         session: s.session_id.clone(),
         channel: s.channel.clone(),
@@ -340,7 +340,10 @@ pub fn executions(app: State<'_>, filter: ExecutionFilter) -> Result<Vec<Executi
     let blank = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
     let query = postern_store::ExecutionQuery {
         before: blank(filter.before),
-        state: blank(filter.state),
+        state: blank(filter.state)
+            .map(|s| s.parse::<postern_core::ExecutionState>())
+            .transpose()
+            .map_err(|e| IpcError::new("unknown_state", e.to_string()))?,
         tool: blank(filter.tool),
         actor: blank(filter.actor),
         session: blank(filter.session),

@@ -6,7 +6,7 @@ use crate::{
     StoreError,
     view::{ExecutionSummary, JournalView, StoredResult},
 };
-use postern_core::ExecutionId;
+use postern_core::{ExecutionId, ExecutionState};
 use rusqlite::params;
 use serde::Serialize;
 use serde_json::Value;
@@ -15,7 +15,7 @@ use serde_json::Value;
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Incident {
     pub execution_id: String,
-    pub state: String,
+    pub state: ExecutionState,
     pub tool: String,
     pub channel: String,
     pub actor: String,
@@ -84,7 +84,7 @@ pub struct CallRecord {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Related {
     pub execution_id: String,
-    pub state: String,
+    pub state: ExecutionState,
     pub intent_scope: String,
     pub accepted_at: i64,
 }
@@ -150,7 +150,7 @@ impl JournalView {
             let rows = stmt.query_map(params![key, summary.actor, summary.id, RELATED_LIMIT], |r| {
                 Ok(Related {
                     execution_id: r.get(0)?,
-                    state: r.get(1)?,
+                    state: crate::view::state_at(r, 1)?,
                     intent_scope: r.get(2)?,
                     accepted_at: r.get(3)?,
                 })

@@ -7,7 +7,7 @@ use crate::{
     journal::{HashHex, JournalEntry, JournalHead, JournalRow},
     schema, writer,
 };
-use postern_core::{ExecutionId, SessionId};
+use postern_core::{ExecutionId, ExecutionState, SessionId};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::Value;
@@ -45,7 +45,7 @@ pub struct ActivityFilter {
 pub struct ExecutionQuery {
     /// Only executions older than this ID (the last row of the previous page).
     pub before: Option<String>,
-    pub state: Option<String>,
+    pub state: Option<ExecutionState>,
     pub tool: Option<String>,
     pub actor: Option<String>,
     pub session: Option<String>,
@@ -67,7 +67,7 @@ pub struct ExecutionSummary {
     pub session_id: Option<String>,
     pub tool: String,
     pub channel: String,
-    pub state: String,
+    pub state: ExecutionState,
     pub accepted_at: i64,
     pub updated_at: i64,
     pub first_dispatched_at: Option<i64>,
@@ -133,6 +133,13 @@ pub(crate) const LAST_STATE: &str =
 const EXECUTION_COLUMNS: &str = "SELECT id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
         accepted_at, updated_at, first_dispatched_at, contract, record FROM executions";
 
+/// A state column read as the state it names: a spelling no state has is a corrupt row, never a
+/// string passed on for a reader to guess at.
+pub(crate) fn state_at(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<ExecutionState> {
+    let text: String = r.get(i)?;
+    text.parse().map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e)))
+}
+
 fn execution_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<ExecutionSummary> {
     let json = |i: usize| -> rusqlite::Result<Value> {
         let text: String = r.get(i)?;
@@ -147,7 +154,7 @@ fn execution_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<ExecutionSummary
         session_id: r.get(4)?,
         tool: r.get(5)?,
         channel: r.get(6)?,
-        state: r.get(7)?,
+        state: state_at(r, 7)?,
         accepted_at: r.get(8)?,
         updated_at: r.get(9)?,
         first_dispatched_at: r.get(10)?,
@@ -370,7 +377,7 @@ impl JournalView {
             let rows = stmt.query_map(
                 params![
                     query.before,
-                    query.state,
+                    query.state.map(ExecutionState::as_str),
                     query.tool,
                     query.actor,
                     query.session,

@@ -617,7 +617,7 @@ impl Engine {
 
     fn current_state(&self, id: ExecutionId) -> Result<ExecutionState, EngineError> {
         let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
-        current.state.parse().map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))
+        Ok(current.state)
     }
 
     /// How a call ended: execution `id` in `state`, decided by `decision`; a new execution that
@@ -705,10 +705,7 @@ impl Engine {
         let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
         let to =
             if reached_agent { ExecutionState::ResultDelivered } else { ExecutionState::CompletedResultNotDelivered };
-        let state: ExecutionState = current
-            .state
-            .parse()
-            .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+        let state = current.state;
         if state.transition(to).is_ok() {
             self.transition(id, to, json!({})).await?;
         }

@@ -650,10 +650,7 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
-            let state: ExecutionState = current
-                .state
-                .parse()
-                .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+            let state = current.state;
             if state != ExecutionState::Dispatched || tokio::time::Instant::now() >= deadline {
                 return match state {
                     ExecutionState::Completed
@@ -675,10 +672,7 @@ impl Engine {
         decision: Decision,
     ) -> Result<Option<CallOutcome>, EngineError> {
         let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
-        let state: ExecutionState = current
-            .state
-            .parse()
-            .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+        let state = current.state;
         let attached = decision != Decision::NewExecution;
         let read_only = current.contract["class"] == "read_only";
         let outcome = match state {

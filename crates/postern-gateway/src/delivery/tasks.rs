@@ -92,10 +92,7 @@ pub async fn task_on_record(
     if summary.actor != actor.as_str() {
         return Ok(None);
     }
-    let state: ExecutionState = summary
-        .state
-        .parse()
-        .map_err(|e: postern_core::lifecycle::UnknownState| EngineError::Internal(e.to_string()))?;
+    let state = summary.state;
     let rows = view.timeline(id)?;
     let circumstances = Circumstances {
         approval_pending: rows

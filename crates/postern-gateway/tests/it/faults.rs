@@ -478,7 +478,10 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
     assert_eq!(target.payments.load(Ordering::SeqCst), 1);
 
     let restarted = open_rig(dir, manifest(&base, &base));
-    assert_eq!(restarted.store.view().execution(id).unwrap().unwrap().state, "outcome_unknown");
+    assert_eq!(
+        restarted.store.view().execution(id).unwrap().unwrap().state,
+        postern_core::ExecutionState::OutcomeUnknown
+    );
     let last = restarted.store.view().timeline(id).unwrap().pop().unwrap();
     assert_eq!(last.row.detail["reason"], "gateway_restarted_while_dispatched");
     let retry = restarted.engine.call(call("create_payment", json!({"amount": 42}), 1, 2)).await.unwrap();

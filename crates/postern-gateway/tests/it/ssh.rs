@@ -474,7 +474,10 @@ async fn a_restart_while_dispatched_recovers_through_the_marker() {
         .iter()
         .find_map(|e| e.row.execution_id)
         .unwrap();
-    assert_eq!(restarted.store.view().execution(id).unwrap().unwrap().state, "outcome_unknown");
+    assert_eq!(
+        restarted.store.view().execution(id).unwrap().unwrap().state,
+        postern_core::ExecutionState::OutcomeUnknown
+    );
     eventually("the command to finish", Duration::from_secs(10), || {
         markers.path().join(id.to_string()).join("finished").exists()
     })

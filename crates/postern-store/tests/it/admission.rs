@@ -251,7 +251,7 @@ fn executions_page_walks_newest_first_by_id_and_filters() {
     let page = |before: Option<String>, state: Option<&str>, limit: usize| {
         view.executions_page(&postern_store::ExecutionQuery {
             before,
-            state: state.map(str::to_owned),
+            state: state.map(|s| s.parse().expect("a state")),
             limit,
             ..Default::default()
         })

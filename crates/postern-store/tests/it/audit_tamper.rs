@@ -263,3 +263,20 @@ fn a_store_reopened_after_tampering_still_opens_but_verify_reports() {
     drop(store);
     assert_eq!(findings(&fx, None), vec![Finding::Missing { from: 5, to: 5 }]);
 }
+
+/// A state column no state spells is a corrupt row: the view refuses it (the gateway, the CLI
+/// and the app then say so) instead of handing the string on for each reader to parse or show.
+#[test]
+fn a_state_no_state_spells_is_refused_by_the_view_and_found_by_verify() {
+    let (fx, _) = populated();
+    let conn = attacker(&fx.path);
+    conn.execute("UPDATE executions SET state = 'completed; rm -rf' WHERE id = ?1", [exec_id(1003).to_string()])
+        .expect("tamper");
+    drop(conn);
+    let view = postern_store::JournalView::open_read_only(&fx.path).expect("readable");
+    let err = view.execution(exec_id(1003)).expect_err("a corrupt row");
+    assert!(err.to_string().contains("completed; rm -rf"), "{err}");
+    assert!(view.execution(exec_id(1002)).expect("the others read").is_some());
+    drop(view);
+    assert!(!findings(&fx, None).is_empty(), "verify reports the row");
+}

@@ -68,7 +68,7 @@ fn a_full_disk_never_splits_the_journal_from_its_projections() {
     disk.free();
     for id in &told {
         let state = store.view().execution(*id).expect("read").expect("exists").state;
-        assert_eq!(state, "outcome_unknown", "{id} was reported written");
+        assert_eq!(state, postern_core::ExecutionState::OutcomeUnknown, "{id} was reported written");
     }
     // The store keeps working once space is back.
     store.transition(ids[0], ExecutionState::OutcomeUnknown, json!({}), at(6_000)).ok();

@@ -25,7 +25,10 @@ fn reopening_turns_dispatched_into_outcome_unknown_with_a_reason() {
     assert_eq!(row.row.detail["first_dispatched_at"], json!(at(2).as_millis()));
     assert_eq!(row.row.at, at(60_000));
     // Never-dispatched work is left alone: nothing left the machine.
-    assert_eq!(store.view().execution(authorized).expect("q").expect("exists").state, "authorized");
+    assert_eq!(
+        store.view().execution(authorized).expect("q").expect("exists").state,
+        postern_core::ExecutionState::Authorized
+    );
     drop(store);
     let (_store, again) = Store::open(&fx.path, at(70_000)).expect("reopen twice");
     assert!(again.outcome_unknown.is_empty());
@@ -66,9 +69,12 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     let row = store.view().timeline(undelivered).expect("timeline").pop().expect("row");
     assert_eq!(row.row.event, "completed_result_not_delivered");
     assert_eq!(row.row.detail["reason"], "gateway_restarted_before_delivery");
-    assert_eq!(store.view().execution(delivered).expect("q").expect("exists").state, "result_delivered");
+    assert_eq!(
+        store.view().execution(delivered).expect("q").expect("exists").state,
+        postern_core::ExecutionState::ResultDelivered
+    );
     let read_row = store.view().execution(read).expect("q").expect("exists");
-    assert_eq!(read_row.state, "completed", "read-only untouched");
+    assert_eq!(read_row.state, postern_core::ExecutionState::Completed, "read-only untouched");
     // Its executions row is written once, with where the lifecycle ended; every step is in the
     // journal.
     assert_eq!((read_row.first_dispatched_at, read_row.updated_at), (Some(at(7).as_millis()), at(8).as_millis()));
@@ -114,7 +120,10 @@ fn killed_while_dispatched_recovers_after_sigkill() {
 
     let (store, recovery) = Store::open(&fx.path, at(5_000)).expect("reopen after crash");
     assert_eq!(recovery.outcome_unknown, vec![exec_id(1)], "{line}");
-    assert_eq!(store.view().execution(exec_id(1)).expect("q").expect("exists").state, "outcome_unknown");
+    assert_eq!(
+        store.view().execution(exec_id(1)).expect("q").expect("exists").state,
+        postern_core::ExecutionState::OutcomeUnknown
+    );
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
 }
@@ -144,8 +153,11 @@ fn a_read_only_execution_that_ends_terminally_is_recorded_where_it_ended() {
         store.record_read_only_detached(read, steps, None).expect("read");
     }
     store.flush().expect("flush");
-    assert_eq!(store.view().execution(denied).expect("q").expect("exists").state, "denied");
-    assert_eq!(store.view().execution(failed).expect("q").expect("exists").state, "failed_before_dispatch");
+    assert_eq!(store.view().execution(denied).expect("q").expect("exists").state, postern_core::ExecutionState::Denied);
+    assert_eq!(
+        store.view().execution(failed).expect("q").expect("exists").state,
+        postern_core::ExecutionState::FailedBeforeDispatch
+    );
     drop(store);
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
