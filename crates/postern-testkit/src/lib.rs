@@ -14,17 +14,29 @@ use std::{
 };
 
 /// The first file under `dir`, at any depth, whose bytes contain `needle`: a canary secret's
-/// search covers the journal, its WAL and shared memory, logs and every subdirectory.
+/// search covers the journal, its WAL and shared memory, logs and every subdirectory. It fails
+/// closed: a directory or file it cannot read fails the test (a search that skipped it would
+/// pass), symbolic links are followed only to regular files, and sockets and FIFOs (which hold no
+/// bytes at rest, and would block a read) are passed over. It searches the bytes as given: a
+/// caller looking for an encoded spelling (base64 in a Basic header) searches for that too.
 pub fn file_containing(dir: &Path, needle: &str) -> Option<PathBuf> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).collect();
+    let read = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot search {}: {e}", dir.display()));
+    let mut entries: Vec<PathBuf> =
+        read.map(|e| e.unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display())).path()).collect();
     entries.sort();
     for path in entries {
-        if path.is_dir() && !path.is_symlink() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue }; // gone since the listing
+        if meta.is_dir() {
             if let Some(found) = file_containing(&path, needle) {
                 return Some(found);
             }
-        } else if std::fs::read(&path).is_ok_and(|b| contains(&b, needle.as_bytes())) {
-            return Some(path);
+        } else if meta.is_file() || (meta.file_type().is_symlink() && path.is_file()) {
+            match std::fs::read(&path) {
+                Ok(bytes) if contains(&bytes, needle.as_bytes()) => return Some(path),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
+                Err(e) => panic!("cannot read {}: {e}", path.display()),
+            }
         }
     }
     None

@@ -22,13 +22,16 @@ export class Loaded<T> {
   };
 
   /** Runs one of the view's actions (add, remove, restart), then loads again; a failure is
-   *  shown after the reload, so the list's success does not hide it. True if it succeeded. */
-  act = async (action: () => Promise<unknown>): Promise<boolean> => {
+   *  shown after the reload, so the list's success does not hide it, and `onFailure` runs at
+   *  once (a form clears its secret). True if it succeeded. */
+  act = async (action: () => Promise<unknown>, onFailure?: () => void): Promise<boolean> => {
     let failure: string | null = null;
     try {
       await action();
     } catch (e) {
       failure = messageOf(e);
+      // Before the reload: a secret typed into a form leaves it at once, whatever the reload does.
+      onFailure?.();
     }
     await this.load();
     if (failure !== null) this.error = failure;

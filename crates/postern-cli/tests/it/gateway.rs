@@ -296,7 +296,7 @@ fn bad_input_gets_specific_errors_and_the_gateway_keeps_serving() {
     let mistyped = by_id(8);
     assert_eq!(
         (mistyped["error"]["code"].clone(), mistyped["error"]["data"]["code"].clone()),
-        (json!(-32600), json!("invalid_request")),
+        (json!(-32602), json!("invalid_params")),
         "{mistyped}"
     );
     assert_eq!(target.posts(), 0, "nothing invalid reached the target");

@@ -1,49 +1,72 @@
 //! One reading of what delivery needs from a client's JSON-RPC message, for both doors: its id,
 //! its method, the tool a `tools/call` names, the request a cancellation withdraws and the
-//! response the bridge acknowledges. The socket reads it from the line it already parsed, the
-//! Streamable HTTP guard from the POST's bytes; neither reads a field of its own.
-//!
-//! It is strict where a lenient reading would let delivery act on a message rmcp refuses: the
-//! message and its `params` must be JSON objects (a struct read from an array would take
-//! `[5, null]` as `{"requestId": 5}`), a member appears once, and each member it reads has its type.
+//! response the bridge acknowledges. It is read from the message as rmcp parsed it, never from
+//! the raw JSON beside it: rmcp reads a `notifications/cancelled` whose params do not fit as a
+//! custom notification (which cancels nothing), and ignores members it does not know, so any
+//! reading of its own would disagree with what the handler runs (a request id freed while its
+//! call still runs, or a call delivery does not follow).
 
-use rmcp::model::NumberOrString;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
-use std::fmt;
+use rmcp::{
+    RoleServer,
+    model::{ClientNotification, ClientRequest, JsonRpcMessage, NumberOrString},
+    service::RxJsonRpcMessage,
+};
 
 /// The bridge's first line: "I am `postern mcp`, and I acknowledge what I relay".
 pub const BRIDGE_HELLO_METHOD: &str = "notifications/postern/bridge";
 /// The bridge's acknowledgement of a response it wrote and flushed to the agent.
 pub const DELIVERED_METHOD: &str = "notifications/postern/delivered";
+/// The prefix of the bridge's own methods: an agent's line that uses one is dropped.
+pub const BRIDGE_METHOD_PREFIX: &str = "notifications/postern/";
 
-/// The members of one JSON-RPC message that delivery acts on.
+/// What delivery acts on in one message rmcp accepted.
 #[derive(Debug, Default, PartialEq)]
 pub struct MessageHead {
     id: Option<NumberOrString>,
     method: Option<String>,
-    params: ParamsHead,
-}
-
-#[derive(Debug, Default, PartialEq)]
-struct ParamsHead {
-    /// `notifications/cancelled`: the request withdrawn.
-    request_id: Option<NumberOrString>,
-    /// `tools/call`: the tool.
-    name: Option<String>,
-    /// The bridge's `notifications/postern/delivered`: the response acknowledged.
-    id: Option<NumberOrString>,
+    tool: Option<String>,
+    withdrawn: Option<NumberOrString>,
+    acknowledgement: Option<Option<NumberOrString>>,
+    hello: bool,
 }
 
 impl MessageHead {
-    /// The head of one message's bytes; `None` for a batch, a non-object or a member of the
-    /// wrong type (rmcp refuses those too).
-    pub fn parse(bytes: &[u8]) -> Option<MessageHead> {
-        serde_json::from_slice(bytes).ok()
+    /// The head of a message as rmcp parsed it.
+    pub fn of(message: &RxJsonRpcMessage<RoleServer>) -> MessageHead {
+        match message {
+            JsonRpcMessage::Request(r) => MessageHead {
+                id: Some(r.id.clone()),
+                method: Some(r.request.method().to_owned()),
+                tool: match &r.request {
+                    ClientRequest::CallToolRequest(call) => Some(call.params.name.to_string()),
+                    _ => None,
+                },
+                ..MessageHead::default()
+            },
+            JsonRpcMessage::Notification(n) => match &n.notification {
+                ClientNotification::CancelledNotification(c) => MessageHead {
+                    method: Some("notifications/cancelled".to_owned()),
+                    withdrawn: c.params.request_id.clone(),
+                    ..MessageHead::default()
+                },
+                ClientNotification::CustomNotification(c) => MessageHead {
+                    method: Some(c.method.clone()),
+                    hello: c.method == BRIDGE_HELLO_METHOD,
+                    acknowledgement: (c.method == DELIVERED_METHOD).then(|| {
+                        let id = c.params.as_ref().and_then(|p| p.get("id"));
+                        id.and_then(|id| serde_json::from_value(id.clone()).ok())
+                    }),
+                    ..MessageHead::default()
+                },
+                _ => MessageHead::default(),
+            },
+            _ => MessageHead::default(),
+        }
     }
 
-    /// The head of a message already parsed.
-    pub fn read(value: &serde_json::Value) -> Result<MessageHead, serde_json::Error> {
-        <MessageHead as serde::Deserialize>::deserialize(value)
+    /// The head of one message's bytes, if rmcp accepts them as a client message.
+    pub fn parse(bytes: &[u8]) -> Option<MessageHead> {
+        serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(bytes).ok().map(|m| MessageHead::of(&m))
     }
 
     /// The request id: `None` for a notification.
@@ -57,98 +80,23 @@ impl MessageHead {
 
     /// The tool a `tools/call` request names.
     pub fn tool(&self) -> Option<&str> {
-        (self.method() == Some("tools/call") && self.id.is_some()).then_some(self.params.name.as_deref()).flatten()
+        self.tool.as_deref()
     }
 
     /// The request a `notifications/cancelled` withdraws.
     pub fn withdrawn(&self) -> Option<&NumberOrString> {
-        self.notification("notifications/cancelled").then_some(self.params.request_id.as_ref()).flatten()
+        self.withdrawn.as_ref()
     }
 
     /// Is this the bridge's hello?
     pub fn is_bridge_hello(&self) -> bool {
-        self.notification(BRIDGE_HELLO_METHOD)
+        self.hello
     }
 
     /// Is this the bridge's acknowledgement, and of which response (`None` inside: it names none
     /// that can be matched)?
     pub fn acknowledgement(&self) -> Option<Option<&NumberOrString>> {
-        self.notification(DELIVERED_METHOD).then_some(self.params.id.as_ref())
-    }
-
-    fn notification(&self, method: &str) -> bool {
-        self.id.is_none() && self.method() == Some(method)
-    }
-}
-
-/// Reads one member's value, refusing a second appearance of it.
-fn once<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(
-    slot: &mut Option<Option<T>>,
-    map: &mut A,
-    name: &'static str,
-) -> Result<(), A::Error> {
-    if slot.is_some() {
-        return Err(de::Error::duplicate_field(name));
-    }
-    *slot = Some(map.next_value()?);
-    Ok(())
-}
-
-impl<'de> serde::Deserialize<'de> for MessageHead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Head;
-        impl<'de> Visitor<'de> for Head {
-            type Value = MessageHead;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON-RPC message (an object)")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MessageHead, A::Error> {
-                let (mut id, mut method, mut params) = (None, None, None);
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    match key.as_ref() {
-                        "id" => once(&mut id, &mut map, "id")?,
-                        "method" => once(&mut method, &mut map, "method")?,
-                        "params" => once(&mut params, &mut map, "params")?,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(MessageHead {
-                    id: id.flatten(),
-                    method: method.flatten(),
-                    params: params.flatten().unwrap_or_default(),
-                })
-            }
-        }
-        deserializer.deserialize_map(Head)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for ParamsHead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Params;
-        impl<'de> Visitor<'de> for Params {
-            type Value = ParamsHead;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("params as a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ParamsHead, A::Error> {
-                let (mut request_id, mut name, mut id) = (None, None, None);
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    match key.as_ref() {
-                        "requestId" => once(&mut request_id, &mut map, "requestId")?,
-                        "name" => once(&mut name, &mut map, "name")?,
-                        "id" => once(&mut id, &mut map, "id")?,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(ParamsHead { request_id: request_id.flatten(), name: name.flatten(), id: id.flatten() })
-            }
-        }
-        deserializer.deserialize_map(Params)
+        self.acknowledgement.as_ref().map(Option::as_ref)
     }
 }
 
@@ -158,75 +106,71 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
-    fn both(message: &Value) -> Option<MessageHead> {
-        let from_bytes = MessageHead::parse(&serde_json::to_vec(message).unwrap());
-        let from_value = MessageHead::read(message).ok();
-        assert_eq!(from_bytes, from_value, "the two doors read {message} alike");
-        from_bytes
+    fn head(message: &Value) -> Option<MessageHead> {
+        MessageHead::parse(&serde_json::to_vec(message).unwrap())
     }
 
     #[test]
     fn a_call_names_its_tool_and_a_cancellation_its_request() {
         let call =
-            both(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "pay"}})).unwrap();
+            head(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "pay"}})).unwrap();
         assert_eq!((call.id(), call.tool(), call.withdrawn()), (Some(&NumberOrString::Number(7)), Some("pay"), None));
         let cancel =
-            both(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "a"}}))
+            head(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "a"}}))
                 .unwrap();
         assert_eq!((cancel.id(), cancel.tool()), (None, None));
         assert_eq!(cancel.withdrawn(), Some(&NumberOrString::String("a".into())));
-        let ack = both(&json!({"jsonrpc": "2.0", "method": DELIVERED_METHOD, "params": {"id": 3}})).unwrap();
+        let ack = head(&json!({"jsonrpc": "2.0", "method": DELIVERED_METHOD, "params": {"id": 3}})).unwrap();
         assert_eq!(ack.acknowledgement(), Some(Some(&NumberOrString::Number(3))));
-        assert!(both(&json!({"jsonrpc": "2.0", "method": BRIDGE_HELLO_METHOD})).unwrap().is_bridge_hello());
+        assert!(head(&json!({"jsonrpc": "2.0", "method": BRIDGE_HELLO_METHOD})).unwrap().is_bridge_hello());
     }
 
+    /// What rmcp reads otherwise than a reading of the raw JSON would (an attacker review's
+    /// findings): the head follows rmcp.
     #[test]
-    fn a_member_is_read_only_where_its_method_gives_it_meaning() {
-        // A cancellation sent as a request, or a call without an id, names nothing.
-        let cancel = both(&json!({"id": 1, "method": "notifications/cancelled", "params": {"requestId": 5}})).unwrap();
-        assert_eq!(cancel.withdrawn(), None);
-        assert_eq!(both(&json!({"method": "tools/call", "params": {"name": "pay"}})).unwrap().tool(), None);
-        // The agent's acknowledgement-shaped request is not the bridge's.
-        assert_eq!(
-            both(&json!({"id": 2, "method": DELIVERED_METHOD, "params": {"id": 3}})).unwrap().acknowledgement(),
-            None
-        );
+    fn the_head_is_what_rmcp_runs() {
+        // A cancellation whose params do not fit is a custom notification to rmcp: it cancels
+        // nothing, so it frees no request id.
+        let odd =
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5, "reason": 0}});
+        assert_eq!(head(&odd).unwrap().withdrawn(), None);
+        // A member rmcp ignores does not hide the call from delivery.
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "pay", "arguments": {}, "id": true}});
+        assert_eq!(head(&call).unwrap().tool(), Some("pay"));
+        // A call rmcp cannot read as one is not a call.
+        let custom =
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "pay", "arguments": []}});
+        assert_eq!(head(&custom).and_then(|h| h.tool().map(str::to_owned)), None);
+        // An acknowledgement-shaped request is not the bridge's notification.
+        let request = json!({"jsonrpc": "2.0", "id": 2, "method": DELIVERED_METHOD, "params": {"id": 3}});
+        assert_eq!(head(&request).map(|h| h.acknowledgement().is_some()), Some(false));
     }
 
     #[test]
     fn what_rmcp_refuses_has_no_head() {
         for refused in [
-            json!([{"id": 1, "method": "tools/call", "params": {"name": "pay"}}]),
-            json!({"method": "notifications/cancelled", "params": [5, null]}),
-            json!({"id": true, "method": "tools/call"}),
-            json!({"id": 1, "method": 5}),
-            json!({"id": 1, "method": "tools/call", "params": {"name": 5}}),
+            json!([{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "pay"}}]),
+            json!({"jsonrpc": "2.0", "id": null, "method": "notifications/cancelled", "params": {"requestId": 5}}),
+            json!({"id": 1, "method": "tools/call", "params": {"name": "pay"}}),
+            json!({"jsonrpc": "2.0", "id": true, "method": "tools/call"}),
             json!("tools/call"),
         ] {
-            assert_eq!(both(&refused), None, "{refused}");
+            assert_eq!(head(&refused), None, "{refused}");
         }
-        let duplicate = br#"{"id": 1, "method": "tools/call", "params": {"name": "read", "name": "pay"}}"#;
-        assert_eq!(MessageHead::parse(duplicate), None);
     }
 
     proptest! {
         #[test]
-        fn hostile_bytes_never_panic_and_a_head_read_twice_is_the_same(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        fn hostile_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let head = MessageHead::parse(&bytes);
-            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
-                // Bytes with a repeated member read as a Value keep the last; rmcp refuses them
-                // from bytes, and so does the head.
-                if head.is_some() {
-                    prop_assert_eq!(head, MessageHead::read(&value).ok());
-                }
-            } else {
+            if serde_json::from_slice::<Value>(&bytes).is_err() {
                 prop_assert!(head.is_none());
             }
         }
 
         #[test]
         fn any_id_and_tool_read_back(id in prop_oneof![any::<i64>().prop_map(Value::from), ".*".prop_map(Value::from)], tool in ".*") {
-            let head = both(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})).unwrap();
+            let head = head(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": {}}})).unwrap();
             prop_assert_eq!(head.tool(), Some(tool.as_str()));
             prop_assert!(head.id().is_some());
         }

@@ -50,17 +50,19 @@ pub fn bridge_hello_line() -> Vec<u8> {
 }
 
 /// Does `line` (from the agent, on its way to the gateway) use one of the bridge's own methods?
-/// Only the bridge may speak for delivery: it drops such lines instead of relaying them.
+/// Only the bridge may speak for delivery: it drops such lines instead of relaying them. The
+/// line is read as the gateway reads it (a JSON value: escapes decoded, the last of a repeated
+/// member kept), so no spelling of the method gets past; only a line with neither `postern` nor
+/// an escape in its bytes is passed without parsing.
 pub fn is_bridge_notification(line: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Head {
-        method: Option<String>,
+    if memchr::memmem::find(line, b"postern").is_none() && memchr::memchr(b'\\', line).is_none() {
+        return false;
     }
-    memchr::memmem::find(line, b"notifications/postern/").is_some()
-        && serde_json::from_slice::<Head>(line)
-            .ok()
-            .and_then(|h| h.method)
-            .is_some_and(|m| m == BRIDGE_HELLO_METHOD || m == DELIVERED_METHOD)
+    serde_json::from_slice::<Value>(line).is_ok_and(|v| {
+        v.get("method")
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.starts_with(crate::delivery::head::BRIDGE_METHOD_PREFIX))
+    })
 }
 
 /// The acknowledgement the bridge sends after relaying `relayed`, if that line is a JSON-RPC
@@ -471,12 +473,15 @@ impl LineTransport {
                 data: serde_json::json!({ "code": "params_not_object" }),
             });
         }
-        let head = MessageHead::read(&value).map_err(|e| Rejection {
+        let shown_id = value["id"].clone();
+        let message = serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value).map_err(|e| Rejection {
             code: ErrorCode::INVALID_REQUEST,
             message: format!("not a valid JSON-RPC 2.0 message: {e}"),
             id: refused_id.clone(),
             data: serde_json::json!({ "code": "invalid_request" }),
         })?;
+        // Delivery reads the message as rmcp parsed it (what the handler will run).
+        let head = MessageHead::of(&message);
         // The bridge's own notifications are the transport's business, never the MCP handler's.
         if head.is_bridge_hello() {
             self.pending.expect_acknowledgements();
@@ -492,13 +497,6 @@ impl LineTransport {
             return Ok(None);
         }
         let id = head.id().cloned();
-        let shown_id = value["id"].clone();
-        let message = serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value).map_err(|e| Rejection {
-            code: ErrorCode::INVALID_REQUEST,
-            message: format!("not a valid JSON-RPC 2.0 message: {e}"),
-            id: id.clone(),
-            data: serde_json::json!({ "code": "invalid_request" }),
-        })?;
         // One request per id at a time: answers and acknowledgements name a request by its id.
         // (Checked last, so a request refused for anything else leaves no id in use behind.)
         if let (Some(method), Some(request)) = (head.method(), &id)
@@ -628,6 +626,16 @@ mod tests {
         // a tool argument that merely mentions the method is the agent's business
         let call = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x","arguments":{"m":"notifications/postern/delivered"}}}"#;
         assert!(!is_bridge_notification(call));
+        // Spellings the gateway reads as the bridge's method (an attacker review's finding):
+        // escaped slashes or letters, and the method repeated with the bridge's last.
+        for forged in [
+            br#"{"jsonrpc":"2.0","method":"notifications\/postern\/delivered","params":{"id":1}}"#.as_slice(),
+            br#"{"jsonrpc":"2.0","method":"notifications/\u0070ostern/delivered","params":{"id":1}}"#,
+            br#"{"jsonrpc":"2.0","method":"x","method":"notifications/postern/delivered","params":{"id":1}}"#,
+            br#"{"jsonrpc":"2.0","method":"notifications/postern/anything"}"#,
+        ] {
+            assert!(is_bridge_notification(forged), "{}", String::from_utf8_lossy(forged));
+        }
     }
 
     proptest! {

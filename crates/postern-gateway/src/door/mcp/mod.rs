@@ -39,6 +39,14 @@ use crate::delivery::{
 };
 pub use listing::{annotations, tool_list};
 
+/// The request methods MCP defines for a client (2025-11-25 and 2026-07-28).
+#[rustfmt::skip]
+const MCP_METHODS: &[&str] = &[
+    "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read",
+    "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list",
+    "prompts/get", "completion/complete", "logging/setLevel", "tasks/get", "tasks/list",
+    "tasks/cancel", "tasks/result", "subscriptions/listen",
+];
 /// The protocol revisions Postern implements.
 pub const PROTOCOL_VERSIONS: &[ProtocolVersion] =
     &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18];
@@ -617,6 +625,14 @@ impl ServerHandler for PosternMcp {
         request: rmcp::model::CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CustomResult, McpError> {
+        // A method MCP defines arrives here only when its params do not fit it (rmcp reads such
+        // a request as a custom one): a malformed request, not a request for something else.
+        if MCP_METHODS.contains(&request.method.as_str()) {
+            return Err(McpError::invalid_params(
+                format!("the params of {:?} do not fit its MCP schema: nothing was run", request.method),
+                Some(json!({ "code": "invalid_params" })),
+            ));
+        }
         if let Ok((caller, _)) = self.caller_and_ticket(&context) {
             self.refused(&caller, request.method.clone()).await;
         }
