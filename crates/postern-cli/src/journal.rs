@@ -2,8 +2,8 @@
 
 use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
-use postern_core::{ExecutionId, Outside, SessionId};
-use postern_store::{ActivityFilter, JournalEntry, JournalView, StoreError, Unusable};
+use postern_core::{ExecutionId, ExecutionState, Outside, SessionId};
+use postern_store::{ActivityFilter, ActivityNote, Event, JournalEntry, JournalView, StoreError, Unusable};
 use serde_json::json;
 use std::{path::Path, process::ExitCode};
 
@@ -105,7 +105,7 @@ fn activity_table(rows: &[JournalEntry]) -> render::Table {
             r.seq.to_string(),
             render::time(r.at.as_millis()),
             r.execution_id.map(|id| id.to_string()).unwrap_or_default(),
-            r.event.clone(),
+            r.event.to_string(),
             r.state.map(|s| s.to_string()).unwrap_or_default(),
             render::brief(&summary(e), 60),
         ]);
@@ -116,11 +116,11 @@ fn activity_table(rows: &[JournalEntry]) -> render::Table {
 /// What is worth a glance in a row's detail (the full record is in `execution show --json`).
 fn summary(e: &JournalEntry) -> serde_json::Value {
     let d = &e.row.detail;
-    match e.row.event.as_str() {
-        "accepted" => {
+    match e.row.event {
+        Event::Step(ExecutionState::Accepted) => {
             json!({"tool": d["tool"], "actor": d["actor"], "fingerprint": d["fingerprint"]})
         }
-        "retry_received" => {
+        Event::Note(ActivityNote::RetryReceived) => {
             json!({"decision": d["decision"]["decision"], "correlation": d["correlation"]})
         }
         _ => d.clone(),
@@ -269,10 +269,10 @@ pub fn show(data_dir: &Path, id: ExecutionId, as_json: bool) -> Result<ExitCode,
         t.add_row(vec![
             e.row.seq.to_string(),
             render::time(e.row.at.as_millis()),
-            e.row.event.clone(),
+            e.row.event.to_string(),
             e.row.state.map(|s| s.to_string()).unwrap_or_default(),
             render::brief(
-                &if e.row.event == "accepted" {
+                &if e.row.event == Event::Step(ExecutionState::Accepted) {
                     json!({"correlation": e.row.detail["correlation"]})
                 } else {
                     e.row.detail.clone()

@@ -20,8 +20,10 @@ use crate::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::{fmt, str::FromStr};
 
+/// An execution's lifecycle state, as the journal and the IPC spell it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "../../ui/src/lib/bindings/"))]
 pub enum ExecutionState {
     Accepted,
     Authorized,

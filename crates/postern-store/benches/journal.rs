@@ -13,7 +13,7 @@ use postern_core::{
 use postern_store::{
     NewExecution, Store, StoreOptions,
     audit::{VerifyScope, verify_with},
-    journal::{GENESIS, JournalRow, ROW_VERSION, Stream, chain_hash},
+    journal::{GENESIS, JournalRow, ROW_VERSION, chain_hash},
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -171,8 +171,7 @@ fn generate(path: &std::path::Path, rows: u64) {
                     v: ROW_VERSION,
                     seq,
                     at: at(n as i64),
-                    stream: Stream::Activity,
-                    event: state.as_str().into(),
+                    event: state.into(),
                     execution_id: Some(id),
                     session_id: Some(session),
                     state: Some(state),

@@ -4,7 +4,7 @@
 //! when it starts (it refuses to), and while it runs (the writer watches for commits that are
 //! not its own). `rederive` rewrites the tables from a verified chain.
 
-use crate::{JournalRow, StoreError, Stream};
+use crate::{JournalRow, StoreError, event::Grant};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -47,76 +47,59 @@ impl std::fmt::Display for AuthorityMismatch {
     }
 }
 
-/// What a row that lacks `field` (or has it of another type) is said to lack.
-fn missing(field: &str, what: &str) -> String {
-    format!("its `{field}` is not {what}")
-}
-
-fn credential(kind: &Value, spec: &Value, bindings: &Value, approve_every_use: bool) -> Value {
+fn credential(kind: &str, spec: &Value, bindings: &Value, approve_every_use: bool) -> Value {
     serde_json::json!({ "kind": kind, "spec": spec, "bindings": bindings, "approve_every_use": approve_every_use })
 }
 
 impl AuthorityState {
     /// Applies one journal row (rows that grant nothing are ignored). A row that grants
-    /// something but lacks a field it needs, or has it of another type, changes nothing and
-    /// says which field: read with a default, a missing `approve_every_use` would turn approval
-    /// off and a missing `name` would grant to the empty name.
+    /// something is read into its typed payload ([`Grant`]): one that lacks a field it needs, or
+    /// has it of another type, changes nothing and says which field. Read with a default, a
+    /// missing `approve_every_use` would turn approval off and a missing `name` would grant to
+    /// the empty name.
     fn apply(&mut self, row: &JournalRow) -> Result<(), String> {
-        let d = &row.detail;
-        let text = |field: &str| d[field].as_str().map(str::to_owned).ok_or_else(|| missing(field, "a string"));
-        let flag = |field: &str| d[field].as_bool().ok_or_else(|| missing(field, "true or false"));
-        let present = |field: &str| match d.get(field) {
-            Some(v) if !v.is_null() => Ok(v.clone()),
-            _ => Err(missing(field, "a value")),
+        let Some(grant) = Grant::read(row.event, &row.detail)? else {
+            return Ok(());
         };
-        match (row.stream, row.event.as_str()) {
-            (Stream::Vault, "vault_locked") => self.locked = true,
-            (Stream::Vault, "vault_unlocked") => self.locked = false,
-            (Stream::Vault, "credential_added") => {
-                let (name, approve) = (text("name")?, flag("approve_every_use")?);
-                let (kind, spec, bindings) = (Value::String(text("kind")?), present("spec")?, present("bindings")?);
-                self.credentials.insert(name, credential(&kind, &spec, &bindings, approve));
+        match grant {
+            Grant::VaultLocked => self.locked = true,
+            Grant::VaultUnlocked => self.locked = false,
+            Grant::CredentialAdded(c) => {
+                let value = credential(&c.kind, &c.spec.0, &c.bindings.0, c.approve_every_use);
+                self.credentials.insert(c.name, value);
             }
-            (Stream::Vault, "credential_removed") => {
-                self.credentials.remove(&text("name")?);
+            Grant::CredentialRemoved(c) => {
+                self.credentials.remove(&c.name);
             }
-            (Stream::Vault, "approve_every_use_changed") => {
-                let (name, approve) = (text("name")?, flag("approve_every_use")?);
-                if let Some(c) = self.credentials.get_mut(&name) {
-                    c["approve_every_use"] = Value::Bool(approve);
+            Grant::ApproveEveryUseChanged(c) => {
+                if let Some(held) = self.credentials.get_mut(&c.name) {
+                    held["approve_every_use"] = Value::Bool(c.approve_every_use);
                 }
             }
-            // A spec replaced in place (an SSH host's pinned key, an MCP server's start or tool
-            // contracts) carries the new spec. Only these events: a row is read by its event,
-            // never by its shape, because other vault rows carry details a process of the user
-            // chose (an import record over the control socket), and one shaped like a spec change
-            // would otherwise re-derive a credential an attacker wrote (a pinned host key).
-            (Stream::Vault, event) if crate::SpecChange::ALL.iter().any(|c| c.as_str() == event) => {
-                let (name, spec) = (text("name")?, present("spec")?);
-                if let Some(c) = self.credentials.get_mut(&name) {
-                    c["spec"] = spec;
+            Grant::SpecChanged(c) => {
+                if let Some(held) = self.credentials.get_mut(&c.name) {
+                    held["spec"] = c.spec.0;
                 }
             }
-            (Stream::Vault, "agent_added") => {
-                self.agents.insert(text("name")?, (text("token_sha256")?, false));
+            Grant::AgentAdded(a) => {
+                self.agents.insert(a.name, (a.token_sha256, false));
             }
-            (Stream::Vault, "agent_revoked") => {
-                if let Some(agent) = self.agents.get_mut(&text("name")?) {
+            Grant::AgentRevoked(a) => {
+                if let Some(agent) = self.agents.get_mut(&a.name) {
                     agent.1 = true;
                 }
             }
-            (Stream::Session, "session_authorized" | "session_revoked") => {
+            Grant::SessionStanding(authorized) => {
                 let session = row.session_id.ok_or_else(|| "it names no session".to_owned())?;
-                let standing = if row.event == "session_authorized" { "authorized" } else { "revoked" };
+                let standing = if authorized { "authorized" } else { "revoked" };
                 self.session_grants.insert(session.to_string(), standing.to_owned());
             }
-            (Stream::Session, "allowlist_added") => {
-                self.allowlist.insert(text("actor")?, ());
+            Grant::AllowlistAdded(a) => {
+                self.allowlist.insert(a.actor, ());
             }
-            (Stream::Session, "allowlist_removed") => {
-                self.allowlist.remove(&text("actor")?);
+            Grant::AllowlistRemoved(a) => {
+                self.allowlist.remove(&a.actor);
             }
-            _ => {}
         }
         Ok(())
     }
@@ -130,8 +113,20 @@ impl AuthorityState {
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
             let (seq, body): (i64, String) = (r.get(0)?, r.get(1)?);
-            let row = JournalRow::from_body(body.as_bytes())
-                .map_err(|e| StoreError::Corrupt(format!("journal row {seq}: {e}")))?;
+            // A row that does not read (an event its stream lacks) may have been a grant: a
+            // finding, like a granting row with a field missing.
+            let row = match JournalRow::from_body(body.as_bytes()) {
+                Ok(row) => row,
+                Err(e) => {
+                    state.malformed.push(AuthorityMismatch {
+                        table: "journal",
+                        key: format!("row {seq}"),
+                        journal: format!("it does not read: {e}"),
+                        table_value: "not read".into(),
+                    });
+                    continue;
+                }
+            };
             if let Err(problem) = state.apply(&row) {
                 state.malformed.push(AuthorityMismatch {
                     table: "journal",
@@ -155,7 +150,7 @@ impl AuthorityState {
         let mut stmt = conn.prepare("SELECT name, kind, spec, bindings, approve_every_use FROM credentials")?;
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
-            let kind = Value::String(r.get(1)?);
+            let kind: String = r.get(1)?;
             let c = credential(&kind, &json(r.get(2)?), &json(r.get(3)?), r.get(4)?);
             credentials.insert(r.get(0)?, c);
         }

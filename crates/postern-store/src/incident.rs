@@ -4,6 +4,7 @@
 
 use crate::{
     StoreError,
+    event::{ActivityNote, Event},
     view::{ExecutionSummary, JournalView, StoredResult},
 };
 use postern_core::{ExecutionId, ExecutionState};
@@ -100,7 +101,7 @@ impl JournalView {
         let result = self.result(id)?;
         let effect = timeline
             .iter()
-            .find(|e| e.row.event == "accepted")
+            .find(|e| e.row.event == Event::Step(ExecutionState::Accepted))
             .and_then(|e| e.row.detail.get("effect_fingerprint"))
             .and_then(Value::as_str)
             .map(str::to_owned);
@@ -162,7 +163,12 @@ impl JournalView {
 
 /// Settled outcomes: the state an execution reaches once its outcome is known (`needs_review`
 /// is not one: a person has yet to decide, so it must not read as a settlement time).
-const SETTLING: [&str; 4] = ["completed", "not_executed", "denied", "failed_before_dispatch"];
+const SETTLING: [ExecutionState; 4] = [
+    ExecutionState::Completed,
+    ExecutionState::NotExecuted,
+    ExecutionState::Denied,
+    ExecutionState::FailedBeforeDispatch,
+];
 
 fn assemble(
     summary: ExecutionSummary,
@@ -170,28 +176,38 @@ fn assemble(
     result: Option<StoredResult>,
     related: Vec<Related>,
 ) -> Incident {
-    let first_at = |event: &str| timeline.iter().find(|e| e.row.event == event).map(|e| e.row.at.as_millis());
-    let completed_at = timeline.iter().find(|e| SETTLING.contains(&e.row.event.as_str())).map(|e| e.row.at.as_millis());
+    let first_at = |state: ExecutionState| {
+        timeline.iter().find(|e| e.row.event == Event::Step(state)).map(|e| e.row.at.as_millis())
+    };
+    let completed_at = timeline
+        .iter()
+        .find(|e| e.row.event.step().is_some_and(|s| SETTLING.contains(&s)))
+        .map(|e| e.row.at.as_millis());
     let target_outcome = timeline
         .iter()
         .rev()
-        .find(|e| matches!(e.row.event.as_str(), "completed" | "outcome_unknown" | "not_executed" | "needs_review"))
+        .find(|e| {
+            use ExecutionState::*;
+            matches!(e.row.event.step(), Some(Completed | OutcomeUnknown | NotExecuted | NeedsReview))
+        })
         .map(|e| e.row.detail.get("outcome").cloned().unwrap_or_else(|| e.row.detail.clone()));
     let calls = timeline
         .iter()
-        .filter(|e| matches!(e.row.event.as_str(), "accepted" | "retry_received"))
+        .filter(|e| {
+            matches!(e.row.event, Event::Step(ExecutionState::Accepted) | Event::Note(ActivityNote::RetryReceived))
+        })
         .map(|e| {
             let correlation = &e.row.detail["correlation"];
             let field = |k: &str| correlation.get(k).cloned();
             CallRecord {
                 seq: e.row.seq,
                 at: e.row.at.as_millis(),
-                event: e.row.event.clone(),
+                event: e.row.event.as_str().to_owned(),
                 decision: e.row.detail.get("decision").cloned(),
                 transport: field("transport"),
                 // Rows written before the agent run was part of the correlation: the row's own.
                 agent_session: field("agent_session").or_else(|| {
-                    (e.row.event == "accepted")
+                    (e.row.event == Event::Step(ExecutionState::Accepted))
                         .then(|| e.row.session_id.map(|s| Value::String(s.to_string())))
                         .flatten()
                 }),
@@ -213,10 +229,10 @@ fn assemble(
     Incident {
         times: Times {
             accepted_at: summary.accepted_at,
-            authorized_at: first_at("authorized"),
+            authorized_at: first_at(ExecutionState::Authorized),
             first_dispatched_at: summary.first_dispatched_at,
             completed_at,
-            result_delivered_at: first_at("result_delivered"),
+            result_delivered_at: first_at(ExecutionState::ResultDelivered),
             updated_at: summary.updated_at,
         },
         result_ref: result.map(|r| ResultRef {

@@ -1,5 +1,6 @@
 //! The shape of one journal row and the hash chain that links rows together (docs/src/design.md, the journal).
 
+use crate::event::Event;
 use postern_core::{ExecutionId, ExecutionState, SessionId, Timestamp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -32,6 +33,17 @@ pub enum Stream {
     Vault,
 }
 
+impl Stream {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Activity => "activity",
+            Stream::Session => "session",
+            Stream::Vault => "vault",
+        }
+    }
+}
+
 /// One journal row as chained. Its canonical JSON is the `body` column, laid out as
 /// `{"head":{…},"payload":{…}}` (see [`RowHead`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -39,10 +51,8 @@ pub struct JournalRow {
     pub v: u32,
     pub seq: u64,
     pub at: Timestamp,
-    pub stream: Stream,
-    /// A lifecycle state name (`dispatched`, …) or another event (`retry_received`,
-    /// `session_started`, `session_ended`).
-    pub event: String,
+    /// What the row records; its stream follows ([`JournalRow::stream`]).
+    pub event: Event,
     pub execution_id: Option<ExecutionId>,
     pub session_id: Option<SessionId>,
     /// The execution's state after this row (activity stream only).
@@ -72,7 +82,7 @@ pub struct RowHead {
     pub result_sha256: Option<String>,
 }
 
-/// The stored shape of a row, as read back.
+/// The stored shape of a row, as read back (the event is checked against the stream after).
 #[derive(Deserialize)]
 struct Stored {
     head: RowHead,
@@ -90,14 +100,19 @@ struct StoredRef<'a> {
 pub const HEAD_PREFIX: &[u8] = b"{\"head\":";
 
 impl JournalRow {
+    /// The stream the row is chained on: its event's.
+    pub fn stream(&self) -> Stream {
+        self.event.stream()
+    }
+
     fn stored(&self) -> StoredRef<'_> {
         StoredRef {
             head: RowHead {
                 v: self.v,
                 seq: self.seq,
                 at: self.at,
-                stream: self.stream,
-                event: self.event.clone(),
+                stream: self.stream(),
+                event: self.event.as_str().to_owned(),
                 execution_id: self.execution_id,
                 session_id: self.session_id,
                 state: self.state,
@@ -115,7 +130,7 @@ impl JournalRow {
             out.extend_from_slice(key);
             serde_json::to_writer(&mut *out, value).expect("a row head serialises to a Vec");
         }
-        let mut out = Vec::with_capacity(384 + self.event.len());
+        let mut out = Vec::with_capacity(384);
         out.extend_from_slice(HEAD_PREFIX);
         member(&mut out, b"{\"at\":", &self.at);
         member(&mut out, b",\"event\":", self.event.as_str());
@@ -132,7 +147,7 @@ impl JournalRow {
         if let Some(state) = &self.state {
             member(&mut out, b",\"state\":", state);
         }
-        member(&mut out, b",\"stream\":", &self.stream);
+        member(&mut out, b",\"stream\":", &self.stream());
         member(&mut out, b",\"v\":", &self.v);
         out.extend_from_slice(b"},\"payload\":");
         postern_core::canonical::write_canonical(&self.detail, &mut out)?;
@@ -140,15 +155,21 @@ impl JournalRow {
         Ok(out)
     }
 
-    /// Parses a stored body.
+    /// Parses a stored body. An event its stream does not have makes the row unreadable.
     pub fn from_body(body: &[u8]) -> Result<Self, serde_json::Error> {
         let Stored { head, payload } = serde_json::from_slice(body)?;
+        let event = Event::parse(head.stream, &head.event).ok_or_else(|| {
+            <serde_json::Error as serde::de::Error>::custom(format!(
+                "the {} stream has no event {:?}",
+                head.stream.as_str(),
+                head.event
+            ))
+        })?;
         Ok(JournalRow {
             v: head.v,
             seq: head.seq,
             at: head.at,
-            stream: head.stream,
-            event: head.event,
+            event,
             execution_id: head.execution_id,
             session_id: head.session_id,
             state: head.state,
@@ -298,8 +319,11 @@ mod tests {
                 v: ROW_VERSION,
                 seq,
                 at: Timestamp::from_millis(at),
-                stream: if activity { Stream::Activity } else { Stream::Session },
-                event: "some_event".into(),
+                event: if activity {
+                    Event::Note(crate::event::ActivityNote::RetryReceived)
+                } else {
+                    Event::Session(crate::event::SessionEvent::SessionStarted)
+                },
                 execution_id: activity.then(|| ExecutionId::from_parts(Timestamp::from_millis(at), u128::from(seq))),
                 session_id: Some(SessionId::from_parts(Timestamp::from_millis(at), 7)),
                 state: activity.then(|| ExecutionState::ALL[state]),
@@ -323,13 +347,44 @@ mod tests {
         }
     }
 
+    fn every_event() -> Vec<Event> {
+        use crate::event::{ActivityNote, SessionEvent, VaultEvent};
+        let mut all: Vec<Event> = ExecutionState::ALL.iter().map(|s| Event::Step(*s)).collect();
+        all.extend(ActivityNote::ALL.iter().map(|n| Event::Note(*n)));
+        all.extend(SessionEvent::ALL.iter().map(|e| Event::Session(*e)));
+        all.extend(VaultEvent::ALL.iter().map(|e| Event::Vault(*e)));
+        all
+    }
+
+    #[test]
+    fn a_row_whose_stream_lacks_its_event_does_not_read() {
+        let row = JournalRow {
+            v: ROW_VERSION,
+            seq: 1,
+            at: Timestamp::from_millis(5),
+            event: Event::Vault(crate::event::VaultEvent::CredentialAdded),
+            execution_id: None,
+            session_id: None,
+            state: None,
+            result_sha256: None,
+            detail: json!({}),
+        };
+        let body = String::from_utf8(row.canonical().expect("canonical")).expect("utf-8");
+        assert_eq!(JournalRow::from_body(body.as_bytes()).expect("reads"), row);
+        for forged in [body.replace("\"vault\"", "\"session\""), body.replace("credential_added", "credential_granted")]
+        {
+            let err = JournalRow::from_body(forged.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains("has no event"), "{err}");
+        }
+    }
+
     proptest! {
         /// The hand-ordered head and the payload writer give byte for byte what an independent
         /// RFC 8785 implementation gives for the stored shape, hostile strings included.
         #[test]
         fn canonical_is_rfc8785_of_the_stored_shape(
             mut row in row_strategy(),
-            event in any::<String>(),
+            event in proptest::sample::select(every_event()),
             key in any::<String>(),
             text in any::<String>(),
             n in -(1i64 << 53) + 1..(1i64 << 53),

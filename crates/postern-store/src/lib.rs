@@ -10,6 +10,7 @@ pub mod audit;
 pub mod authority;
 pub mod crash;
 mod error;
+pub mod event;
 mod incident;
 pub mod journal;
 mod schema;
@@ -18,6 +19,7 @@ mod writer;
 
 pub use audit::{Checkpoint, Finding, VerifyReport};
 pub use error::{StoreError, Unusable};
+pub use event::{ActivityNote, Event, SessionEvent, VaultEvent};
 
 /// The SQLite library Postern's journal runs on (bundled, so the same everywhere).
 pub fn sqlite_version() -> &'static str {
@@ -289,7 +291,7 @@ impl Store {
             let detail = serde_json::json!({
                 "changed": changed.iter().map(ToString::to_string).collect::<Vec<_>>(),
             });
-            store.writer.call(WriteKind::DURABLE, move |w| w.vault_row("authority_rederived", detail, now))?;
+            store.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::AuthorityRederived, detail, now))?;
             store.flush()?;
         }
         Ok(changed)
@@ -365,7 +367,7 @@ impl Store {
     ) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
         self.vault_changed(
-            self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event.as_str(), detail, at)),
+            self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at)),
         )
     }
 
@@ -373,7 +375,7 @@ impl Store {
     /// approval or unlock over the control socket, an MCP method, an HTTP path): `request_refused`
     /// on the vault stream, with what was attempted and by whom.
     pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row("request_refused", detail, at))
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::RequestRefused, detail, at))
     }
 
     /// Journals an import of agent configs (`import_applied`: the digest of the undo record, the
@@ -385,14 +387,14 @@ impl Store {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
-        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(event.as_str(), detail, at))
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(event.into(), detail, at))
     }
 
     /// Journals that a change arrived over the control socket (`control_request_applied` on the
     /// vault stream: the operation and the peer process), beside the change's own row, so an
     /// incident responder can tell the owner's terminal from another process of the same user.
     pub fn control_applied(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row("control_request_applied", detail, at))
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::ControlRequestApplied, detail, at))
     }
 
     /// A new execution for a retry a reviewer chose to "dispatch anew": no retry matching (the
@@ -447,7 +449,7 @@ impl Store {
     pub fn note(
         &self,
         id: ExecutionId,
-        event: &'static str,
+        event: ActivityNote,
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {

@@ -253,8 +253,8 @@ impl JournalView {
     }
 
     /// The newest vault-stream row whose event is one of `events`, if any.
-    pub fn last_vault_event(&self, events: &[&str]) -> Result<Option<JournalEntry>, StoreError> {
-        let events: Vec<String> = events.iter().map(|e| (*e).to_owned()).collect();
+    pub fn last_vault_event(&self, events: &[crate::VaultEvent]) -> Result<Option<JournalEntry>, StoreError> {
+        let events: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
         let list = serde_json::to_string(&events).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let mut found = self.with(|c| {
             Self::entries(

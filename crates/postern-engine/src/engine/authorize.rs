@@ -101,7 +101,7 @@ impl Engine {
             if admitted {
                 self.note(
                     id,
-                    "approval_requested",
+                    ActivityNote::ApprovalRequested,
                     json!({ "ask": ask, "rung": rung_asked.as_str(), "shown": &request }),
                 )
                 .await?;
@@ -110,10 +110,10 @@ impl Engine {
             let asked = request.clone();
             let (verdict, event) =
                 match self.ask_person(request.withdrawn.clone(), move || approver.authorize(&asked)).await? {
-                    Asked::Answered(v) if v.allowed => (v, "approval_granted"),
+                    Asked::Answered(v) if v.allowed => (v, ActivityNote::ApprovalGranted),
                     // The approver's own clock ran out first.
-                    Asked::Answered(v) if v.timed_out => (v, "approval_timed_out"),
-                    Asked::Answered(v) => (v, "approval_denied"),
+                    Asked::Answered(v) if v.timed_out => (v, ActivityNote::ApprovalTimedOut),
+                    Asked::Answered(v) => (v, ActivityNote::ApprovalDenied),
                     Asked::TimedOut => (
                         Authorization {
                             allowed: false,
@@ -123,7 +123,7 @@ impl Engine {
                             grant: None,
                             timed_out: true,
                         },
-                        "approval_timed_out",
+                        ActivityNote::ApprovalTimedOut,
                     ),
                     Asked::Locked => (
                         Authorization {
@@ -134,7 +134,7 @@ impl Engine {
                             grant: None,
                             timed_out: false,
                         },
-                        "approval_withdrawn",
+                        ActivityNote::ApprovalWithdrawn,
                     ),
                 };
             if admitted {
@@ -237,7 +237,7 @@ impl Engine {
     /// row names, if any.
     fn earlier_run(&self, id: ExecutionId) -> Result<Option<crate::approval::EarlierRun>, EngineError> {
         let timeline = self.store.view().timeline(id)?;
-        let accepted = timeline.iter().find(|e| e.row.event == ExecutionState::Accepted.as_str());
+        let accepted = timeline.iter().find(|e| e.row.event == Event::Step(ExecutionState::Accepted));
         Ok(accepted
             .and_then(|e| e.row.detail.get("earlier_effect"))
             .and_then(|v| serde_json::from_value(v.clone()).ok()))

@@ -225,7 +225,7 @@ impl Engine {
                 // Locked before a recovery re-send: nothing more was sent, the first attempt's
                 // outcome is as unknown as before.
                 let detail = json!({ "reason": "vault_locked", "message": e.to_string(), "not_resent": true });
-                self.note(id, "recovery_refused", detail.clone()).await?;
+                self.note(id, ActivityNote::RecoveryRefused, detail.clone()).await?;
                 return Ok(self
                     .outcome(id, ExecutionState::OutcomeUnknown, decision)
                     .attached_if(attached)
@@ -247,7 +247,7 @@ impl Engine {
             && let Some(why) = self.not_the_original_request(id, &out)?
         {
             let detail = json!({ "reason": "request_changed", "explanation": why, "not_resent": true });
-            self.note(id, "recovery_refused", detail).await?;
+            self.note(id, ActivityNote::RecoveryRefused, detail).await?;
             return self.review(id, ExecutionState::OutcomeUnknown, why, decision).await;
         }
         before.push((ExecutionState::Dispatched, dispatched_detail(p, &out, &self.key)));
@@ -264,7 +264,7 @@ impl Engine {
         // The latest request sent under the key (a status route's "never received" lets the same
         // execution be sent again, and that request is then the one the target may hold).
         let timeline = self.store.view().timeline(id)?;
-        let last = timeline.iter().rev().find(|e| e.row.event == ExecutionState::Dispatched.as_str());
+        let last = timeline.iter().rev().find(|e| e.row.event == Event::Step(ExecutionState::Dispatched));
         let recorded = last.and_then(|e| e.row.detail.get("request_digest")).and_then(Value::as_str);
         Ok(match recorded {
             Some(digest) if digest == out.digest(&self.key) => None,

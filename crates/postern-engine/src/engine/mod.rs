@@ -26,7 +26,7 @@ use postern_core::{
     HttpAction, IntentScope, LadderDecision, LadderInput, RecordError, RetryDecision, ReviewReason, Rung, SessionId,
     SessionStanding, Timestamp, Verification, decide_ladder,
 };
-use postern_store::{Admission, Completion, NewExecution, Store, StoreError};
+use postern_store::{ActivityNote, Admission, Completion, Event, NewExecution, Store, StoreError};
 use postern_vault::{Sensitive, Vault, VaultError};
 use serde_json::{Value, json};
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
@@ -635,7 +635,7 @@ impl Engine {
     }
 
     /// Journals an event about execution `id` that does not change its state.
-    async fn note(&self, id: ExecutionId, event: &'static str, detail: Value) -> Result<(), EngineError> {
+    async fn note(&self, id: ExecutionId, event: ActivityNote, detail: Value) -> Result<(), EngineError> {
         let at = self.now();
         self.on_store(move |store| store.note(id, event, detail, at)).await?;
         Ok(())
@@ -671,7 +671,7 @@ impl Engine {
     /// Journals that a client resumed its broken stream and is being handed execution `id`'s
     /// answer (evidence for an investigator; delivery is settled as for any answer).
     pub async fn stream_resumed(&self, id: ExecutionId, detail: Value) -> Result<(), EngineError> {
-        self.note(id, "stream_resumed", detail).await
+        self.note(id, ActivityNote::StreamResumed, detail).await
     }
 
     /// Journals a cancellation that arrived once the execution was past the point of no return
@@ -691,7 +691,7 @@ impl Engine {
             "none: the request had already been sent"
         };
         let detail = json!({ "reason": reason, "effect": effect });
-        self.on_store(move |store| store.note(id, "cancel_requested", detail, at)).await?;
+        self.on_store(move |store| store.note(id, ActivityNote::CancelRequested, detail, at)).await?;
         Ok(())
     }
 

@@ -82,7 +82,7 @@ impl Engine {
                 self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
                 return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, name).attached().because(detail));
             }
-            self.note(id, "recovery_refused", detail.clone()).await?;
+            self.note(id, ActivityNote::RecoveryRefused, detail.clone()).await?;
             return Ok(self.outcome(id, state, name).attached().because(detail));
         }
         match decision {
@@ -145,7 +145,7 @@ impl Engine {
     ) -> Result<CallOutcome, EngineError> {
         let id = prior.id;
         let request = self.review_request(p, prior, &decision)?;
-        self.note(id, "retry_review_requested", json!({ "shown": &request })).await?;
+        self.note(id, ActivityNote::RetryReviewRequested, json!({ "shown": &request })).await?;
         let approver = Arc::clone(&self.approver);
         let asked = request.clone();
         let answer = self.ask_person(request.withdrawn.clone(), move || approver.review_retry(&asked)).await?;
@@ -162,13 +162,13 @@ impl Engine {
             Asked::Answered(None) | Asked::TimedOut => {
                 let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
                 let detail = denied("approval_timed_out", "timeout", reason);
-                self.note(id, "retry_review_timed_out", detail.clone()).await?;
+                self.note(id, ActivityNote::RetryReviewTimedOut, detail.clone()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
             Asked::Locked => {
                 let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
                 let detail = denied("vault_locked", "postern", reason);
-                self.note(id, "retry_review_withdrawn", detail.clone()).await?;
+                self.note(id, ActivityNote::RetryReviewWithdrawn, detail.clone()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
         };
@@ -176,10 +176,10 @@ impl Engine {
             && reason.trim().is_empty()
         {
             let detail = denied("reason_required", &verdict.by, "dispatch anew needs a typed reason".into());
-            self.note(id, "retry_review_decided", json!({ "decision": &verdict, "effect": detail })).await?;
+            self.note(id, ActivityNote::RetryReviewDecided, json!({ "decision": &verdict, "effect": detail })).await?;
             return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
         }
-        self.note(id, "retry_review_decided", json!({ "decision": &verdict })).await?;
+        self.note(id, ActivityNote::RetryReviewDecided, json!({ "decision": &verdict })).await?;
         match verdict.answer {
             ReviewAnswer::ReturnRecordedResult => {
                 let state = self.current_state(id)?;
@@ -233,27 +233,35 @@ impl Engine {
         let summary = view.execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
         let entries = view.timeline(id)?;
         let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
-        let authorized_by =
-            entries.iter().rev().find(|e| e.row.event == "authorized").and_then(|e| text(&e.row.detail, "by"));
+        let authorized_by = entries
+            .iter()
+            .rev()
+            .find(|e| e.row.event == Event::Step(ExecutionState::Authorized))
+            .and_then(|e| text(&e.row.detail, "by"));
         let timeline = entries
             .iter()
             .map(|e| {
                 let d = &e.row.detail;
-                let summary = match e.row.event.as_str() {
-                    "authorized" | "denied" => {
+                use {ActivityNote as N, ExecutionState as S};
+                let summary = match e.row.event {
+                    Event::Step(S::Authorized | S::Denied) => {
                         format!("by {} ({})", text(d, "by").unwrap_or_default(), text(d, "rung").unwrap_or_default())
                     }
-                    "dispatched" => {
+                    Event::Step(S::Dispatched) => {
                         format!("{} {}", text(d, "method").unwrap_or_default(), text(d, "target").unwrap_or_default())
                     }
-                    "completed" => d["outcome"].get("http_status").map_or_else(String::new, |s| format!("HTTP {s}")),
-                    "approval_requested" => format!("asked: {}", text(d, "ask").unwrap_or_default()),
-                    "approval_granted" | "approval_denied" | "approval_timed_out" | "approval_withdrawn" => {
+                    Event::Step(S::Completed) => {
+                        d["outcome"].get("http_status").map_or_else(String::new, |s| format!("HTTP {s}"))
+                    }
+                    Event::Note(N::ApprovalRequested) => format!("asked: {}", text(d, "ask").unwrap_or_default()),
+                    Event::Note(
+                        N::ApprovalGranted | N::ApprovalDenied | N::ApprovalTimedOut | N::ApprovalWithdrawn,
+                    ) => {
                         format!("by {}", d["decision"]["by"].as_str().unwrap_or_default())
                     }
                     _ => text(d, "reason").unwrap_or_default(),
                 };
-                TimelineStep { at: e.row.at.as_millis(), event: e.row.event.clone(), summary }
+                TimelineStep { at: e.row.at.as_millis(), event: e.row.event.to_string(), summary }
             })
             .collect();
         let status =
@@ -417,7 +425,7 @@ impl Engine {
         decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
         let detail = json!({ "reason": "cancelled", "not_resent": true, "decision": decision });
-        self.note(id, "recovery_refused", detail.clone()).await?;
+        self.note(id, ActivityNote::RecoveryRefused, detail.clone()).await?;
         Ok(self.outcome(id, state, decision).attached().because(detail))
     }
 

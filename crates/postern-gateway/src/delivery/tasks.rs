@@ -8,7 +8,7 @@
 
 use postern_core::{Actor, ExecutionId, ExecutionState, Timestamp};
 use postern_engine::{CallOutcome, Engine, EngineError, approval::when};
-use postern_store::StoreError;
+use postern_store::{ActivityNote, Event, StoreError};
 use rmcp::model::{DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::Value;
 
@@ -98,13 +98,16 @@ pub async fn task_on_record(
         approval_pending: rows
             .iter()
             .rev()
-            .find(|e| e.row.event.starts_with("approval_"))
-            .is_some_and(|e| e.row.event == "approval_requested"),
+            .find_map(|e| match e.row.event {
+                Event::Note(note) if note.is_approval() => Some(note),
+                _ => None,
+            })
+            .is_some_and(|note| note == ActivityNote::ApprovalRequested),
         cancelled: state == ExecutionState::FailedBeforeDispatch
             && rows
                 .iter()
                 .rev()
-                .find(|e| e.row.event == state.as_str())
+                .find(|e| e.row.event == Event::Step(state))
                 .is_some_and(|e| e.row.detail["reason"] == "cancelled"),
         interrupted: not_running_since.is_some_and(|since| summary.updated_at < since.as_millis()),
     };

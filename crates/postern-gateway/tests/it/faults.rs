@@ -34,7 +34,7 @@ async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_ef
     assert_eq!(target.seen_credentials.lock().unwrap().as_slice(), [SECRET, SECRET]);
 
     let events: Vec<String> =
-        rig.store.view().timeline(first.execution_id).unwrap().into_iter().map(|e| e.row.event).collect();
+        rig.store.view().timeline(first.execution_id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect();
     assert_eq!(
         events,
         ["accepted", "authorized", "dispatched", "outcome_unknown", "retry_received", "dispatched", "completed"]
@@ -125,7 +125,7 @@ async fn a_locked_vault_denies_and_nothing_is_sent() {
 }
 
 fn events(rig: &Rig, id: postern_core::ExecutionId) -> Vec<String> {
-    rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event).collect()
+    rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -225,7 +225,7 @@ async fn a_question_nobody_answers_in_time_is_denied_and_journaled() {
     assert_eq!(out.detail["code"], "approval_timed_out");
     assert_eq!(l.target.payments.load(Ordering::SeqCst), 0);
     let events: Vec<String> =
-        l.rig.store.view().timeline(out.execution_id).unwrap().into_iter().map(|e| e.row.event).collect();
+        l.rig.store.view().timeline(out.execution_id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect();
     assert_eq!(events, ["accepted", "approval_requested", "approval_timed_out", "denied"]);
     assert_eq!(l.rig.store.view().session_standing(run).unwrap(), None, "an unanswered question revokes nothing");
 }
@@ -295,7 +295,7 @@ fn every_use(l: &Ladder) {
 }
 
 fn events(l: &Ladder, id: postern_core::ExecutionId) -> Vec<String> {
-    l.rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event).collect()
+    l.rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

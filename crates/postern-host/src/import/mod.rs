@@ -98,10 +98,10 @@ pub trait ImportTarget {
 /// The newest import event the journal at `view` holds.
 fn last_import(view: &postern_store::JournalView) -> Result<Option<(ImportEvent, Value)>, ImportError> {
     let row = view
-        .last_vault_event(&[ImportEvent::ImportApplied.as_str(), ImportEvent::ImportUndone.as_str()])
+        .last_vault_event(&[ImportEvent::ImportApplied.into(), ImportEvent::ImportUndone.into()])
         .map_err(VaultError::from)?;
     Ok(row.map(|e| {
-        let event = if e.row.event == ImportEvent::ImportApplied.as_str() {
+        let event = if e.row.event == postern_store::Event::Vault(postern_store::VaultEvent::ImportApplied) {
             ImportEvent::ImportApplied
         } else {
             ImportEvent::ImportUndone

@@ -90,8 +90,7 @@ impl Writer {
             let session_id = self.execution_session(prior.id)?;
             self.append(Draft {
                 at: new.at,
-                stream: Stream::Activity,
-                event: "retry_received".into(),
+                event: ActivityNote::RetryReceived.into(),
                 execution_id: Some(prior.id),
                 session_id,
                 state: Some(prior.state),
@@ -159,8 +158,7 @@ impl Writer {
         }
         self.append(Draft {
             at: new.at,
-            stream: Stream::Activity,
-            event: ExecutionState::Accepted.as_str().into(),
+            event: ExecutionState::Accepted.into(),
             execution_id: Some(new.id),
             session_id: new.session_id,
             state: Some(ExecutionState::Accepted),
@@ -213,14 +211,13 @@ impl Writer {
     pub(crate) fn note(
         &mut self,
         id: ExecutionId,
-        event: &str,
+        event: ActivityNote,
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         let (state, session_id) = self.execution_state(id)?;
         self.append(Draft {
             at,
-            stream: Stream::Activity,
             event: event.into(),
             execution_id: Some(id),
             session_id,
@@ -264,8 +261,7 @@ impl Writer {
         self.remember(id, next, session_id);
         self.append(Draft {
             at,
-            stream: Stream::Activity,
-            event: next.as_str().into(),
+            event: next.into(),
             execution_id: Some(id),
             session_id,
             state: Some(next),

@@ -12,7 +12,8 @@ mod vault;
 use crate::{
     Admission, Checkpoint, Completion, CredentialRecord, NewExecution, Recovery, SessionStart, StoreError,
     StoreOptions,
-    journal::{HashHex, JournalEntry, JournalHead, JournalRow, ROW_VERSION, Stream, chain_hash},
+    event::{ActivityNote, Event, SessionEvent, VaultEvent, detail_of},
+    journal::{HashHex, JournalEntry, JournalHead, JournalRow, ROW_VERSION, chain_hash},
 };
 use postern_core::{
     Actor, ExecutionId, ExecutionState, IncomingIntent, IntentScope, PriorExecution, ReplayContract, RetryDecision,
@@ -310,8 +311,7 @@ pub(crate) struct Writer {
 /// A row about to be appended (the writer assigns `seq`).
 struct Draft {
     at: Timestamp,
-    stream: Stream,
-    event: String,
+    event: Event,
     execution_id: Option<ExecutionId>,
     session_id: Option<SessionId>,
     state: Option<ExecutionState>,
@@ -440,7 +440,7 @@ impl Writer {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         );
-        let tampered = move |w: &mut Writer| w.vault_row("authority_tampered", detail, at);
+        let tampered = move |w: &mut Writer| w.vault_row(VaultEvent::AuthorityTampered, detail, at);
         self.commit_and_answer(vec![job(WriteKind::DURABLE, tampered, Responder::Detached)]);
     }
 
@@ -554,7 +554,6 @@ impl Writer {
             v: ROW_VERSION,
             seq: self.head.size + 1,
             at: draft.at,
-            stream: draft.stream,
             event: draft.event,
             execution_id: draft.execution_id,
             session_id: draft.session_id,

@@ -25,8 +25,7 @@ impl Writer {
         }
         self.append(Draft {
             at: s.at,
-            stream: Stream::Session,
-            event: "session_started".into(),
+            event: SessionEvent::SessionStarted.into(),
             execution_id: None,
             session_id: Some(s.id),
             state: None,
@@ -59,8 +58,7 @@ impl Writer {
             .execute(params![id.to_string(), at.as_millis(), reason])?;
         self.append(Draft {
             at,
-            stream: Stream::Session,
-            event: "session_ended".into(),
+            event: SessionEvent::SessionEnded.into(),
             execution_id: None,
             session_id: Some(id),
             state: None,
@@ -104,8 +102,7 @@ impl Writer {
         }
         self.append(Draft {
             at,
-            stream: Stream::Session,
-            event: if authorized { "session_authorized" } else { "session_revoked" }.into(),
+            event: if authorized { SessionEvent::SessionAuthorized } else { SessionEvent::SessionRevoked }.into(),
             execution_id: None,
             session_id: Some(id),
             state: None,
@@ -139,13 +136,12 @@ impl Writer {
         }
         self.append(Draft {
             at,
-            stream: Stream::Session,
-            event: if add { "allowlist_added" } else { "allowlist_removed" }.into(),
+            event: if add { SessionEvent::AllowlistAdded } else { SessionEvent::AllowlistRemoved }.into(),
             execution_id: None,
             session_id: None,
             state: None,
             result_sha256: None,
-            detail: json!({ "actor": actor, "by": by }),
+            detail: detail_of(&crate::event::AllowlistChanged { actor: actor.to_owned(), by: by.to_owned() }),
         })
     }
 

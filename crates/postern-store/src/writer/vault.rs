@@ -2,6 +2,7 @@
 //! the lock, the installation id — each change a journal row carrying the new value.
 
 use super::*;
+use crate::{SpecChange, event};
 
 impl Writer {
     pub(crate) fn installation_id(&mut self, candidate: &str, at: Timestamp) -> Result<String, StoreError> {
@@ -13,10 +14,14 @@ impl Writer {
         Ok(self.conn.prepare_cached("SELECT id FROM installation")?.query_row([], |r| r.get(0))?)
     }
 
-    pub(crate) fn vault_row(&mut self, event: &str, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
+    pub(crate) fn vault_row(
+        &mut self,
+        event: VaultEvent,
+        detail: Value,
+        at: Timestamp,
+    ) -> Result<JournalEntry, StoreError> {
         self.append(Draft {
             at,
-            stream: Stream::Vault,
             event: event.into(),
             execution_id: None,
             session_id: None,
@@ -38,11 +43,14 @@ impl Writer {
         if inserted == 0 {
             return Err(StoreError::DuplicateCredential(c.name.clone()));
         }
-        let detail = json!({
-            "name": c.name, "kind": c.kind, "spec": c.spec, "bindings": c.bindings,
-            "approve_every_use": c.approve_every_use,
+        let detail = detail_of(&event::CredentialAdded {
+            name: c.name.clone(),
+            kind: c.kind.clone(),
+            spec: event::Spec(c.spec.clone()),
+            bindings: event::Spec(c.bindings.clone()),
+            approve_every_use: c.approve_every_use,
         });
-        self.vault_row("credential_added", detail, at)
+        self.vault_row(VaultEvent::CredentialAdded, detail, at)
     }
 
     pub(crate) fn set_approve_every_use(
@@ -58,14 +66,15 @@ impl Writer {
         if changed == 0 {
             return Err(StoreError::UnknownCredential(name.to_owned()));
         }
-        self.vault_row("approve_every_use_changed", json!({ "name": name, "approve_every_use": on }), at)
+        let detail = detail_of(&event::ApproveEveryUseChanged { name: name.to_owned(), approve_every_use: on });
+        self.vault_row(VaultEvent::ApproveEveryUseChanged, detail, at)
     }
 
     pub(crate) fn update_spec(
         &mut self,
         name: &str,
         spec: &Value,
-        event: &str,
+        event: SpecChange,
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
@@ -77,13 +86,18 @@ impl Writer {
         if changed == 0 {
             return Err(StoreError::UnknownCredential(name.to_owned()));
         }
-        // The new spec goes on the row, so the credential can be re-derived from the journal.
-        let mut detail = detail;
-        if let Value::Object(map) = &mut detail {
-            map.insert("name".into(), json!(name));
-            map.insert("spec".into(), spec.clone());
+        // The new spec goes on the row, so the credential can be re-derived from the journal;
+        // the change's own facts sit beside it (a detail that is not an object, under `detail`).
+        let changed = detail_of(&event::SpecChanged { name: name.to_owned(), spec: event::Spec(spec.clone()) });
+        let mut row = match detail {
+            Value::Object(map) => map,
+            Value::Null => serde_json::Map::new(),
+            other => serde_json::Map::from_iter([("detail".to_owned(), other)]),
+        };
+        if let Value::Object(typed) = changed {
+            row.extend(typed);
         }
-        self.vault_row(event, detail, at)
+        self.vault_row(event.into(), Value::Object(row), at)
     }
 
     pub(crate) fn remove_credential(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
@@ -91,7 +105,7 @@ impl Writer {
         if removed == 0 {
             return Err(StoreError::UnknownCredential(name.to_owned()));
         }
-        self.vault_row("credential_removed", json!({ "name": name }), at)
+        self.vault_row(VaultEvent::CredentialRemoved, detail_of(&event::Named { name: name.to_owned() }), at)
     }
 
     pub(crate) fn add_agent(
@@ -109,7 +123,8 @@ impl Writer {
         if inserted == 0 {
             return Err(StoreError::DuplicateAgent(name.to_owned()));
         }
-        self.vault_row("agent_added", json!({ "name": name, "token_sha256": token_sha256 }), at)
+        let detail = detail_of(&event::AgentAdded { name: name.to_owned(), token_sha256: token_sha256.to_owned() });
+        self.vault_row(VaultEvent::AgentAdded, detail, at)
     }
 
     pub(crate) fn revoke_agent(&mut self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
@@ -120,7 +135,7 @@ impl Writer {
         if revoked == 0 {
             return Err(StoreError::UnknownAgent(name.to_owned()));
         }
-        self.vault_row("agent_revoked", json!({ "name": name }), at)
+        self.vault_row(VaultEvent::AgentRevoked, detail_of(&event::Named { name: name.to_owned() }), at)
     }
 
     pub(crate) fn set_locked(
@@ -135,6 +150,6 @@ impl Writer {
                  ON CONFLICT (singleton) DO UPDATE SET locked = excluded.locked, changed_at = excluded.changed_at",
             )?
             .execute(params![locked, at.as_millis()])?;
-        self.vault_row(if locked { "vault_locked" } else { "vault_unlocked" }, detail, at)
+        self.vault_row(if locked { VaultEvent::VaultLocked } else { VaultEvent::VaultUnlocked }, detail, at)
     }
 }

@@ -158,6 +158,36 @@ fn a_granting_row_missing_a_field_is_a_finding_not_a_default() {
     }
 }
 
+/// A revoked agent token brought back: the table's revocation undone and the `agent_revoked`
+/// row renamed to an event no stream has, the chain rewritten to hold. Before the journal's
+/// events were typed, a row of an unknown event was read as granting nothing, so the journal
+/// and the table agreed that the token was live and `audit verify` found nothing.
+#[test]
+fn a_granting_row_renamed_to_an_unknown_event_is_a_finding() {
+    let fx = granted();
+    let store = fx.open();
+    store.revoke_agent("ci", at(50)).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    same_user(&fx.path)
+        .execute_batch(
+            "DROP TRIGGER journal_refuses_update; \
+             UPDATE journal SET body = replace(body, '\"agent_revoked\"', '\"agent_rested\"') \
+                 WHERE event = 'agent_revoked'; \
+             UPDATE agents SET revoked_at = NULL;",
+        )
+        .unwrap();
+    rechain(&fx.path);
+    let found = verify(&fx.path, None, &mut |_, _| {}).unwrap().findings;
+    assert!(!found.iter().any(Finding::is_chain), "the chain was rewritten to hold: {found:?}");
+    assert!(
+        found.iter().any(|f| matches!(f, Finding::AuthorityMismatch { table, journal, .. }
+            if table == "journal" && journal.contains("agent_rested"))),
+        "{found:?}"
+    );
+    assert!(Store::rederive_authority(&fx.path, at(60)).is_err(), "rederive must not rebuild from it");
+}
+
 /// Any process of the user can journal an import record over the control socket with a detail
 /// it chose. One shaped like a spec change (a name and a spec: an SSH host's pinned key) must
 /// re-derive nothing: before, the authority view read rows by shape, so the journal and the

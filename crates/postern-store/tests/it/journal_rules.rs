@@ -218,7 +218,7 @@ fn vault_changes_are_journaled_on_their_own_stream() {
         created_at: at(2).as_millis(),
     };
     let added = store.put_credential(record.clone(), at(2)).expect("add");
-    assert_eq!((added.row.stream, added.row.event.as_str()), (postern_store::Stream::Vault, "credential_added"));
+    assert_eq!((added.row.stream(), added.row.event.as_str()), (postern_store::Stream::Vault, "credential_added"));
     assert_eq!(store.put_credential(record, at(3)).unwrap_err().code(), "duplicate_credential");
     assert_eq!(store.view().credentials().expect("list").len(), 1);
     store.set_locked(true, json!({"by": "cli"}), at(4)).expect("lock");

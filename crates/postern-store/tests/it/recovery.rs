@@ -78,7 +78,8 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     // Its executions row is written once, with where the lifecycle ended; every step is in the
     // journal.
     assert_eq!((read_row.first_dispatched_at, read_row.updated_at), (Some(at(7).as_millis()), at(8).as_millis()));
-    let events: Vec<String> = store.view().timeline(read).expect("timeline").into_iter().map(|e| e.row.event).collect();
+    let events: Vec<String> =
+        store.view().timeline(read).expect("timeline").into_iter().map(|e| e.row.event.to_string()).collect();
     assert_eq!(events, ["accepted", "authorized", "dispatched", "completed"]);
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
