@@ -1,5 +1,6 @@
 //! Test parts shared by every crate's tests, so that no crate's tests reach into another's
-//! files: a real OpenSSH server on loopback ([`sshd`]), the canary search over every file a test
+//! files: the loopback HTTP target that counts side effects ([`target`]), a real OpenSSH server
+//! on loopback ([`sshd`]), the canary search over every file a test
 //! left behind ([`file_containing`]), and polling with a deadline ([`eventually`]). It depends
 //! on no Postern crate, so any crate can take it as a dev-dependency.
 
@@ -7,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod sshd;
+pub mod target;
 
 use std::{
     path::{Path, PathBuf},

@@ -7,11 +7,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-        mpsc,
-    },
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -32,160 +28,9 @@ pub fn repo_root() -> PathBuf {
 pub use postern_testkit::eventually;
 
 // ---------------------------------------------------------------------------------------------
-// The target
+// The target: a loopback payments API that counts what reaches it (postern-testkit).
 
-/// A loopback HTTP service that counts requests per route and can hold its answers.
-pub struct Target {
-    pub addr: std::net::SocketAddr,
-    state: Arc<TargetState>,
-    _runtime: tokio::runtime::Runtime,
-}
-
-#[derive(Default)]
-struct TargetState {
-    posts: AtomicU64,
-    /// Payments made: a POST whose `Idempotency-Key` was seen before is answered with the first
-    /// answer and makes none (IETF Idempotency-Key semantics).
-    payments: AtomicU64,
-    answers: Mutex<std::collections::HashMap<String, String>>,
-    gets: AtomicU64,
-    vanished: AtomicU64,
-    hold: Mutex<bool>,
-    released: tokio::sync::Notify,
-}
-
-impl Target {
-    pub fn start() -> Target {
-        use axum::{
-            Router,
-            extract::State,
-            routing::{get, post},
-        };
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let state = Arc::new(TargetState::default());
-        let s = Arc::clone(&state);
-        let addr = runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
-            async fn pay(
-                State(s): State<Arc<TargetState>>,
-                headers: axum::http::HeaderMap,
-                body: String,
-            ) -> (axum::http::StatusCode, String) {
-                let n = s.posts.fetch_add(1, Ordering::SeqCst) + 1;
-                let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
-                if let Some(answer) = key.as_ref().and_then(|k| s.answers.lock().unwrap().get(k).cloned()) {
-                    return (axum::http::StatusCode::CREATED, answer);
-                }
-                s.payments.fetch_add(1, Ordering::SeqCst);
-                if let Some(k) = key {
-                    let answer = json!({ "payment": n, "received": body }).to_string();
-                    s.answers.lock().unwrap().insert(k, answer);
-                }
-                loop {
-                    let wait = s.released.notified();
-                    if !*s.hold.lock().unwrap() {
-                        break;
-                    }
-                    wait.await;
-                }
-                (axum::http::StatusCode::CREATED, json!({ "payment": n, "received": body }).to_string())
-            }
-            async fn read(State(s): State<Arc<TargetState>>) -> String {
-                let n = s.gets.fetch_add(1, Ordering::SeqCst) + 1;
-                json!({ "balance": 100, "reads": n }).to_string()
-            }
-            let app = Router::new().route("/pay", post(pay)).route("/balance", get(read)).with_state(s);
-            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-            addr
-        });
-        // A route that takes the request and closes the connection without answering.
-        let vanish = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let vanish_addr = vanish.local_addr().unwrap();
-        let v = Arc::clone(&state);
-        std::thread::spawn(move || {
-            for stream in vanish.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let mut buf = [0u8; 4096];
-                let _ = std::io::Read::read(&mut stream, &mut buf);
-                v.vanished.fetch_add(1, Ordering::SeqCst);
-                drop(stream);
-            }
-        });
-        VANISH.lock().unwrap().replace(vanish_addr);
-        Target { addr, state, _runtime: runtime }
-    }
-
-    pub fn posts(&self) -> u64 {
-        self.state.posts.load(Ordering::SeqCst)
-    }
-
-    /// Payments the target made (repeats of a seen `Idempotency-Key` make none).
-    pub fn payments(&self) -> u64 {
-        self.state.payments.load(Ordering::SeqCst)
-    }
-
-    pub fn gets(&self) -> u64 {
-        self.state.gets.load(Ordering::SeqCst)
-    }
-
-    pub fn vanished(&self) -> u64 {
-        self.state.vanished.load(Ordering::SeqCst)
-    }
-
-    /// Requests that arrive from now on wait for [`Target::release`] before being answered.
-    pub fn hold(&self) {
-        *self.state.hold.lock().unwrap() = true;
-    }
-
-    pub fn release(&self) {
-        *self.state.hold.lock().unwrap() = false;
-        self.state.released.notify_waiters();
-    }
-
-    /// The manifest the gateway serves: an idempotency-key payment, an irreversible one, a
-    /// read, and an irreversible call whose target never answers.
-    pub fn manifest(&self) -> String {
-        let base = format!("http://{}", self.addr);
-        let vanish = format!("http://{}", VANISH.lock().unwrap().unwrap());
-        format!(
-            r#"
-[[tool]]
-name = "pay"
-description = "Make a payment."
-method = "POST"
-url = "{base}/pay"
-input_schema = {{ type = "object", properties = {{ amount = {{ type = "integer" }} }}, required = ["amount"] }}
-contract = {{ class = "idempotency_key", idempotency_header = "Idempotency-Key" }}
-
-[[tool]]
-name = "wire"
-description = "Send a wire transfer (cannot be made idempotent)."
-method = "POST"
-url = "{base}/pay"
-input_schema = {{ type = "object", properties = {{ amount = {{ type = "integer" }} }}, required = ["amount"] }}
-contract = {{ class = "irreversible" }}
-
-[[tool]]
-name = "balance"
-description = "Read the balance."
-method = "GET"
-url = "{base}/balance"
-
-[[tool]]
-name = "launch"
-description = "Launch, irreversibly; the target never answers."
-method = "POST"
-url = "{vanish}/launch"
-timeout = "5s"
-input_schema = {{ type = "object", properties = {{ n = {{ type = "integer" }} }} }}
-contract = {{ class = "irreversible" }}
-"#
-        )
-    }
-}
-
-static VANISH: Mutex<Option<std::net::SocketAddr>> = Mutex::new(None);
+pub use postern_testkit::target::Target;
 
 // ---------------------------------------------------------------------------------------------
 // The gateway

@@ -5,7 +5,6 @@ use crate::support::*;
 use postern_core::{ErrorCode, ExecutionState, Timestamp};
 use postern_vault::{Binding, Credential, CredentialKind, Sensitive};
 use serde_json::json;
-use std::sync::atomic::Ordering;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_is_read_only_and_carries_the_bound_credential() {
@@ -16,7 +15,7 @@ async fn a_get_is_read_only_and_carries_the_bound_credential() {
     assert_eq!(outcome.state, ExecutionState::Completed);
     let result = outcome.http().cloned().unwrap();
     assert!(result.secret_echoed, "the credential bound to 127.0.0.1 was injected");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(target.requests(), 1);
     rig.store.flush().unwrap(); // read-only executions are journaled without being waited for
     let record = rig.store.view().execution(outcome.execution_id).unwrap().unwrap();
     assert_eq!(record.contract["class"], "read_only");
@@ -35,7 +34,7 @@ async fn a_write_is_irreversible_unless_the_credential_declares_an_idempotency_h
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
     let retry = rig.engine.call(pay(2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "irreversible: never re-sent");
+    assert_eq!(target.payments(), 1, "irreversible: never re-sent");
 
     // A second credential for the same host whose API honours Idempotency-Key.
     let keyed = Credential {
@@ -63,7 +62,7 @@ async fn a_write_is_irreversible_unless_the_credential_declares_an_idempotency_h
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
     let retry = rig.engine.call(keyed_pay(5)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 2, "one more payment, recovered with the same key");
+    assert_eq!(target.payments(), 2, "one more payment, recovered with the same key");
 }
 
 /// The verb is trusted by default; a credential whose reads have effects withdraws that trust:
@@ -96,14 +95,14 @@ async fn a_read_through_a_credential_whose_reads_have_effects_is_never_resent() 
     assert_eq!(first.state, ExecutionState::OutcomeUnknown, "a read with effects is tracked like a write");
     let retry = rig.engine.call(get(2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1, "the GET reached the target once");
+    assert_eq!(target.requests(), 1, "the GET reached the target once");
     let record = rig.store.view().execution(first.execution_id).unwrap().unwrap();
     assert_eq!(record.contract["class"], "irreversible");
 
     let err = rig.engine.call(call("export", json!({}), 1, 3)).await.unwrap_err();
     assert_eq!(err.code(), "effectful_read_needs_contract");
     assert!(err.to_string().contains("export"), "{err}");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1, "the refused tool sent nothing");
+    assert_eq!(target.requests(), 1, "the refused tool sent nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +134,7 @@ async fn the_agent_cannot_set_credentials_or_send_a_key_elsewhere() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), "unsafe_target");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(target.requests(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +147,7 @@ async fn host_names_go_through_the_guarded_resolver_and_still_connect() {
     let outcome = rig.engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
     assert_eq!(outcome.state, ExecutionState::Completed, "{outcome:?}");
     assert_eq!(outcome.http().cloned().unwrap().body, "you sent ", "no credential is bound to the name localhost");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(target.requests(), 1);
 }
 
 /// A body as agents send it: an object or array goes as JSON; a string goes as its own bytes,
@@ -175,7 +174,7 @@ async fn a_string_body_is_sent_as_its_bytes_and_an_object_as_json() {
         let args = json!({"method": "POST", "url": url, "headers": headers, "body": body});
         let outcome = rig.engine.call(call("http_request", args, 1, 10 + i as u64)).await.unwrap();
         assert_eq!(outcome.state, ExecutionState::Completed, "{body}");
-        let received = target.received.lock().unwrap().last().cloned().unwrap();
+        let received = target.received().last().cloned().unwrap();
         assert_eq!(
             (received.0.as_str(), String::from_utf8_lossy(&received.1).into_owned()),
             (content_type, String::from_utf8_lossy(&bytes).into_owned()),
@@ -211,7 +210,7 @@ async fn a_body_written_out_again_is_the_same_intent() {
         let again = rig.engine.call(post(body.clone(), headers, 2 + i as u64)).await.unwrap();
         assert_eq!(again.execution_id, first.execution_id, "{body} is the same intent");
     }
-    assert_eq!(target.irreversible.load(Ordering::SeqCst), 2, "one POST for each intent");
+    assert_eq!(target.irreversible(), 2, "one POST for each intent");
 
     // A different value, the same text sent as plain text, and a JSON text whose value readers
     // disagree on (a repeated member) are each a new intent.
@@ -225,13 +224,13 @@ async fn a_body_written_out_again_is_the_same_intent() {
         assert_ne!(other.execution_id, first.execution_id, "{body}");
         assert_eq!(other.state, ExecutionState::Completed, "{body}");
     }
-    assert_eq!(target.irreversible.load(Ordering::SeqCst), 5);
+    assert_eq!(target.irreversible(), 5);
 
     // Two Content-Type headers differing only in case are not the default one: a new intent.
     let two_types = json!({"Content-Type": "application/json", "content-type": "text/xml"});
     let doubled = rig.engine.call(post(json!({"amount": 5, "to": "acct_1"}), two_types, 20)).await.unwrap();
     assert_ne!(doubled.execution_id, first.execution_id);
-    assert_eq!(target.irreversible.load(Ordering::SeqCst), 6);
+    assert_eq!(target.irreversible(), 6);
 
     // A body that spells a secret the call carries (here the agent's own API key in a header)
     // stays one masked string in the record: a number or a key would not be masked.

@@ -5,7 +5,7 @@
 use crate::support::*;
 use postern_core::ExecutionState;
 use serde_json::json;
-use std::sync::{Arc, atomic::Ordering};
+use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_effect() {
@@ -16,7 +16,7 @@ async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_ef
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(call("create_payment", json!({"amount": 1250}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "the target executed the first request");
+    assert_eq!(target.payments(), 1, "the target executed the first request");
 
     // The agent reconnects and retries with a new JSON-RPC id.
     let retry = rig.engine.call(call("create_payment", json!({"amount": 1250}), 1, 2)).await.unwrap();
@@ -27,11 +27,11 @@ async fn cut_after_forward_then_retry_recovers_with_the_same_key_and_one_side_ef
     let result = retry.http().cloned().unwrap();
     assert_eq!(result.status, 201);
     assert!(result.body.contains("pay_1"), "the replayed response of the first request: {}", result.body);
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "exactly one payment");
-    let keys = target.seen_keys.lock().unwrap().clone();
+    assert_eq!(target.payments(), 1, "exactly one payment");
+    let keys = target.seen_keys().clone();
     assert_eq!(keys, vec![first.execution_id.to_string(); 2], "same idempotency key = execution id, twice");
     // The credential was injected from the keychain, never chosen by the agent.
-    assert_eq!(target.seen_credentials.lock().unwrap().as_slice(), [SECRET, SECRET]);
+    assert_eq!(target.seen_credentials().as_slice(), [SECRET, SECRET]);
 
     let events: Vec<String> =
         rig.store.view().timeline(first.execution_id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect();
@@ -50,10 +50,10 @@ async fn reset_before_forward_is_unknown_and_the_recovery_sends_it_once() {
     let first = rig.engine.call(call("create_payment", json!({"amount": 7}), 1, 1)).await.unwrap();
     // Postern cannot tell a reset before forwarding from one after: it must not assume either.
     assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
-    assert_eq!(target.payments.load(Ordering::SeqCst), 0);
+    assert_eq!(target.payments(), 0);
     let retry = rig.engine.call(call("create_payment", json!({"amount": 7}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(target.payments(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,17 +64,17 @@ async fn the_same_cut_on_an_irreversible_tool_goes_to_review_and_sends_nothing_m
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(call("open_ticket", json!({}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
-    let requests_before = target.requests.load(Ordering::SeqCst);
+    let requests_before = target.requests();
     let retry = rig.engine.call(call("open_ticket", json!({}), 1, 2)).await.unwrap();
     assert_eq!(retry.execution_id, first.execution_id);
     assert_eq!(retry.state, ExecutionState::NeedsReview);
     assert!(retry.detail["reason"].as_str().unwrap().contains("did not re-send"), "{:?}", retry.detail);
-    assert_eq!(target.requests.load(Ordering::SeqCst), requests_before, "no request reached the target");
-    assert_eq!(target.irreversible.load(Ordering::SeqCst), 1);
+    assert_eq!(target.requests(), requests_before, "no request reached the target");
+    assert_eq!(target.irreversible(), 1);
     // Asking again returns the same review, still without sending.
     let again = rig.engine.call(call("open_ticket", json!({}), 1, 3)).await.unwrap();
     assert_eq!((again.execution_id, again.state), (first.execution_id, ExecutionState::NeedsReview));
-    assert_eq!(target.irreversible.load(Ordering::SeqCst), 1);
+    assert_eq!(target.irreversible(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,11 +87,11 @@ async fn connection_refused_fails_before_dispatch_and_a_retry_dispatches() {
     let first = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::FailedBeforeDispatch, "{first:?}");
     assert!(first.detail["reason"].as_str().unwrap().contains("could not connect"), "{:?}", first.detail);
-    let target = serve_target(tokio::net::TcpListener::bind(addr).await.unwrap()).await;
+    let target = serve_target(std::net::TcpListener::bind(addr).unwrap());
     let retry = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 2)).await.unwrap();
     assert_ne!(retry.execution_id, first.execution_id, "nothing was sent, so the retry is a new execution");
     assert_eq!(retry.state, ExecutionState::Completed);
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(target.payments(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,8 +102,8 @@ async fn identical_calls_from_two_agent_runs_are_two_executions_with_two_keys() 
     let b = rig.engine.call(call("create_payment", json!({"amount": 9}), 2, 1)).await.unwrap();
     assert_ne!(a.execution_id, b.execution_id);
     assert_eq!((a.state, b.state), (ExecutionState::Completed, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 2);
-    let keys = target.seen_keys.lock().unwrap().clone();
+    assert_eq!(target.payments(), 2);
+    let keys = target.seen_keys().clone();
     assert_eq!(keys.len(), 2);
     assert_ne!(keys[0], keys[1]);
 }
@@ -116,12 +116,12 @@ async fn a_locked_vault_denies_and_nothing_is_sent() {
     let denied = rig.engine.call(call("create_payment", json!({"amount": 1}), 1, 1)).await.unwrap();
     assert_eq!(denied.state, ExecutionState::Denied);
     assert_eq!(denied.detail["rung"], "vault_locked");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(target.requests(), 0);
     // A retry returns the same denial, even once unlocked: no fresh approval path from a retry.
     rig.vault.unlock("test", postern_core::Timestamp::from_millis(11)).unwrap();
     let retry = rig.engine.call(call("create_payment", json!({"amount": 1}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (denied.execution_id, ExecutionState::Denied));
-    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(target.requests(), 0);
 }
 
 fn events(rig: &Rig, id: postern_core::ExecutionId) -> Vec<String> {
@@ -136,11 +136,11 @@ async fn a_status_query_settles_an_executed_request_without_resending_it() {
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(call("create_payment_checked", json!({"amount": 4}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "the target executed it");
+    assert_eq!(target.payments(), 1, "the target executed it");
     let retry = rig.engine.call(call("create_payment_checked", json!({"amount": 4}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
     assert!(retry.http().cloned().unwrap().body.contains("pay_1"), "the status endpoint's record of the first request");
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "settled by asking, not by sending again");
+    assert_eq!(target.payments(), 1, "settled by asking, not by sending again");
     assert_eq!(
         events(&rig, first.execution_id),
         ["accepted", "authorized", "dispatched", "outcome_unknown", "retry_received", "completed"]
@@ -155,10 +155,10 @@ async fn a_status_query_that_proves_nothing_ran_lets_the_same_execution_dispatch
     proxy.next(Fault::ResetBeforeForward);
     let first = rig.engine.call(call("create_payment_checked", json!({"amount": 5}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
-    assert_eq!(target.payments.load(Ordering::SeqCst), 0);
+    assert_eq!(target.payments(), 0);
     let retry = rig.engine.call(call("create_payment_checked", json!({"amount": 5}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(target.payments(), 1);
     assert_eq!(
         events(&rig, first.execution_id),
         [
@@ -202,7 +202,7 @@ async fn a_status_answer_proves_only_what_the_contract_says() {
     let retry = rig.engine.call(call("pay_checked", json!({"amount": 4}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
     assert!(retry.detail.to_string().contains("HTTP 404 is none of the answers"), "{}", retry.detail);
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "a 404 the contract does not vouch for sent nothing");
+    assert_eq!(target.payments(), 1, "a 404 the contract does not vouch for sent nothing");
 
     // A 200 whose body says "pending": in flight by the contract, not completed.
     let meanings = r#"done = [{ status = 200, pointer = "/state", equals = "succeeded" }], in_flight = [{ status = 200, pointer = "/state", equals = "pending" }]"#;
@@ -214,7 +214,7 @@ async fn a_status_answer_proves_only_what_the_contract_says() {
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::OutcomeUnknown));
     assert!(retry.detail.to_string().contains("still working on it"), "{}", retry.detail);
     assert!(retry.http().is_none(), "a pending answer is not the payment's result");
-    assert_eq!(target.payments.load(Ordering::SeqCst), 2, "one payment per intent");
+    assert_eq!(target.payments(), 2, "one payment per intent");
     assert_eq!(events(&rig, first.execution_id).last().map(String::as_str), Some("retry_received"));
 
     // The status route is asked about the execution ID: a contract whose key never reaches the
@@ -259,7 +259,7 @@ async fn a_key_the_target_has_forgotten_is_never_re_sent() {
         "{}",
         retry.detail
     );
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "nothing re-sent under a forgotten key");
+    assert_eq!(target.payments(), 1, "nothing re-sent under a forgotten key");
 
     // A contract keeps its own retention, and it applies only where a key is sent.
     let keyless = text
@@ -287,13 +287,13 @@ async fn a_recovery_re_sends_the_original_request_or_nothing() {
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(pay("rent", 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(target.requests(), 1);
 
     // The memo is outside the fingerprint: the same intent, but not the same request.
     let changed = rig.engine.call(pay("groceries", 2)).await.unwrap();
     assert_eq!((changed.execution_id, changed.state), (first.execution_id, ExecutionState::NeedsReview));
     assert!(changed.detail.to_string().contains("re-sends only the original request"), "{}", changed.detail);
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1, "nothing went out under the original's key");
+    assert_eq!(target.requests(), 1, "nothing went out under the original's key");
     let timeline = rig.store.view().timeline(first.execution_id).unwrap();
     let refused = timeline.iter().find(|e| e.row.event == "recovery_refused").expect("journaled");
     assert_eq!(refused.row.detail["reason"], "request_changed");
@@ -310,8 +310,8 @@ async fn a_recovery_with_the_original_request_is_re_sent_with_its_key() {
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
     let retry = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
-    let keys = target.seen_keys.lock().unwrap().clone();
+    assert_eq!(target.payments(), 1);
+    let keys = target.seen_keys().clone();
     assert_eq!(keys, [first.execution_id.to_string(), first.execution_id.to_string()]);
     let digests: Vec<serde_json::Value> = rig
         .store
@@ -437,14 +437,14 @@ async fn bad_calls_are_refused_before_they_become_executions() {
     let err = rig.engine.call(call("create_payment", json!({"amount": "lots"}), 1, 1)).await.unwrap_err();
     assert_eq!(postern_core::ErrorCode::code(&err), "invalid_arguments");
     assert!(err.to_string().contains("/amount"), "{err}");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(target.requests(), 0);
     assert_eq!(rig.store.view().head().unwrap().size, 1, "only the credential_added row");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effect() {
     let (target, addr) = start_target().await;
-    target.delay_ms.store(600, Ordering::SeqCst);
+    target.delay_answers(600);
     let base = format!("http://{addr}");
     let rig = rig(manifest(&base, &base));
     let engine = Arc::new(rig.engine);
@@ -454,7 +454,7 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
     };
     // Wait until the target has made the payment (its answer is delayed): the engine dies with
     // the request executed and no response seen. (`dispatched` alone is written before sending.)
-    while target.payments.load(Ordering::SeqCst) == 0 {
+    while target.payments() == 0 {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     let id = loop {
@@ -472,10 +472,9 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
     let dir = rig.dir;
     drop(rig.vault);
     drop(rig.store);
-    drop(rig.host);
     // Let the target finish the request it received.
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(target.payments(), 1);
 
     let restarted = open_rig(dir, manifest(&base, &base));
     assert_eq!(
@@ -486,7 +485,7 @@ async fn an_engine_that_dies_mid_dispatch_recovers_on_restart_with_one_side_effe
     assert_eq!(last.row.detail["reason"], "gateway_restarted_while_dispatched");
     let retry = restarted.engine.call(call("create_payment", json!({"amount": 42}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "recovered with the same key, not paid twice");
+    assert_eq!(target.payments(), 1, "recovered with the same key, not paid twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,27 +499,24 @@ async fn a_stalled_connection_times_out_as_unknown_not_as_failed() {
     assert!(first.detail["reason"].as_str().unwrap().contains("timed out"), "{:?}", first.detail);
     let retry = rig.engine.call(call("slow_payment", json!({"amount": 8}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(target.payments(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_are_never_followed_and_a_body_over_the_result_limit_is_not_kept() {
     let (target, addr) = start_target().await;
     let mut rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
-    rig.host.config.max_result_bytes = 1_000;
-    let engine = rig
-        .host
-        .engine(
-            manifest(&format!("http://{addr}"), &format!("http://{addr}")),
-            Arc::new(postern_engine::LockOnlyApprover),
-        )
-        .unwrap();
+    rig.max_result_bytes = 1_000;
+    let engine = rig.engine_for(
+        manifest(&format!("http://{addr}"), &format!("http://{addr}")),
+        Arc::new(postern_engine::LockOnlyApprover),
+    );
     let url = format!("http://{addr}/v1/redirect");
     let moved = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 1)).await.unwrap();
     let result = moved.http().cloned().unwrap();
     assert_eq!(result.status, 302, "the redirect is the result; the credential never went to its location");
     assert!(result.headers.contains(&("location".to_string(), "http://127.0.0.2:9/steal".to_string())));
-    assert_eq!(target.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(target.requests(), 1);
     let url = format!("http://{addr}/v1/large");
     let large = engine.call(call("http_request", json!({"method": "GET", "url": url}), 1, 2)).await.unwrap();
     let result = large.http().cloned().unwrap();
@@ -562,7 +558,7 @@ async fn a_secret_in_a_url_or_header_is_journaled_nowhere() {
         ids.push(out.execution_id);
     }
     assert_ne!(ids[1], ids[2], "two different keys are two intents");
-    assert_eq!(target.irreversible.load(Ordering::SeqCst), 3);
+    assert_eq!(target.irreversible(), 3);
     let view = rig.store.view();
     let record = view.execution(ids[0]).unwrap().unwrap().record;
     assert!(record["target"].as_str().unwrap().contains("sig=SECRET(sig:"), "{record}");
@@ -595,7 +591,7 @@ async fn deeply_nested_arguments_are_refused_before_acceptance() {
         .unwrap_err();
     assert_eq!(postern_core::ErrorCode::code(&err), "invalid_arguments");
     assert!(err.to_string().contains("at most 64"), "{err}");
-    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(target.requests(), 0);
     let ok = rig
         .engine
         .call(call("http_request", json!({ "method": "POST", "url": url, "body": nested(60) }), 1, 2))
@@ -619,7 +615,7 @@ async fn an_invalid_header_is_refused_before_dispatch() {
         assert_eq!(postern_core::ErrorCode::code(&err), "invalid_arguments", "{name}: {err}");
         assert!(err.to_string().contains(&format!("/headers/{name}")), "{err}");
     }
-    assert_eq!(target.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(target.requests(), 0);
     assert!(rig.store.view().executions_page(&Default::default()).unwrap().is_empty(), "no execution");
 }
 
@@ -634,15 +630,15 @@ async fn a_locked_vault_stops_a_recovery_from_sending_again() {
     proxy.next(Fault::CutAfterForward);
     let first = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
-    let sent = target.requests.load(Ordering::SeqCst);
+    let sent = target.requests();
     rig.vault.lock("test", postern_core::Timestamp::from_millis(10)).unwrap();
     let locked = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 2)).await.unwrap();
     assert_eq!((locked.execution_id, locked.state), (first.execution_id, ExecutionState::OutcomeUnknown));
     assert_eq!(locked.detail["reason"], "vault_locked", "{locked:?}");
-    assert_eq!(target.requests.load(Ordering::SeqCst), sent, "nothing re-sent while locked");
+    assert_eq!(target.requests(), sent, "nothing re-sent while locked");
     assert!(events(&rig, first.execution_id).contains(&"recovery_refused".to_owned()));
     rig.vault.unlock("test", postern_core::Timestamp::from_millis(20)).unwrap();
     let recovered = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 3)).await.unwrap();
     assert_eq!((recovered.execution_id, recovered.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(target.payments.load(Ordering::SeqCst), 1, "one payment");
+    assert_eq!(target.payments(), 1, "one payment");
 }

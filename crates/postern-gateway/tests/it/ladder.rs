@@ -118,7 +118,7 @@ impl Approver for Reviewer {
 struct Ladder {
     rig: crate::support::Rig,
     engine: Arc<Engine>,
-    target: Arc<crate::support::Target>,
+    target: crate::support::Target,
     addr: std::net::SocketAddr,
 }
 
@@ -136,15 +136,15 @@ async fn ladder_with_timeout(reviewer: Arc<Reviewer>, timeout: std::time::Durati
 fn ladder_at(
     reviewer: Arc<Reviewer>,
     timeout: std::time::Duration,
-    target: Arc<crate::support::Target>,
+    target: crate::support::Target,
     via: std::net::SocketAddr,
     direct: std::net::SocketAddr,
 ) -> Ladder {
     let (base, status_base) = (format!("http://{via}"), format!("http://{direct}"));
     let addr = direct;
     let mut rig = rig(manifest(&base, &status_base));
-    rig.host.config.approval_timeout = timeout;
-    let engine = rig.host.engine(manifest(&base, &status_base), reviewer).unwrap();
+    rig.approval_timeout = timeout;
+    let engine = rig.engine_for(manifest(&base, &status_base), reviewer);
     Ladder { rig, engine, target, addr }
 }
 
@@ -188,7 +188,7 @@ async fn a_new_run_is_asked_once_however_many_of_its_calls_race() {
     }
     assert_eq!(reviewer.asked(), vec![Ask::SessionAuthorization], "one question for the run");
     assert_eq!(l.rig.store.view().session_standing(run).unwrap(), Some(true));
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 5);
+    assert_eq!(l.target.payments(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,7 +200,7 @@ async fn a_refused_run_sends_nothing() {
     assert_eq!(out.state, ExecutionState::Denied);
     assert_eq!(out.detail["rung"], "session_authorization");
     assert_eq!(out.detail["by"], "reviewer:test");
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 0);
+    assert_eq!(l.target.payments(), 0);
     // The refusal stands for the run: the next call is denied without a second question.
     let again = l.engine.call(in_run("create_payment", 2, run)).await.unwrap();
     assert_eq!(again.state, ExecutionState::Denied);
@@ -223,7 +223,7 @@ async fn a_question_nobody_answers_in_time_is_denied_and_journaled() {
     let out = l.engine.call(in_run("create_payment", 1, run)).await.unwrap();
     assert_eq!(out.state, ExecutionState::Denied);
     assert_eq!(out.detail["code"], "approval_timed_out");
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 0);
+    assert_eq!(l.target.payments(), 0);
     let events: Vec<String> =
         l.rig.store.view().timeline(out.execution_id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect();
     assert_eq!(events, ["accepted", "approval_requested", "approval_timed_out", "denied"]);
@@ -327,7 +327,7 @@ async fn a_per_use_approval_binds_to_one_call_and_its_retry_joins_the_open_quest
     // Approving X did not approve Y (different arguments): Y was its own question, refused.
     assert_eq!(y.state, ExecutionState::Denied);
     assert_ne!(y.execution_id, x.execution_id);
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 1);
+    assert_eq!(l.target.payments(), 1);
     // Nor did it turn into anything for the run: a later call with X's arguments is a new intent
     // after delivery, and is asked about again.
     l.engine.delivered(x.execution_id, true).await.unwrap();
@@ -365,15 +365,15 @@ async fn locking_the_vault_withdraws_an_open_question_and_leaves_dispatched_work
     eventually("the approver to take the question down", || reviewer.saw_withdrawal.load(Ordering::SeqCst)).await;
     assert_eq!(events(&l, out.execution_id), ["accepted", "approval_requested", "approval_withdrawn", "denied"]);
     assert_eq!(l.rig.store.view().session_standing(run).unwrap(), None, "a withdrawn question revokes nothing");
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 0);
+    assert_eq!(l.target.payments(), 0);
 
     // Work already dispatched when the lock comes is journaled as what happened.
     l.rig.vault.unlock("test", Timestamp::from_millis(11)).unwrap();
     l.rig.store.set_session_standing(run, true, "test", json!({}), Timestamp::from_millis(12)).unwrap();
-    l.target.delay_ms.store(600, Ordering::SeqCst);
+    l.target.delay_answers(600);
     let engine = Arc::clone(&l.engine);
     let running = tokio::spawn(async move { engine.call(in_run("create_payment", 2, run)).await.unwrap() });
-    eventually("the payment to reach the target", || l.target.payments.load(Ordering::SeqCst) == 1).await;
+    eventually("the payment to reach the target", || l.target.payments() == 1).await;
     l.rig.vault.lock("test", Timestamp::from_millis(13)).unwrap();
     let done = running.await.unwrap();
     assert_eq!(done.state, ExecutionState::Completed, "not 'denied': it was sent and answered");
@@ -402,7 +402,7 @@ async fn a_retry_of_an_undelivered_result_shows_the_reviewer_the_original_and_re
         assert_eq!(r.http().unwrap().status, 201);
         assert_eq!(r.http().unwrap().body, first.http().unwrap().body);
     }
-    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1, "nothing was sent again");
+    assert_eq!(l.target.irreversible(), 1, "nothing was sent again");
     let reviews = reviewer.reviews();
     assert_eq!(reviews.len(), 1, "one prompt for both retries");
     let shown = &reviews[0];
@@ -442,7 +442,7 @@ async fn the_reviewer_is_told_only_what_is_known_of_a_results_delivery() {
     assert_eq!(shown.state, ExecutionState::Completed);
     assert!(!shown.known_outcome.contains("did not reach"), "{}", shown.known_outcome);
     assert!(shown.known_outcome.contains("delivery is not confirmed yet"), "{}", shown.known_outcome);
-    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1);
+    assert_eq!(l.target.irreversible(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,14 +456,14 @@ async fn dispatch_anew_needs_a_reason_and_links_the_new_execution_to_the_origina
 
     let blank = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
     assert_eq!((blank.decision.as_str(), blank.detail["code"].as_str()), ("retry_denied", Some("reason_required")));
-    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1);
+    assert_eq!(l.target.irreversible(), 1);
 
     *reviewer.review.lock().unwrap() =
         Some(ReviewAnswer::DispatchAnew { reason: "the customer asked for a second ticket".into() });
     let anew = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
     assert_eq!(anew.state, ExecutionState::Completed);
     assert_ne!(anew.execution_id, first.execution_id);
-    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 2, "sent again, as the reviewer chose");
+    assert_eq!(l.target.irreversible(), 2, "sent again, as the reviewer chose");
     let timeline = l.rig.store.view().timeline(anew.execution_id).unwrap();
     assert_eq!(timeline[0].row.detail["dispatched_anew"]["prior"], first.execution_id.to_string());
     assert_eq!(timeline[0].row.detail["dispatched_anew"]["reason"], "the customer asked for a second ticket");
@@ -479,7 +479,7 @@ async fn dispatch_anew_needs_a_reason_and_links_the_new_execution_to_the_origina
     *reviewer.review.lock().unwrap() = Some(ReviewAnswer::Deny { reason: "enough tickets".into() });
     let denied = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
     assert_eq!((denied.decision.as_str(), denied.execution_id), ("retry_denied", anew.execution_id));
-    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 2);
+    assert_eq!(l.target.irreversible(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,7 +494,7 @@ async fn an_unanswered_retry_review_sends_nothing() {
     assert_eq!((out.decision.as_str(), out.detail["code"].as_str()), ("retry_denied", Some("approval_timed_out")));
     eventually("the approver to take the review down", || reviewer.saw_withdrawal.load(Ordering::SeqCst)).await;
     assert_eq!(events(&l, first.execution_id).last().unwrap(), "retry_review_timed_out");
-    assert_eq!(l.target.irreversible.load(Ordering::SeqCst), 1);
+    assert_eq!(l.target.irreversible(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,7 +515,7 @@ async fn check_status_verifies_an_unknown_outcome_through_the_contract() {
     assert!(shown.why_not_resent.contains("status_query"), "{}", shown.why_not_resent);
     assert!(shown.why_not_resent.contains("only an answer its contract says means"), "{}", shown.why_not_resent);
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 1, "verified, not re-sent");
+    assert_eq!(l.target.payments(), 1, "verified, not re-sent");
 }
 
 /// Found by an attacker review of #27: past the key's retention a reviewer was still offered
@@ -527,23 +527,18 @@ async fn past_the_key_retention_a_status_route_cannot_send_it_again() {
     let reviewer = Reviewer::new(true, Some(Grant::Session)).reviewing(ReviewAnswer::CheckStatus);
     let (target, addr) = start_target().await;
     let proxy = crate::support::FaultProxy::start(addr).await;
-    let l = ladder_at(
-        Arc::clone(&reviewer),
-        postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT,
-        Arc::clone(&target),
-        proxy.addr,
-        addr,
-    );
+    let l =
+        ladder_at(Arc::clone(&reviewer), postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT, target, proxy.addr, addr);
     let run = start_run(&l, 1);
     proxy.next(crate::support::Fault::CutAfterForward);
     let first = l.engine.call(in_run("create_payment_briefly_checked", 7, run)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
-    target.forget_keys();
+    l.target.forget_keys();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let retry = l.engine.call(in_run("create_payment_briefly_checked", 7, run)).await.unwrap();
     assert_eq!(retry.execution_id, first.execution_id);
     let shown = reviewer.reviews();
     assert!(!shown.is_empty() && shown.iter().all(|r| !r.choices.contains(&ReviewChoice::CheckStatus)), "{shown:?}");
     assert_ne!(retry.state, ExecutionState::Completed, "{retry:?}");
-    assert_eq!(l.target.payments.load(Ordering::SeqCst), 1, "never sent again under a forgotten key");
+    assert_eq!(l.target.payments(), 1, "never sent again under a forgotten key");
 }

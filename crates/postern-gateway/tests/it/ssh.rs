@@ -64,7 +64,7 @@ fn ssh_rig() -> SshRig {
 
 /// An engine serving the SSH manifest on `rig`'s journal and vault.
 fn ssh_engine(rig: &crate::support::Rig) -> Arc<Engine> {
-    rig.host.engine(manifest(), Arc::new(LockOnlyApprover)).unwrap()
+    rig.engine_for(manifest(), Arc::new(LockOnlyApprover))
 }
 
 impl SshRig {
@@ -462,7 +462,6 @@ async fn a_restart_while_dispatched_recovers_through_the_marker() {
     drop(rig.engine);
     drop(rig.vault);
     drop(rig.store);
-    drop(rig.host);
 
     let restarted = open_rig(dir, manifest());
     let engine = ssh_engine(&restarted);

@@ -1,24 +1,16 @@
-//! Test parts: an HTTP target that honours the Idempotency-Key draft and counts side effects, a
-//! fault proxy, and an engine wired to a real store and the real keychain.
+//! Test parts: the shared HTTP target (postern-testkit), a fault proxy, and an engine wired to a
+//! real store and the real keychain.
 
-use axum::{
-    Router,
-    extract::{Path, State},
-    http::{HeaderMap, StatusCode},
-    response::IntoResponse,
-    routing::{get, post},
-};
 use postern_core::{Actor, IntentScope, SessionId, Timestamp};
-use postern_engine::{Call, Engine, LockOnlyApprover, Manifest};
+use postern_engine::{Approver, Call, Engine, LockOnlyApprover, Manifest, channel::upstream::Upstreams};
 use postern_store::Store;
 use postern_vault::{Binding, Credential, CredentialKind, OsKeychain, Sensitive, Vault};
 use serde_json::{Value, json};
 use std::{
-    collections::HashMap,
     net::SocketAddr,
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicU8, AtomicU64, Ordering},
+        Arc,
+        atomic::{AtomicU8, Ordering},
     },
     time::Duration,
 };
@@ -26,158 +18,17 @@ use tokio::{io::AsyncReadExt, io::AsyncWriteExt, net::TcpListener, net::TcpStrea
 
 pub const SECRET: &str = "CANARY-engine-5c2d9f-credential";
 
-#[derive(Clone)]
-enum Keyed {
-    InFlight,
-    Done { payload: Vec<u8>, body: Value },
+pub use postern_testkit::target::Target;
+
+/// Binds `listener` again as a target (a test that restarts the target where it was).
+pub fn serve_target(listener: std::net::TcpListener) -> Target {
+    Target::serve(listener)
 }
 
-/// A payments API implementing the IETF Idempotency-Key draft, counting real side effects.
-#[derive(Default)]
-pub struct Target {
-    pub payments: AtomicU64,
-    pub irreversible: AtomicU64,
-    pub requests: AtomicU64,
-    keys: Mutex<HashMap<String, Keyed>>,
-    pub seen_keys: Mutex<Vec<String>>,
-    pub seen_credentials: Mutex<Vec<String>>,
-    pub delay_ms: AtomicU64,
-    /// What `/v1/inspect` received: its content type and body bytes.
-    pub received: Mutex<Vec<(String, Vec<u8>)>>,
-}
-
-async fn payments(State(t): State<Arc<Target>>, headers: HeaderMap, body: axum::body::Bytes) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    if let Some(v) = headers.get("x-api-key") {
-        t.seen_credentials.lock().unwrap().push(v.to_str().unwrap_or("").to_owned());
-    }
-    let key = headers.get("idempotency-key").map(|v| v.to_str().unwrap_or("").to_owned());
-    if let Some(key) = &key {
-        t.seen_keys.lock().unwrap().push(key.clone());
-        let existing = t.keys.lock().unwrap().get(key).cloned();
-        match existing {
-            Some(Keyed::Done { payload, body: stored }) if payload == body.to_vec() => {
-                return (StatusCode::CREATED, [("idempotent-replayed", "true")], axum::Json(stored)).into_response();
-            }
-            Some(Keyed::Done { .. }) => {
-                return (StatusCode::UNPROCESSABLE_ENTITY, "key reused with another payload").into_response();
-            }
-            Some(Keyed::InFlight) => {
-                return (StatusCode::CONFLICT, "request with this key in flight").into_response();
-            }
-            None => {
-                t.keys.lock().unwrap().insert(key.clone(), Keyed::InFlight);
-            }
-        }
-    }
-    // The payment is made as soon as the request arrives; only the answer may be slow.
-    let n = t.payments.fetch_add(1, Ordering::SeqCst) + 1;
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let created = json!({ "id": format!("pay_{n}"), "amount": request["amount"] });
-    if let Some(key) = key {
-        t.keys.lock().unwrap().insert(key, Keyed::Done { payload: body.to_vec(), body: created.clone() });
-    }
-    let delay = t.delay_ms.load(Ordering::SeqCst);
-    if delay > 0 {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-    }
-    (StatusCode::CREATED, axum::Json(created)).into_response()
-}
-
-async fn inspect(State(t): State<Arc<Target>>, headers: HeaderMap, body: axum::body::Bytes) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    t.received.lock().unwrap().push((content_type, body.to_vec()));
-    StatusCode::NO_CONTENT
-}
-
-async fn irreversible(State(t): State<Arc<Target>>) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    let n = t.irreversible.fetch_add(1, Ordering::SeqCst) + 1;
-    (StatusCode::CREATED, axum::Json(json!({ "ticket": n })))
-}
-
-async fn echo(State(t): State<Arc<Target>>, headers: HeaderMap) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    let key = headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    format!("you sent {key}")
-}
-
-/// A hostile target: sends the credential it received back in every spelling it can think of —
-/// bare (after the scheme, or the decoded basic password), JSON-escaped, percent-encoded, as the
-/// base64 it came in, and in a `Location` header.
-async fn mirror(State(t): State<Arc<Target>>, headers: HeaderMap) -> impl IntoResponse {
-    use base64::Engine as _;
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let (secret, encoded) = match auth.split_once(' ') {
-        Some(("Basic", b64)) => {
-            let pair = base64::engine::general_purpose::STANDARD.decode(b64).unwrap_or_default();
-            let pair = String::from_utf8_lossy(&pair).into_owned();
-            (pair.split_once(':').map(|(_, p)| p.to_owned()).unwrap_or_default(), b64.trim_end_matches('=').to_owned())
-        }
-        Some((_, token)) => (token.to_owned(), String::new()),
-        None => (String::new(), String::new()),
-    };
-    let percent: String = secret
-        .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02x}") })
-        .collect();
-    let body = json!({ "you_sent": secret, "header": auth, "encoded": encoded, "query": format!("t={percent}") });
-    ([("location", format!("/next?token={percent}"))], axum::Json(body))
-}
-
-async fn redirect(State(t): State<Arc<Target>>) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    (StatusCode::FOUND, [("location", "http://127.0.0.2:9/steal")], "moved")
-}
-
-async fn large(State(t): State<Arc<Target>>) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    "x".repeat(100_000)
-}
-
-async fn status(State(t): State<Arc<Target>>, Path(key): Path<String>) -> impl IntoResponse {
-    match t.keys.lock().unwrap().get(&key) {
-        Some(Keyed::Done { body, .. }) => (StatusCode::OK, axum::Json(body.clone())).into_response(),
-        _ => StatusCode::NOT_FOUND.into_response(),
-    }
-}
-
-/// A status route that never knows more than "pending", whatever was received.
-async fn job(State(t): State<Arc<Target>>) -> impl IntoResponse {
-    t.requests.fetch_add(1, Ordering::SeqCst);
-    axum::Json(json!({ "state": "pending" }))
-}
-
-impl Target {
-    /// The target forgets every idempotency key it has seen (its retention passed).
-    pub fn forget_keys(&self) {
-        self.keys.lock().unwrap().clear();
-    }
-}
-
-pub async fn serve_target(listener: TcpListener) -> Arc<Target> {
-    let target = Arc::new(Target::default());
-    let app = Router::new()
-        .route("/v1/payments", post(payments))
-        .route("/v1/tickets", post(irreversible))
-        .route("/v1/inspect", post(inspect))
-        .route("/v1/echo", get(echo))
-        .route("/v1/mirror", get(mirror))
-        .route("/v1/status/{key}", get(status))
-        .route("/v1/jobs/{key}", get(job))
-        .route("/v1/redirect", get(redirect))
-        .route("/v1/large", get(large))
-        .with_state(Arc::clone(&target));
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    target
-}
-
-pub async fn start_target() -> (Arc<Target>, SocketAddr) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    (serve_target(listener).await, addr)
+pub async fn start_target() -> (Target, SocketAddr) {
+    let target = Target::start();
+    let addr = target.addr;
+    (target, addr)
 }
 
 /// What the proxy does to the next connection (then it goes back to passing traffic).
@@ -252,12 +103,47 @@ impl FaultProxy {
     }
 }
 
+/// A journal and a vault on the real keychain, and an engine over them, wired as the host wires
+/// them (the host is a crate above this one, so the rig builds the parts itself).
 pub struct Rig {
     pub dir: tempfile::TempDir,
-    pub host: postern_host::Host,
     pub store: Arc<Store>,
     pub vault: Arc<Vault>,
     pub engine: Arc<Engine>,
+    /// What the next [`Rig::engine_for`] is built with.
+    pub approval_timeout: Duration,
+    pub max_result_bytes: usize,
+}
+
+impl Rig {
+    /// An engine serving `manifest` on this rig's journal and vault, asking `approver`.
+    pub fn engine_for(&self, manifest: Manifest, approver: Arc<dyn Approver>) -> Arc<Engine> {
+        engine_over(&self.store, &self.vault, manifest, approver, self.approval_timeout, self.max_result_bytes)
+    }
+}
+
+fn engine_over(
+    store: &Arc<Store>,
+    vault: &Arc<Vault>,
+    manifest: Manifest,
+    approver: Arc<dyn Approver>,
+    approval_timeout: Duration,
+    max_result_bytes: usize,
+) -> Arc<Engine> {
+    let upstreams =
+        Upstreams::new(Arc::clone(vault), manifest.server_overrides().clone()).with_max_result_bytes(max_result_bytes);
+    let engine = Engine::new(
+        Arc::clone(store),
+        Arc::clone(vault),
+        Arc::new(manifest),
+        approver,
+        postern_engine::engine::system_clock(),
+    )
+    .unwrap()
+    .with_approval_timeout(approval_timeout)
+    .with_max_result_bytes(max_result_bytes)
+    .with_upstreams(Arc::new(upstreams));
+    Arc::new(engine)
 }
 
 pub fn manifest(base: &str, status_base: &str) -> Manifest {
@@ -333,10 +219,14 @@ pub fn rig(manifest: Manifest) -> Rig {
 /// (The test keyring is a throwaway one per test run, so credentials are not cleaned up.)
 pub fn open_rig(dir: tempfile::TempDir, manifest: Manifest) -> Rig {
     let keychain = OsKeychain::connect().unwrap_or_else(|e| panic!("run through scripts/test.sh: {e}"));
-    let config = postern_host::HostConfig::new(dir.path().to_owned());
-    let host = postern_host::Host::open_with(config, Arc::new(keychain), Timestamp::from_millis(1)).unwrap();
-    let engine = host.engine(manifest, Arc::new(LockOnlyApprover)).unwrap();
-    Rig { store: Arc::clone(&host.store), vault: Arc::clone(&host.vault), dir, host, engine }
+    let now = Timestamp::from_millis(1);
+    let (store, _recovery) = Store::open(&dir.path().join("postern.db"), now).unwrap();
+    let store = Arc::new(store);
+    let vault = Arc::new(Vault::open(Arc::clone(&store), Arc::new(keychain), now).unwrap());
+    let (approval_timeout, max_result_bytes) =
+        (postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT, postern_engine::channel::http::DEFAULT_MAX_RESULT_BYTES);
+    let engine = engine_over(&store, &vault, manifest, Arc::new(LockOnlyApprover), approval_timeout, max_result_bytes);
+    Rig { dir, store, vault, engine, approval_timeout, max_result_bytes }
 }
 
 pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Call {
