@@ -95,6 +95,9 @@ pub enum Finding {
     ProjectionMissing { execution_id: String },
     /// A stored result does not match the digest journaled when it was recorded.
     ResultMismatch { execution_id: String, why: String },
+    /// Row `seq` chains, but its event is not one its stream has: a row moved to another stream
+    /// or renamed (a granting row hidden from the authority view), or written by another version.
+    UnknownEvent { seq: u64, stream: String, event: String },
     /// A table that grants authority (lock, credentials, agents, session grants, allowlist)
     /// differs from what the journal says.
     AuthorityMismatch { table: String, key: String, journal: String, table_value: String },
@@ -150,6 +153,11 @@ impl fmt::Display for Finding {
             Finding::ResultMismatch { execution_id, why } => {
                 write!(f, "execution {execution_id}: stored result {why}")
             }
+            Finding::UnknownEvent { seq, stream, event } => write!(
+                f,
+                "row {seq}: the {stream:?} stream has no event {event:?} (the row was moved or renamed, or \
+                 written by another version; what it granted or took away is not known)"
+            ),
             Finding::AuthorityMismatch { table, key, journal, .. } if table == "journal" && key != "chain" => write!(
                 f,
                 "journal {key} grants authority but cannot be read: {journal} (the journal was edited; \
@@ -181,6 +189,23 @@ impl VerifyReport {
 }
 
 const PROGRESS_EVERY: u64 = 1 << 14;
+
+/// The findings for rows whose event their stream does not have, with what they say they are.
+fn unknown_events(conn: &Connection, seqs: &[u64]) -> Result<Vec<Finding>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT body FROM journal WHERE seq = ?1")?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for &seq in seqs {
+        let body: Vec<u8> = stmt.query_row([seq as i64], |r| r.get::<_, String>(0).map(String::into_bytes))?;
+        let head = crate::journal::scan_head(&body);
+        let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+        out.push(Finding::UnknownEvent {
+            seq,
+            stream: text(head.map(|h| h.stream)),
+            event: text(head.map(|h| h.event)),
+        });
+    }
+    Ok(out)
+}
 
 /// Verifies the database at `path` without writing to it. `progress(done, total)` is called
 /// periodically. Errors are reserved for files that cannot be verified at all (missing, not a
@@ -223,6 +248,9 @@ pub fn verify_with(
     {
         checkpoint_checked = true;
         findings.extend(check_checkpoint(&conn, head, cp)?);
+    }
+    if findings.is_empty() {
+        findings.extend(unknown_events(&conn, &tally.unknown_events)?);
     }
     // The projections are compared only with a journal that verified.
     if findings.is_empty() && scope == VerifyScope::Full {
@@ -319,11 +347,13 @@ struct Fact {
     seq: u64,
     execution: Option<(IdKey, ExecutionState)>,
     result_sha256: Option<[u8; 64]>,
+    /// Its event is one its stream has.
+    known_event: bool,
 }
 
 impl Fact {
     fn position_only(seq: u64) -> Fact {
-        Fact { seq, execution: None, result_sha256: None }
+        Fact { seq, execution: None, result_sha256: None, known_event: true }
     }
 
     /// `None` when the head is missing or names a state or id Postern does not know.
@@ -337,7 +367,7 @@ impl Fact {
             Some(sha) => Some(sha.try_into().ok()?),
             None => None,
         };
-        Some(Fact { seq: head.seq, execution, result_sha256 })
+        Some(Fact { seq: head.seq, execution, result_sha256, known_event: head.event().is_some() })
     }
 }
 
@@ -346,10 +376,18 @@ impl Fact {
 struct Tally {
     last_state: HashMap<IdKey, ExecutionState>,
     result_digests: HashMap<IdKey, [u8; 64]>,
+    /// Rows whose event their stream does not have (the first [`UNKNOWN_EVENTS_LISTED`]).
+    unknown_events: Vec<u64>,
 }
+
+/// At most this many rows with an unknown event are listed one by one.
+const UNKNOWN_EVENTS_LISTED: usize = 100;
 
 impl Tally {
     fn record(&mut self, fact: &Fact) {
+        if !fact.known_event && self.unknown_events.len() < UNKNOWN_EVENTS_LISTED {
+            self.unknown_events.push(fact.seq);
+        }
         if let Some((key, state)) = fact.execution {
             self.last_state.insert(key, state);
             if let Some(sha) = fact.result_sha256 {

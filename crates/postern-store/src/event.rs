@@ -4,8 +4,9 @@
 //!
 //! The stored spelling (`"event"` in a row's head) is unchanged: each variant's `as_str`. A row
 //! is read through [`Event::parse`], which takes the row's stream: an event of another stream, or
-//! one no version of Postern writes, makes the row unreadable (a finding for `audit verify`),
-//! never a default.
+//! one no version of Postern writes, makes the row unreadable, never a default. `audit verify`
+//! checks every row's event this way (`Finding::UnknownEvent`: a granting row moved to another
+//! stream or renamed is no longer one the authority view would skip in silence).
 //!
 //! The rows that grant authority (credentials, agents, session grants, the allowlist) also have
 //! typed payloads here ([`Grant`]): the writer builds the row's detail from them and the
@@ -106,6 +107,8 @@ events! {
         AuthorityRederived => "authority_rederived",
         AuthorityTampered => "authority_tampered",
         RequestRefused => "request_refused",
+        /// What early development builds wrote for `request_refused`; read, never written.
+        ApprovalAttemptRefused => "approval_attempt_refused",
         ImportApplied => "import_applied",
         ImportUndone => "import_undone",
         ControlRequestApplied => "control_request_applied",

@@ -197,6 +197,22 @@ pub struct ScannedHead<'a> {
     pub execution_id: Option<&'a [u8]>,
     pub state: Option<&'a [u8]>,
     pub result_sha256: Option<&'a [u8]>,
+    pub stream: &'a [u8],
+    pub event: &'a [u8],
+}
+
+impl ScannedHead<'_> {
+    /// The row's event, if its stream has it (`None` for an event its stream lacks: a row
+    /// written by another version, or edited).
+    pub fn event(&self) -> Option<Event> {
+        let stream = match self.stream {
+            b"activity" => Stream::Activity,
+            b"session" => Stream::Session,
+            b"vault" => Stream::Vault,
+            _ => return None,
+        };
+        Event::parse(stream, std::str::from_utf8(self.event).ok()?)
+    }
 }
 
 pub fn scan_head(body: &[u8]) -> Option<ScannedHead<'_>> {
@@ -208,6 +224,8 @@ pub fn scan_head(body: &[u8]) -> Option<ScannedHead<'_>> {
     static EXECUTION_ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"execution_id\":\""));
     static STATE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"state\":\""));
     static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result_sha256\":\""));
+    static STREAM: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"stream\":\""));
+    static EVENT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"event\":\""));
     let rest = body.strip_prefix(HEAD_PREFIX)?;
     let head = &rest[..HEAD_END.find(rest)? + 1];
     let string = |key: &Finder<'_>| -> Option<&[u8]> {
@@ -223,6 +241,8 @@ pub fn scan_head(body: &[u8]) -> Option<ScannedHead<'_>> {
         execution_id: string(&EXECUTION_ID),
         state: string(&STATE),
         result_sha256: string(&RESULT),
+        stream: string(&STREAM)?,
+        event: string(&EVENT)?,
     })
 }
 
@@ -335,7 +355,11 @@ mod tests {
 
     proptest! {
         #[test]
-        fn scanning_the_head_agrees_with_parsing_it(row in row_strategy()) {
+        fn scanning_the_head_agrees_with_parsing_it(
+            mut row in row_strategy(),
+            event in proptest::sample::select(every_event()),
+        ) {
+            row.event = event;
             let body = row.canonical().expect("canonical");
             let scanned = scan_head(&body).expect("scans");
             let parsed = read_head(&body).expect("parses");
@@ -343,6 +367,9 @@ mod tests {
             prop_assert_eq!(scanned.execution_id.map(<[u8]>::to_vec), parsed.execution_id.map(|e| e.to_string().into_bytes()));
             prop_assert_eq!(scanned.state.map(<[u8]>::to_vec), parsed.state.map(|s| s.as_str().as_bytes().to_vec()));
             prop_assert_eq!(scanned.result_sha256.map(<[u8]>::to_vec), parsed.result_sha256.map(String::into_bytes));
+            prop_assert_eq!(scanned.stream, parsed.stream.as_str().as_bytes());
+            prop_assert_eq!(scanned.event, parsed.event.as_bytes());
+            prop_assert_eq!(scanned.event(), Some(row.event));
             prop_assert_eq!(JournalRow::from_body(&body).expect("round trip"), row);
         }
     }
