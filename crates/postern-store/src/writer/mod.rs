@@ -385,8 +385,16 @@ impl Writer {
         }
         self.data_version = now;
         self.cache_invalid = true;
-        let mut found = crate::authority::check(&self.conn).unwrap_or_default();
-        found.extend(crate::authority::check_executions(&self.conn).unwrap_or_default());
+        // A check that cannot run is a finding, like a chain that cannot be walked: granting
+        // must not go on because the tables could not be compared.
+        let unread = |what: &str, e: StoreError| crate::authority::AuthorityMismatch {
+            table: "journal",
+            key: what.to_owned(),
+            journal: "not read".into(),
+            table_value: format!("could not be compared: {e}"),
+        };
+        let mut found = crate::authority::check(&self.conn).unwrap_or_else(|e| vec![unread("authority", e)]);
+        found.extend(crate::authority::check_executions(&self.conn).unwrap_or_else(|e| vec![unread("executions", e)]));
         // The chain itself: the rows retry decisions read (`accepted`, the last state) must be
         // the ones this writer appended. Another process's commit is the rare case (the lock
         // keeps other writers out), so the whole walk is affordable.

@@ -100,6 +100,24 @@ fn a_running_writer_raises_the_alarm_when_another_process_edits_authority() {
     assert_eq!(journaled(&fx.path, "authority_tampered"), 1, "the alarm is journaled, once");
 }
 
+/// An authority table another process drops: the comparison cannot run, and a comparison that
+/// cannot run stops granting (before, it counted as no difference and the writer went on).
+#[test]
+fn a_running_writer_raises_the_alarm_when_the_comparison_cannot_run() {
+    let fx = granted();
+    let store = fx.open();
+    same_user(&fx.path).execute_batch("DROP TABLE allowlist").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let alarm = loop {
+        if let Some(alarm) = store.authority_alarm() {
+            break alarm;
+        }
+        assert!(std::time::Instant::now() < deadline, "no alarm");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(alarm.iter().any(|m| m.table_value.contains("could not be compared")), "{alarm:?}");
+}
+
 /// The journal rows retry decisions read, edited or appended by another process (triggers
 /// dropped first): the running writer walks the chain when it sees the commit and raises the
 /// alarm, so no retry is decided from a forged row.
