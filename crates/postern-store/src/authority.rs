@@ -115,23 +115,15 @@ impl AuthorityState {
             let (seq, body): (i64, String) = (r.get(0)?, r.get(1)?);
             // A row that does not read (an event its stream lacks) may have been a grant: a
             // finding, like a granting row with a field missing.
-            let row = match JournalRow::from_body(body.as_bytes()) {
-                Ok(row) => row,
-                Err(e) => {
-                    state.malformed.push(AuthorityMismatch {
-                        table: "journal",
-                        key: format!("row {seq}"),
-                        journal: format!("it does not read: {e}"),
-                        table_value: "not read".into(),
-                    });
-                    continue;
-                }
+            let applied = match JournalRow::from_body(body.as_bytes()) {
+                Ok(row) => state.apply(&row).map_err(|problem| (format!("row {seq} ({})", row.event), problem)),
+                Err(e) => Err((format!("row {seq}"), format!("it does not read: {e}"))),
             };
-            if let Err(problem) = state.apply(&row) {
+            if let Err((key, journal)) = applied {
                 state.malformed.push(AuthorityMismatch {
                     table: "journal",
-                    key: format!("row {seq} ({})", row.event),
-                    journal: problem,
+                    key,
+                    journal,
                     table_value: "not read".into(),
                 });
             }

@@ -166,6 +166,14 @@ impl Event {
         }
     }
 
+    /// Every event of every stream, each once.
+    pub fn all() -> impl Iterator<Item = Event> {
+        let steps = ExecutionState::ALL.into_iter().map(Event::Step);
+        let notes = ActivityNote::ALL.iter().map(|n| Event::Note(*n));
+        let sessions = SessionEvent::ALL.iter().map(|e| Event::Session(*e));
+        steps.chain(notes).chain(sessions).chain(VaultEvent::ALL.iter().map(|e| Event::Vault(*e)))
+    }
+
     /// The state this row moves its execution to, if it is a step.
     pub fn step(self) -> Option<ExecutionState> {
         match self {
@@ -363,17 +371,13 @@ mod tests {
 
     #[test]
     fn every_event_reads_back_on_its_own_stream_only() {
-        let mut all: Vec<Event> = ExecutionState::ALL.iter().map(|s| Event::Step(*s)).collect();
-        all.extend(ActivityNote::ALL.iter().map(|n| Event::Note(*n)));
-        all.extend(SessionEvent::ALL.iter().map(|e| Event::Session(*e)));
-        all.extend(VaultEvent::ALL.iter().map(|e| Event::Vault(*e)));
         let mut names = std::collections::HashSet::new();
-        for event in &all {
+        for event in Event::all() {
             assert!(names.insert(event.as_str()), "{event} is spelled twice");
-            for stream in [Stream::Activity, Stream::Session, Stream::Vault] {
+            for stream in Stream::ALL {
                 let read = Event::parse(stream, event.as_str());
                 if stream == event.stream() {
-                    assert_eq!(read, Some(*event));
+                    assert_eq!(read, Some(event));
                 } else {
                     assert_eq!(read, None, "{event} read on the {stream:?} stream");
                 }

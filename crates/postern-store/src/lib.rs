@@ -55,15 +55,9 @@ pub enum SpecChange {
 }
 
 impl SpecChange {
-    pub const ALL: [SpecChange; 3] =
-        [SpecChange::SshHostKeyPinned, SpecChange::McpToolContractSet, SpecChange::McpServerStartSet];
-
+    /// The stored spelling (its [`VaultEvent`]'s).
     pub fn as_str(self) -> &'static str {
-        match self {
-            SpecChange::SshHostKeyPinned => "ssh_host_key_pinned",
-            SpecChange::McpToolContractSet => "mcp_tool_contract_set",
-            SpecChange::McpServerStartSet => "mcp_server_start_set",
-        }
+        VaultEvent::from(self).as_str()
     }
 }
 
@@ -76,11 +70,9 @@ pub enum ImportEvent {
 }
 
 impl ImportEvent {
+    /// The stored spelling (its [`VaultEvent`]'s).
     pub fn as_str(self) -> &'static str {
-        match self {
-            ImportEvent::ImportApplied => "import_applied",
-            ImportEvent::ImportUndone => "import_undone",
-        }
+        VaultEvent::from(self).as_str()
     }
 }
 

@@ -87,7 +87,7 @@ async fn connection_refused_fails_before_dispatch_and_a_retry_dispatches() {
     let first = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::FailedBeforeDispatch, "{first:?}");
     assert!(first.detail["reason"].as_str().unwrap().contains("could not connect"), "{:?}", first.detail);
-    let target = serve_target(std::net::TcpListener::bind(addr).unwrap());
+    let target = Target::serve(std::net::TcpListener::bind(addr).unwrap());
     let retry = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 2)).await.unwrap();
     assert_ne!(retry.execution_id, first.execution_id, "nothing was sent, so the retry is a new execution");
     assert_eq!(retry.state, ExecutionState::Completed);

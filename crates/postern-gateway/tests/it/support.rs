@@ -20,11 +20,6 @@ pub const SECRET: &str = "CANARY-engine-5c2d9f-credential";
 
 pub use postern_testkit::target::Target;
 
-/// Binds `listener` again as a target (a test that restarts the target where it was).
-pub fn serve_target(listener: std::net::TcpListener) -> Target {
-    Target::serve(listener)
-}
-
 pub async fn start_target() -> (Target, SocketAddr) {
     let target = Target::start();
     let addr = target.addr;
