@@ -238,9 +238,10 @@ impl Engine {
     fn earlier_run(&self, id: ExecutionId) -> Result<Option<crate::approval::EarlierRun>, EngineError> {
         let timeline = self.store.view().timeline(id)?;
         let accepted = timeline.iter().find(|e| e.row.event == Event::Step(ExecutionState::Accepted));
-        Ok(accepted
-            .and_then(|e| e.row.detail.get("earlier_effect"))
-            .and_then(|v| serde_json::from_value(v.clone()).ok()))
+        // An `earlier_effect` that does not read is an error, not "no earlier run": a reviewer
+        // would otherwise be told less than the record says.
+        let earlier = accepted.and_then(|e| e.row.detail.get("earlier_effect")).filter(|v| !v.is_null());
+        Ok(earlier.map(|v| serde_json::from_value(v.clone()).map_err(super::UnreadableDetail::from)).transpose()?)
     }
 
     /// The agent run behind a call, as a reviewer is shown it.
@@ -283,7 +284,7 @@ impl Engine {
         if call.cancel.withdrawn() {
             let steps =
                 vec![(ExecutionState::Authorized, detail), (ExecutionState::FailedBeforeDispatch, cancelled_detail())];
-            self.store.transition_steps_async(id, steps, self.now()).await?;
+            self.store.transition_steps_async(id, stored(steps), self.now()).await?;
             return Ok(self
                 .outcome(id, ExecutionState::FailedBeforeDispatch, decision)
                 .attached_if(attached)

@@ -2,13 +2,13 @@
 //! `Call` in; a `CallOutcome` with its `Decision`, or an `EngineError` with a machine-readable
 //! code, out).
 
-use super::{ChannelAnswer, Settled};
+use super::{ChannelAnswer, Settled, StepDetail};
 use crate::{catalog::manifest::ArgumentError, channel::http, channel::http::HttpResult};
 use postern_core::{Actor, ErrorCode, ExecutionId, ExecutionState, IntentScope, RecordError, RetryDecision, SessionId};
 use postern_store::StoreError;
 use postern_vault::VaultError;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// How the engine decided a call: a fresh execution, one of the retry decisions (every retry is
@@ -217,8 +217,8 @@ impl CancelSignal {
     }
 }
 
-pub(super) fn cancelled_detail() -> Value {
-    json!({ "reason": "cancelled", "message": "the client cancelled the call before it was sent" })
+pub(super) fn cancelled_detail() -> StepDetail {
+    StepDetail::because(super::CANCELLED).message("the client cancelled the call before it was sent")
 }
 
 /// Where a call ended up.
@@ -238,8 +238,9 @@ pub struct CallOutcome {
     /// stage (a [`Settled`] is made nowhere else): secrets masked, size within the limit.
     #[serde(rename = "result")]
     pub answer: Option<Settled<ChannelAnswer>>,
-    /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …).
-    pub detail: Value,
+    /// Why, for states without a result (denied, failed_before_dispatch, outcome_unknown, …);
+    /// `null` in the result when nothing says why.
+    pub detail: Option<StepDetail>,
 }
 
 impl CallOutcome {
@@ -259,8 +260,13 @@ impl CallOutcome {
     }
 
     /// Why it ended so (the detail an agent and the journal read).
-    pub(super) fn because(self, detail: Value) -> Self {
-        CallOutcome { detail, ..self }
+    pub(super) fn because(self, detail: StepDetail) -> Self {
+        CallOutcome { detail: Some(detail), ..self }
+    }
+
+    /// Why it ended so, as recorded (empty when nothing says why).
+    pub fn why(&self) -> std::borrow::Cow<'_, StepDetail> {
+        self.detail.as_ref().map_or_else(Default::default, std::borrow::Cow::Borrowed)
     }
 
     /// An HTTP execution's result.
@@ -328,6 +334,9 @@ pub enum EngineError {
     Ssh(#[from] crate::channel::ssh::SshError),
     #[error("the engine's worker failed: {0}")]
     Internal(String),
+    /// A step row on record whose detail is not a step's (a journal edited by hand).
+    #[error("{0}; run `postern audit verify`")]
+    UnreadableDetail(#[from] super::UnreadableDetail),
     #[error("the request this call joined failed: {message}")]
     Joined { code: &'static str, message: String },
     /// The request was sent and answered, but the journal cannot record that yet.
@@ -355,6 +364,7 @@ impl ErrorCode for EngineError {
             EngineError::FirstContactRefused { .. } => "first_contact_refused",
             EngineError::Ssh(e) => e.code(),
             EngineError::Internal(_) => "internal_error",
+            EngineError::UnreadableDetail(_) => "journal_unreadable",
             EngineError::Joined { code, .. } => code,
             EngineError::Contract(e) => e.code(),
             EngineError::OutcomeNotJournaled { .. } => "outcome_not_journaled",
@@ -370,7 +380,7 @@ mod tests {
     fn every_decision_reads_back_and_matches_the_core_names() {
         for d in Decision::ALL {
             assert_eq!(d.as_str().parse::<Decision>().unwrap(), d);
-            assert_eq!(serde_json::to_value(d).unwrap(), json!(d.as_str()));
+            assert_eq!(serde_json::to_value(d).unwrap(), serde_json::json!(d.as_str()));
         }
         let prior = ExecutionId::from_parts(postern_core::Timestamp::from_millis(1), 1);
         for retry in [

@@ -17,12 +17,13 @@ impl Engine {
         let verdict = self.authorize(p, call, id, false, None).await?;
         let auth = verdict_detail(&verdict);
         if !verdict.allowed {
-            self.store.record_read_only_detached(new, vec![(ExecutionState::Denied, auth.clone())], None)?;
+            self.store.record_read_only_detached(new, stored(vec![(ExecutionState::Denied, auth.clone())]), None)?;
             return Ok(self.outcome(id, ExecutionState::Denied, Decision::NewExecution).because(auth));
         }
         let out = self.outgoing(p, id)?;
         let secrets = self.call_secrets(p, Some(&out));
-        let dispatched = json!({ "target": p.shown_url, "method": p.method() });
+        let dispatched =
+            StepDetail { target: Some(p.shown_url.clone()), method: Some(p.method().to_owned()), ..Default::default() };
         let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
         let observed = self.send(p, out, Attempt::First).await?;
         let state = observed.state;
@@ -30,7 +31,7 @@ impl Engine {
         if staged.completion.is_none() {
             steps.push((state, staged.detail.clone()));
         }
-        self.store.record_read_only_detached(new, steps, staged.completion)?;
+        self.store.record_read_only_detached(new, stored(steps), staged.completion)?;
         Ok(CallOutcome {
             read_only: true,
             ..self.outcome(id, state, Decision::NewExecution).answered(staged.answer).because(staged.detail)
@@ -139,11 +140,11 @@ impl Engine {
         Ok(match sent {
             UpstreamSent::NotSent { reason } => Observation::without_result(
                 ExecutionState::FailedBeforeDispatch,
-                json!({ "reason": reason, "code": "upstream_unavailable" }),
+                StepDetail::because(reason).code("upstream_unavailable"),
             ),
             UpstreamSent::Lost { reason } => Observation::without_result(
                 ExecutionState::OutcomeUnknown,
-                json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                StepDetail::because(reason).recovery(p.tool.contract.class.as_str()),
             ),
             UpstreamSent::Answered(answer) | UpstreamSent::TooLarge(answer) => {
                 let outcome = json!({ "server": answer.server, "tool": answer.tool, "is_error": answer.is_error });
@@ -165,7 +166,7 @@ impl Engine {
                 // Someone already created this execution's marker: it ran (or runs) elsewhere.
                 Observation::without_result(
                     ExecutionState::OutcomeUnknown,
-                    json!({ "reason": "the execution's marker already exists on the host", "recovery": "ssh_marker" }),
+                    StepDetail::because("the execution's marker already exists on the host").recovery("ssh_marker"),
                 )
             }
             // Timed out, or the channel closed without an exit status: the command may have run
@@ -173,13 +174,16 @@ impl Engine {
             SshSent::Finished { result, elapsed } if result.exit_status.is_none() && result.exit_signal.is_none() => {
                 Observation::without_result(
                     ExecutionState::OutcomeUnknown,
-                    json!({
-                        "reason": if result.timed_out.is_some() { "ssh_timed_out" } else { "ssh_no_exit_status" },
-                        "explanation": "the remote command gave no exit status; it may have run partly or entirely",
-                        "exit_signal": result.exit_signal, "timed_out": result.timed_out,
-                        "elapsed_ms": elapsed.as_millis() as u64,
-                        "recovery": p.tool.contract.class.as_str(),
-                    }),
+                    StepDetail::because(if result.timed_out.is_some() {
+                        "ssh_timed_out"
+                    } else {
+                        "ssh_no_exit_status"
+                    })
+                    .with("explanation", "the remote command gave no exit status; it may have run partly or entirely")
+                    .with("exit_signal", &result.exit_signal)
+                    .with("timed_out", result.timed_out)
+                    .with("elapsed_ms", elapsed.as_millis() as u64)
+                    .recovery(p.tool.contract.class.as_str()),
                 )
             }
             SshSent::Finished { result, elapsed } => {
@@ -189,11 +193,11 @@ impl Engine {
             }
             SshSent::NotSent { code, reason } => Observation::without_result(
                 ExecutionState::FailedBeforeDispatch,
-                json!({ "reason": reason, "code": code }),
+                StepDetail::because(reason).code(code),
             ),
             SshSent::Unknown { reason } => Observation::without_result(
                 ExecutionState::OutcomeUnknown,
-                json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                StepDetail::because(reason).recovery(p.tool.contract.class.as_str()),
             ),
         })
     }
@@ -216,7 +220,7 @@ impl Engine {
         id: ExecutionId,
         decision: Decision,
         attached: bool,
-        mut before: Vec<(ExecutionState, Value)>,
+        mut before: Vec<(ExecutionState, StepDetail)>,
         attempt: Attempt,
     ) -> Result<CallOutcome, EngineError> {
         let out = match self.outgoing(p, id) {
@@ -224,8 +228,8 @@ impl Engine {
             Err(EngineError::Vault(e @ VaultError::Locked)) if attempt == Attempt::SameKeyResend => {
                 // Locked before a recovery re-send: nothing more was sent, the first attempt's
                 // outcome is as unknown as before.
-                let detail = json!({ "reason": "vault_locked", "message": e.to_string(), "not_resent": true });
-                self.note(id, ActivityNote::RecoveryRefused, detail.clone()).await?;
+                let detail = StepDetail::because("vault_locked").message(e.to_string()).not_resent();
+                self.note(id, ActivityNote::RecoveryRefused, detail.to_value()).await?;
                 return Ok(self
                     .outcome(id, ExecutionState::OutcomeUnknown, decision)
                     .attached_if(attached)
@@ -233,9 +237,9 @@ impl Engine {
             }
             Err(EngineError::Vault(e @ VaultError::Locked)) => {
                 // Locked between authorization and dispatch: nothing was sent.
-                let detail = json!({ "reason": "vault_locked", "message": e.to_string() });
+                let detail = StepDetail::because("vault_locked").message(e.to_string());
                 before.push((ExecutionState::FailedBeforeDispatch, detail.clone()));
-                self.store.transition_steps_async(id, before, self.now()).await?;
+                self.store.transition_steps_async(id, stored(before), self.now()).await?;
                 return Ok(self
                     .outcome(id, ExecutionState::FailedBeforeDispatch, decision)
                     .attached_if(attached)
@@ -246,12 +250,12 @@ impl Engine {
         if attempt == Attempt::SameKeyResend
             && let Some(why) = self.not_the_original_request(id, &out)?
         {
-            let detail = json!({ "reason": "request_changed", "explanation": why, "not_resent": true });
-            self.note(id, ActivityNote::RecoveryRefused, detail).await?;
+            let detail = StepDetail::because("request_changed").with("explanation", why).not_resent();
+            self.note(id, ActivityNote::RecoveryRefused, detail.into()).await?;
             return self.review(id, ExecutionState::OutcomeUnknown, why, decision).await;
         }
         before.push((ExecutionState::Dispatched, dispatched_detail(p, &out, &self.key)));
-        self.store.transition_steps_async(id, before, self.now()).await?;
+        self.store.transition_steps_async(id, stored(before), self.now()).await?;
         self.send_and_observe(p, id, out, decision, attached, attempt).await
     }
 
@@ -265,7 +269,7 @@ impl Engine {
         // execution be sent again, and that request is then the one the target may hold).
         let timeline = self.store.view().timeline(id)?;
         let last = timeline.iter().rev().find(|e| e.row.event == Event::Step(ExecutionState::Dispatched));
-        let recorded = last.and_then(|e| e.row.detail.get("request_digest")).and_then(Value::as_str);
+        let recorded = last.map(|e| StepDetail::read(&e.row.detail)).transpose()?.and_then(|d| d.request_digest);
         Ok(match recorded {
             Some(digest) if digest == out.digest(&self.key) => None,
             Some(_) => Some(
@@ -295,13 +299,13 @@ impl Engine {
             // stays unknown. (Ending it as "never dispatched" would let the next matching call
             // become a new execution, with a new key: the duplicate this record exists to stop.)
             observed.state = ExecutionState::OutcomeUnknown;
-            observed.detail = json!({
-                "reason": "recovery_resend_not_sent",
-                "explanation": "the recovery re-send could not be sent; the first attempt's outcome is still unknown \
-                                — retry later",
-                "resend": observed.detail,
-                "recovery": p.tool.contract.class.as_str(),
-            });
+            observed.detail = StepDetail::because("recovery_resend_not_sent")
+                .with(
+                    "explanation",
+                    "the recovery re-send could not be sent; the first attempt's outcome is still unknown — retry later",
+                )
+                .with("resend", &observed.detail)
+                .recovery(p.tool.contract.class.as_str());
         }
         let state = observed.state;
         let staged = self.stage(&secrets, observed)?;
@@ -320,9 +324,10 @@ impl Engine {
         &self,
         id: ExecutionId,
         state: ExecutionState,
-        detail: Value,
+        detail: StepDetail,
         completion: Option<Completion>,
     ) -> Result<(), EngineError> {
+        let detail = detail.to_value();
         let at = self.now();
         let write = move |store: Arc<Store>, detail: Value, completion: Option<Completion>| async move {
             match completion {
@@ -366,14 +371,15 @@ impl Engine {
             {
                 Observation::without_result(
                     ExecutionState::OutcomeUnknown,
-                    json!({
-                        "reason": "same_key_resend_inconclusive",
-                        "http_status": result.status,
-                        "explanation": "the target's answer to the re-send with the same idempotency key says nothing \
-                                        certain about the original request (in flight, key conflict, or a server \
-                                        error); the outcome stays unknown — retry later",
-                        "recovery": p.tool.contract.class.as_str(),
-                    }),
+                    StepDetail::because("same_key_resend_inconclusive")
+                        .with("http_status", result.status)
+                        .with(
+                            "explanation",
+                            "the target's answer to the re-send with the same idempotency key says nothing certain \
+                             about the original request (in flight, key conflict, or a server error); the outcome \
+                             stays unknown — retry later",
+                        )
+                        .recovery(p.tool.contract.class.as_str()),
                 )
             }
             Sent::Response { result, elapsed, over_limit } => {
@@ -382,11 +388,11 @@ impl Engine {
                 Observation { over_limit, ..Observation::completed(Raw::Http(result), outcome) }
             }
             Sent::NotSent { reason } => {
-                Observation::without_result(ExecutionState::FailedBeforeDispatch, json!({ "reason": reason }))
+                Observation::without_result(ExecutionState::FailedBeforeDispatch, StepDetail::because(reason))
             }
             Sent::Unknown { reason } => Observation::without_result(
                 ExecutionState::OutcomeUnknown,
-                json!({ "reason": reason, "recovery": p.tool.contract.class.as_str() }),
+                StepDetail::because(reason).recovery(p.tool.contract.class.as_str()),
             ),
         })
     }

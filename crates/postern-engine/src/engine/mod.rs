@@ -3,6 +3,7 @@
 
 mod authorize;
 mod call;
+mod detail;
 mod dispatch;
 mod outcome;
 mod prepare;
@@ -19,6 +20,7 @@ use crate::{
 };
 use call::cancelled_detail;
 pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
+pub use detail::{CANCELLED, StepDetail, UnreadableDetail};
 pub use outcome::{ChannelAnswer, Settled};
 use outcome::{Observation, Raw};
 use postern_core::{
@@ -32,12 +34,9 @@ use serde_json::{Value, json};
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 /// The `authorized` / `denied` row's detail for a verdict.
-fn verdict_detail(v: &Authorization) -> Value {
-    let mut detail = json!({ "rung": v.rung, "by": v.by, "reason": v.reason });
-    if v.timed_out {
-        detail["code"] = json!("approval_timed_out");
-    }
-    detail
+fn verdict_detail(v: &Authorization) -> StepDetail {
+    let detail = StepDetail::because(&v.reason).decided(v.rung.as_str(), &v.by);
+    if v.timed_out { detail.code("approval_timed_out") } else { detail }
 }
 
 /// The credential a reviewer is told about: its name, or the SSH host whose key is used.
@@ -432,8 +431,8 @@ impl Engine {
         (self.clock)()
     }
 
-    async fn transition(&self, id: ExecutionId, to: ExecutionState, detail: Value) -> Result<(), EngineError> {
-        self.store.transition_steps_async(id, vec![(to, detail)], self.now()).await?;
+    async fn transition(&self, id: ExecutionId, to: ExecutionState, detail: StepDetail) -> Result<(), EngineError> {
+        self.store.transition_steps_async(id, vec![(to, detail.into())], self.now()).await?;
         Ok(())
     }
 
@@ -503,7 +502,7 @@ impl Engine {
                 vec![(ExecutionState::Denied, auth.clone())]
             };
             // Durable: these steps are fsynced with the acceptance.
-            let admission = self.store.admit_and_start_async(new, steps).await?;
+            let admission = self.store.admit_and_start_async(new, stored(steps)).await?;
             if let Admission::Accepted { id } = &admission {
                 call.bound.bind(*id);
             }
@@ -623,15 +622,7 @@ impl Engine {
     /// How a call ended: execution `id` in `state`, decided by `decision`; a new execution that
     /// carries no answer until [`CallOutcome::answered`] says otherwise.
     fn outcome(&self, id: ExecutionId, state: ExecutionState, decision: Decision) -> CallOutcome {
-        CallOutcome {
-            execution_id: id,
-            state,
-            attached: false,
-            read_only: false,
-            decision,
-            answer: None,
-            detail: Value::Null,
-        }
+        CallOutcome { execution_id: id, state, attached: false, read_only: false, decision, answer: None, detail: None }
     }
 
     /// Journals an event about execution `id` that does not change its state.
@@ -707,26 +698,30 @@ impl Engine {
             if reached_agent { ExecutionState::ResultDelivered } else { ExecutionState::CompletedResultNotDelivered };
         let state = current.state;
         if state.transition(to).is_ok() {
-            self.transition(id, to, json!({})).await?;
+            self.transition(id, to, StepDetail::default()).await?;
         }
         Ok(())
     }
 }
 
-fn dispatched_detail(p: &Prepared<'_>, out: &Wire, key: &FingerprintKey) -> Value {
-    let mut detail = dispatched_target(p, out);
-    detail["request_digest"] = json!(out.digest(key));
-    detail
+fn dispatched_detail(p: &Prepared<'_>, out: &Wire, key: &FingerprintKey) -> StepDetail {
+    let sent =
+        StepDetail { target: Some(p.shown_url.clone()), method: Some(p.method().to_owned()), ..StepDetail::default() };
+    let sent = match out {
+        Wire::Http(out) => sent.with("idempotency_key", out.idempotency.as_ref().map(|(_, k)| k)),
+        Wire::Ssh(out) => sent
+            .with("host", &out.host.name)
+            .with("host_key", &out.host.host_key_fingerprint)
+            .with("marker", out.marker),
+        Wire::Mcp(out) => sent
+            .with("server", &out.server)
+            .with("tool", &out.tool)
+            .with("idempotency_key", p.tool.contract.idempotency_argument.as_ref().map(|_| &out.execution)),
+    };
+    StepDetail { request_digest: Some(out.digest(key)), ..sent }
 }
 
-fn dispatched_target(p: &Prepared<'_>, out: &Wire) -> Value {
-    match out {
-        Wire::Http(out) => json!({ "target": p.shown_url, "method": p.method(),
-                                   "idempotency_key": out.idempotency.as_ref().map(|(_, k)| k) }),
-        Wire::Ssh(out) => json!({ "target": p.shown_url, "method": p.method(), "host": out.host.name,
-                                  "host_key": out.host.host_key_fingerprint, "marker": out.marker }),
-        Wire::Mcp(out) => json!({ "target": p.shown_url, "method": p.method(), "server": out.server,
-                                  "tool": out.tool,
-                                  "idempotency_key": p.tool.contract.idempotency_argument.as_ref().map(|_| &out.execution) }),
-    }
+/// Steps as the journal takes them.
+fn stored(steps: Vec<(ExecutionState, StepDetail)>) -> Vec<(ExecutionState, Value)> {
+    steps.into_iter().map(|(state, detail)| (state, detail.into())).collect()
 }

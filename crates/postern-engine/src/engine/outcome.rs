@@ -31,20 +31,26 @@ pub(super) struct Observation {
     /// verified).
     pub(super) outcome: Value,
     /// Why, for states without a result. May hold outside text (an upstream's error message).
-    pub(super) detail: Value,
+    pub(super) detail: StepDetail,
     /// The channel stopped reading at the limit: the answer was larger.
     pub(super) over_limit: bool,
 }
 
 impl Observation {
     /// A state without a result (denied, failed before dispatch, outcome unknown, …).
-    pub(super) fn without_result(state: ExecutionState, detail: Value) -> Observation {
+    pub(super) fn without_result(state: ExecutionState, detail: StepDetail) -> Observation {
         Observation { state, raw: None, outcome: Value::Null, detail, over_limit: false }
     }
 
     /// An observed outcome with its result.
     pub(super) fn completed(raw: Raw, outcome: Value) -> Observation {
-        Observation { state: ExecutionState::Completed, raw: Some(raw), outcome, detail: json!({}), over_limit: false }
+        Observation {
+            state: ExecutionState::Completed,
+            raw: Some(raw),
+            outcome,
+            detail: StepDetail::default(),
+            over_limit: false,
+        }
     }
 }
 
@@ -71,7 +77,7 @@ impl<T> Settled<T> {
 #[derive(Debug, Default)]
 pub(super) struct Staged {
     pub(super) answer: Option<Settled<ChannelAnswer>>,
-    pub(super) detail: Value,
+    pub(super) detail: StepDetail,
     pub(super) completion: Option<Completion>,
 }
 
@@ -210,7 +216,9 @@ impl Engine {
     /// its result held to the limit; a completed observation also yields what the journal stores.
     pub(super) fn stage(&self, secrets: &CallSecrets, observed: Observation) -> Result<Staged, EngineError> {
         let Observation { raw, mut outcome, mut detail, over_limit, .. } = observed;
-        secrets.mask_json(&mut detail);
+        detail.mask_with(|v| {
+            secrets.mask_json(v);
+        });
         let mut staged = Staged { detail, ..Staged::default() };
         let Some(raw) = raw else { return Ok(staged) };
         let mut result = ChannelAnswer::from(raw);

@@ -71,18 +71,18 @@ impl Engine {
         // A withdrawn call (cancelled, its 2026-07-28 stream closed, `tasks/cancel`) sends
         // nothing either: the recovery waits for a call that still wants an answer.
         let refused = match sends {
-            true if call.cancel.withdrawn() => Some("cancelled"),
+            true if call.cancel.withdrawn() => Some(CANCELLED),
             true => self.ladder_denies(p, call)?,
             false => None,
         };
         if let Some(reason) = refused {
-            let detail = json!({ "reason": reason, "not_resent": true, "decision": name });
+            let detail = StepDetail::because(reason).not_resent().with("decision", name);
             if state == ExecutionState::Authorized {
                 // Nothing was ever sent for it: it ends here, as a new call would.
                 self.transition(id, ExecutionState::FailedBeforeDispatch, detail.clone()).await?;
                 return Ok(self.outcome(id, ExecutionState::FailedBeforeDispatch, name).attached().because(detail));
             }
-            self.note(id, ActivityNote::RecoveryRefused, detail.clone()).await?;
+            self.note(id, ActivityNote::RecoveryRefused, detail.to_value()).await?;
             return Ok(self.outcome(id, state, name).attached().because(detail));
         }
         match decision {
@@ -112,7 +112,7 @@ impl Engine {
             }
             RetryDecision::ReturnStoredResult { .. } => self.stored(id, state, name, &self.call_secrets(p, None)).await,
             RetryDecision::ReturnPriorDenial { .. } => {
-                Ok(self.outcome(id, ExecutionState::Denied, name).attached().because(json!({})))
+                Ok(self.outcome(id, ExecutionState::Denied, name).attached().because(StepDetail::default()))
             }
             RetryDecision::NeedsReview { reason, .. } => {
                 let why = match reason {
@@ -150,7 +150,8 @@ impl Engine {
         let asked = request.clone();
         let answer = self.ask_person(request.withdrawn.clone(), move || approver.review_retry(&asked)).await?;
         lead.close();
-        let denied = |code: &str, by: &str, reason: String| json!({ "rung": "retry_review", "code": code, "by": by, "reason": reason });
+        let denied =
+            |code: &str, by: &str, reason: String| StepDetail::because(reason).code(code).decided("retry_review", by);
         let verdict = match answer {
             Asked::Answered(Some(v)) if request.choices.contains(&v.answer.choice()) => v,
             Asked::Answered(Some(v)) => ReviewVerdict {
@@ -162,13 +163,13 @@ impl Engine {
             Asked::Answered(None) | Asked::TimedOut => {
                 let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
                 let detail = denied("approval_timed_out", "timeout", reason);
-                self.note(id, ActivityNote::RetryReviewTimedOut, detail.clone()).await?;
+                self.note(id, ActivityNote::RetryReviewTimedOut, detail.to_value()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
             Asked::Locked => {
                 let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
                 let detail = denied("vault_locked", "postern", reason);
-                self.note(id, ActivityNote::RetryReviewWithdrawn, detail.clone()).await?;
+                self.note(id, ActivityNote::RetryReviewWithdrawn, detail.to_value()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
         };
@@ -195,7 +196,7 @@ impl Engine {
                         self.stored(id, state, Decision::ReturnRecordedResult, &self.call_secrets(p, None)).await
                     }
                     other => {
-                        let detail = json!({ "reason": request.known_outcome, "returned": "recorded_state" });
+                        let detail = StepDetail::because(&request.known_outcome).with("returned", "recorded_state");
                         Ok(self.outcome(id, other, Decision::ReturnRecordedResult).attached().because(detail))
                     }
                 }
@@ -232,41 +233,47 @@ impl Engine {
         let id = prior.id;
         let summary = view.execution(id)?.ok_or(StoreError::UnknownExecution(id))?;
         let entries = view.timeline(id)?;
-        let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+        // Every row read as a step's detail: one that does not read stops the review (a journal
+        // edited by hand), rather than showing a reviewer less than the record says.
+        let details = entries.iter().map(|e| StepDetail::read(&e.row.detail)).collect::<Result<Vec<_>, _>>()?;
         let authorized_by = entries
             .iter()
+            .zip(&details)
             .rev()
-            .find(|e| e.row.event == Event::Step(ExecutionState::Authorized))
-            .and_then(|e| text(&e.row.detail, "by"));
+            .find(|(e, _)| e.row.event == Event::Step(ExecutionState::Authorized))
+            .and_then(|(_, d)| d.by.clone());
         let timeline = entries
             .iter()
-            .map(|e| {
-                let d = &e.row.detail;
+            .zip(&details)
+            .map(|(e, d)| {
                 use {ActivityNote as N, ExecutionState as S};
+                let shown = |v: Option<&String>| v.cloned().unwrap_or_default();
+                let more = |key: &str| d.more.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
                 let summary = match e.row.event {
                     Event::Step(S::Authorized | S::Denied) => {
-                        format!("by {} ({})", text(d, "by").unwrap_or_default(), text(d, "rung").unwrap_or_default())
+                        format!("by {} ({})", shown(d.by.as_ref()), shown(d.rung.as_ref()))
                     }
-                    Event::Step(S::Dispatched) => {
-                        format!("{} {}", text(d, "method").unwrap_or_default(), text(d, "target").unwrap_or_default())
-                    }
-                    Event::Step(S::Completed) => {
-                        d["outcome"].get("http_status").map_or_else(String::new, |s| format!("HTTP {s}"))
-                    }
-                    Event::Note(N::ApprovalRequested) => format!("asked: {}", text(d, "ask").unwrap_or_default()),
+                    Event::Step(S::Dispatched) => format!("{} {}", shown(d.method.as_ref()), shown(d.target.as_ref())),
+                    Event::Step(S::Completed) => d
+                        .more
+                        .get("outcome")
+                        .and_then(|o| o.get("http_status"))
+                        .map_or_else(String::new, |s| format!("HTTP {s}")),
+                    Event::Note(N::ApprovalRequested) => format!("asked: {}", more("ask")),
                     Event::Note(
                         N::ApprovalGranted | N::ApprovalDenied | N::ApprovalTimedOut | N::ApprovalWithdrawn,
                     ) => {
-                        format!("by {}", d["decision"]["by"].as_str().unwrap_or_default())
+                        let by = d.more.get("decision").and_then(|v| v.get("by")).and_then(Value::as_str);
+                        format!("by {}", by.unwrap_or_default())
                     }
-                    _ => text(d, "reason").unwrap_or_default(),
+                    _ => shown(d.reason.as_ref()),
                 };
                 TimelineStep { at: e.row.at.as_millis(), event: e.row.event.to_string(), summary }
             })
             .collect();
         let status =
             view.result(id)?.and_then(|r| serde_json::from_slice::<HttpResult>(&r.body).ok()).map(|r| r.status);
-        let last_reason = entries.iter().rev().find_map(|e| text(&e.row.detail, "reason"));
+        let last_reason = details.iter().rev().find_map(|d| d.reason.clone());
         let class = prior.contract.class;
         // Past the key's retention the status route is not asked either: it may have forgotten.
         let verifiable = matches!(decision, RetryDecision::VerifyPrior { .. })
@@ -378,7 +385,7 @@ impl Engine {
             None
         };
         if let Some((rung, why)) = refused {
-            let detail = json!({ "rung": rung.as_str(), "by": "postern", "reason": why });
+            let detail = StepDetail::because(why).decided(rung.as_str(), "postern");
             return Ok(self
                 .outcome(prior, self.current_state(prior)?, Decision::RetryDenied)
                 .attached()
@@ -392,11 +399,11 @@ impl Engine {
         let steps = vec![
             (
                 ExecutionState::Authorized,
-                json!({ "rung": "retry_review", "by": by, "reason": reason, "dispatched_anew_of": prior }),
+                StepDetail::because(reason).decided("retry_review", by).with("dispatched_anew_of", prior),
             ),
             (ExecutionState::Dispatched, dispatched_detail(p, &out, &self.key)),
         ];
-        self.store.admit_anew_async(new, anew, steps).await?;
+        self.store.admit_anew_async(new, anew, stored(steps)).await?;
         self.send_and_observe(p, id, out, Decision::DispatchedAnew, false, Attempt::First).await
     }
 
@@ -424,8 +431,8 @@ impl Engine {
         state: ExecutionState,
         decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
-        let detail = json!({ "reason": "cancelled", "not_resent": true, "decision": decision });
-        self.note(id, ActivityNote::RecoveryRefused, detail.clone()).await?;
+        let detail = StepDetail::because(CANCELLED).not_resent().with("decision", decision);
+        self.note(id, ActivityNote::RecoveryRefused, detail.to_value()).await?;
         Ok(self.outcome(id, state, decision).attached().because(detail))
     }
 
@@ -474,7 +481,7 @@ impl Engine {
                             .outcome(id, ExecutionState::Completed, decision)
                             .attached()
                             .answered(staged.answer)
-                            .because(json!({})))
+                            .because(StepDetail::default()))
                     }
                     StatusMeaning::NeverReceived if !key_remembered => {
                         let why = format!(
@@ -484,7 +491,8 @@ impl Engine {
                         self.review(id, ExecutionState::OutcomeUnknown, &why, decision).await
                     }
                     StatusMeaning::NeverReceived => {
-                        let detail = json!({ "verified_by": "status_query", "http_status": status });
+                        let detail =
+                            StepDetail::default().with("verified_by", "status_query").with("http_status", status);
                         self.transition(id, ExecutionState::NotExecuted, detail).await?;
                         // Proven not received, by the contract's word: the same execution may be sent.
                         self.dispatch_unless_withdrawn(p, id, decision, cancel).await
@@ -497,7 +505,7 @@ impl Engine {
                         Ok(self
                             .outcome(id, ExecutionState::OutcomeUnknown, decision)
                             .attached()
-                            .because(json!({ "reason": reason })))
+                            .because(StepDetail::because(reason)))
                     }
                     StatusMeaning::Done | StatusMeaning::Inconclusive => {
                         let why = if over_limit {
@@ -536,7 +544,7 @@ impl Engine {
             return self.review(id, state, "an ssh_marker contract on a tool that is not SSH", decision).await;
         };
         let unreadable =
-            |why: String| json!({ "reason": format!("the marker could not be read: {why}"), "recovery": "ssh_marker" });
+            |why: String| StepDetail::because(format!("the marker could not be read: {why}")).recovery("ssh_marker");
         let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
         let probe = crate::channel::ssh::marker_probe(&plan.host.marker_root, id);
         let answer = match crate::channel::ssh::connect(&plan.host, &key, passphrase.as_ref()).await {
@@ -576,7 +584,7 @@ impl Engine {
                 if let Some(completion) = staged.completion {
                     self.store.complete_async(id, completion).await?;
                 }
-                let detail = json!({ "verified_by": "ssh_marker" });
+                let detail = StepDetail::default().with("verified_by", "ssh_marker");
                 Ok(self
                     .outcome(id, ExecutionState::Completed, decision)
                     .attached()
@@ -584,17 +592,16 @@ impl Engine {
                     .because(detail))
             }
             Marker::Absent => {
-                let detail = json!({ "verified_by": "ssh_marker", "marker": "absent" });
+                let detail = StepDetail::default().with("verified_by", "ssh_marker").with("marker", "absent");
                 self.transition(id, ExecutionState::NotExecuted, detail).await?;
                 // Proven not started: the same execution may now be dispatched (its marker makes
                 // a second start impossible).
                 self.dispatch_unless_withdrawn(p, id, decision, cancel).await
             }
             Marker::Running { pid, started_at } => {
-                let detail = json!({
-                    "reason": format!("still running on the host (pid {pid}); ask again later"),
-                    "verified_by": "ssh_marker", "started_at": started_at,
-                });
+                let detail = StepDetail::because(format!("still running on the host (pid {pid}); ask again later"))
+                    .with("verified_by", "ssh_marker")
+                    .with("started_at", started_at);
                 Ok(self.outcome(id, state, decision).attached().because(detail))
             }
             Marker::Died { pid, started_at } => {
@@ -603,7 +610,7 @@ impl Engine {
                      have done part of its work"
                 );
                 let mut out = self.review(id, state, &why, decision).await?;
-                out.detail["started_at"] = json!(started_at);
+                out.detail = out.detail.map(|d| d.with("started_at", started_at));
                 Ok(out)
             }
             Marker::Created => {
@@ -620,7 +627,7 @@ impl Engine {
         why: &str,
         decision: Decision,
     ) -> Result<CallOutcome, EngineError> {
-        let detail = json!({ "reason": why });
+        let detail = StepDetail::because(why);
         if state == ExecutionState::OutcomeUnknown {
             self.transition(id, ExecutionState::NeedsReview, detail.clone()).await?;
         }
@@ -644,7 +651,7 @@ impl Engine {
             .outcome(id, state, decision)
             .attached()
             .answered(staged.answer)
-            .because(json!({ "returned": "stored_result" })))
+            .because(StepDetail::default().with("returned", "stored_result")))
     }
 
     /// Waits (bounded) for a dispatched execution to leave `dispatched`, then reports it.
@@ -664,7 +671,10 @@ impl Engine {
                     ExecutionState::Completed
                     | ExecutionState::CompletedResultNotDelivered
                     | ExecutionState::ResultDelivered => self.stored(id, state, decision, secrets).await,
-                    other => Ok(self.outcome(id, other, decision).attached().because(json!({ "waited_for": id }))),
+                    other => Ok(self
+                        .outcome(id, other, decision)
+                        .attached()
+                        .because(StepDetail::default().with("waited_for", id))),
                 };
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -690,7 +700,7 @@ impl Engine {
             | ExecutionState::ResultDelivered => {
                 let secrets = CallSecrets::default();
                 CallOutcome {
-                    detail: json!({ "returned": "on_record" }),
+                    detail: Some(StepDetail::default().with("returned", "on_record")),
                     ..self.stored(id, state, decision, &secrets).await?
                 }
             }
@@ -703,8 +713,9 @@ impl Engine {
                     .into_iter()
                     .rev()
                     .find(|e| e.row.state == Some(other))
-                    .map_or(Value::Null, |e| e.row.detail);
-                self.outcome(id, other, decision).attached_if(attached).because(why)
+                    .map(|e| StepDetail::read(&e.row.detail))
+                    .transpose()?;
+                CallOutcome { detail: why, ..self.outcome(id, other, decision).attached_if(attached) }
             }
         };
         Ok(Some(CallOutcome { attached, read_only, ..outcome }))

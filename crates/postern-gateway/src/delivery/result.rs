@@ -57,7 +57,8 @@ pub(crate) fn explain(o: &CallOutcome) -> (String, bool) {
     } else {
         String::new()
     };
-    let reason = o.detail.get("reason").and_then(Value::as_str).unwrap_or("");
+    let why = o.why();
+    let reason = why.reason.as_deref().unwrap_or("");
     if o.decision == postern_engine::engine::Decision::RetryDenied {
         return (
             format!(
@@ -98,7 +99,7 @@ pub(crate) fn explain(o: &CallOutcome) -> (String, bool) {
             (format!("Completed{status}.{attached}"), false)
         }
         ExecutionState::Denied => {
-            let rung = o.detail.get("rung").and_then(Value::as_str).unwrap_or("policy");
+            let rung = why.rung.as_deref().unwrap_or("policy");
             (format!("Denied ({rung}): {reason}. Nothing was sent.{attached}"), true)
         }
         ExecutionState::FailedBeforeDispatch => {

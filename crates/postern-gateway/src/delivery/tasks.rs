@@ -7,7 +7,7 @@
 //! with what would move it, so a terminal answer is never taken back.
 
 use postern_core::{Actor, ExecutionId, ExecutionState, Timestamp};
-use postern_engine::{CallOutcome, Engine, EngineError, approval::when};
+use postern_engine::{CallOutcome, Engine, EngineError, StepDetail, approval::when};
 use postern_store::{ActivityNote, Event, StoreError};
 use rmcp::model::{DetailedTask, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::Value;
@@ -108,7 +108,9 @@ pub async fn task_on_record(
                 .iter()
                 .rev()
                 .find(|e| e.row.event == Event::Step(state))
-                .is_some_and(|e| e.row.detail["reason"] == "cancelled"),
+                .map(|e| StepDetail::read(&e.row.detail))
+                .transpose()?
+                .is_some_and(|d| d.is_cancelled()),
         interrupted: not_running_since.is_some_and(|since| summary.updated_at < since.as_millis()),
     };
     let read_only = summary.contract.get("class").and_then(Value::as_str) == Some("read_only");

@@ -68,7 +68,7 @@ async fn the_same_cut_on_an_irreversible_tool_goes_to_review_and_sends_nothing_m
     let retry = rig.engine.call(call("open_ticket", json!({}), 1, 2)).await.unwrap();
     assert_eq!(retry.execution_id, first.execution_id);
     assert_eq!(retry.state, ExecutionState::NeedsReview);
-    assert!(retry.detail["reason"].as_str().unwrap().contains("did not re-send"), "{:?}", retry.detail);
+    assert!(retry.why().reason.clone().unwrap().contains("did not re-send"), "{:?}", retry.detail);
     assert_eq!(target.requests(), requests_before, "no request reached the target");
     assert_eq!(target.irreversible(), 1);
     // Asking again returns the same review, still without sending.
@@ -86,7 +86,7 @@ async fn connection_refused_fails_before_dispatch_and_a_retry_dispatches() {
     let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
     let first = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::FailedBeforeDispatch, "{first:?}");
-    assert!(first.detail["reason"].as_str().unwrap().contains("could not connect"), "{:?}", first.detail);
+    assert!(first.why().reason.clone().unwrap().contains("could not connect"), "{:?}", first.detail);
     let target = Target::serve(std::net::TcpListener::bind(addr).unwrap());
     let retry = rig.engine.call(call("create_payment", json!({"amount": 3}), 1, 2)).await.unwrap();
     assert_ne!(retry.execution_id, first.execution_id, "nothing was sent, so the retry is a new execution");
@@ -115,7 +115,7 @@ async fn a_locked_vault_denies_and_nothing_is_sent() {
     rig.vault.lock("test", postern_core::Timestamp::from_millis(10)).unwrap();
     let denied = rig.engine.call(call("create_payment", json!({"amount": 1}), 1, 1)).await.unwrap();
     assert_eq!(denied.state, ExecutionState::Denied);
-    assert_eq!(denied.detail["rung"], "vault_locked");
+    assert_eq!(denied.why().rung.as_deref(), Some("vault_locked"));
     assert_eq!(target.requests(), 0);
     // A retry returns the same denial, even once unlocked: no fresh approval path from a retry.
     rig.vault.unlock("test", postern_core::Timestamp::from_millis(11)).unwrap();
@@ -201,7 +201,7 @@ async fn a_status_answer_proves_only_what_the_contract_says() {
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
     let retry = rig.engine.call(call("pay_checked", json!({"amount": 4}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
-    assert!(retry.detail.to_string().contains("HTTP 404 is none of the answers"), "{}", retry.detail);
+    assert!(retry.why().to_value().to_string().contains("HTTP 404 is none of the answers"), "{:?}", retry.detail);
     assert_eq!(target.payments(), 1, "a 404 the contract does not vouch for sent nothing");
 
     // A 200 whose body says "pending": in flight by the contract, not completed.
@@ -212,7 +212,7 @@ async fn a_status_answer_proves_only_what_the_contract_says() {
     assert_eq!(first.state, ExecutionState::OutcomeUnknown);
     let retry = rig.engine.call(call("pay_checked", json!({"amount": 6}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::OutcomeUnknown));
-    assert!(retry.detail.to_string().contains("still working on it"), "{}", retry.detail);
+    assert!(retry.why().to_value().to_string().contains("still working on it"), "{:?}", retry.detail);
     assert!(retry.http().is_none(), "a pending answer is not the payment's result");
     assert_eq!(target.payments(), 2, "one payment per intent");
     assert_eq!(events(&rig, first.execution_id).last().map(String::as_str), Some("retry_received"));
@@ -255,8 +255,8 @@ async fn a_key_the_target_has_forgotten_is_never_re_sent() {
     let retry = rig.engine.call(call("pay_briefly", json!({"amount": 8}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::NeedsReview));
     assert!(
-        retry.detail.to_string().contains("longer ago than the target keeps idempotency keys (1s)"),
-        "{}",
+        retry.why().to_value().to_string().contains("longer ago than the target keeps idempotency keys (1s)"),
+        "{:?}",
         retry.detail
     );
     assert_eq!(target.payments(), 1, "nothing re-sent under a forgotten key");
@@ -292,7 +292,11 @@ async fn a_recovery_re_sends_the_original_request_or_nothing() {
     // The memo is outside the fingerprint: the same intent, but not the same request.
     let changed = rig.engine.call(pay("groceries", 2)).await.unwrap();
     assert_eq!((changed.execution_id, changed.state), (first.execution_id, ExecutionState::NeedsReview));
-    assert!(changed.detail.to_string().contains("re-sends only the original request"), "{}", changed.detail);
+    assert!(
+        changed.why().to_value().to_string().contains("re-sends only the original request"),
+        "{:?}",
+        changed.detail
+    );
     assert_eq!(target.requests(), 1, "nothing went out under the original's key");
     let timeline = rig.store.view().timeline(first.execution_id).unwrap();
     let refused = timeline.iter().find(|e| e.row.event == "recovery_refused").expect("journaled");
@@ -496,7 +500,7 @@ async fn a_stalled_connection_times_out_as_unknown_not_as_failed() {
     proxy.next(Fault::Stall);
     let first = rig.engine.call(call("slow_payment", json!({"amount": 8}), 1, 1)).await.unwrap();
     assert_eq!(first.state, ExecutionState::OutcomeUnknown, "{first:?}");
-    assert!(first.detail["reason"].as_str().unwrap().contains("timed out"), "{:?}", first.detail);
+    assert!(first.why().reason.clone().unwrap().contains("timed out"), "{:?}", first.detail);
     let retry = rig.engine.call(call("slow_payment", json!({"amount": 8}), 1, 2)).await.unwrap();
     assert_eq!((retry.execution_id, retry.state), (first.execution_id, ExecutionState::Completed));
     assert_eq!(target.payments(), 1);
@@ -634,7 +638,7 @@ async fn a_locked_vault_stops_a_recovery_from_sending_again() {
     rig.vault.lock("test", postern_core::Timestamp::from_millis(10)).unwrap();
     let locked = rig.engine.call(call("create_payment", json!({"amount": 77}), 1, 2)).await.unwrap();
     assert_eq!((locked.execution_id, locked.state), (first.execution_id, ExecutionState::OutcomeUnknown));
-    assert_eq!(locked.detail["reason"], "vault_locked", "{locked:?}");
+    assert_eq!(locked.why().reason.as_deref(), Some("vault_locked"), "{locked:?}");
     assert_eq!(target.requests(), sent, "nothing re-sent while locked");
     assert!(events(&rig, first.execution_id).contains(&"recovery_refused".to_owned()));
     rig.vault.unlock("test", postern_core::Timestamp::from_millis(20)).unwrap();

@@ -198,8 +198,8 @@ async fn a_refused_run_sends_nothing() {
     let run = start_run(&l, 1);
     let out = l.engine.call(in_run("create_payment", 1, run)).await.unwrap();
     assert_eq!(out.state, ExecutionState::Denied);
-    assert_eq!(out.detail["rung"], "session_authorization");
-    assert_eq!(out.detail["by"], "reviewer:test");
+    assert_eq!(out.why().rung.as_deref(), Some("session_authorization"));
+    assert_eq!(out.why().by.as_deref(), Some("reviewer:test"));
     assert_eq!(l.target.payments(), 0);
     // The refusal stands for the run: the next call is denied without a second question.
     let again = l.engine.call(in_run("create_payment", 2, run)).await.unwrap();
@@ -222,7 +222,7 @@ async fn a_question_nobody_answers_in_time_is_denied_and_journaled() {
     let run = start_run(&l, 1);
     let out = l.engine.call(in_run("create_payment", 1, run)).await.unwrap();
     assert_eq!(out.state, ExecutionState::Denied);
-    assert_eq!(out.detail["code"], "approval_timed_out");
+    assert_eq!(out.why().code.as_deref(), Some("approval_timed_out"));
     assert_eq!(l.target.payments(), 0);
     let events: Vec<String> =
         l.rig.store.view().timeline(out.execution_id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect();
@@ -273,7 +273,7 @@ async fn per_use_wins_over_an_authorized_run_and_a_locked_vault_wins_over_everyt
     l.rig.vault.lock("test", Timestamp::from_millis(10)).unwrap();
     let locked = l.engine.call(in_run("create_payment", 2, run)).await.unwrap();
     assert_eq!(locked.state, ExecutionState::Denied);
-    assert_eq!(locked.detail["rung"], "vault_locked");
+    assert_eq!(locked.why().rung.as_deref(), Some("vault_locked"));
     assert_eq!(reviewer.asked().len(), 2, "a locked vault asks no one");
 }
 
@@ -361,7 +361,7 @@ async fn locking_the_vault_withdraws_an_open_question_and_leaves_dispatched_work
     l.rig.vault.lock("test", Timestamp::from_millis(10)).unwrap();
     let out = tokio::time::timeout(std::time::Duration::from_secs(10), pending).await.unwrap().unwrap();
     assert_eq!(out.state, ExecutionState::Denied);
-    assert_eq!(out.detail["rung"], "vault_locked");
+    assert_eq!(out.why().rung.as_deref(), Some("vault_locked"));
     eventually("the approver to take the question down", || reviewer.saw_withdrawal.load(Ordering::SeqCst)).await;
     assert_eq!(events(&l, out.execution_id), ["accepted", "approval_requested", "approval_withdrawn", "denied"]);
     assert_eq!(l.rig.store.view().session_standing(run).unwrap(), None, "a withdrawn question revokes nothing");
@@ -455,7 +455,7 @@ async fn dispatch_anew_needs_a_reason_and_links_the_new_execution_to_the_origina
     l.engine.delivered(first.execution_id, false).await.unwrap();
 
     let blank = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
-    assert_eq!((blank.decision.as_str(), blank.detail["code"].as_str()), ("retry_denied", Some("reason_required")));
+    assert_eq!((blank.decision.as_str(), blank.why().code.as_deref()), ("retry_denied", Some("reason_required")));
     assert_eq!(l.target.irreversible(), 1);
 
     *reviewer.review.lock().unwrap() =
@@ -491,7 +491,7 @@ async fn an_unanswered_retry_review_sends_nothing() {
     l.engine.delivered(first.execution_id, false).await.unwrap();
     reviewer.held.store(true, Ordering::SeqCst);
     let out = l.engine.call(in_run("open_ticket", 1, run)).await.unwrap();
-    assert_eq!((out.decision.as_str(), out.detail["code"].as_str()), ("retry_denied", Some("approval_timed_out")));
+    assert_eq!((out.decision.as_str(), out.why().code.as_deref()), ("retry_denied", Some("approval_timed_out")));
     eventually("the approver to take the review down", || reviewer.saw_withdrawal.load(Ordering::SeqCst)).await;
     assert_eq!(events(&l, first.execution_id).last().unwrap(), "retry_review_timed_out");
     assert_eq!(l.target.irreversible(), 1);

@@ -268,7 +268,7 @@ async fn a_timeout_without_an_exit_status_is_an_unknown_outcome_not_completed() 
     c.arguments["timeout_s"] = json!(1);
     let out = r.engine.call(c).await.unwrap();
     assert_eq!(out.state, ExecutionState::OutcomeUnknown, "{:?}", out.detail);
-    assert_eq!(out.detail["reason"], "ssh_timed_out", "{:?}", out.detail);
+    assert_eq!(out.why().reason.as_deref(), Some("ssh_timed_out"), "{:?}", out.detail);
     assert!(out.ssh().is_none(), "no result is claimed for an unobserved outcome");
 }
 
@@ -288,8 +288,8 @@ async fn a_changed_host_key_is_refused_naming_both_fingerprints() {
     let witness = r.markers.path().join("ran");
     let out = r.engine.call(exec("box", &format!("touch {}", witness.display()))).await.unwrap();
     assert_eq!(out.state, ExecutionState::FailedBeforeDispatch);
-    assert_eq!(out.detail["code"], "host_key_mismatch");
-    let reason = out.detail["reason"].as_str().unwrap();
+    assert_eq!(out.why().code.as_deref(), Some("host_key_mismatch"));
+    let reason = out.why().reason.clone().unwrap();
     let pinned = postern_engine::channel::ssh::host_key(&wrong).unwrap().1;
     let presented = postern_engine::channel::ssh::host_key(&sshd.host_key()).unwrap().1;
     assert!(reason.contains(&pinned) && reason.contains(&presented), "{reason}");
@@ -342,7 +342,7 @@ async fn accept_new_pins_the_first_key_only_after_authentication() {
     proxy.cut();
     let out = r.engine.call(exec("box", "echo again")).await.unwrap();
     assert_eq!(
-        (out.state, out.detail["code"].as_str()),
+        (out.state, out.why().code.as_deref()),
         (ExecutionState::FailedBeforeDispatch, Some("host_key_mismatch"))
     );
     drop(reinstalled);
@@ -360,7 +360,7 @@ async fn unknown_and_unreachable_hosts_are_specific_errors() {
     r.add_host("down", &sshd, closed, "id_ed25519", HostKeyPolicy::Strict, Some(sshd.host_key()));
     let out = r.engine.call(exec("down", "true")).await.unwrap();
     assert_eq!(out.state, ExecutionState::FailedBeforeDispatch);
-    assert_eq!(out.detail["code"], "ssh_unreachable");
+    assert_eq!(out.why().code.as_deref(), Some("ssh_unreachable"));
 }
 
 /// Runs `tool` (append a line, then pause 2 s) through a cuttable proxy and cuts the TCP
@@ -399,7 +399,7 @@ async fn a_cut_after_the_command_started_is_recovered_through_the_marker() {
     // Retried at once: the marker says it is still running; nothing is run again.
     let early = r.engine.call(call("append_line", args.clone(), 0, 2)).await.unwrap();
     assert_eq!((early.execution_id, early.state), (first.execution_id, ExecutionState::OutcomeUnknown));
-    assert!(early.detail["reason"].as_str().unwrap().contains("still running"), "{:?}", early.detail);
+    assert!(early.why().reason.clone().unwrap().contains("still running"), "{:?}", early.detail);
 
     let finished = r.marker_dir(first.execution_id).join("finished");
     eventually("the command to finish", Duration::from_secs(10), || finished.exists()).await;
@@ -532,7 +532,7 @@ async fn an_approve_every_use_host_needs_a_reviewer_for_each_command() {
     let witness = r.markers.path().join("ran");
     let out = r.engine.call(exec("guarded", &format!("touch {}", witness.display()))).await.unwrap();
     assert_eq!(out.state, ExecutionState::Denied);
-    assert_eq!(out.detail["rung"], "approve_every_use");
+    assert_eq!(out.why().rung.as_deref(), Some("approve_every_use"));
     assert!(!witness.exists());
 }
 
