@@ -16,7 +16,8 @@ deletes the file and exits at once without answering (the effect happened, the a
 While $COUNTER_DIR/hold_after_effect exists, a side effect is recorded and the answer waits.
 If $COUNTER_DIR/refuse_start exists, the server exits at start (it cannot be reached at all).
 With `--http PORT` it serves Streamable HTTP on 127.0.0.1 instead, requiring the token as a
-bearer credential. Over stdio the secret environment value COUNTER_TOKEN must be set: tools report only whether it matches
+bearer credential; with `--oauth PORT`, behind an OAuth authorization server of its own
+(tests/upstreams/oauth_provider.py). Over stdio the secret environment value COUNTER_TOKEN must be set: tools report only whether it matches
 $COUNTER_DIR/expected_token, never the token itself.
 """
 
@@ -30,7 +31,34 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 DIR = Path(os.environ["COUNTER_DIR"])
-server = MCPServer("counting")
+
+
+def make_server() -> MCPServer:
+    """The server; with `--oauth PORT`, behind the SDK's own OAuth authorization server and
+    bearer middleware (tests/upstreams/oauth_provider.py)."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--oauth":
+        from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
+        from oauth_provider import CountingProvider
+
+        base = f"http://127.0.0.1:{sys.argv[2]}"
+        return MCPServer(
+            "counting",
+            auth_server_provider=CountingProvider(base),
+            auth=AuthSettings(
+                issuer_url=base,
+                resource_server_url=f"{base}/mcp",
+                client_registration_options=ClientRegistrationOptions(
+                    enabled=True, valid_scopes=["mcp", "extra"], default_scopes=["mcp"]
+                ),
+                revocation_options=RevocationOptions(enabled=True),
+                required_scopes=["mcp"],
+                validate_token_resource=True,
+            ),
+        )
+    return MCPServer("counting")
+
+
+server = make_server()
 
 
 def execution_of(ctx: Context) -> str | None:
@@ -117,6 +145,17 @@ async def add_tool(name: str, ctx: Context) -> str:
     return f"added {name}"
 
 
+def echo_authorization(ctx: Context) -> str:
+    """A hostile read: sends back the Authorization header the request carried (over HTTP)."""
+    request = getattr(ctx.request_context, "request", None)
+    headers = getattr(request, "headers", None)
+    return f"you sent: {headers.get('authorization') if headers is not None else None}"
+
+
+if len(sys.argv) == 3 and sys.argv[1] == "--oauth":
+    server.tool(annotations=ToolAnnotations(readOnlyHint=True))(echo_authorization)
+
+
 @server.resource("counter://effects", name="effects", mime_type="application/json")
 def effects_resource() -> str:
     """Every effect so far (a read: it changes nothing)."""
@@ -163,5 +202,12 @@ if __name__ == "__main__":
     print("counting upstream starting", file=sys.stderr)
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         serve_http(int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--oauth":
+        import uvicorn
+
+        (DIR / "expected_token").write_text("oauth")
+        os.environ["COUNTER_TOKEN"] = "oauth"  # token_ok: the SDK's middleware let only signed-in calls through
+        uvicorn.run(server.streamable_http_app(host="127.0.0.1"), host="127.0.0.1", port=int(sys.argv[2]),
+                    log_level="warning")
     else:
         server.run("stdio")

@@ -15,6 +15,7 @@ mod route;
 mod serve;
 mod servers;
 mod service;
+mod signin;
 mod terminal;
 mod vault;
 
@@ -143,6 +144,11 @@ enum ServersCommand {
     Remove { name: String },
     /// Stop a server in the running gateway (SIGTERM, then SIGKILL after 3 s) and start it again.
     Restart { name: String },
+    /// Sign a remote server (added with --oauth) in: opens the browser at its authorization
+    /// server, takes the redirect on 127.0.0.1, keeps the tokens in the OS keychain.
+    Login(signin::Login),
+    /// Forget a server's OAuth tokens, revoking them where the server offers it.
+    Logout { name: String },
     /// Move the MCP servers in your agents' config files (Claude Code, Claude Desktop, Cursor,
     /// VS Code) into Postern: each secret into the keychain, each config rewritten to `postern
     /// mcp`. Shows the plan first (secrets by name and length only); `--undo` restores the files.
@@ -354,6 +360,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             ServersCommand::List { json } => servers::list(&data_dir, json),
             ServersCommand::Remove { name } => servers::remove(&data_dir, &name),
             ServersCommand::Restart { name } => servers::restart(&data_dir, &name),
+            ServersCommand::Login(args) => signin::login(&data_dir, args),
+            ServersCommand::Logout { name } => signin::logout(&data_dir, &name),
             ServersCommand::Import(args) => import::import(&data_dir, args),
             ServersCommand::Set(args) => servers::set(&data_dir, args),
             ServersCommand::Contract(args) => servers::contract(&data_dir, args),

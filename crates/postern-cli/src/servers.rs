@@ -31,6 +31,17 @@ pub struct Add {
     /// allow the URL.
     #[arg(long, value_name = "NAME", requires = "url")]
     credential: Option<String>,
+    /// The remote server signs in with OAuth: run `postern servers login NAME` next. Postern
+    /// keeps the tokens in the OS keychain and refreshes them.
+    #[arg(long, requires = "url", conflicts_with = "credential")]
+    oauth: bool,
+    /// A scope to ask for at sign-in (repeat for several; none: what the server suggests).
+    #[arg(long = "scope", value_name = "SCOPE", requires = "oauth")]
+    scope: Vec<String>,
+    /// A client registered by hand with the authorization server (else Dynamic Client
+    /// Registration).
+    #[arg(long, value_name = "ID", requires = "oauth")]
+    client_id: Option<String>,
     /// When its process starts: with the gateway, or when an agent first lists tools or calls one
     /// of its tools.
     #[arg(long, value_enum, default_value_t = Start::WithGateway)]
@@ -238,6 +249,7 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
             name: args.name,
             url: Some(url.clone()),
             credential: args.credential,
+            oauth: args.oauth.then_some(postern_vault::OAuthSettings { scopes: args.scope, client_id: args.client_id }),
             approve_every_use: args.approve_every_use,
             start: args.start.into(),
             ..McpServer::default()
@@ -282,7 +294,14 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
     }
     let (name, count) = (server.name.clone(), secrets.len());
     let secrets = secrets.into_iter().map(|(k, v)| (k, SecretText(v))).collect();
+    let oauth = server.oauth.is_some();
     crate::route::perform(data_dir, ControlRequest::AddServer { server, secrets })?;
+    if oauth {
+        eprintln!(
+            "added MCP server {name:?}; it signs in with OAuth and has no token yet: run `postern servers login {name}`"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     eprintln!(
         "added MCP server {name:?} ({count} secret value(s) in the OS keychain); its tools are offered as \
          {name}__<tool> by the gateway (see `postern servers tools {name}`)"
@@ -327,7 +346,8 @@ fn read_secrets(keys: &[String]) -> Result<Vec<(String, Sensitive<String>)>, Fai
 /// The servers in the journal (read-only, so it works beside a running gateway) and, when a
 /// gateway runs, each one's state as it sees it (through the control socket).
 pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
-    let servers: Vec<McpServer> = crate::journal::view(data_dir)?
+    let view = crate::journal::view(data_dir)?;
+    let servers: Vec<McpServer> = view
         .credentials()?
         .iter()
         .filter(|r| r.kind == postern_vault::MCP_SERVER_KIND)
@@ -353,18 +373,23 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
     };
     let pid_of = |name: &str| statuses.as_ref().and_then(|all| all.iter().find(|s| s.name == name)).and_then(|s| s.pid);
     if json {
-        let out: Vec<_> = servers
+        let out: Vec<serde_json::Value> = servers
             .iter()
             .map(|s| {
                 let (state, tools, last_error) = state_of(&s.name);
-                serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
+                let sign_in = match &s.oauth {
+                    Some(_) => Some(crate::signin::standing(&view, &s.name)?),
+                    None => None,
+                };
+                Ok(serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
                                     "secret_env": s.secret_env,
                                     "secret_args": s.secret_args.iter().map(|a| &a.name).collect::<Vec<_>>(),
                                     "approve_every_use": s.approve_every_use,
                                     "url": s.url, "credential": s.credential, "start": s.start,
-                                    "state": state, "tools": tools, "last_error": last_error, "pid": pid_of(&s.name) })
+                                    "state": state, "tools": tools, "last_error": last_error, "pid": pid_of(&s.name),
+                                    "oauth": s.oauth, "sign_in": sign_in }))
             })
-            .collect();
+            .collect::<Result<_, Failure>>()?;
         crate::render::print_json(&out).context("encode")?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -381,6 +406,12 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
             Some(e) if state != "running" => format!("{state}: {e}"),
             _ if state != "running" && s.start == ServerStart::OnFirstUse => format!("{state} (starts on first use)"),
             _ => state,
+        };
+        let state = match &s.oauth {
+            Some(_) => {
+                format!("{state}; {}", crate::signin::standing(&view, &s.name)?["said"].as_str().unwrap_or_default())
+            }
+            None => state,
         };
         t.add_row(vec![
             s.name.clone(),

@@ -34,7 +34,7 @@ pub use record::{
 pub use retry::{
     IncomingIntent, PriorExecution, RetryDecision, ReviewReason, Verification, decide_retry, key_forgotten,
 };
-pub use time::Timestamp;
+pub use time::{Clock, Timestamp};
 
 /// Every error a library crate returns carries a stable, machine-readable code that the UI,
 /// the CLI's JSON output and MCP error results can switch on.

@@ -34,6 +34,11 @@ impl fmt::Display for Timestamp {
     }
 }
 
+/// The wall clock, as a parameter: the crates that need the time are handed one (the shells
+/// hand them `postern_engine::engine::system_clock`), so tests can move it and the core reads
+/// none.
+pub type Clock = std::sync::Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

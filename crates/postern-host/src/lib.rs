@@ -290,6 +290,7 @@ impl Host {
         let upstreams = postern_engine::channel::upstream::Upstreams::new(
             Arc::clone(&self.vault),
             manifest.server_overrides().clone(),
+            system_clock(),
         )
         .with_max_result_bytes(self.config.max_result_bytes);
         let engine = Engine::new(

@@ -71,10 +71,9 @@ impl Route {
                 // Only a contract check or a tool listing starts a server in this process; without
                 // upstreams, status says nothing runs and restart says no gateway runs.
                 let starts = matches!(request.op(), ControlOp::SetToolContract | ControlOp::ServerTools);
-                let upstreams = vault
-                    .as_ref()
-                    .filter(|_| starts)
-                    .map(|v| Arc::new(Upstreams::new(Arc::clone(v), overrides.clone())));
+                let upstreams = vault.as_ref().filter(|_| starts).map(|v| {
+                    Arc::new(Upstreams::new(Arc::clone(v), overrides.clone(), postern_engine::engine::system_clock()))
+                });
                 let authority = Authority {
                     store: Arc::clone(store),
                     vault,

@@ -112,6 +112,17 @@ events! {
         ImportApplied => "import_applied",
         ImportUndone => "import_undone",
         ControlRequestApplied => "control_request_applied",
+        /// A remote MCP server signed in with OAuth (issuer, scopes, expiry, client id; never a
+        /// token).
+        OAuthSignedIn => "oauth_signed_in",
+        /// Its access token was refreshed.
+        OAuthRefreshed => "oauth_refreshed",
+        /// A refresh failed: the server needs a new sign-in.
+        OAuthRefreshFailed => "oauth_refresh_failed",
+        OAuthSignedOut => "oauth_signed_out",
+        /// The sign-in's loopback listener got a redirect it did not accept (a wrong `state`, an
+        /// `error=`, a second request).
+        OAuthRedirectRefused => "oauth_redirect_refused",
     }
 }
 
@@ -239,6 +250,18 @@ impl From<crate::SpecChange> for VaultEvent {
             crate::SpecChange::SshHostKeyPinned => VaultEvent::SshHostKeyPinned,
             crate::SpecChange::McpToolContractSet => VaultEvent::McpToolContractSet,
             crate::SpecChange::McpServerStartSet => VaultEvent::McpServerStartSet,
+        }
+    }
+}
+
+impl From<crate::OAuthEvent> for VaultEvent {
+    fn from(e: crate::OAuthEvent) -> VaultEvent {
+        match e {
+            crate::OAuthEvent::OAuthSignedIn => VaultEvent::OAuthSignedIn,
+            crate::OAuthEvent::OAuthRefreshed => VaultEvent::OAuthRefreshed,
+            crate::OAuthEvent::OAuthRefreshFailed => VaultEvent::OAuthRefreshFailed,
+            crate::OAuthEvent::OAuthSignedOut => VaultEvent::OAuthSignedOut,
+            crate::OAuthEvent::OAuthRedirectRefused => VaultEvent::OAuthRedirectRefused,
         }
     }
 }

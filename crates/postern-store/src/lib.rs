@@ -76,6 +76,31 @@ impl ImportEvent {
     }
 }
 
+/// The journal events of a remote server's OAuth sign-in ([`Store::oauth_recorded`]): they
+/// grant nothing (the tokens are keychain items); they say when a server signed in, refreshed,
+/// needed a new sign-in or signed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuthEvent {
+    #[serde(rename = "oauth_signed_in")]
+    OAuthSignedIn,
+    #[serde(rename = "oauth_refreshed")]
+    OAuthRefreshed,
+    #[serde(rename = "oauth_refresh_failed")]
+    OAuthRefreshFailed,
+    #[serde(rename = "oauth_signed_out")]
+    OAuthSignedOut,
+    #[serde(rename = "oauth_redirect_refused")]
+    OAuthRedirectRefused,
+}
+
+impl OAuthEvent {
+    /// The stored spelling (its [`VaultEvent`]'s).
+    pub fn as_str(self) -> &'static str {
+        VaultEvent::from(self).as_str()
+    }
+}
+
 /// A request to run an action, as the engine hands it to the store after canonicalisation.
 #[derive(Clone, Debug)]
 pub struct NewExecution {
@@ -379,6 +404,12 @@ impl Store {
         detail: Value,
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(event.into(), detail, at))
+    }
+
+    /// Journals a step of a remote server's OAuth sign-in. `detail` names the server, the
+    /// issuer, the scopes, the expiry and the client id; never a token.
+    pub fn oauth_recorded(&self, event: OAuthEvent, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
         self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(event.into(), detail, at))
     }
 

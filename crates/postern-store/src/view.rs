@@ -268,6 +268,28 @@ impl JournalView {
         Ok(found.pop())
     }
 
+    /// The newest row of server `server`'s OAuth sign-in that says where it stands
+    /// (`oauth_signed_in`, `oauth_refreshed`, `oauth_refresh_failed`, `oauth_signed_out`).
+    pub fn last_oauth_event(&self, server: &str) -> Result<Option<JournalEntry>, StoreError> {
+        use crate::VaultEvent as V;
+        let events: Vec<&str> = [V::OAuthSignedIn, V::OAuthRefreshed, V::OAuthRefreshFailed, V::OAuthSignedOut]
+            .iter()
+            .map(|e| e.as_str())
+            .collect();
+        let list = serde_json::to_string(&events).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut found = self.with(|c| {
+            Self::entries(
+                c,
+                "SELECT seq, body, row_hash FROM journal
+                 WHERE stream = 'vault' AND event IN (SELECT value FROM json_each(?1))
+                   AND json_extract(body, '$.payload.server') = ?2
+                 ORDER BY seq DESC LIMIT 1",
+                rusqlite::params![list, server],
+            )
+        })?;
+        Ok(found.pop())
+    }
+
     /// Every activity row of one execution, oldest first.
     pub fn timeline(&self, id: ExecutionId) -> Result<Vec<JournalEntry>, StoreError> {
         self.with(|c| {

@@ -8,13 +8,16 @@ mod credential;
 mod error;
 mod keychain;
 mod mcp_server;
+mod oauth;
 mod sensitive;
 mod ssh_host;
 
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
-pub use mcp_server::{KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer, SecretArg, ServerStart, ToolOverride};
+pub use mcp_server::{
+    KIND as MCP_SERVER_KIND, MAX_SERVER_NAME, McpServer, OAuthSettings, SecretArg, ServerStart, ToolOverride,
+};
 pub use sensitive::Sensitive;
 pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, KIND as SSH_HOST_KIND, SshHost};
 
@@ -315,6 +318,10 @@ impl Vault {
         if self.store.view().credentials()?.iter().any(|c| c.name == server.name) {
             return Err(VaultError::DuplicateCredential(server.name.clone()));
         }
+        if server.oauth.is_some() {
+            // A grant left by an earlier server of this name is not this server's.
+            self.forget_oauth_grant(&server.name)?;
+        }
         for (k, v) in secrets {
             self.keychain.set(&self.server_item(server, k), v.expose().as_bytes())?;
         }
@@ -417,7 +424,7 @@ impl Vault {
     pub fn remove_mcp_server(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
         let server = self.mcp_server(name)?;
         self.store.remove_credential(name, now)?;
-        let mut deleted = Ok(());
+        let mut deleted = if server.oauth.is_some() { self.forget_oauth_grant(name) } else { Ok(()) };
         for k in server.secret_names() {
             if let Err(e) = self.keychain.delete(&self.server_item(&server, k)) {
                 deleted = Err(e);

@@ -146,6 +146,19 @@ impl SecretArg {
     }
 }
 
+/// How a remote server signs in with OAuth: what the owner asked for at `servers add`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthSettings {
+    /// The scopes to ask for (none: what the server's metadata suggests).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// A client registered by hand with the authorization server (else Dynamic Client
+    /// Registration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+}
+
 /// An upstream MCP server: one Postern launches over stdio (its secret values are in the
 /// keychain), or a remote Streamable HTTP server reached with a vault credential.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,6 +180,10 @@ pub struct McpServer {
     pub url: Option<String>,
     /// The vault credential (bearer or header) sent to a remote server; its binding must allow `url`.
     pub credential: Option<String>,
+    /// A remote server that signs in with OAuth (`postern servers login`): its tokens are a
+    /// keychain item, never a credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<OAuthSettings>,
     #[serde(default)]
     pub start: ServerStart,
     /// The owner's contract for some of its tools (by the server's own tool name), set from the
@@ -185,6 +202,7 @@ impl McpServer {
     /// What launches it, as lists show it: the command line, or the URL and the credential.
     pub fn launched(&self) -> String {
         match &self.url {
+            Some(url) if self.oauth.is_some() => format!("{url} (OAuth)"),
             Some(url) => format!("{url} (credential {})", self.credential.as_deref().unwrap_or("none")),
             None => std::iter::once(self.command.as_str())
                 .chain(self.args.iter().map(String::as_str))
@@ -237,6 +255,18 @@ impl McpServer {
             if !matches!(parsed.scheme(), "https" | "http") {
                 return invalid(format!("--url {url:?} must be https (or http to a loopback address)"));
             }
+            if self.oauth.is_some() && self.credential.is_some() {
+                return invalid("a server signs in with --oauth or sends --credential, not both".into());
+            }
+            if let Some(oauth) = &self.oauth
+                && let Some(bad) = oauth.scopes.iter().find(|s| {
+                    s.is_empty() || s.contains(|c: char| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+                })
+            {
+                return invalid(format!(
+                    "--scope {bad:?} is not a scope (RFC 6749: printable, no spaces, quotes or backslashes)"
+                ));
+            }
             if !self.command.is_empty()
                 || !self.args.is_empty()
                 || !self.env.is_empty()
@@ -249,6 +279,9 @@ impl McpServer {
         }
         if self.credential.is_some() {
             return invalid("--credential is for a remote server (--url); a stdio server takes --secret-env".into());
+        }
+        if self.oauth.is_some() {
+            return invalid("--oauth is for a remote server (--url)".into());
         }
         if self.command.trim().is_empty() {
             return invalid("a stdio server needs a command (after `--`)".into());
@@ -303,6 +336,9 @@ impl McpServer {
         if !self.tools.is_empty() {
             spec["tools"] = json!(self.tools);
         }
+        if let Some(oauth) = &self.oauth {
+            spec["oauth"] = json!(oauth);
+        }
         spec
     }
 
@@ -338,6 +374,10 @@ impl McpServer {
                 name: r.name.clone(),
                 url: Some(text("url").ok_or_else(|| corrupt("url"))?),
                 credential: text("credential"),
+                oauth: match r.spec.get("oauth") {
+                    Some(v) => Some(serde_json::from_value(v.clone()).map_err(|_| corrupt("oauth"))?),
+                    None => None,
+                },
                 approve_every_use: r.approve_every_use,
                 start,
                 tools,
@@ -357,6 +397,7 @@ impl McpServer {
             approve_every_use: r.approve_every_use,
             url: None,
             credential: None,
+            oauth: None,
             start,
             tools,
         })
@@ -378,6 +419,7 @@ mod tests {
             approve_every_use: false,
             url: None,
             credential: None,
+            oauth: None,
             start: ServerStart::OnFirstUse,
             tools: BTreeMap::from([(
                 "create_issue".into(),

@@ -14,6 +14,7 @@ mod gateway_support;
 mod hostile;
 mod hostile_configs;
 mod journal;
+mod oauth;
 mod paths;
 mod reference;
 mod service;

@@ -188,14 +188,20 @@ pub fn check_target(url: &url::Url) -> Result<(), UnsafeTarget> {
     Ok(())
 }
 
-/// One HTTP client for the engine: rustls (ring), no redirects ever (a credentialed request
-/// must not be forwarded to wherever the target points), no proxies from the environment.
-pub fn client() -> reqwest::Client {
+/// Installs rustls' crypto provider once, before any client is built (Postern's, or the one
+/// rmcp's OAuth client builds for itself).
+pub fn install_crypto() {
     static PROVIDER: Once = Once::new();
     PROVIDER.call_once(|| {
         // Fails only if another provider was installed first, which is just as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+/// One HTTP client for the engine: rustls (ring), no redirects ever (a credentialed request
+/// must not be forwarded to wherever the target points), no proxies from the environment.
+pub fn client() -> reqwest::Client {
+    install_crypto();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()

@@ -5,6 +5,7 @@
 //! back; it decides nothing about retries.
 
 pub mod http;
+pub mod oauth;
 pub mod ssh;
 pub mod ssh_pool;
 pub mod upstream;

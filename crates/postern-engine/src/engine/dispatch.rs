@@ -142,6 +142,10 @@ impl Engine {
                 ExecutionState::FailedBeforeDispatch,
                 StepDetail::because(reason).code("upstream_unavailable"),
             ),
+            UpstreamSent::SignInNeeded { reason } => Observation::without_result(
+                ExecutionState::FailedBeforeDispatch,
+                StepDetail::because(reason).code("oauth_login_required"),
+            ),
             UpstreamSent::Lost { reason } => Observation::without_result(
                 ExecutionState::OutcomeUnknown,
                 StepDetail::because(reason).recovery(p.tool.contract.class.as_str()),

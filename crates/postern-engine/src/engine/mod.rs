@@ -130,8 +130,7 @@ impl Drop for Lead<'_> {
     }
 }
 
-/// The wall clock, as a parameter so tests can move time.
-pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+pub use postern_core::Clock;
 
 pub fn system_clock() -> Clock {
     Arc::new(|| {

@@ -126,7 +126,8 @@ fn engine_over(
     max_result_bytes: usize,
 ) -> Arc<Engine> {
     let upstreams =
-        Upstreams::new(Arc::clone(vault), manifest.server_overrides().clone()).with_max_result_bytes(max_result_bytes);
+        Upstreams::new(Arc::clone(vault), manifest.server_overrides().clone(), postern_engine::engine::system_clock())
+            .with_max_result_bytes(max_result_bytes);
     let engine = Engine::new(
         Arc::clone(store),
         Arc::clone(vault),

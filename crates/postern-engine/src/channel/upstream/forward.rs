@@ -20,6 +20,19 @@ impl Upstreams {
             let Ok(def) = self.vault.mcp_server(server) else {
                 return UpstreamSent::NotSent { reason: format!("no MCP server named {server:?} in the vault") };
             };
+            if def.oauth.is_some() {
+                match self.vault.oauth_grant(&def) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        let why = crate::channel::oauth::SignInNeeded {
+                            server: server.into(),
+                            why: "it has not signed in".into(),
+                        };
+                        return UpstreamSent::SignInNeeded { reason: why.to_string() };
+                    }
+                    Err(e) => return UpstreamSent::NotSent { reason: format!("{server:?} cannot start: {e}") },
+                }
+            }
             match self.ensure(&def).await {
                 Ok((r, _)) => r,
                 Err(reason) => return UpstreamSent::NotSent { reason },
@@ -46,6 +59,9 @@ impl Upstreams {
             Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
                 UpstreamSent::TooLarge(UpstreamResult::new(server, tool, Value::Null, false))
             }
+            Ok(Err(rmcp::ServiceError::McpError(e))) if sign_in_needed(&e) => {
+                UpstreamSent::SignInNeeded { reason: e.message.to_string() }
+            }
             Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
             Ok(Err(rmcp::ServiceError::UnexpectedResponse)) => answered(
                 json!({ "error": { "message": "the server asked for input or started a task; Postern forwards only \
@@ -62,9 +78,39 @@ impl Upstreams {
     }
 }
 
+impl Upstreams {
+    /// Why the tool `name` names is not offered, when it belongs to a server that signs in with
+    /// OAuth and needs a sign-in (none yet, or its refresh failed): the door answers with this
+    /// (`oauth_login_required`) instead of "unknown tool".
+    pub async fn sign_in_needed(&self, name: &str) -> Option<crate::channel::oauth::SignInNeeded> {
+        let (server, _) = name.split_once(SEPARATOR)?;
+        let def = self.vault.mcp_server(server).ok().filter(|d| d.oauth.is_some())?;
+        let needed = |why: &str| crate::channel::oauth::SignInNeeded { server: server.into(), why: why.into() };
+        if matches!(self.vault.oauth_grant(&def), Ok(None)) {
+            return Some(needed("it has not signed in"));
+        }
+        let slot = self.slot(server);
+        let slot = slot.lock().await;
+        slot.last_error
+            .as_deref()
+            .filter(|e| e.contains(crate::channel::oauth::SIGN_IN_NEEDED_PHRASE))
+            .map(|_| needed("its last connection could not get a token"))
+    }
+}
+
 /// Is this error the answer that stands in for one larger than the limit ([`frames`])?
 fn too_large(e: &rmcp::ErrorData) -> bool {
     e.code.0 == frames::TOO_LARGE_CODE && e.data.as_ref().is_some_and(|d| d["postern"] == frames::TOO_LARGE_MARKER)
+}
+
+/// Is this error the answer that stands in for a request not sent for want of a sign-in
+/// ([`remote`])? It carries this process's random marker, which no server ever sees: a server
+/// that answers with the same code and shape cannot make a request it received read as unsent.
+fn sign_in_needed(e: &rmcp::ErrorData) -> bool {
+    e.code.0 == remote::SIGN_IN_NEEDED_CODE
+        && e.data
+            .as_ref()
+            .is_some_and(|d| d["postern"] == "oauth_login_required" && d["not_sent"] == remote::not_sent_marker())
 }
 
 /// `resources/read` (`arguments.uri`) or `prompts/get` (`arguments.name`, `arguments.arguments`).
@@ -96,6 +142,9 @@ async fn read(
         Ok(Ok(result)) => answered(result, false),
         Ok(Err(rmcp::ServiceError::McpError(e))) if too_large(&e) => {
             UpstreamSent::TooLarge(UpstreamResult::new(server, operation.as_str(), Value::Null, false))
+        }
+        Ok(Err(rmcp::ServiceError::McpError(e))) if sign_in_needed(&e) => {
+            UpstreamSent::SignInNeeded { reason: e.message.to_string() }
         }
         Ok(Err(rmcp::ServiceError::McpError(e))) => answered(json!({ "error": e }), true),
         Ok(Err(e)) => {

@@ -133,6 +133,8 @@ pub enum UpstreamSent {
     TooLarge(UpstreamResult),
     /// Written, and then the server died or went silent before answering.
     Lost { reason: String },
+    /// Never sent: the server signs in with OAuth and needs a new sign-in (`oauth_login_required`).
+    SignInNeeded { reason: String },
 }
 
 /// An upstream's answer, stored as the execution's result.
@@ -284,6 +286,8 @@ pub struct Upstreams {
     changes: tokio::sync::broadcast::Sender<()>,
     /// The result limit: what a server may send in one message (plus framing).
     limit: usize,
+    /// What stamps the journal rows of a server's OAuth refreshes.
+    clock: postern_core::Clock,
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -298,7 +302,11 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Upstreams {
     /// `overrides`: per server, per upstream tool name, what the owner set in `tools.toml`.
-    pub fn new(vault: Arc<Vault>, overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>) -> Self {
+    pub fn new(
+        vault: Arc<Vault>,
+        overrides: BTreeMap<String, BTreeMap<String, ToolOverride>>,
+        clock: postern_core::Clock,
+    ) -> Self {
         Upstreams {
             vault,
             overrides,
@@ -308,6 +316,7 @@ impl Upstreams {
             rebuilding: Mutex::new(()),
             changes: tokio::sync::broadcast::channel(16).0,
             limit: crate::channel::http::DEFAULT_MAX_RESULT_BYTES,
+            clock,
         }
     }
 
@@ -525,6 +534,20 @@ impl Upstreams {
         self.vault.remove_mcp_server(name, now)
     }
 
+    /// Stops the server `name` (a sign-out: it starts again only when it is next used, and then
+    /// needs a sign-in).
+    pub async fn stop(&self, name: &str) {
+        let slot = self.slot(name);
+        let mut slot = slot.lock().await;
+        locked(&self.live).remove(name);
+        if let Some(running) = slot.running.take() {
+            running.stop().await;
+        }
+        drop(slot);
+        self.refresh_catalogue();
+        let _ = self.changes.send(());
+    }
+
     /// Sets when the server `name` starts (journaled); set to start with the gateway, it is
     /// started now if it is not running.
     pub async fn set_start(
@@ -638,11 +661,13 @@ impl Upstreams {
     /// or stopped) those the vault would give it: what the outcome stage masks in what it sends
     /// back, whenever the call's answer arrives. Empty when it holds none, or the vault is locked.
     pub fn secrets_of(&self, name: &str) -> CallSecrets {
+        let Ok(server) = self.vault.mcp_server(name) else { return CallSecrets::default() };
+        // A signed-in server's tokens as they are now (a refresh replaces them mid-run).
+        let mut secrets = crate::channel::oauth::grant_secrets(&self.vault, &server);
         if let Some(r) = locked(&self.live).get(name) {
-            return r.secrets.clone();
+            secrets.extend(&r.secrets);
+            return secrets;
         }
-        let mut secrets = CallSecrets::default();
-        let Ok(server) = self.vault.mcp_server(name) else { return secrets };
         if let Some(credential) = &server.credential
             && let Ok(c) = self.vault.credential(credential)
             && let Ok(secret) = self.vault.secret_of(&c)

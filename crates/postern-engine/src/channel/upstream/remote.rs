@@ -4,8 +4,10 @@
 //! answer larger than the limit, as the same JSON-RPC error [`super::frames`] gives a stdio
 //! server's — instead of a broken stream that would leave the call's outcome unknown.
 
+use crate::channel::oauth::{SignInNeeded, TokenSource};
 use futures::{StreamExt, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
+use postern_vault::Sensitive;
 use rmcp::{
     model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
     transport::streamable_http_client::{
@@ -15,9 +17,42 @@ use rmcp::{
 use sse_stream::Sse;
 use std::{collections::HashMap, sync::Arc};
 
-/// rmcp's reqwest client with answers past the limit reported as such.
+/// rmcp's reqwest client with answers past the limit reported as such, and, for a server that
+/// signs in with OAuth, its access token on every request: a request answered 401 (the server
+/// refused it before acting on it) is sent once more with a refreshed token.
 #[derive(Clone, Debug)]
-pub struct CappedHttp(pub reqwest::Client);
+pub struct CappedHttp {
+    pub http: reqwest::Client,
+    pub auth: Option<Arc<TokenSource>>,
+}
+
+/// The JSON-RPC error code of an answer that stands in for a request never sent because the
+/// server needs a new sign-in (the request was refused before it reached the server's tool).
+pub const SIGN_IN_NEEDED_CODE: i32 = -32041;
+
+/// A random value of this process that marks the answers it makes up for requests it did not
+/// send: a server never sees them, so it cannot make a request it received look unsent.
+pub fn not_sent_marker() -> &'static str {
+    static MARKER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARKER.get_or_init(|| {
+        let mut random = [0u8; 16];
+        // Without randomness the marker is one no answer carries: nothing reads as not sent.
+        match getrandom::fill(&mut random) {
+            Ok(()) => hex::encode(random),
+            Err(_) => String::from("\u{0}unavailable"),
+        }
+    })
+}
+
+/// The error answer that stands in for a request not sent because the server needs a sign-in.
+fn sign_in_needed(id: &rmcp::model::RequestId, why: &SignInNeeded) -> Option<ServerJsonRpcMessage> {
+    serde_json::from_value(serde_json::json!({
+        "jsonrpc": "2.0", "id": id,
+        "error": { "code": SIGN_IN_NEEDED_CODE, "message": why.to_string(),
+                   "data": { "postern": "oauth_login_required", "not_sent": not_sent_marker() } },
+    }))
+    .ok()
+}
 
 /// The error answer that stands in for one past the limit, for request `id`.
 fn too_large(id: &rmcp::model::RequestId, limit: usize) -> Option<ServerJsonRpcMessage> {
@@ -63,10 +98,51 @@ impl StreamableHttpClient for CappedHttp {
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         let id = request_id(&message);
-        let answer = self
-            .0
-            .post_message_with_response_limits(uri, message, session_id.clone(), auth_header, custom_headers, limits)
-            .await;
+        let answer = match &self.auth {
+            None => {
+                self.http
+                    .post_message_with_response_limits(
+                        uri,
+                        message,
+                        session_id.clone(),
+                        auth_header,
+                        custom_headers,
+                        limits,
+                    )
+                    .await
+            }
+            Some(auth) => {
+                let token = match auth.access_token().await {
+                    Ok(token) => token,
+                    Err(why) => return self.not_sent(id.as_ref(), &why, session_id),
+                };
+                let post = |token: &Sensitive<String>| {
+                    self.http.post_message_with_response_limits(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        Some(token.expose().clone()),
+                        custom_headers.clone(),
+                        limits,
+                    )
+                };
+                match post(&token).await {
+                    // Refused before the server acted on it: the same request once more with a
+                    // refreshed token (shared with every other request refused meanwhile).
+                    Err(StreamableHttpError::AuthRequired(_)) => match auth.after_rejection(&token).await {
+                        Ok(fresh) => match post(&fresh).await {
+                            Err(StreamableHttpError::AuthRequired(_)) => {
+                                let why = auth.refused_after_refresh();
+                                return self.not_sent(id.as_ref(), &why, session_id);
+                            }
+                            answer => answer,
+                        },
+                        Err(why) => return self.not_sent(id.as_ref(), &why, session_id),
+                    },
+                    answer => answer,
+                }
+            }
+        };
         match (answer, id) {
             (Err(StreamableHttpError::ResponseBodyTooLarge { max_size }), Some(id)) => match too_large(&id, max_size) {
                 Some(error) => Ok(StreamableHttpPostResponse::Json(error, session_id.map(|s| s.to_string()))),
@@ -86,7 +162,8 @@ impl StreamableHttpClient for CappedHttp {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<Self::Error>> {
-        self.0.delete_session(uri, session_id, auth_header, custom_headers).await
+        let token = self.token(auth_header).await?;
+        self.http.delete_session(uri, session_id, token, custom_headers).await
     }
 
     async fn get_stream(
@@ -97,7 +174,8 @@ impl StreamableHttpClient for CappedHttp {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
-        self.0.get_stream(uri, session_id, last_event_id, auth_header, custom_headers).await
+        let token = self.token(auth_header).await?;
+        self.http.get_stream(uri, session_id, last_event_id, token, custom_headers).await
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -109,16 +187,44 @@ impl StreamableHttpClient for CappedHttp {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
-        self.0
+        let token = self.token(auth_header).await?;
+        self.http
             .get_stream_with_max_sse_event_size(
                 uri,
                 session_id,
                 last_event_id,
-                auth_header,
+                token,
                 custom_headers,
                 max_sse_event_size,
             )
             .await
+    }
+}
+
+impl CappedHttp {
+    /// The bearer token of a request that is not a call (the standalone stream, the session's
+    /// end).
+    async fn token(&self, given: Option<String>) -> Result<Option<String>, StreamableHttpError<reqwest::Error>> {
+        match &self.auth {
+            None => Ok(given),
+            Some(auth) => match auth.access_token().await {
+                Ok(token) => Ok(Some(token.expose().clone())),
+                Err(why) => Err(StreamableHttpError::UnexpectedServerResponse(why.to_string().into())),
+            },
+        }
+    }
+
+    /// The answer of a request that was not sent because the server needs a new sign-in.
+    fn not_sent(
+        &self,
+        id: Option<&rmcp::model::RequestId>,
+        why: &SignInNeeded,
+        session_id: Option<Arc<str>>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        match id.and_then(|id| sign_in_needed(id, why)) {
+            Some(answer) => Ok(StreamableHttpPostResponse::Json(answer, session_id.map(|s| s.to_string()))),
+            None => Err(StreamableHttpError::UnexpectedServerResponse(why.to_string().into())),
+        }
     }
 }
 

@@ -47,8 +47,26 @@ impl Upstreams {
             .custom_headers(headers)
             .max_json_response_size(self.message_limit())
             .max_sse_event_size(self.message_limit());
-        let transport =
-            StreamableHttpClientTransport::with_client(remote::CappedHttp(crate::channel::http::client()), config);
+        if server.oauth.is_some() && self.vault.is_locked().unwrap_or(true) {
+            return Err(format!("{name:?} cannot start: the vault is locked"));
+        }
+        let auth = match &server.oauth {
+            Some(_) => Some(Arc::new(
+                crate::channel::oauth::TokenSource::open(Arc::clone(&self.vault), server, Arc::clone(&self.clock))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )),
+            None => None,
+        };
+        if auth.is_some() {
+            // The marker of the answers Postern makes up for requests it did not send never
+            // leaves this process in a message (a start error, a status, a log).
+            secrets.add_vault_secret(remote::not_sent_marker());
+        }
+        let transport = StreamableHttpClientTransport::with_client(
+            remote::CappedHttp { http: crate::channel::http::client(), auth },
+            config,
+        );
         let service = self
             .client()
             .serve_with_lifecycle(transport, lifecycle())
@@ -231,7 +249,7 @@ async fn listed(
                 });
             }
             Err(e) => {
-                tracing::warn!(server = %name, error = %Outside::line(&e.to_string()), "could not listen for the server's tool changes")
+                tracing::warn!(server = %name, error = %Outside::line(&secrets.mask(&e.to_string())), "could not listen for the server's tool changes")
             }
         }
     }

@@ -111,6 +111,31 @@ impl ControlRequest {
                 format!("delete marker directories older than {older_than_days} day(s) on SSH host {host:?}"),
                 "a marker is how an uncertain command is checked without running it again",
             ),
+            ControlRequest::KeepSignIn { name, grant } => {
+                // What the person confirming is shown: whose grant, from where, for what.
+                let shown = match postern_engine::channel::oauth::Grant::read(&grant.0) {
+                    Ok(g) => format!(
+                        "issuer {}, client {}, scopes [{}], token endpoint {}",
+                        g.issuer().unwrap_or("(none)"),
+                        g.credentials.client_id,
+                        g.credentials.granted_scopes.join(" "),
+                        url::Url::parse(&g.metadata.token_endpoint)
+                            .ok()
+                            .and_then(|u| u.host_str().map(str::to_owned))
+                            .unwrap_or_else(|| "(unreadable)".into())
+                    ),
+                    Err(_) => "a grant that does not read".into(),
+                };
+                w(
+                    format!("sign MCP server {name:?} in with a new OAuth grant: {shown}"),
+                    "its calls go out as whoever signed in, with the scopes they granted",
+                )
+            }
+            ControlRequest::SignOut { name } => Some(Weakening {
+                change: format!("sign MCP server {name:?} out (its tokens revoked and forgotten)"),
+                weakens: "the owner's sign-in is lost: its calls fail until someone signs in again".to_owned(),
+                ask: false,
+            }),
             ControlRequest::RecordImport { event, .. } => Some(Weakening {
                 change: format!("journal an import record ({})", event.as_str()),
                 weakens: "`servers import --undo` trusts the record the journal vouches for".to_owned(),
@@ -128,7 +153,8 @@ impl ControlRequest {
             | ControlRequest::AddSshHost { .. }
             | ControlRequest::ServerTools { .. }
             | ControlRequest::Checkpoint
-            | ControlRequest::PublicKey => None,
+            | ControlRequest::PublicKey
+            | ControlRequest::RedirectRefused { .. } => None,
         }
     }
 }
@@ -374,7 +400,14 @@ async fn apply_inner(
                 postern_engine::channel::http::check_target(&parsed)
                     .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
             }
-            let start = server.start == ServerStart::WithGateway && a.gateway.is_some();
+            if let (Some(url), Some(_)) = (&server.url, &server.oauth) {
+                let parsed = url::Url::parse(url)
+                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
+                postern_engine::channel::http::check_target(&parsed)
+                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
+            }
+            // A server that signs in starts once it has (`servers login`), not before.
+            let start = server.start == ServerStart::WithGateway && a.gateway.is_some() && server.oauth.is_none();
             let name = server.name.clone();
             let secrets: Vec<(String, Sensitive<String>)> = secrets.into_iter().map(|(k, s)| (k, s.0)).collect();
             let added = vaulted(blocking(move || v.add_mcp_server(&server, &secrets, now)).await?);
@@ -382,6 +415,73 @@ async fn apply_inner(
                 u.ensure_started(&name).await;
             }
             added
+        }
+        ControlRequest::KeepSignIn { name, grant } => {
+            let v = vault()?;
+            let server = v.mcp_server(&name).map_err(|e| ControlReply::of_vault(&e))?;
+            let read = postern_engine::channel::oauth::Grant::read(&grant.0)
+                .map_err(|e| ControlReply::refused(ControlCode::Invalid, e.to_string()))?;
+            if server.url.as_deref() != Some(read.resource.as_str()) {
+                return Err(ControlReply::refused(
+                    ControlCode::Invalid,
+                    format!("the grant was issued for {}, not for {name:?}'s URL; nothing was kept", read.resource),
+                ));
+            }
+            let summary = read.summary(&name);
+            let kept = vaulted(
+                blocking(move || {
+                    v.keep_oauth_grant(&server, &grant.0)?;
+                    v.journal_oauth(postern_store::OAuthEvent::OAuthSignedIn, summary, now)
+                })
+                .await?,
+            );
+            if let (ControlReply::Done, Some(u)) = (&kept, &a.upstreams) {
+                // A sign-in takes effect now: the server reconnects with the new grant.
+                let _ = u.restart(&name).await;
+            }
+            kept
+        }
+        ControlRequest::SignOut { name } => {
+            let v = vault()?;
+            let server = v.mcp_server(&name).map_err(|e| ControlReply::of_vault(&e))?;
+            let kept = v.oauth_grant(&server).map_err(|e| ControlReply::of_vault(&e))?;
+            let revoked = match &kept {
+                Some(k) => match postern_engine::channel::oauth::Grant::read(k) {
+                    Ok(g) => postern_engine::channel::oauth::revoke(&g).await,
+                    Err(e) => Err(e.to_string()),
+                },
+                None => Ok(false),
+            };
+            let detail = json!({ "server": name, "was_signed_in": kept.is_some(), "revoked_at_server": revoked.as_ref().ok(),
+                                 "revocation_error": revoked.as_ref().err() });
+            if let Some(u) = &a.upstreams {
+                u.stop(&name).await;
+            }
+            let (gone, answer) = (name.clone(), detail.clone());
+            match vaulted(
+                blocking(move || {
+                    v.forget_oauth_grant(&gone)?;
+                    v.journal_oauth(postern_store::OAuthEvent::OAuthSignedOut, detail, now)
+                })
+                .await?,
+            ) {
+                ControlReply::Done => ControlReply::Answer { answer },
+                refused => refused,
+            }
+        }
+        ControlRequest::RedirectRefused { name, why } => {
+            let v = vault()?;
+            if v.mcp_server(&name).map(|s| s.oauth.is_none()).unwrap_or(true) {
+                return Err(ControlReply::refused(
+                    ControlCode::Invalid,
+                    format!("{name:?} does not sign in with OAuth"),
+                ));
+            }
+            let why: String = why.chars().take(200).collect();
+            let detail = json!({ "server": name, "why": why });
+            vaulted(
+                blocking(move || v.journal_oauth(postern_store::OAuthEvent::OAuthRedirectRefused, detail, now)).await?,
+            )
         }
         ControlRequest::SetServerStart { name, start } => match &a.upstreams {
             Some(u) => vaulted(u.set_start(&name, start, now).await),

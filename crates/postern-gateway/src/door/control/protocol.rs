@@ -85,6 +85,16 @@ pub enum ControlRequest {
     /// Journals an import of agent configs (`servers import` beside a running gateway) or its undo.
     #[serde(rename = "import.record")]
     RecordImport { event: postern_store::ImportEvent, detail: Value },
+    /// Keeps what `servers login` obtained (the grant, as one secret) and journals
+    /// `oauth_signed_in`; a running gateway reconnects the server with it.
+    #[serde(rename = "servers.signed_in")]
+    KeepSignIn { name: String, grant: SecretText },
+    /// Forgets a server's OAuth grant, revoking it where the server offers RFC 7009.
+    #[serde(rename = "servers.sign_out")]
+    SignOut { name: String },
+    /// Journals a redirect the sign-in's listener refused (`oauth_redirect_refused`).
+    #[serde(rename = "servers.redirect_refused")]
+    RedirectRefused { name: String, why: String },
 }
 
 /// The operations the control socket offers, by their `op` tag. [`ControlRequest::op`] maps
@@ -128,6 +138,12 @@ pub enum ControlOp {
     SshGc,
     #[serde(rename = "import.record")]
     RecordImport,
+    #[serde(rename = "servers.signed_in")]
+    KeepSignIn,
+    #[serde(rename = "servers.sign_out")]
+    SignOut,
+    #[serde(rename = "servers.redirect_refused")]
+    RedirectRefused,
 }
 
 impl ControlOp {
@@ -171,6 +187,9 @@ impl ControlRequest {
             ControlRequest::PublicKey => ControlOp::PublicKey,
             ControlRequest::SshGc { .. } => ControlOp::SshGc,
             ControlRequest::RecordImport { .. } => ControlOp::RecordImport,
+            ControlRequest::KeepSignIn { .. } => ControlOp::KeepSignIn,
+            ControlRequest::SignOut { .. } => ControlOp::SignOut,
+            ControlRequest::RedirectRefused { .. } => ControlOp::RedirectRefused,
         }
     }
 
@@ -185,6 +204,7 @@ impl ControlRequest {
                 | ControlOp::ServersStatus
                 | ControlOp::GatewayStatus
                 | ControlOp::RecordImport
+                | ControlOp::RedirectRefused
         )
     }
 
@@ -197,7 +217,10 @@ impl ControlRequest {
             | ControlRequest::RestartServer { name }
             | ControlRequest::Remove { name }
             | ControlRequest::SetServerStart { name, .. }
-            | ControlRequest::ServerTools { name } => Some(name.clone()),
+            | ControlRequest::ServerTools { name }
+            | ControlRequest::KeepSignIn { name, .. }
+            | ControlRequest::SignOut { name }
+            | ControlRequest::RedirectRefused { name, .. } => Some(name.clone()),
             ControlRequest::AddCredential { credential, .. } => Some(credential.name.clone()),
             ControlRequest::AddSshHost { host, .. } => Some(host.name.clone()),
             ControlRequest::AddServer { server, .. } => Some(server.name.clone()),

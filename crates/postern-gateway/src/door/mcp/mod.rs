@@ -238,6 +238,16 @@ impl PosternMcp {
             && upstream.is_none()
             && self.gateway.engine.manifest().tool(&name).is_none()
         {
+            if let Some(needed) = match self.gateway.engine.upstreams() {
+                Some(u) => u.sign_in_needed(&name).await,
+                None => None,
+            } {
+                let message = needed.to_string();
+                return Ok(CallToolResponse::Complete(crate::delivery::result::error_result(
+                    "oauth_login_required",
+                    &message,
+                )));
+            }
             self.refused(&caller, format!("tools/call {name}")).await;
             return Err(McpError::invalid_params(
                 format!("unknown tool {name:?}: see tools/list"),
