@@ -487,6 +487,9 @@ pub struct ServerRow {
     pub approve_every_use: bool,
     /// `with_gateway` or `on_first_use`.
     pub start: String,
+    /// A server that signs in with OAuth: where its sign-in stands, in words (signed in until
+    /// when, sign-in needed, …); read from the journal, never a token.
+    pub sign_in: Option<String>,
     pub tools: Vec<UpstreamToolRow>,
 }
 
@@ -584,6 +587,11 @@ pub async fn servers(app: State<'_>) -> Result<Vec<ServerRow>, IpcError> {
                 secret_env: s.secret_env.clone(),
                 approve_every_use: s.approve_every_use,
                 start: s.start.as_str().into(),
+                sign_in: s
+                    .oauth
+                    .as_ref()
+                    .and_then(|_| postern_engine::channel::oauth::standing(app.vault.journal(), &s.name).ok())
+                    .map(|st| st.said),
                 tools: tools
                     .iter()
                     .filter(|t| t.server == s.name)

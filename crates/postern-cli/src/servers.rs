@@ -378,7 +378,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
             .map(|s| {
                 let (state, tools, last_error) = state_of(&s.name);
                 let sign_in = match &s.oauth {
-                    Some(_) => Some(crate::signin::standing(&view, &s.name)?),
+                    Some(_) => Some(postern_engine::channel::oauth::standing(&view, &s.name)?),
                     None => None,
                 };
                 Ok(serde_json::json!({ "name": s.name, "command": s.command, "args": s.args, "env": s.env,
@@ -409,7 +409,7 @@ pub fn list(data_dir: &Path, json: bool) -> Result<ExitCode, Failure> {
         };
         let state = match &s.oauth {
             Some(_) => {
-                format!("{state}; {}", crate::signin::standing(&view, &s.name)?["said"].as_str().unwrap_or_default())
+                format!("{state}; {}", postern_engine::channel::oauth::standing(&view, &s.name)?.said)
             }
             None => state,
         };

@@ -126,30 +126,3 @@ pub fn logout(data_dir: &Path, name: &str) -> Result<ExitCode, Failure> {
     eprintln!("signed out of {:?}: {}", server.name, Outside::line(&how));
     Ok(ExitCode::SUCCESS)
 }
-
-/// Where server `name`'s sign-in stands, from the journal (no keychain read): `state` is
-/// `not_signed_in`, `signed_in`, `sign_in_needed` or `signed_out`; `said` is the same in words.
-pub fn standing(view: &postern_store::JournalView, name: &str) -> Result<serde_json::Value, Failure> {
-    use postern_store::{Event, VaultEvent as V};
-    let row = view.last_oauth_event(name)?;
-    let (state, said) = match row.as_ref().map(|e| (e.row.event, &e.row.detail)) {
-        None => ("not_signed_in", format!("not signed in: run `postern servers login {name}`")),
-        Some((Event::Vault(V::OAuthSignedIn | V::OAuthRefreshed), d)) => {
-            let until = d["expires_at"].as_u64().map(|at| {
-                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(at)).to_string()
-            });
-            (
-                "signed_in",
-                match until {
-                    Some(at) => format!("signed in (token until {at}, refreshed as needed)"),
-                    None => "signed in".to_owned(),
-                },
-            )
-        }
-        Some((Event::Vault(V::OAuthRefreshFailed), _)) => {
-            ("sign_in_needed", format!("sign-in needed: run `postern servers login {name}`"))
-        }
-        Some(_) => ("signed_out", format!("signed out: run `postern servers login {name}` to sign in")),
-    };
-    Ok(serde_json::json!({ "state": state, "said": said, "seq": row.map(|e| e.row.seq) }))
-}

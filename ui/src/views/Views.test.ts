@@ -92,6 +92,7 @@ describe('Servers', () => {
     name: 'github', state, last_error, launched: 'npx -y @modelcontextprotocol/server-github', secret_env: ['GITHUB_TOKEN'],
     approve_every_use: false,
     start: 'with_gateway',
+    sign_in: null,
     tools: [
       { name: 'github__search_issues', tool: 'search_issues', contract: 'irreversible', idempotency_argument: null,
         contract_from: 'hints_unconfirmed', hinted: 'read_only', approve_every_use: false, arguments: ['query'] },
@@ -157,6 +158,14 @@ describe('Servers', () => {
     expect(screen.getByTestId('contract-from-github__delete_repo').textContent).toContain('tools.toml');
     await fireEvent.change(screen.getByTestId('server-start-github'), { target: { value: 'on_first_use' } });
     expect(setServerStart).toHaveBeenCalledWith('github', 'on_first_use');
+  });
+
+  it("shows where a remote server's OAuth sign-in stands, and nothing of the kind for others", async () => {
+    const remote = { ...server('stopped', null), name: 'tracker', launched: 'https://mcp.example/mcp (OAuth)',
+      sign_in: 'sign-in needed: run `postern servers login tracker`' };
+    render(Servers, { props: { ipc: { servers: vi.fn(async () => [remote, server('running', null)]) } as unknown as Ipc } });
+    expect((await screen.findByTestId('server-sign-in-tracker')).textContent).toContain('postern servers login tracker');
+    expect(screen.queryByTestId('server-sign-in-github')).toBeNull();
   });
 
   it('says how to bring servers in when there are none', async () => {

@@ -20,4 +20,9 @@ secret_env: Array<string>, approve_every_use: boolean,
 /**
  * `with_gateway` or `on_first_use`.
  */
-start: string, tools: Array<UpstreamToolRow>, };
+start: string, 
+/**
+ * A server that signs in with OAuth: where its sign-in stands, in words (signed in until
+ * when, sign-in needed, …); read from the journal, never a token.
+ */
+sign_in: string | null, tools: Array<UpstreamToolRow>, };

@@ -95,6 +95,42 @@ impl Classify for serde_json::Error {
     }
 }
 
+/// Where a server's sign-in stands, read from the journal (no keychain read, so it works beside
+/// a running gateway and while the vault is locked).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Standing {
+    /// `not_signed_in`, `signed_in`, `sign_in_needed` or `signed_out`.
+    pub state: &'static str,
+    /// The same in words, with what to run.
+    pub said: String,
+    /// The journal row it was read from.
+    pub seq: Option<u64>,
+}
+
+/// Where server `name`'s sign-in stands: its newest `oauth_*` row that says so.
+pub fn standing(view: &postern_store::JournalView, name: &str) -> Result<Standing, postern_store::StoreError> {
+    use postern_store::{Event, VaultEvent as V};
+    let row = view.last_oauth_event(name)?;
+    let login = format!("run `postern servers login {name}`");
+    let (state, said) = match row.as_ref().map(|e| (e.row.event, &e.row.detail)) {
+        None => ("not_signed_in", format!("not signed in: {login}")),
+        Some((Event::Vault(V::OAuthSignedIn | V::OAuthRefreshed), d)) => {
+            let until = d["expires_at"].as_u64().map(|at| {
+                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(at))
+                    .to_string()
+            });
+            let said = match until {
+                Some(at) => format!("signed in (token until {at}, refreshed as needed)"),
+                None => "signed in".to_owned(),
+            };
+            ("signed_in", said)
+        }
+        Some((Event::Vault(V::OAuthRefreshFailed), _)) => ("sign_in_needed", format!("sign-in needed: {login}")),
+        Some(_) => ("signed_out", format!("signed out: {login} to sign in")),
+    };
+    Ok(Standing { state, said, seq: row.map(|e| e.row.seq) })
+}
+
 /// The tokens of `server`'s grant, as secrets the outcome stage masks in whatever the server
 /// sends back (empty when it has none, or the vault is locked).
 pub fn grant_secrets(vault: &Vault, server: &McpServer) -> crate::catalog::redaction::CallSecrets {
