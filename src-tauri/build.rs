@@ -26,6 +26,8 @@ fn main() {
         "remove_server",
         "set_tool_contract",
         "set_server_start",
+        "begin_sign_in",
+        "finish_sign_in",
         "settings",
         "set_autostart",
         "import_offer",

@@ -271,6 +271,8 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         remove_server,
         set_tool_contract,
         set_server_start,
+        begin_sign_in,
+        finish_sign_in,
         settings,
         set_autostart,
         import_offer,
@@ -656,6 +658,58 @@ pub fn add_server(app: State<'_>, server: NewServer) -> Result<(), IpcError> {
         secret.into_iter().map(|e| (e.key, Sensitive::new(e.value))).collect();
     app.vault.add_mcp_server(&server, &secrets, crate::now())?;
     Ok(())
+}
+
+/// Starts the OAuth sign-in of server `name` (discovery, registration, the loopback listener)
+/// and opens the system browser at its authorization URL, which it returns for the view to show
+/// (a machine with no browser: the owner opens it elsewhere). `finish_sign_in` waits for it.
+#[tauri::command]
+pub async fn begin_sign_in(app: State<'_>, name: String) -> Result<String, IpcError> {
+    let server = app.vault.mcp_server(&name)?;
+    let signin = postern_engine::channel::oauth::SignIn::begin(&server)
+        .await
+        .map_err(|e| IpcError::new(postern_core::ErrorCode::code(&e), e.to_string()))?;
+    let url = signin.url().to_owned();
+    let _ = std::process::Command::new("xdg-open")
+        .arg(&url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    app.sign_ins.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name, signin);
+    Ok(url)
+}
+
+/// Waits (up to 5 minutes) for the browser's redirect of the sign-in `begin_sign_in` started,
+/// and keeps the grant as `postern servers login` does; the server reconnects with it. Returns
+/// where the sign-in stands, in words.
+#[tauri::command]
+pub async fn finish_sign_in(app: State<'_>, name: String) -> Result<String, IpcError> {
+    let signin = app
+        .sign_ins
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&name)
+        .ok_or_else(|| IpcError::new("no_sign_in", format!("no sign-in of {name:?} is under way")))?;
+    let clock = postern_engine::engine::system_clock();
+    let vault = Arc::clone(&app.vault);
+    let refused_for = name.clone();
+    let grant = signin
+        .finish(std::time::Duration::from_secs(300), &clock, move |r| {
+            let detail = serde_json::json!({ "server": refused_for, "why": r.why });
+            let _ = vault.journal_oauth(postern_store::OAuthEvent::OAuthRedirectRefused, detail, crate::now());
+        })
+        .await
+        .map_err(|e| IpcError::new(postern_core::ErrorCode::code(&e), e.to_string()))?;
+    postern_engine::channel::upstream::keep_sign_in(
+        &app.vault,
+        app.engine.upstreams().map(|u| u.as_ref()),
+        &name,
+        grant.to_kept(),
+        crate::now(),
+    )
+    .await?;
+    Ok(postern_engine::channel::oauth::standing(app.vault.journal(), &name)?.said)
 }
 
 /// Stops the server and removes it and its keychain secrets.

@@ -31,6 +31,8 @@ pub struct App {
     pub data_dir: PathBuf,
     pub socket: String,
     pub http: Option<String>,
+    /// OAuth sign-ins under way from the Servers view, by server name.
+    pub sign_ins: std::sync::Mutex<std::collections::HashMap<String, postern_engine::channel::oauth::SignIn>>,
 }
 
 pub use postern_host::now;
@@ -81,6 +83,7 @@ fn main() {
                 data_dir: data_dir.clone(),
                 socket: endpoints.socket.display().to_string(),
                 http: endpoints.http.map(|a| format!("http://{a}/mcp")),
+                sign_ins: Default::default(),
             }));
             let stop = stop_rx.take().ok_or("set up twice")?;
             // Serves with the idle lock; on exit drains executions in flight and flushes the journal.

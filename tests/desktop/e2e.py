@@ -7,6 +7,7 @@ through `postern mcp`; the target is a local HTTP server that counts the POSTs i
 Scenario 1, per-use approval: the agent calls a tool whose credential needs approval for every
 use → the approval window appears; the test checks what it shows and approves → the target
 counts 1 → the call is in Activity with its timeline.
+The Servers view signs a remote server in with OAuth (tests/upstreams/oauth_provider.py).
 Scenario 2, retry review: an irreversible call is authorized (session question) and dispatched,
 the connection is cut after the target executed, the agent retries → the review window shows
 the original record → "return the recorded result" → the target still counts one wire.
@@ -371,6 +372,18 @@ def main():
         input=UPSTREAM_SECRET + "\n", capture_output=True, text=True, env=env,
     )
     check(up.returncode == 0, up.stderr)
+    # A remote server behind the Python SDK's own OAuth authorization server: signed in from the
+    # Servers view (the test plays the browser; BROWSER=true keeps xdg-open from opening one).
+    oauth_dir = tempfile.mkdtemp(prefix="postern-desktop-oauth-")
+    TEMPORARY.append(oauth_dir)
+    oauth_port = free_port()
+    oauth = subprocess.Popen([python, os.path.join(ROOT, "tests/upstreams/counting.py"), "--oauth", str(oauth_port)],
+                             env=dict(os.environ, COUNTER_DIR=oauth_dir), stdin=subprocess.DEVNULL)
+    wait_for("the OAuth server", lambda: socket.socket().connect_ex(("127.0.0.1", oauth_port)) == 0, 20)
+    remote = subprocess.run([POSTERN, "servers", "add", "remote", "--url", f"http://127.0.0.1:{oauth_port}/mcp", "--oauth"],
+                            capture_output=True, text=True, env=env)
+    check(remote.returncode == 0, remote.stderr)
+    env["BROWSER"] = "true"
 
     port, native = free_port(), free_port()
     driver_proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
@@ -577,6 +590,25 @@ def main():
             d.find_element(By.CSS_SELECTOR, "[data-testid='contract-counter__pay']")))
         wait_for("the owner's contract", lambda: b.text("[data-testid='contract-from-counter__pay']") == "set by you")
         check(chosen("counter__pay").startswith("idempotent"), chosen("counter__pay"))
+        # Sign the OAuth server in from its row: the view shows the link, the browser (this test)
+        # follows it to Postern's loopback listener, and the server runs with its tools.
+        check("not signed in" in b.text("[data-testid=server-sign-in-remote]"), b.text("[data-testid=server-remote]"))
+        b.click("[data-testid=sign-in-remote]")
+        wait_for("the sign-in link", lambda: b.find("[data-testid=sign-in-url-remote]")
+                 or (b.find("[data-testid=servers-error]") and check(False, b.text("[data-testid=servers-error]"))))
+        link = b.do(lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sign-in-url-remote]").get_attribute("href"))
+        import urllib.request
+        page = urllib.request.urlopen(link, timeout=20).read().decode()
+        check("Signed in" in page, page)
+        wait_for("the sign-in result", lambda: b.find("[data-testid=servers-signed-in]"))
+        check("signed in" in b.text("[data-testid=servers-signed-in]"), b.text("[data-testid=servers-signed-in]"))
+        wait_for("the signed-in server running", lambda: b.find("[data-testid=server-state-remote]")
+                 and b.text("[data-testid=server-state-remote]") == "running")
+        check("remote__balance" in b.text("[data-testid=server-remote]"), b.text("[data-testid=server-remote]"))
+        with open(os.path.join(oauth_dir, "issued_tokens.txt")) as f:
+            issued = [t for t in f.read().split() if t]
+        source = b.do(lambda d: d.page_source)
+        check(issued and not any(t in source for t in issued), "the Servers view never shows a token")
         # Start at login: the Settings switch writes and removes the XDG autostart entry.
         b.click("button[data-view=Settings]")
         wait_for("the Settings view", lambda: b.find("[data-testid=autostart]"))
@@ -622,6 +654,7 @@ def main():
             driver.quit()
         driver_proc.terminate()
         server.shutdown()
+        oauth.kill()
 
 
 def bench_activity(rows):

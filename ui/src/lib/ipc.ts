@@ -64,6 +64,8 @@ export const ipc = {
   setToolContract: (server: string, tool: string, contract: ToolContractInput | null) =>
     call<void>('set_tool_contract', { server, tool, contract }),
   setServerStart: (name: string, start: string) => call<void>('set_server_start', { name, start }),
+  beginSignIn: (name: string) => call<string>('begin_sign_in', { name }),
+  finishSignIn: (name: string) => call<string>('finish_sign_in', { name }),
   settings: () => call<SettingsView>('settings'),
   setAutostart: (on: boolean) => call<SettingsView>('set_autostart', { on }),
   importOffer: () => call<ImportOffer>('import_offer'),

@@ -168,6 +168,26 @@ describe('Servers', () => {
     expect(screen.queryByTestId('server-sign-in-github')).toBeNull();
   });
 
+  it('signs a server in: shows the URL while it waits, then where the sign-in stands', async () => {
+    let release: () => void = () => {};
+    const waiting = new Promise<void>((r) => (release = r));
+    const remote = { ...server('stopped', null), name: 'tracker', sign_in: 'not signed in' };
+    const beginSignIn = vi.fn(async () => 'http://127.0.0.1:9/authorize?state=s');
+    const finishSignIn = vi.fn(async () => {
+      await waiting;
+      return 'signed in (token until 2026-12-02T20:00:00Z, refreshed as needed)';
+    });
+    const ipc = { servers: vi.fn(async () => [remote]), beginSignIn, finishSignIn } as unknown as Ipc;
+    render(Servers, { props: { ipc } });
+    await fireEvent.click(await screen.findByTestId('sign-in-tracker'));
+    const link = (await screen.findByTestId('sign-in-url-tracker')) as HTMLAnchorElement;
+    expect(link.href).toContain('/authorize?state=s');
+    expect(beginSignIn).toHaveBeenCalledWith('tracker');
+    release();
+    expect((await screen.findByTestId('servers-signed-in')).textContent).toContain('signed in');
+    expect(screen.queryByTestId('sign-in-url-tracker')).toBeNull();
+  });
+
   it('says how to bring servers in when there are none', async () => {
     render(Servers, { props: { ipc: { servers: vi.fn(async () => []) } as unknown as Ipc } });
     expect((await screen.findByTestId('servers-empty')).textContent).toContain('postern servers import');

@@ -14,7 +14,10 @@ mod catalogue;
 mod forward;
 mod frames;
 mod remote;
+mod signin;
 mod start;
+
+pub use signin::keep_sign_in;
 use start::listing;
 
 use crate::catalog::redaction::CallSecrets;

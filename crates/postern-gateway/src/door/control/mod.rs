@@ -418,28 +418,12 @@ async fn apply_inner(
         }
         ControlRequest::KeepSignIn { name, grant } => {
             let v = vault()?;
-            let server = v.mcp_server(&name).map_err(|e| ControlReply::of_vault(&e))?;
-            let read = postern_engine::channel::oauth::Grant::read(&grant.0)
-                .map_err(|e| ControlReply::refused(ControlCode::Invalid, e.to_string()))?;
-            if server.url.as_deref() != Some(read.resource.as_str()) {
-                return Err(ControlReply::refused(
-                    ControlCode::Invalid,
-                    format!("the grant was issued for {}, not for {name:?}'s URL; nothing was kept", read.resource),
-                ));
+            match postern_engine::channel::upstream::keep_sign_in(&v, a.upstreams.as_deref(), &name, grant.0, now).await
+            {
+                Ok(()) => ControlReply::Done,
+                Err(postern_engine::channel::upstream::UpstreamError::Vault(e)) => ControlReply::of_vault(&e),
+                Err(e) => ControlReply::refused(ControlCode::Invalid, e.to_string()),
             }
-            let summary = read.summary(&name);
-            let kept = vaulted(
-                blocking(move || {
-                    v.keep_oauth_grant(&server, &grant.0)?;
-                    v.journal_oauth(postern_store::OAuthEvent::OAuthSignedIn, summary, now)
-                })
-                .await?,
-            );
-            if let (ControlReply::Done, Some(u)) = (&kept, &a.upstreams) {
-                // A sign-in takes effect now: the server reconnects with the new grant.
-                let _ = u.restart(&name).await;
-            }
-            kept
         }
         ControlRequest::SignOut { name } => {
             let v = vault()?;
