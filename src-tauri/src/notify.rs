@@ -1,5 +1,5 @@
 //! Native notifications (notify-rust): a pending approval (clicking it opens the request), an
-//! `outcome_unknown` that needs review, a vault lock. Failures are logged, never fatal: a desktop
+//! `outcome_unknown` that needs review, a vault lock, a remote server that needs a new sign-in. Failures are logged, never fatal: a desktop
 //! without a notification daemon still gets the windows and the tray.
 
 use tauri::AppHandle;
@@ -42,8 +42,17 @@ pub fn needs_review(new: u64) {
     let _ = show("Postern: an outcome needs review", &body);
 }
 
+/// A remote server's OAuth refresh failed: its calls are refused until someone signs in again.
+pub fn sign_in_needed(new: u64) {
+    let body = format!(
+        "{new} remote MCP server(s) need a new sign-in; their calls are refused until then. Sign in from \
+         Servers, or run `postern servers login NAME`."
+    );
+    let _ = show("Postern: sign-in needed", &body);
+}
+
 /// Pushes the journal's changes to the windows and notifies when executions become
-/// `outcome_unknown` or `needs_review`. It waits on the journal's size (never polls) and reads
+/// `outcome_unknown` or `needs_review`, and when a remote server needs a new sign-in. It waits on the journal's size (never polls) and reads
 /// only the rows appended since the last look; at most one `journal-changed` event per
 /// `LIVE_INTERVAL`, so a burst of calls reloads a view once.
 pub async fn watch_journal(app: AppHandle, store: std::sync::Arc<postern_store::Store>) {
@@ -56,6 +65,11 @@ pub async fn watch_journal(app: AppHandle, store: std::sync::Arc<postern_store::
             let new = store.view().events_after(seen, &["outcome_unknown", "needs_review"]).unwrap_or(0);
             if new > 0 {
                 needs_review(new);
+            }
+            let failed =
+                store.view().vault_events_after(seen, &[postern_store::VaultEvent::OAuthRefreshFailed]).unwrap_or(0);
+            if failed > 0 {
+                sign_in_needed(failed);
             }
             let _ = app.emit("journal-changed", now);
             seen = now;

@@ -378,7 +378,7 @@ def main():
     TEMPORARY.append(oauth_dir)
     oauth_port = free_port()
     oauth = subprocess.Popen([python, os.path.join(ROOT, "tests/upstreams/counting.py"), "--oauth", str(oauth_port)],
-                             env=dict(os.environ, COUNTER_DIR=oauth_dir), stdin=subprocess.DEVNULL)
+                             env=dict(os.environ, COUNTER_DIR=oauth_dir, OAUTH_TTL="2"), stdin=subprocess.DEVNULL)
     wait_for("the OAuth server", lambda: socket.socket().connect_ex(("127.0.0.1", oauth_port)) == 0, 20)
     remote = subprocess.run([POSTERN, "servers", "add", "remote", "--url", f"http://127.0.0.1:{oauth_port}/mcp", "--oauth"],
                             capture_output=True, text=True, env=env)
@@ -609,6 +609,14 @@ def main():
             issued = [t for t in f.read().split() if t]
         source = b.do(lambda d: d.page_source)
         check(issued and not any(t in source for t in issued), "the Servers view never shows a token")
+        # The grant is revoked at the server: once the token expires, a call is refused without
+        # being sent, and the desktop says the server needs a new sign-in.
+        open(os.path.join(oauth_dir, "oauth_revoke_all"), "w").close()
+        time.sleep(3)
+        agent.call("stale", "remote__balance", {})
+        stale = agent.result("stale")
+        check("oauth_login_required" in json.dumps(stale), stale)
+        notes.wait("Postern: sign-in needed")
         # Start at login: the Settings switch writes and removes the XDG autostart entry.
         b.click("button[data-view=Settings]")
         wait_for("the Settings view", lambda: b.find("[data-testid=autostart]"))

@@ -568,11 +568,21 @@ impl JournalView {
     /// How many activity rows after journal row `seq` record one of `events` — reads only the
     /// rows appended since (the journal's primary key), however long the journal is.
     pub fn events_after(&self, seq: u64, events: &[&str]) -> Result<u64, StoreError> {
+        self.stream_events_after(seq, "activity", events)
+    }
+
+    /// How many vault-stream rows after `seq` have one of `events` (an OAuth refresh that
+    /// failed, for the app's notification).
+    pub fn vault_events_after(&self, seq: u64, events: &[crate::VaultEvent]) -> Result<u64, StoreError> {
+        let names: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
+        self.stream_events_after(seq, "vault", &names)
+    }
+
+    fn stream_events_after(&self, seq: u64, stream: &str, events: &[&str]) -> Result<u64, StoreError> {
         let seq = i64::try_from(seq).unwrap_or(i64::MAX);
         self.with(|c| {
-            let mut stmt =
-                c.prepare_cached("SELECT event FROM journal WHERE seq > ?1 AND stream = 'activity' ORDER BY seq")?;
-            let mut rows = stmt.query([seq])?;
+            let mut stmt = c.prepare_cached("SELECT event FROM journal WHERE seq > ?1 AND stream = ?2 ORDER BY seq")?;
+            let mut rows = stmt.query(rusqlite::params![seq, stream])?;
             let mut n = 0;
             while let Some(row) = rows.next()? {
                 let event: String = row.get(0)?;

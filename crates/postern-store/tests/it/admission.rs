@@ -302,4 +302,12 @@ fn events_after_counts_only_rows_appended_since() {
     assert_eq!(view.events_after(seen, &["accepted"]).expect("count"), 1);
     let now = view.head().expect("head").size;
     assert_eq!(view.events_after(now, &["outcome_unknown"]).expect("count"), 0);
+    let failed = [postern_store::VaultEvent::OAuthRefreshFailed];
+    assert_eq!(view.vault_events_after(seen, &failed).expect("count"), 0);
+    // A vault row (a failed OAuth refresh) counts on its own stream, not on the activity one.
+    let detail = json!({ "server": "tracker", "why": "refused" });
+    store.oauth_recorded(postern_store::OAuthEvent::OAuthRefreshFailed, detail, at(50_004)).expect("journal");
+    let view = store.view();
+    assert_eq!(view.vault_events_after(now, &failed).expect("count"), 1);
+    assert_eq!(view.events_after(now, &["oauth_refresh_failed"]).expect("count"), 0);
 }
