@@ -670,12 +670,7 @@ pub async fn begin_sign_in(app: State<'_>, name: String) -> Result<String, IpcEr
         .await
         .map_err(|e| IpcError::new(postern_core::ErrorCode::code(&e), e.to_string()))?;
     let url = signin.url().to_owned();
-    let _ = std::process::Command::new("xdg-open")
-        .arg(&url)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
+    signin.open_browser();
     app.sign_ins.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name, signin);
     Ok(url)
 }

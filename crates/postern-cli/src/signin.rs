@@ -69,16 +69,8 @@ pub fn login(data_dir: &Path, args: Login) -> Result<ExitCode, Failure> {
         );
         // The URL alone on stdout, so a script (or a person on another machine) can take it.
         println!("{}", signin.url());
-        if !args.no_browser {
-            let opened = std::process::Command::new("xdg-open")
-                .arg(signin.url())
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn();
-            if opened.is_err() {
-                eprintln!("(no browser could be opened: open the URL above yourself)");
-            }
+        if !args.no_browser && !signin.open_browser() {
+            eprintln!("(no browser could be opened: open the URL above yourself)");
         }
         let clock = postern_engine::engine::system_clock();
         signin

@@ -288,6 +288,13 @@ pub struct SignInNeeded {
     pub why: String,
 }
 
+impl SignInNeeded {
+    /// Server `server` has no grant.
+    pub fn not_signed_in(server: &str) -> SignInNeeded {
+        SignInNeeded { server: server.into(), why: "it has not signed in".into() }
+    }
+}
+
 impl TokenSource {
     /// The token source of a server that signed in; `Err` when it has no grant.
     pub async fn open(vault: Arc<Vault>, server: &McpServer, clock: Clock) -> Result<TokenSource, SignInNeeded> {

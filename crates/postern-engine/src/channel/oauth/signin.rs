@@ -191,6 +191,18 @@ impl SignIn {
         self.session.get_authorization_url()
     }
 
+    /// Opens the system browser at the URL (`xdg-open`); whether one could be started. Every
+    /// way of signing in (the CLI, the app) opens it so; the URL is shown anyway.
+    pub fn open_browser(&self) -> bool {
+        std::process::Command::new("xdg-open")
+            .arg(self.url())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .is_ok()
+    }
+
     /// Waits up to `wait` for the redirect with the right `state`, answering every other
     /// request with a page that says why (each reported to `refused`), then exchanges the code.
     pub async fn finish(

@@ -24,10 +24,7 @@ impl Upstreams {
                 match self.vault.oauth_grant(&def) {
                     Ok(Some(_)) => {}
                     Ok(None) => {
-                        let why = crate::channel::oauth::SignInNeeded {
-                            server: server.into(),
-                            why: "it has not signed in".into(),
-                        };
+                        let why = crate::channel::oauth::SignInNeeded::not_signed_in(server);
                         return UpstreamSent::SignInNeeded { reason: why.to_string() };
                     }
                     Err(e) => return UpstreamSent::NotSent { reason: format!("{server:?} cannot start: {e}") },
@@ -85,16 +82,17 @@ impl Upstreams {
     pub async fn sign_in_needed(&self, name: &str) -> Option<crate::channel::oauth::SignInNeeded> {
         let (server, _) = name.split_once(SEPARATOR)?;
         let def = self.vault.mcp_server(server).ok().filter(|d| d.oauth.is_some())?;
-        let needed = |why: &str| crate::channel::oauth::SignInNeeded { server: server.into(), why: why.into() };
         if matches!(self.vault.oauth_grant(&def), Ok(None)) {
-            return Some(needed("it has not signed in"));
+            return Some(crate::channel::oauth::SignInNeeded::not_signed_in(server));
         }
         let slot = self.slot(server);
         let slot = slot.lock().await;
-        slot.last_error
-            .as_deref()
-            .filter(|e| e.contains(crate::channel::oauth::SIGN_IN_NEEDED_PHRASE))
-            .map(|_| needed("its last connection could not get a token"))
+        slot.last_error.as_deref().filter(|e| e.contains(crate::channel::oauth::SIGN_IN_NEEDED_PHRASE)).map(|_| {
+            crate::channel::oauth::SignInNeeded {
+                server: server.into(),
+                why: "its last connection could not get a token".into(),
+            }
+        })
     }
 }
 

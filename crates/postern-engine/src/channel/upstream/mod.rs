@@ -196,6 +196,9 @@ struct Running {
     /// credential): what the outcome stage masks in its answers. Empty: it holds none, and may
     /// run while the vault is locked.
     secrets: CallSecrets,
+    /// It signs in with OAuth: its tokens (which a refresh replaces while it runs) are masked
+    /// too, read from its grant at each call.
+    signs_in: bool,
 }
 
 /// Postern as an upstream's client: hears `notifications/tools/list_changed` (sent unscoped by
@@ -664,13 +667,16 @@ impl Upstreams {
     /// or stopped) those the vault would give it: what the outcome stage masks in what it sends
     /// back, whenever the call's answer arrives. Empty when it holds none, or the vault is locked.
     pub fn secrets_of(&self, name: &str) -> CallSecrets {
-        let Ok(server) = self.vault.mcp_server(name) else { return CallSecrets::default() };
-        // A signed-in server's tokens as they are now (a refresh replaces them mid-run).
-        let mut secrets = crate::channel::oauth::grant_secrets(&self.vault, &server);
-        if let Some(r) = locked(&self.live).get(name) {
-            secrets.extend(&r.secrets);
+        let live = locked(&self.live).get(name).map(|r| (r.secrets.clone(), r.signs_in));
+        if let Some((mut secrets, signs_in)) = live {
+            // A signed-in server's tokens as they are now (a refresh replaces them mid-run).
+            if signs_in && let Ok(server) = self.vault.mcp_server(name) {
+                secrets.extend(&crate::channel::oauth::grant_secrets(&self.vault, &server));
+            }
             return secrets;
         }
+        let Ok(server) = self.vault.mcp_server(name) else { return CallSecrets::default() };
+        let mut secrets = crate::channel::oauth::grant_secrets(&self.vault, &server);
         if let Some(credential) = &server.credential
             && let Ok(c) = self.vault.credential(credential)
             && let Ok(secret) = self.vault.secret_of(&c)

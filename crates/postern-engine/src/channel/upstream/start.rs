@@ -72,7 +72,7 @@ impl Upstreams {
             .serve_with_lifecycle(transport, lifecycle())
             .await
             .map_err(|e| secrets.mask(&format!("{name:?} did not complete MCP initialization: {e}")))?;
-        let running = listed(service, None, name, secrets).await?;
+        let running = Running { signs_in: server.oauth.is_some(), ..listed(service, None, name, secrets).await? };
         tracing::info!(server = %name, tools = running.tool_count(), %url, "remote upstream MCP server connected");
         Ok(running)
     }
@@ -260,6 +260,7 @@ async fn listed(
         exited: Arc::default(),
         stale: Arc::clone(&client.stale),
         secrets,
+        signs_in: false,
     })
 }
 
