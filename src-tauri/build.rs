@@ -23,6 +23,7 @@ fn main() {
         "servers",
         "restart_server",
         "add_server",
+        "probe_server",
         "remove_server",
         "set_tool_contract",
         "set_server_start",

@@ -268,6 +268,7 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         servers,
         restart_server,
         add_server,
+        probe_server,
         remove_server,
         set_tool_contract,
         set_server_start,
@@ -619,8 +620,9 @@ pub async fn servers(app: State<'_>) -> Result<Vec<ServerRow>, IpcError> {
         .collect())
 }
 
-/// A stdio MCP server to add: its command, plain environment, and secret environment values
-/// (typed into password fields, stored in the keychain, never sent back to any window).
+/// An MCP server to add: a stdio server (its command, plain environment, and secret
+/// environment values, typed into password fields, stored in the keychain, never sent back to
+/// any window), or a remote one (`url`, with a vault credential or an OAuth sign-in).
 #[derive(Debug, Clone, Deserialize, TS)]
 #[ts(export, export_to = "../../ui/src/lib/bindings/")]
 pub struct NewServer {
@@ -629,6 +631,12 @@ pub struct NewServer {
     pub args: Vec<String>,
     pub env: Vec<EnvValue>,
     pub approve_every_use: bool,
+    /// A remote server's Streamable HTTP endpoint (then no command or environment).
+    pub url: Option<String>,
+    /// The vault credential sent to a remote server.
+    pub credential: Option<String>,
+    /// The remote server signs in with OAuth (the view offers it when the server asks).
+    pub oauth: bool,
 }
 
 /// One environment value of a new server.
@@ -640,10 +648,31 @@ pub struct EnvValue {
     pub secret: bool,
 }
 
+/// What a remote server not added yet says about signing in (its 401 challenge and its
+/// authorization server's metadata), so the view can offer OAuth.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ServerProbe {
+    pub oauth: bool,
+    pub issuer: Option<String>,
+    /// In words, for the form.
+    pub said: String,
+}
+
+/// Asks the server at `url` whether it signs in with OAuth (an unauthenticated request; the URL
+/// obeys the HTTP channel's target rules first).
+#[tauri::command]
+pub async fn probe_server(url: String) -> Result<ServerProbe, IpcError> {
+    let offer = postern_engine::channel::oauth::offer(&url)
+        .await
+        .map_err(|e| IpcError::new(postern_core::ErrorCode::code(&e), e.to_string()))?;
+    Ok(ServerProbe { oauth: offer.oauth, issuer: offer.issuer, said: offer.said })
+}
+
 #[tauri::command]
 pub fn add_server(app: State<'_>, server: NewServer) -> Result<(), IpcError> {
-    use postern_vault::{McpServer, Sensitive};
-    let NewServer { name, command, args, env, approve_every_use } = server;
+    use postern_vault::{McpServer, OAuthSettings, Sensitive};
+    let NewServer { name, command, args, env, approve_every_use, url, credential, oauth } = server;
     let (secret, plain): (Vec<EnvValue>, Vec<EnvValue>) = env.into_iter().partition(|e| e.secret);
     let server = McpServer {
         name,
@@ -652,8 +681,14 @@ pub fn add_server(app: State<'_>, server: NewServer) -> Result<(), IpcError> {
         env: plain.into_iter().map(|e| (e.key, e.value)).collect(),
         secret_env: secret.iter().map(|e| e.key.clone()).collect(),
         approve_every_use,
+        url,
+        credential: credential.filter(|c| !c.is_empty()),
+        oauth: oauth.then(OAuthSettings::default),
         ..McpServer::default()
     };
+    server.validate()?;
+    // The checks every way of adding a remote server passes (the control socket's too).
+    postern_engine::channel::upstream::check_remote(&app.vault, &server)?;
     let secrets: Vec<(String, Sensitive<String>)> =
         secret.into_iter().map(|e| (e.key, Sensitive::new(e.value))).collect();
     app.vault.add_mcp_server(&server, &secrets, crate::now())?;

@@ -7,7 +7,8 @@ through `postern mcp`; the target is a local HTTP server that counts the POSTs i
 Scenario 1, per-use approval: the agent calls a tool whose credential needs approval for every
 use → the approval window appears; the test checks what it shows and approves → the target
 counts 1 → the call is in Activity with its timeline.
-The Servers view signs a remote server in with OAuth (tests/upstreams/oauth_provider.py).
+The Servers view adds a remote server, offers OAuth because it asks for it, and signs it in
+(tests/upstreams/oauth_provider.py).
 Scenario 2, retry review: an irreversible call is authorized (session question) and dispatched,
 the connection is cut after the target executed, the agent retries → the review window shows
 the original record → "return the recorded result" → the target still counts one wire.
@@ -278,6 +279,15 @@ class Browser:
         self.do(lambda d: d.execute_script("arguments[0].scrollIntoView(); arguments[0].click()",
                                            d.find_element(By.CSS_SELECTOR, css)))
 
+    def fill(self, css, value):
+        """Types `value` into the input `css` (trusted key events), then leaves it (a change event)."""
+        def typed(d):
+            field = d.find_element(By.CSS_SELECTOR, css)
+            field.clear()
+            field.send_keys(value)
+            d.execute_script("arguments[0].dispatchEvent(new Event('change', {bubbles: true}))", field)
+        self.do(typed)
+
 
     def armed(self):
         """Waits until the dialog takes answers (it ignores keys and clicks for its arming delay)."""
@@ -380,9 +390,6 @@ def main():
     oauth = subprocess.Popen([python, os.path.join(ROOT, "tests/upstreams/counting.py"), "--oauth", str(oauth_port)],
                              env=dict(os.environ, COUNTER_DIR=oauth_dir, OAUTH_TTL="2"), stdin=subprocess.DEVNULL)
     wait_for("the OAuth server", lambda: socket.socket().connect_ex(("127.0.0.1", oauth_port)) == 0, 20)
-    remote = subprocess.run([POSTERN, "servers", "add", "remote", "--url", f"http://127.0.0.1:{oauth_port}/mcp", "--oauth"],
-                            capture_output=True, text=True, env=env)
-    check(remote.returncode == 0, remote.stderr)
     env["BROWSER"] = "true"
 
     port, native = free_port(), free_port()
@@ -590,10 +597,22 @@ def main():
             d.find_element(By.CSS_SELECTOR, "[data-testid='contract-counter__pay']")))
         wait_for("the owner's contract", lambda: b.text("[data-testid='contract-from-counter__pay']") == "set by you")
         check(chosen("counter__pay").startswith("idempotent"), chosen("counter__pay"))
-        # Sign the OAuth server in from its row: the view shows the link, the browser (this test)
-        # follows it to Postern's loopback listener, and the server runs with its tools.
-        check("not signed in" in b.text("[data-testid=server-sign-in-remote]"), b.text("[data-testid=server-remote]"))
-        b.click("[data-testid=sign-in-remote]")
+        # Add the OAuth server from the form: asked, it answers 401 naming its resource metadata,
+        # so the form offers OAuth (checked) and "Add and sign in" starts the sign-in at once: the
+        # view shows the link, the browser (this test) follows it to Postern's loopback listener,
+        # and the server runs with its tools.
+        b.click("[data-testid=add-server]")
+        b.fill("[data-testid=server-form] input[placeholder^=name]", "remote")
+        b.click("[data-testid=server-remote-kind]")
+        b.fill("[data-testid=server-url]", f"http://127.0.0.1:{oauth_port}/mcp")
+        wait_for("the OAuth offer", lambda: b.find("[data-testid=server-probe]")
+                 or (b.find("[data-testid=server-probe-error]") and check(False, b.text("[data-testid=server-probe-error]"))))
+        check("signs in with OAuth at http://127.0.0.1" in b.text("[data-testid=server-probe]"),
+              b.text("[data-testid=server-probe]"))
+        check(b.do(lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=server-oauth]").is_selected()),
+              "OAuth is offered checked")
+        check("Add and sign in" in b.text("[data-testid=server-add]"), b.text("[data-testid=server-add]"))
+        b.click("[data-testid=server-add]")
         wait_for("the sign-in link", lambda: b.find("[data-testid=sign-in-url-remote]")
                  or (b.find("[data-testid=servers-error]") and check(False, b.text("[data-testid=servers-error]"))))
         link = b.do(lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sign-in-url-remote]").get_attribute("href"))

@@ -38,7 +38,11 @@ def make_server() -> MCPServer:
     bearer middleware (tests/upstreams/oauth_provider.py)."""
     if len(sys.argv) == 3 and sys.argv[1] == "--oauth":
         from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
-        from oauth_provider import CountingProvider
+        from oauth_provider import CIMD, CountingProvider, advertise_client_metadata_documents, serve_documents
+
+        if CIMD:
+            advertise_client_metadata_documents()
+            serve_documents()
 
         base = f"http://127.0.0.1:{sys.argv[2]}"
         return MCPServer(

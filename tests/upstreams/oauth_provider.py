@@ -11,13 +11,27 @@ so a test counts grants at the server and greps every file Postern wrote for eac
 Files that change what it does: $COUNTER_DIR/oauth_deny (authorization redirects with
 error=access_denied), $COUNTER_DIR/oauth_revoke_all (every token is forgotten: a call then
 needs a new sign-in). $OAUTH_TTL: access token lifetime in seconds (default 3600).
+
+With $OAUTH_CIMD=1 it also takes Client ID Metadata Documents
+(draft-ietf-oauth-client-id-metadata-document, as the MCP authorization spec uses them): its
+metadata says `client_id_metadata_document_supported`, and a client ID that is an https URL is
+fetched (recorded as {"grant": "cimd_fetch"}), must name itself as `client_id`, and its loopback
+redirect URIs match any port (RFC 8252 section 7.3). The document is served over HTTPS on
+127.0.0.1 with a self-signed certificate this process makes (see `serve_documents`).
 """
 
+import datetime
+import ipaddress
 import json
 import os
 import secrets
+import ssl
+import threading
 import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlparse
 
 from mcp.server.auth.provider import (
     AccessToken,
@@ -43,6 +57,119 @@ def issued(token: str) -> str:
     return token
 
 
+CIMD = os.environ.get("OAUTH_CIMD") == "1"
+
+
+def advertise_client_metadata_documents() -> None:
+    """Makes the SDK's authorization-server metadata say `client_id_metadata_document_supported`
+    (the SDK's server has no switch for it: its metadata builder is wrapped)."""
+    from mcp.server.auth import routes
+
+    plain = routes.build_metadata
+
+    def with_cimd(*args, **kwargs):
+        metadata = plain(*args, **kwargs)
+        metadata.client_id_metadata_document_supported = True
+        return metadata
+
+    routes.build_metadata = with_cimd
+
+
+def serve_documents() -> int:
+    """Serves $COUNTER_DIR/documents/<path> over HTTPS on a free 127.0.0.1 port, with a
+    self-signed certificate for 127.0.0.1 written to $COUNTER_DIR/cimd_cert.pem (the only
+    certificate the document fetch trusts). Returns the port, also written to
+    $COUNTER_DIR/cimd_port."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )
+    (DIR / "cimd_cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (DIR / "cimd_key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+
+    class Documents(BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = (DIR / "documents" / self.path.lstrip("/")).resolve()
+            if not path.is_relative_to((DIR / "documents").resolve()) or not path.is_file():
+                self.send_response(404)
+                self.end_headers()
+                return
+            body = path.read_bytes()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Documents)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(DIR / "cimd_cert.pem", DIR / "cimd_key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    (DIR / "cimd_port").write_text(str(port))
+    return port
+
+
+class DocumentClient(OAuthClientInformationFull):
+    """A client named by its metadata document: a loopback redirect URI it lists matches the
+    same URI on any port (RFC 8252 section 7.3: a native client's port is ephemeral)."""
+
+    def validate_redirect_uri(self, redirect_uri):
+        if redirect_uri is not None:
+            asked = urlparse(str(redirect_uri))
+            for listed in self.redirect_uris or []:
+                mine = urlparse(str(listed))
+                if (
+                    asked.scheme == mine.scheme == "http"
+                    and asked.hostname == mine.hostname == "127.0.0.1"
+                    and asked.path == mine.path
+                ):
+                    return redirect_uri
+        return super().validate_redirect_uri(redirect_uri)
+
+
+def fetch_document(client_id: str) -> OAuthClientInformationFull | None:
+    """The client a metadata document at `client_id` describes (None: not one)."""
+    parsed = urlparse(client_id)
+    if parsed.scheme != "https" or parsed.path in ("", "/"):
+        return None
+    context = ssl.create_default_context(cafile=str(DIR / "cimd_cert.pem"))
+    try:
+        with urllib.request.urlopen(client_id, timeout=10, context=context) as answer:
+            document = json.loads(answer.read())
+    except Exception as e:  # noqa: BLE001 - any failure is "no such client"
+        record(grant="cimd_fetch", ok=False, why=type(e).__name__)
+        return None
+    if document.get("client_id") != client_id:
+        record(grant="cimd_fetch", ok=False, why="client_id_mismatch")
+        return None
+    record(grant="cimd_fetch", ok=True, client_id=client_id)
+    # This server's policy: a client its document names may ask for any scope it has.
+    document.setdefault("scope", "mcp extra")
+    return DocumentClient.model_validate(document)
+
+
 class CountingProvider(OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken, AccessToken]):
     def __init__(self, issuer: str):
         self.issuer = issuer
@@ -60,6 +187,8 @@ class CountingProvider(OAuthAuthorizationServerProvider[AuthorizationCode, Refre
         return False
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        if CIMD and client_id.startswith("https://"):
+            return fetch_document(client_id)
         return self.clients.get(client_id)
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:

@@ -38,10 +38,14 @@ pub struct Add {
     /// A scope to ask for at sign-in (repeat for several; none: what the server suggests).
     #[arg(long = "scope", value_name = "SCOPE", requires = "oauth")]
     scope: Vec<String>,
-    /// A client registered by hand with the authorization server (else Dynamic Client
-    /// Registration).
-    #[arg(long, value_name = "ID", requires = "oauth")]
+    /// A client registered by hand with the authorization server (else a Client ID Metadata
+    /// Document, else Dynamic Client Registration).
+    #[arg(long, value_name = "ID", requires = "oauth", conflicts_with = "client_metadata_url")]
     client_id: Option<String>,
+    /// The https URL of a Client ID Metadata Document you host for Postern: its client ID at an
+    /// authorization server that takes such documents (else Dynamic Client Registration).
+    #[arg(long, value_name = "URL", requires = "oauth")]
+    client_metadata_url: Option<String>,
     /// When its process starts: with the gateway, or when an agent first lists tools or calls one
     /// of its tools.
     #[arg(long, value_enum, default_value_t = Start::WithGateway)]
@@ -249,7 +253,11 @@ pub fn add(data_dir: &Path, args: Add) -> Result<ExitCode, Failure> {
             name: args.name,
             url: Some(url.clone()),
             credential: args.credential,
-            oauth: args.oauth.then_some(postern_vault::OAuthSettings { scopes: args.scope, client_id: args.client_id }),
+            oauth: args.oauth.then_some(postern_vault::OAuthSettings {
+                scopes: args.scope,
+                client_id: args.client_id,
+                client_metadata_url: args.client_metadata_url,
+            }),
             approve_every_use: args.approve_every_use,
             start: args.start.into(),
             ..McpServer::default()

@@ -157,6 +157,47 @@ pub struct OAuthSettings {
     /// Registration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+    /// The HTTPS URL of a Client ID Metadata Document the owner hosts for Postern: the client ID
+    /// at an authorization server that takes such documents (else Dynamic Client Registration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_metadata_url: Option<String>,
+}
+
+impl OAuthSettings {
+    /// Checks the scopes and the client's identity.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(bad) = self.scopes.iter().find(|s| {
+            s.is_empty() || s.contains(|c: char| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+        }) {
+            return Err(format!(
+                "--scope {bad:?} is not a scope (RFC 6749: printable, no spaces, quotes or backslashes)"
+            ));
+        }
+        if self.client_id.as_deref().is_some_and(|id| id.is_empty() || id.contains(char::is_control)) {
+            return Err("--client-id is empty or holds control characters".into());
+        }
+        let Some(document) = &self.client_metadata_url else { return Ok(()) };
+        if self.client_id.is_some() {
+            return Err("give --client-id or --client-metadata-url, not both: a client ID names one client".into());
+        }
+        // draft-ietf-oauth-client-id-metadata-document: an https URL with a path, no user
+        // information, no fragment (the authorization server fetches it; the URL is the client ID).
+        let url =
+            url::Url::parse(document).map_err(|e| format!("--client-metadata-url is not an absolute URL: {e}"))?;
+        if url.scheme() != "https"
+            || url.path() == "/"
+            || url.host_str().is_none()
+            || !url.username().is_empty()
+            || url.password().is_some()
+            || url.fragment().is_some()
+        {
+            // Not echoed: it may be refused for the password it carries.
+            return Err("--client-metadata-url must be an https URL with a path, without a user name, password or \
+                        fragment (the authorization server fetches the document there)"
+                .into());
+        }
+        Ok(())
+    }
 }
 
 /// An upstream MCP server: one Postern launches over stdio (its secret values are in the
@@ -258,14 +299,8 @@ impl McpServer {
             if self.oauth.is_some() && self.credential.is_some() {
                 return invalid("a server signs in with --oauth or sends --credential, not both".into());
             }
-            if let Some(oauth) = &self.oauth
-                && let Some(bad) = oauth.scopes.iter().find(|s| {
-                    s.is_empty() || s.contains(|c: char| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
-                })
-            {
-                return invalid(format!(
-                    "--scope {bad:?} is not a scope (RFC 6749: printable, no spaces, quotes or backslashes)"
-                ));
+            if let Some(oauth) = &self.oauth {
+                oauth.validate().map_err(VaultError::InvalidCredential)?;
             }
             if !self.command.is_empty()
                 || !self.args.is_empty()

@@ -16,6 +16,7 @@ import type { NewSshHost } from './bindings/NewSshHost';
 import type { AuditView } from './bindings/AuditView';
 import type { ServerRow } from './bindings/ServerRow';
 import type { NewServer } from './bindings/NewServer';
+import type { ServerProbe } from './bindings/ServerProbe';
 import type { EnvValue } from './bindings/EnvValue';
 import type { ImportOffer } from './bindings/ImportOffer';
 import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
@@ -23,7 +24,7 @@ import type { ToolContractInput } from './bindings/ToolContractInput';
 import type { SettingsView } from './bindings/SettingsView';
 
 export type {
-  ApprovalView, AuditView, EnvValue, ExecutionDetail, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerRow,
+  ApprovalView, AuditView, EnvValue, ExecutionDetail, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerProbe, ServerRow,
   SessionRow, SettingsView, StatusView, ToolContractInput, ToolsView, UpstreamToolRow, VaultView,
 };
 
@@ -60,6 +61,7 @@ export const ipc = {
   servers: () => call<ServerRow[]>('servers'),
   restartServer: (name: string) => call<void>('restart_server', { name }),
   addServer: (server: NewServer) => call<void>('add_server', { server }),
+  probeServer: (url: string) => call<ServerProbe>('probe_server', { url }),
   removeServer: (name: string) => call<void>('remove_server', { name }),
   setToolContract: (server: string, tool: string, contract: ToolContractInput | null) =>
     call<void>('set_tool_contract', { server, tool, contract }),

@@ -212,7 +212,61 @@ describe('Servers form', () => {
     expect(addServer).toHaveBeenCalledWith({
       name: 'github', command: 'npx', args: ['-y', '@modelcontextprotocol/server-github'],
       env: [{ key: 'GITHUB_TOKEN', value: 'ghp_canary', secret: true }], approve_every_use: false,
+      url: null, credential: null, oauth: false,
     });
+  });
+
+  it('offers OAuth for a remote server that asks for it, then adds it and signs it in', async () => {
+    const addServer = vi.fn(async () => undefined);
+    const probeServer = vi.fn(async () => ({
+      oauth: true, issuer: 'https://auth.example', said: 'The server signs in with OAuth at https://auth.example.',
+    }));
+    const beginSignIn = vi.fn(async () => 'https://auth.example/authorize?state=s');
+    const finishSignIn = vi.fn(async () => 'signed in');
+    const ipc = { servers: vi.fn(async () => []), addServer, probeServer, beginSignIn, finishSignIn } as unknown as Ipc;
+    render(Servers, { props: { ipc } });
+    await screen.findByTestId('servers-empty');
+    await fireEvent.click(screen.getByTestId('add-server'));
+    await fireEvent.input(screen.getByPlaceholderText('name (tools become name__tool)'), { target: { value: 'tracker' } });
+    await fireEvent.click(screen.getByTestId('server-remote-kind'));
+    const url = screen.getByTestId('server-url');
+    await fireEvent.input(url, { target: { value: 'https://mcp.example/mcp' } });
+    await fireEvent.change(url);
+    expect(probeServer).toHaveBeenCalledWith('https://mcp.example/mcp');
+    expect((await screen.findByTestId('server-probe')).textContent).toContain('OAuth at https://auth.example');
+    expect((screen.getByTestId('server-oauth') as HTMLInputElement).checked).toBe(true);
+    expect(screen.getByTestId('server-add').textContent).toContain('Add and sign in');
+    await fireEvent.submit(screen.getByTestId('server-form'));
+    expect(addServer).toHaveBeenCalledWith({
+      name: 'tracker', command: '', args: [], env: [], approve_every_use: false,
+      url: 'https://mcp.example/mcp', credential: null, oauth: true,
+    });
+    await waitFor(() => expect(beginSignIn).toHaveBeenCalledWith('tracker'));
+    expect((await screen.findByTestId('servers-signed-in')).textContent).toContain('signed in');
+  });
+
+  it('offers a vault credential when the server does not ask for a sign-in', async () => {
+    const addServer = vi.fn(async () => undefined);
+    const probeServer = vi.fn(async () => ({ oauth: false, issuer: null, said: 'The server did not ask for a sign-in.' }));
+    const beginSignIn = vi.fn();
+    const ipc = { servers: vi.fn(async () => []), addServer, probeServer, beginSignIn } as unknown as Ipc;
+    render(Servers, { props: { ipc } });
+    await screen.findByTestId('servers-empty');
+    await fireEvent.click(screen.getByTestId('add-server'));
+    await fireEvent.input(screen.getByPlaceholderText('name (tools become name__tool)'), { target: { value: 'docs' } });
+    await fireEvent.click(screen.getByTestId('server-remote-kind'));
+    const url = screen.getByTestId('server-url');
+    await fireEvent.input(url, { target: { value: 'https://docs.example/mcp' } });
+    await fireEvent.change(url);
+    await screen.findByTestId('server-probe');
+    expect(screen.queryByTestId('server-oauth')).toBeNull();
+    await fireEvent.input(screen.getByTestId('server-credential'), { target: { value: 'docs-token' } });
+    await fireEvent.submit(screen.getByTestId('server-form'));
+    expect(addServer).toHaveBeenCalledWith({
+      name: 'docs', command: '', args: [], env: [], approve_every_use: false,
+      url: 'https://docs.example/mcp', credential: 'docs-token', oauth: false,
+    });
+    expect(beginSignIn).not.toHaveBeenCalled();
   });
 });
 

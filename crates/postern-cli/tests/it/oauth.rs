@@ -26,6 +26,12 @@ struct AuthServer {
 
 impl AuthServer {
     fn start(ttl: u64) -> AuthServer {
+        AuthServer::start_with(ttl, &[])
+    }
+
+    /// With more of the server's environment (`OAUTH_CIMD=1`: it takes Client ID Metadata
+    /// Documents, served over HTTPS on a port of its own).
+    fn start_with(ttl: u64, env: &[(&str, &str)]) -> AuthServer {
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(python())
@@ -33,6 +39,7 @@ impl AuthServer {
             .args(["--oauth", &port.to_string()])
             .env("COUNTER_DIR", dir.path())
             .env("OAUTH_TTL", ttl.to_string())
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
@@ -40,6 +47,32 @@ impl AuthServer {
             std::net::TcpStream::connect(("127.0.0.1", port)).ok()
         });
         AuthServer { child, dir, url: format!("http://127.0.0.1:{port}/mcp") }
+    }
+
+    /// The https URL of a Client ID Metadata Document the server's document host serves: the
+    /// template the book ships, with its client ID set to that URL.
+    fn host_client_document(&self) -> String {
+        let port_file = self.dir.path().join("cimd_port");
+        let port = super::gateway_support::eventually("the document host", Duration::from_secs(20), || {
+            std::fs::read_to_string(&port_file).ok().filter(|p| !p.is_empty())
+        });
+        let url = format!("https://127.0.0.1:{port}/postern/client.json");
+        let template = repo_root().join("docs/src/guide/oauth-client-metadata.json");
+        let mut document: Value = serde_json::from_str(&std::fs::read_to_string(template).unwrap()).unwrap();
+        document["client_id"] = json!(url);
+        std::fs::create_dir_all(self.dir.path().join("documents/postern")).unwrap();
+        std::fs::write(self.dir.path().join("documents/postern/client.json"), document.to_string()).unwrap();
+        url
+    }
+
+    /// The records of one kind of grant.
+    fn records(&self, grant: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("oauth.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r["grant"] == grant)
+            .collect()
     }
 
     /// What the authorization server did, in order (`register`, `authorize`,
@@ -299,4 +332,80 @@ fn a_server_whose_metadata_names_another_resource_gets_no_sign_in() {
     );
     assert_eq!(server.count("register"), 0, "no client was registered: {:?}", server.grants());
     assert_eq!(sign_in_state(data.path(), "remote"), "not_signed_in");
+}
+
+#[test]
+fn a_client_metadata_document_names_postern_where_the_server_takes_one_and_nothing_is_registered() {
+    let server = AuthServer::start_with(2, &[("OAUTH_CIMD", "1")]);
+    let document = server.host_client_document();
+    let data = tempfile::tempdir().unwrap();
+    let add = postern_with(
+        &["servers", "add", "remote", "--url", &server.url, "--oauth", "--client-metadata-url", &document],
+        Some(data.path()),
+        None,
+        &[],
+    );
+    assert_eq!(add.code, 0, "{}", add.stderr);
+    let gw = Gateway::start_in(data, "");
+    let signed = login(gw.path(), "remote", |_| true);
+    assert_eq!(signed.code, 0, "{}", signed.stderr);
+    // The authorization URL names the document as the client; the server fetched it (over
+    // HTTPS) and registered nothing.
+    let authorize = url::Url::parse(signed.stdout.lines().next().unwrap()).unwrap();
+    let client = authorize.query_pairs().find(|(k, _)| k == "client_id").unwrap().1.into_owned();
+    assert_eq!(client, document);
+    assert_eq!(server.count("register"), 0, "{:?}", server.grants());
+    let fetched = server.records("cimd_fetch");
+    assert!(!fetched.is_empty() && fetched.iter().all(|f| f["ok"] == true), "{fetched:?}");
+    assert_eq!(server.records("authorization_code")[0]["client_id"], json!(document));
+    let signed_in = vault_rows(gw.path(), "oauth_signed_in");
+    assert_eq!(signed_in[0]["client_id"], json!(document), "{signed_in:?}");
+
+    // A call, and after expiry a call that refreshes as that same client.
+    let mut agent = Agent::start(Sdk::Python);
+    agent.connect(gw.bridge_command());
+    let paid = agent.call_and_wait("pay", "remote__pay", json!({ "amount": 2 }));
+    assert_eq!(paid["structured"]["state"], "completed", "{paid}");
+    std::thread::sleep(Duration::from_secs(3));
+    let later = agent.call_and_wait("later", "remote__balance", json!({}));
+    assert_eq!(later["structured"]["state"], "completed", "{later}");
+    let refreshes = server.records("refresh_token");
+    assert_eq!(refreshes.len(), 1, "{:?}", server.grants());
+    assert_eq!(refreshes[0]["client_id"], json!(document));
+    drop(agent);
+    let log = gw.stderr.lock().unwrap().clone();
+    no_token_leaked(&server, gw.path(), &[signed.stdout.as_str(), signed.stderr.as_str(), &log]);
+}
+
+#[test]
+fn a_client_metadata_document_is_not_used_where_the_server_does_not_take_one() {
+    // The server takes no documents: Postern registers itself (RFC 7591) instead.
+    let server = AuthServer::start(3600);
+    let data = tempfile::tempdir().unwrap();
+    let document = "https://postern.example/postern/client.json";
+    let add = postern_with(
+        &["servers", "add", "remote", "--url", &server.url, "--oauth", "--client-metadata-url", document],
+        Some(data.path()),
+        None,
+        &[],
+    );
+    assert_eq!(add.code, 0, "{}", add.stderr);
+    let signed = login(data.path(), "remote", |_| true);
+    assert_eq!(signed.code, 0, "{}", signed.stderr);
+    assert_eq!(server.count("register"), 1, "{:?}", server.grants());
+    assert!(!signed.stdout.contains("postern.example"), "{}", signed.stdout);
+
+    // A document URL that is not https with a path is refused when the server is added.
+    for bad in ["http://postern.example/client.json", "https://postern.example/", "https://u:p@postern.example/c.json"]
+    {
+        let refused = postern_with(
+            &["servers", "add", "other", "--url", &server.url, "--oauth", "--client-metadata-url", bad],
+            Some(data.path()),
+            None,
+            &[],
+        );
+        assert_eq!(refused.code, 2, "{bad}: {}", refused.stderr);
+        assert!(refused.stderr.contains("--client-metadata-url"), "{}", refused.stderr);
+        assert!(!refused.stderr.contains("u:p@"), "a refused URL's password is not echoed: {}", refused.stderr);
+    }
 }

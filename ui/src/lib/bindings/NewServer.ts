@@ -2,7 +2,20 @@
 import type { EnvValue } from "./EnvValue";
 
 /**
- * A stdio MCP server to add: its command, plain environment, and secret environment values
- * (typed into password fields, stored in the keychain, never sent back to any window).
+ * An MCP server to add: a stdio server (its command, plain environment, and secret
+ * environment values, typed into password fields, stored in the keychain, never sent back to
+ * any window), or a remote one (`url`, with a vault credential or an OAuth sign-in).
  */
-export type NewServer = { name: string, command: string, args: Array<string>, env: Array<EnvValue>, approve_every_use: boolean, };
+export type NewServer = { name: string, command: string, args: Array<string>, env: Array<EnvValue>, approve_every_use: boolean, 
+/**
+ * A remote server's Streamable HTTP endpoint (then no command or environment).
+ */
+url: string | null, 
+/**
+ * The vault credential sent to a remote server.
+ */
+credential: string | null, 
+/**
+ * The remote server signs in with OAuth (the view offers it when the server asks).
+ */
+oauth: boolean, };

@@ -7,7 +7,7 @@
 
 mod signin;
 
-pub use signin::{Listener, Redirect, SignIn, SignInError};
+pub use signin::{Listener, Offer, Redirect, SignIn, SignInError, offer};
 
 use postern_core::Clock;
 use postern_store::OAuthEvent;

@@ -1,8 +1,10 @@
 //! One sign-in: the authorization server found from the server (its 401 challenge's
-//! `resource_metadata`, else the well-known URLs), a client (the owner's `--client-id`, else
-//! Dynamic Client Registration), an authorization URL with PKCE S256 and `resource`, and a
-//! loopback listener on 127.0.0.1 that takes exactly one redirect carrying the right `state`,
-//! then closes; the code is exchanged (its `iss` checked) for a [`Grant`].
+//! `resource_metadata`, else the well-known URLs), a client (the owner's `--client-id`, else the
+//! owner's Client ID Metadata Document where the authorization server takes one, else Dynamic
+//! Client Registration), an authorization URL with PKCE S256 and `resource`, and a loopback
+//! listener on 127.0.0.1 that takes exactly one redirect carrying the right `state`, then
+//! closes; the code is exchanged (its `iss` checked) for a [`Grant`]. [`offer`] runs the same
+//! discovery for a URL not added yet, so the app can offer OAuth for it.
 
 use super::Grant;
 use postern_vault::McpServer;
@@ -27,6 +29,12 @@ pub enum SignInError {
     NoMetadata { url: String },
     #[error("discovery or registration failed: {0}")]
     Discovery(String),
+    #[error(
+        "the authorization server {issuer} offers no way for Postern to name itself: no Dynamic Client \
+         Registration (RFC 7591){cimd}. Register Postern with it by hand and add the server again with \
+         --client-id ID"
+    )]
+    NoClient { issuer: String, cimd: &'static str },
     #[error("the sign-in was refused by the authorization server: {error}{}", description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
     Denied { error: String, description: Option<String> },
     #[error("no redirect came back within {0} s; run `postern servers login` again")]
@@ -42,6 +50,7 @@ impl postern_core::ErrorCode for SignInError {
             SignInError::Listener(_) => "oauth_listener_failed",
             SignInError::NoMetadata { .. } => "oauth_no_metadata",
             SignInError::Discovery(_) => "oauth_discovery_failed",
+            SignInError::NoClient { .. } => "oauth_no_client",
             SignInError::Denied { .. } => "oauth_denied",
             SignInError::TimedOut(_) => "oauth_timed_out",
             SignInError::Exchange(_) => "oauth_exchange_failed",
@@ -140,35 +149,127 @@ async fn challenge(url: &str) -> Option<String> {
         .flatten()
 }
 
+/// The authorization server of the MCP server at `url`: its metadata as the server's 401
+/// challenge (RFC 9728), else the well-known URLs (RFC 8414), publish it; endpoints checked.
+/// Nothing is guessed: a server that publishes none is [`SignInError::NoMetadata`]. `challenge`:
+/// the server's `WWW-Authenticate`, when the caller has already asked for it.
+async fn discover(
+    url: &str,
+    challenge: Option<String>,
+) -> Result<(AuthorizationManager, AuthorizationMetadata), SignInError> {
+    crate::channel::http::install_crypto();
+    let mut manager = AuthorizationManager::new(url).await.map_err(discovery)?;
+    let challenge = match challenge {
+        Some(c) => Some(c),
+        None => self::challenge(url).await,
+    };
+    let found = manager.resolve_metadata_from_challenge(challenge.as_deref()).await.map_err(discovery)?;
+    if found.source == AuthorizationMetadataSource::LegacyEndpointFallback {
+        return Err(SignInError::NoMetadata { url: url.to_owned() });
+    }
+    let metadata = found.metadata;
+    checked_endpoints(&metadata)?;
+    manager.set_metadata(metadata.clone());
+    Ok((manager, metadata))
+}
+
+/// Whether the authorization server takes a Client ID Metadata Document as a client's identity
+/// (it advertises `client_id_metadata_document_supported`).
+fn takes_metadata_documents(m: &AuthorizationMetadata) -> bool {
+    m.additional_fields.get("client_id_metadata_document_supported").and_then(serde_json::Value::as_bool) == Some(true)
+}
+
+/// What the server at a URL not added yet says about signing in, for the owner deciding how to
+/// add it: whether it asks for OAuth (a 401 whose authorization server publishes metadata), at
+/// which issuer, and how Postern would name itself there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Offer {
+    pub oauth: bool,
+    pub issuer: Option<String>,
+    /// `client_metadata_document`, `dynamic_registration` or `client_id_needed` (the owner
+    /// registers Postern by hand), when `oauth`.
+    pub registration: Option<&'static str>,
+    /// The same in words.
+    pub said: String,
+}
+
+/// Asks the server at `url` (an MCP endpoint, unauthenticated) whether it signs in with OAuth.
+/// The URL obeys the HTTP channel's target rules before anything is sent to it.
+pub async fn offer(url: &str) -> Result<Offer, SignInError> {
+    let parsed = url::Url::parse(url).map_err(|e| SignInError::Discovery(format!("the URL does not parse: {e}")))?;
+    if !matches!(parsed.scheme(), "https" | "http") {
+        return Err(SignInError::Discovery(format!("{url} is not http(s)")));
+    }
+    crate::channel::http::check_target(&parsed).map_err(|e| SignInError::Discovery(format!("{url}: {e}")))?;
+    crate::channel::http::install_crypto();
+    let Some(challenge) = challenge(url).await else {
+        return Ok(Offer {
+            oauth: false,
+            issuer: None,
+            registration: None,
+            said: "The server did not ask for a sign-in (no 401 challenge): give a vault credential if it needs one."
+                .into(),
+        });
+    };
+    let (_, metadata) = discover(url, Some(challenge)).await?;
+    let registration = if takes_metadata_documents(&metadata) {
+        "client_metadata_document"
+    } else if metadata.registration_endpoint.is_some() {
+        "dynamic_registration"
+    } else {
+        "client_id_needed"
+    };
+    let issuer = metadata.issuer.clone().unwrap_or_default();
+    let how = match registration {
+        "client_metadata_document" => "it takes a Client ID Metadata Document, else registers Postern itself",
+        "dynamic_registration" => "Postern registers itself there",
+        _ => "it offers no registration: give the client ID you registered",
+    };
+    Ok(Offer {
+        oauth: true,
+        said: format!("The server signs in with OAuth at {issuer} ({how})."),
+        issuer: Some(issuer),
+        registration: Some(registration),
+    })
+}
+
 impl SignIn {
-    /// Discovers the server's authorization server, registers a client if needed, and builds
-    /// the authorization URL; the listener is already bound.
+    /// Discovers the server's authorization server, names Postern to it (the owner's client ID,
+    /// the owner's Client ID Metadata Document where the server takes one, else Dynamic Client
+    /// Registration), and builds the authorization URL; the listener is already bound.
     pub async fn begin(server: &McpServer) -> Result<SignIn, SignInError> {
         let (Some(url), Some(settings)) = (&server.url, &server.oauth) else {
             return Err(SignInError::NotOAuth(server.name.clone()));
         };
-        crate::channel::http::install_crypto();
         let listener = Listener::bind().await?;
-        let mut manager = AuthorizationManager::new(url.as_str()).await.map_err(discovery)?;
-        let challenge = challenge(url).await;
-        let found = manager.resolve_metadata_from_challenge(challenge.as_deref()).await.map_err(discovery)?;
-        if found.source == AuthorizationMetadataSource::LegacyEndpointFallback {
-            return Err(SignInError::NoMetadata { url: url.clone() });
-        }
-        let metadata = found.metadata;
-        checked_endpoints(&metadata)?;
-        manager.set_metadata(metadata.clone());
+        let (mut manager, metadata) = discover(url, None).await?;
         let scopes: Vec<&str> = settings.scopes.iter().map(String::as_str).collect();
         let mut request = AuthorizationRequest::new(listener.redirect_uri.clone()).with_client_name("Postern");
         if !scopes.is_empty() {
             request = request.with_scopes(scopes.iter().copied());
         }
-        let client_secret = match &settings.client_id {
-            Some(id) => {
+        let document = settings.client_metadata_url.as_deref().filter(|_| takes_metadata_documents(&metadata));
+        let client_secret = match (&settings.client_id, document) {
+            (Some(id), _) => {
                 request = request.with_preregistered_client(id.clone());
                 None
             }
-            None => {
+            // The document's URL is the client ID; the authorization server fetches it.
+            (None, Some(document)) => {
+                request = request.with_client_metadata_url(document);
+                None
+            }
+            (None, None) if metadata.registration_endpoint.is_none() => {
+                return Err(SignInError::NoClient {
+                    issuer: metadata.issuer.clone().unwrap_or_default(),
+                    cimd: if settings.client_metadata_url.is_some() {
+                        ", and it does not take Client ID Metadata Documents"
+                    } else {
+                        ""
+                    },
+                });
+            }
+            (None, None) => {
                 let config =
                     manager.register_client("Postern", &listener.redirect_uri, &scopes).await.map_err(discovery)?;
                 request = request.with_preregistered_client(config.client_id.clone());

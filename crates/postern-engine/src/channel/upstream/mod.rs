@@ -10,6 +10,7 @@
 //! gave it (its secret environment and arguments, its credential) are known here, for the
 //! outcome stage and for its stderr, which reaches the log masked and escaped.
 
+mod admit;
 mod catalogue;
 mod forward;
 mod frames;
@@ -17,6 +18,7 @@ mod remote;
 mod signin;
 mod start;
 
+pub use admit::check_remote;
 pub use signin::keep_sign_in;
 use start::listing;
 

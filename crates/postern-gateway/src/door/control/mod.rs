@@ -385,27 +385,7 @@ async fn apply_inner(
         }
         ControlRequest::AddServer { server, secrets } => {
             let v = vault()?;
-            if let (Some(url), Some(name)) = (&server.url, &server.credential) {
-                let credential = v.credential(name).map_err(|e| ControlReply::of_vault(&e))?;
-                let parsed = url::Url::parse(url)
-                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
-                if !credential.allows(&parsed) {
-                    return Err(ControlReply::refused(
-                        ControlCode::Invalid,
-                        format!(
-                            "credential {name:?} is not bound to {url} (see `postern vault list`); nothing was added"
-                        ),
-                    ));
-                }
-                postern_engine::channel::http::check_target(&parsed)
-                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
-            }
-            if let (Some(url), Some(_)) = (&server.url, &server.oauth) {
-                let parsed = url::Url::parse(url)
-                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
-                postern_engine::channel::http::check_target(&parsed)
-                    .map_err(|e| ControlReply::refused(ControlCode::Invalid, format!("--url: {e}")))?;
-            }
+            postern_engine::channel::upstream::check_remote(&v, &server).map_err(|e| ControlReply::of_vault(&e))?;
             // A server that signs in starts once it has (`servers login`), not before.
             let start = server.start == ServerStart::WithGateway && a.gateway.is_some() && server.oauth.is_none();
             let name = server.name.clone();
