@@ -895,12 +895,11 @@ pub async fn audit_verify(handle: tauri::AppHandle, app: State<'_>) -> Result<Au
     })
 }
 
-/// A signed checkpoint of the journal's head (as `postern audit checkpoint`), as JSON text for
-/// the reviewer to keep off this machine.
+/// A signed checkpoint of the journal's head (as `postern audit checkpoint`): the C2SP checkpoint
+/// note, for the reviewer to keep off this machine or hand to a witness.
 #[tauri::command]
 pub fn audit_checkpoint(app: State<'_>) -> Result<String, IpcError> {
-    let checkpoint = app.vault.sign_checkpoint(app.store.checkpoint(crate::now())?)?;
-    serde_json::to_string_pretty(&checkpoint).map_err(|e| IpcError::new("internal_error", e.to_string()))
+    Ok(app.vault.sign_checkpoint(app.store.checkpoint(crate::now())?)?.note)
 }
 
 /// The host-key policy the window chose; anything else is an error, never quietly `strict`.

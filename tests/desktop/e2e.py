@@ -655,7 +655,8 @@ def main():
         check(audit.startswith("INTACT"), audit)
         b.click("[data-testid=checkpoint]")
         wait_for("the checkpoint", lambda: b.find("[data-testid=checkpoint-json]"))
-        check('"signature"' in b.text("[data-testid=checkpoint-json]"), "a signed checkpoint")
+        note = b.text("[data-testid=checkpoint-json]")
+        check(note.startswith("postern/inst_") and "\u2014 postern/inst_" in note, f"a signed checkpoint note: {note!r}")
         shot(driver, "view-audit.png")
         b.click("button[data-view=Approvals]")
         # Quick lock from the window, then unlock there (the approver's own channel).

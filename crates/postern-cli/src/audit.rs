@@ -1,10 +1,16 @@
-//! `postern audit verify` and `postern audit checkpoint`: the incident responder's commands.
+//! `postern audit …`: the incident responder's commands — verify the journal (against a
+//! checkpoint in either format), write a checkpoint (a C2SP checkpoint note, or the JSON
+//! format), and prove to a witness or an investigator that the journal extends an older
+//! checkpoint or holds a row.
 
 use crate::{Failure, location, render};
 use anyhow::{Context, anyhow};
+use base64::Engine as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use postern_core::merkle;
 use postern_host::now;
-use postern_store::{Checkpoint, Store, audit};
+use postern_store::{Checkpoint, Claim, Store, TreeReader, audit};
+use postern_vault::note::{SignedNote, VerifierKey};
 use std::{path::Path, process::ExitCode, time::Instant};
 
 /// How far a checkpoint's signature was checked.
@@ -13,28 +19,96 @@ enum Signature {
     /// Valid for the key embedded in the checkpoint, which nothing vouches for.
     SelfConsistent,
     Unsigned,
+    /// A note's signature, not checked: no key was given (a note carries none).
+    NotChecked,
 }
 
-fn check_signature(cp: &Checkpoint, path: &Path, pubkey: Option<&str>) -> Result<Signature, Failure> {
+/// A checkpoint file, read: the JSON format (a chain head) or a C2SP checkpoint note (a Merkle
+/// tree head, with the origin naming the installation).
+enum Exported {
+    Json(Checkpoint),
+    Note { note: SignedNote, origin: String, tree: merkle::TreeHead },
+}
+
+impl Exported {
+    fn read(path: &Path) -> Result<Exported, Failure> {
+        let unusable = |e: String| Failure { code: 2, error: anyhow!("checkpoint {}: {e}", path.display()) };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Failure { code: 2, error: anyhow!("cannot read checkpoint {}: {e}", path.display()) })?;
+        if text.trim_start().starts_with('{') {
+            return Checkpoint::parse(&text).map(Exported::Json).map_err(unusable);
+        }
+        let note = SignedNote::parse(&text).map_err(|e| unusable(e.to_string()))?;
+        let (origin, tree) = note.checkpoint().map_err(|e| unusable(e.to_string()))?;
+        Ok(Exported::Note { note, origin, tree })
+    }
+
+    fn claim(&self) -> Claim {
+        match self {
+            Exported::Json(cp) => Claim::Chain(cp.clone()),
+            Exported::Note { tree, .. } => Claim::Tree(*tree),
+        }
+    }
+}
+
+/// The trusted key given as hex or as a verifier key (`name+id+key`), inline or `@FILE`.
+fn trusted_key(pubkey: &str) -> Result<String, Failure> {
+    match pubkey.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file)
+            .map(|k| k.trim().to_owned())
+            .map_err(|e| Failure { code: 2, error: anyhow!("cannot read the key file {file}: {e}") }),
+        None => Ok(pubkey.trim().to_owned()),
+    }
+}
+
+fn check_signature(exported: &Exported, path: &Path, pubkey: Option<&str>) -> Result<Signature, Failure> {
     let unusable = |e: String| Failure { code: 2, error: anyhow!("checkpoint {}: {e}", path.display()) };
-    match (pubkey, cp.signature.is_some()) {
-        (Some(key), _) => {
-            let key = match key.strip_prefix('@') {
-                Some(file) => {
-                    std::fs::read_to_string(file).map_err(|e| unusable(format!("cannot read {file}: {e}")))?
-                }
-                None => key.to_owned(),
-            };
-            postern_vault::verify_checkpoint_signature(cp, &key).map_err(|e| unusable(e.to_string()))?;
+    let key = pubkey.map(trusted_key).transpose()?;
+    match exported {
+        Exported::Json(cp) => match (key, cp.signature.is_some()) {
+            (Some(key), _) => {
+                // A verifier key names the same Ed25519 key: its hex is what the JSON format holds.
+                let hex = match VerifierKey::parse(&key) {
+                    Ok(vkey) => vkey.hex(),
+                    Err(_) => key,
+                };
+                postern_vault::verify_checkpoint_signature(cp, &hex).map_err(|e| unusable(e.to_string()))?;
+                Ok(Signature::Trusted)
+            }
+            (None, true) => {
+                let embedded = cp.public_key.clone().unwrap_or_default();
+                postern_vault::verify_checkpoint_signature(cp, &embedded).map_err(|e| unusable(e.to_string()))?;
+                Ok(Signature::SelfConsistent)
+            }
+            (None, false) => Ok(Signature::Unsigned),
+        },
+        Exported::Note { note, origin, .. } => {
+            let Some(key) = key else { return Ok(Signature::NotChecked) };
+            // A bare hex key is named by the note's own origin (which is signed text).
+            let vkey = VerifierKey::parse(&key)
+                .or_else(|_| VerifierKey::from_hex(origin, &key))
+                .map_err(|e| unusable(e.to_string()))?;
+            note.verify(&vkey).map_err(|e| unusable(e.to_string()))?;
             Ok(Signature::Trusted)
         }
-        (None, true) => {
-            let embedded = cp.public_key.clone().unwrap_or_default();
-            postern_vault::verify_checkpoint_signature(cp, &embedded).map_err(|e| unusable(e.to_string()))?;
-            Ok(Signature::SelfConsistent)
-        }
-        (None, false) => Ok(Signature::Unsigned),
     }
+}
+
+/// A note's origin must be this journal's installation (`postern/<installation id>`).
+fn same_installation(db: &Path, origin: &str, path: &Path) -> Result<(), Failure> {
+    let ours = postern_store::JournalView::open_read_only(db)?.installation_id()?.map(|id| format!("postern/{id}"));
+    if ours.as_deref() != Some(origin) {
+        return Err(Failure {
+            code: 2,
+            error: anyhow!(
+                "checkpoint {} is of {} but this journal is {}: another installation's checkpoint",
+                path.display(),
+                postern_core::Outside::line(origin),
+                ours.as_deref().unwrap_or("not yet named")
+            ),
+        });
+    }
+    Ok(())
 }
 
 pub fn verify(
@@ -47,12 +121,12 @@ pub fn verify(
     let (checkpoint, signature) = match checkpoint {
         None => (None, None),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure { code: 2, error: anyhow!("cannot read checkpoint {}: {e}", path.display()) })?;
-            let cp =
-                Checkpoint::parse(&text).map_err(|e| Failure { code: 2, error: anyhow!("{}: {e}", path.display()) })?;
-            let signature = check_signature(&cp, path, pubkey)?;
-            (Some(cp), Some(signature))
+            let exported = Exported::read(path)?;
+            if let Exported::Note { origin, .. } = &exported {
+                same_installation(db, origin, path)?;
+            }
+            let signature = check_signature(&exported, path, pubkey)?;
+            (Some(exported.claim()), Some(signature))
         }
     };
     // Drawn only when stderr is a terminal; scripts get clean output.
@@ -88,9 +162,10 @@ pub fn verify(
                 println!("checkpoint  none given (a cut-off tail or a rewritten chain needs one to be caught)")
             }
             (Some(cp), true) if report.intact() => {
-                println!("checkpoint  matches (row {})", cp.journal_size)
+                let what = if matches!(cp, Claim::Tree(_)) { "Merkle tree root" } else { "chain head" };
+                println!("checkpoint  matches ({what} at row {})", cp.size())
             }
-            (Some(cp), true) => println!("checkpoint  row {}: does not match", cp.journal_size),
+            (Some(cp), true) => println!("checkpoint  row {}: does not match", cp.size()),
             (Some(_), false) => println!("checkpoint  not compared (the chain itself is broken)"),
         }
         match signature {
@@ -99,6 +174,9 @@ pub fn verify(
                 "signature   valid for the key inside the checkpoint; pass --pubkey to check that key is yours"
             ),
             Some(Signature::Unsigned) => println!("signature   none (an unsigned checkpoint proves less)"),
+            Some(Signature::NotChecked) => {
+                println!("signature   not checked: pass --pubkey with the key `postern audit pubkey --vkey` printed")
+            }
             None => {}
         }
         if chain_only {
@@ -117,16 +195,24 @@ pub fn verify(
     Ok(if report.intact() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-/// `audit checkpoint`: signed by this process, or by the running gateway that holds the journal.
-pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failure> {
+/// A new checkpoint, signed by this process or by the running gateway that holds the journal.
+fn signed_checkpoint(data_dir: &Path) -> Result<postern_vault::Signed, Failure> {
     let answer = crate::route::perform(data_dir, postern_gateway::door::control::ControlRequest::Checkpoint)?;
-    let cp: postern_store::Checkpoint = serde_json::from_value(answer).context("read the checkpoint")?;
-    let text = serde_json::to_string_pretty(&cp).context("encode checkpoint")? + "\n";
+    Ok(serde_json::from_value(answer).context("read the checkpoint")?)
+}
+
+/// `audit checkpoint`: the C2SP checkpoint note (or, with `json`, the JSON format).
+pub fn checkpoint(data_dir: &Path, out: Option<&Path>, json: bool) -> Result<ExitCode, Failure> {
+    let signed = signed_checkpoint(data_dir)?;
+    let cp = &signed.checkpoint;
+    let text =
+        if json { serde_json::to_string_pretty(cp).context("encode checkpoint")? + "\n" } else { signed.note.clone() };
     match out {
         Some(path) => {
             std::fs::write(path, &text).with_context(|| format!("write {}", path.display()))?;
             eprintln!(
-                "checkpoint of {} rows (head {}, {}) written to {}; keep a copy off this machine",
+                "checkpoint of {} rows (head {}, {}) written to {}; keep a copy off this machine, or hand it to a \
+                 witness (`postern audit prove --from`)",
                 cp.journal_size,
                 cp.head_hash,
                 render::time(cp.created_at.as_millis()),
@@ -136,6 +222,113 @@ pub fn checkpoint(data_dir: &Path, out: Option<&Path>) -> Result<ExitCode, Failu
         None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn b64(hash: &merkle::Hash) -> String {
+    base64::engine::general_purpose::STANDARD.encode(hash)
+}
+
+/// `audit prove --from OLD`: a new checkpoint and the consistency proof from OLD to it, as the
+/// body of a tlog-witness `add-checkpoint` request (c2sp.org/tlog-witness). Exit 1 when the
+/// journal does not extend OLD (its history up to OLD was rewritten): the proof is printed all
+/// the same, and a witness refuses it.
+pub fn prove_from(data_dir: &Path, from: &Path, pubkey: Option<&str>) -> Result<ExitCode, Failure> {
+    let db = location::database(data_dir);
+    let exported = Exported::read(from)?;
+    let Exported::Note { origin, tree: old, .. } = &exported else {
+        return Err(Failure {
+            code: 2,
+            error: anyhow!(
+                "checkpoint {} is in the JSON format, which holds no Merkle tree root: a consistency proof needs a \
+                 checkpoint note (`postern audit checkpoint` writes one)",
+                from.display()
+            ),
+        });
+    };
+    same_installation(&db, origin, from)?;
+    if matches!(check_signature(&exported, from, pubkey)?, Signature::NotChecked) {
+        eprintln!(
+            "note: the old checkpoint's signature was not checked (no --pubkey); a witness checks its own record"
+        );
+    }
+    let signed = signed_checkpoint(data_dir)?;
+    let (_, new) = SignedNote::parse(&signed.note)
+        .and_then(|n| n.checkpoint())
+        .map_err(|e| anyhow!("the new checkpoint does not read: {e}"))?;
+    if old.size > new.size {
+        return Err(Failure {
+            code: 1,
+            error: anyhow!(
+                "the journal has {} rows, fewer than the {} the checkpoint covers: it was cut off",
+                new.size,
+                old.size
+            ),
+        });
+    }
+    let proof = TreeReader::open(&db)?.consistency(old.size, new.size)?;
+    let mut body = format!("old {}\n", old.size);
+    for hash in &proof.proof {
+        body.push_str(&b64(hash));
+        body.push('\n');
+    }
+    body.push('\n');
+    body.push_str(&signed.note);
+    print!("{body}");
+    if proof.new.root != new.root {
+        // Rows up to the new size never change: the rows on disk are not the ones the writer
+        // hashed (edited behind a running gateway).
+        return Err(Failure {
+            code: 1,
+            error: anyhow!(
+                "the journal's rows do not make the tree the gateway signed at row {}: they were edited behind its \
+                 back. Run `postern audit verify`",
+                new.size
+            ),
+        });
+    }
+    if !merkle::verify_consistency(old.size, new.size, &old.root, &new.root, &proof.proof) {
+        eprintln!(
+            "the journal does NOT extend checkpoint {} (row {}): its history up to there was rewritten; a witness \
+             refuses this proof. Run `postern audit verify --checkpoint {}`",
+            from.display(),
+            old.size,
+            from.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    eprintln!("the journal at row {} extends checkpoint {} (row {})", new.size, from.display(), old.size);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `audit prove --row SEQ`: the row, its leaf hash and its audit path in the tree of `size` rows
+/// (default: the journal as it is).
+pub fn prove_row(data_dir: &Path, seq: u64, size: Option<u64>, json: bool) -> Result<ExitCode, Failure> {
+    let reader = TreeReader::open(&location::database(data_dir))?;
+    let size = size.unwrap_or(reader.size);
+    if seq == 0 || seq > size {
+        return Err(Failure {
+            code: 2,
+            error: anyhow!("row {seq} is not among the {size} rows of the tree asked for"),
+        });
+    }
+    let proof = reader.inclusion(seq, size)?;
+    let leaf = merkle::leaf_hash(proof.body.as_bytes());
+    let holds = merkle::verify_inclusion(&leaf, seq - 1, size, &proof.proof, &proof.tree.root);
+    if json {
+        render::print_json(&serde_json::json!({
+            "seq": seq, "leaf_index": seq - 1, "tree_size": size, "root": b64(&proof.tree.root),
+            "leaf_hash": b64(&leaf), "proof": proof.proof.iter().map(b64).collect::<Vec<_>>(), "body": proof.body,
+        }))?;
+    } else {
+        println!("row         {seq} (leaf index {})", seq - 1);
+        println!("tree        {size} rows, root {}", b64(&proof.tree.root));
+        println!("leaf hash   {} = SHA-256(0x00 || the row's body)", b64(&leaf));
+        for (i, hash) in proof.proof.iter().enumerate() {
+            println!("{}{}", if i == 0 { "proof       " } else { "            " }, b64(hash));
+        }
+        println!("body        {}", postern_core::Outside::line(&proof.body));
+    }
+    Ok(if holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 /// `audit rederive`: the authority tables rebuilt from a verified journal; says what changed.
@@ -163,9 +356,10 @@ pub fn rederive(data_dir: &Path) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `audit pubkey`: the journal-signing key's public half (asked of the gateway when one runs).
-pub fn pubkey(data_dir: &Path) -> Result<ExitCode, Failure> {
+/// `audit pubkey`: the journal-signing key's public half (asked of the gateway when one runs),
+/// in hex or, with `vkey`, as the note verifier key a witness is configured with.
+pub fn pubkey(data_dir: &Path, vkey: bool) -> Result<ExitCode, Failure> {
     let answer = crate::route::perform(data_dir, postern_gateway::door::control::ControlRequest::PublicKey)?;
-    println!("{}", answer.as_str().unwrap_or_default());
+    println!("{}", answer[if vkey { "vkey" } else { "hex" }].as_str().unwrap_or_default());
     Ok(ExitCode::SUCCESS)
 }

@@ -247,11 +247,12 @@ enum AuditCommand {
         /// Database file (default: postern.db in the data directory).
         #[arg(long, value_name = "PATH")]
         db: Option<PathBuf>,
-        /// An exported checkpoint to compare the journal head with.
+        /// An exported checkpoint to compare the journal with: a checkpoint note (its Merkle tree
+        /// root) or the JSON format (its chain head).
         #[arg(long, value_name = "FILE")]
         checkpoint: Option<PathBuf>,
-        /// The trusted journal public key (hex, or @FILE) to check the checkpoint's signature with;
-        /// needs no keychain.
+        /// The trusted journal key to check the checkpoint's signature with: hex or the verifier
+        /// key (`audit pubkey [--vkey]`), or @FILE; needs no keychain.
         #[arg(long, value_name = "KEY")]
         pubkey: Option<String>,
         /// Check the chain (and checkpoint) only, not the current-state and result tables
@@ -262,14 +263,44 @@ enum AuditCommand {
         json: bool,
     },
     /// Record the current journal head, sign it with the installation's journal key, and write it
-    /// as a checkpoint file to keep off-machine.
+    /// as a checkpoint to keep off-machine: a C2SP checkpoint note (origin, size, Merkle tree
+    /// root), the format transparency-log witnesses read.
     Checkpoint {
         /// Where to write the checkpoint (default: standard output).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
+        /// Write the JSON format instead (the chain head, `postern-checkpoint/1`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prove the journal to a witness or an investigator: that it extends an older checkpoint
+    /// (`--from`: prints a tlog-witness add-checkpoint request body, with a new checkpoint; exit 1
+    /// when history was rewritten), or that it holds a row (`--row`: the row, its leaf hash and
+    /// its audit path).
+    Prove {
+        /// An older checkpoint note: prove the journal extends it.
+        #[arg(long, value_name = "FILE", required_unless_present = "row", conflicts_with = "row")]
+        from: Option<PathBuf>,
+        /// A row (its seq): prove the tree holds it.
+        #[arg(long, value_name = "SEQ")]
+        row: Option<u64>,
+        /// With --row: the tree of this many rows (an older checkpoint's size; default: now).
+        #[arg(long, value_name = "N", requires = "row")]
+        size: Option<u64>,
+        /// With --from: the trusted journal key, to check the older checkpoint's signature.
+        #[arg(long, value_name = "KEY", requires = "from")]
+        pubkey: Option<String>,
+        /// With --row: print JSON.
+        #[arg(long, requires = "row")]
+        json: bool,
     },
     /// Print the public half of the journal-signing key (keep it off-machine with checkpoints).
-    Pubkey,
+    Pubkey {
+        /// As a signed-note verifier key (`postern/<installation>+keyid+key`), the form a
+        /// witness is configured with.
+        #[arg(long)]
+        vkey: bool,
+    },
     /// Rebuild the tables that grant authority (lock, credentials and SSH hosts, agent tokens,
     /// session grants, allowlist) from the journal, after checking its chain; journals what it
     /// changed. For a database `audit verify` found edited behind the journal's back (the
@@ -344,9 +375,17 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let db = db.unwrap_or_else(|| location::database(&data_dir));
             audit::verify(&db, checkpoint.as_deref(), pubkey.as_deref(), chain_only, json)
         }
-        Command::Audit { command: AuditCommand::Checkpoint { out } } => audit::checkpoint(&data_dir, out.as_deref()),
+        Command::Audit { command: AuditCommand::Checkpoint { out, json } } => {
+            audit::checkpoint(&data_dir, out.as_deref(), json)
+        }
+        Command::Audit { command: AuditCommand::Prove { from: Some(from), pubkey, .. } } => {
+            audit::prove_from(&data_dir, &from, pubkey.as_deref())
+        }
+        Command::Audit { command: AuditCommand::Prove { row, size, json, .. } } => {
+            audit::prove_row(&data_dir, row.unwrap_or_default(), size, json)
+        }
         Command::Audit { command: AuditCommand::Rederive } => audit::rederive(&data_dir),
-        Command::Audit { command: AuditCommand::Pubkey } => audit::pubkey(&data_dir),
+        Command::Audit { command: AuditCommand::Pubkey { vkey } } => audit::pubkey(&data_dir, vkey),
         Command::Call(args) => call::run(&data_dir, args),
         Command::Agents { command } => match command {
             AgentsCommand::Add { name } => agents::add(&data_dir, &name),

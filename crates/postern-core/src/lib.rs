@@ -11,6 +11,7 @@ pub mod fingerprint;
 pub mod id;
 pub mod ladder;
 pub mod lifecycle;
+pub mod merkle;
 pub mod outside;
 pub mod record;
 pub mod retry;

@@ -3,7 +3,10 @@
 //! 1. durable single-event transactions (one writer, each append waits for its fsync);
 //! 2. 64 concurrent writers with group commit, and the same with grouping disabled;
 //! 3. `audit verify` on a generated 1,000,000-row journal, next to raw SHA-256 over the same
-//!    bytes measured in the same run.
+//!    bytes measured in the same run;
+//! 4. the Merkle tree on that journal: its nodes made at open (a journal from before the tree),
+//!    the tree's own work per row, and a checkpoint's, a consistency proof's and an inclusion
+//!    proof's time and size at 1M rows.
 //!
 //! Run: `cargo bench -p postern-store --bench journal` (`POSTERN_BENCH_ROWS` to change 1M).
 
@@ -11,7 +14,7 @@ use postern_core::{
     Actor, Channel, ExecutionId, ExecutionState, Fingerprint, IntentScope, ReplayContract, SessionId, Timestamp,
 };
 use postern_store::{
-    NewExecution, Store, StoreOptions,
+    NewExecution, Store, StoreOptions, TreeReader,
     audit::{VerifyScope, verify_with},
     journal::{GENESIS, JournalRow, ROW_VERSION, chain_hash},
 };
@@ -205,6 +208,16 @@ fn bench_verify(dir: &std::path::Path, rows: u64) {
         gen_started.elapsed().as_secs_f64(),
         std::fs::metadata(&path).expect("meta").len() as f64 / 1048576.0
     );
+    // Written straight into the file, the journal has no tree yet: opening makes its nodes, as
+    // it does for a journal written before the tree was kept.
+    let tree_started = Instant::now();
+    drop(Store::open(&path, at(0)).expect("open"));
+    println!(
+        "Merkle tree made from the {rows} rows at open:      {:>7.3} s  ({:.0} rows/s)",
+        tree_started.elapsed().as_secs_f64(),
+        rows as f64 / tree_started.elapsed().as_secs_f64()
+    );
+    bench_tree(&path, rows);
 
     // The exact bytes verify hashes: prev_hash ‖ body for every row.
     let conn = rusqlite::Connection::open(&path).expect("open");
@@ -276,6 +289,66 @@ fn bench_verify(dir: &std::path::Path, rows: u64) {
             100.0 * per_row / secs
         );
     }
+}
+
+/// The tree's costs on a journal of `rows` rows: the in-memory work an append adds (a leaf hash
+/// over the row's body and the frontier's node hashes), and proofs and checkpoints at its size.
+fn bench_tree(path: &std::path::Path, rows: u64) {
+    use postern_core::merkle::{Frontier, leaf_hash};
+    let conn = rusqlite::Connection::open(path).expect("open");
+    let bodies: Vec<String> = {
+        let mut stmt = conn.prepare("SELECT body FROM journal ORDER BY seq LIMIT 100000").expect("prep");
+        stmt.query_map([], |r| r.get(0)).expect("query").map(|b| b.expect("body")).collect()
+    };
+    drop(conn);
+    let started = Instant::now();
+    let mut tree = Frontier::default();
+    for body in &bodies {
+        std::hint::black_box(tree.push(leaf_hash(body.as_bytes())));
+    }
+    let per_row = started.elapsed().as_secs_f64() / bodies.len() as f64;
+    let started = Instant::now();
+    let mut prev = GENESIS;
+    for body in &bodies {
+        prev = chain_hash(&prev, body.as_bytes());
+    }
+    std::hint::black_box(prev);
+    let chain_per_row = started.elapsed().as_secs_f64() / bodies.len() as f64;
+    println!(
+        "the tree's work per appended row (in memory):      {:>7.2} µs  (the chain hash: {:.2} µs; one kept node per 128 rows)",
+        per_row * 1e6,
+        chain_per_row * 1e6
+    );
+    let timed = |f: &mut dyn FnMut() -> usize| {
+        let t = Instant::now();
+        let size = f();
+        (t.elapsed().as_secs_f64() * 1e3, size)
+    };
+    let reader = TreeReader::open(path).expect("reader");
+    let (head_ms, _) = timed(&mut || {
+        std::hint::black_box(reader.head(rows).expect("head"));
+        0
+    });
+    let old = rows / 2 + 17;
+    let (cons_ms, cons_hashes) = timed(&mut || reader.consistency(old, rows).expect("consistency").proof.len());
+    let (incl_ms, incl_hashes) = timed(&mut || reader.inclusion(old, rows).expect("inclusion").proof.len());
+    let note = note_size(rows);
+    println!(
+        "tree head at {rows} rows: {head_ms:.1} ms; consistency proof {old}→{rows}: {cons_ms:.1} ms, {cons_hashes} hashes \
+         ({} B; as a witness request {} B with the checkpoint); inclusion proof of row {old}: {incl_ms:.1} ms, \
+         {incl_hashes} hashes ({} B); checkpoint note {note} B",
+        cons_hashes * 32,
+        format!("old {old}\n").len() + cons_hashes * 45 + 1 + note,
+        incl_hashes * 32
+    );
+}
+
+/// A checkpoint note's length at `rows` rows: the origin (`postern/inst_` and a 26-character
+/// ULID), the size, the base64 root (44), the blank line and one signature line (em dash, space,
+/// the key name, space, 92 characters of base64 for a key ID and an Ed25519 signature).
+fn note_size(rows: u64) -> usize {
+    let origin = "postern/inst_".len() + 26;
+    origin + 1 + rows.to_string().len() + 1 + 44 + 1 + 1 + "— ".len() + origin + 1 + 92 + 1
 }
 
 fn main() {

@@ -11,11 +11,38 @@ use crate::{
     journal::{GENESIS, HashHex, JournalHead, chain_hash, scan_head},
     view::open_checked,
 };
+use postern_core::merkle::{Frontier, Hash, Subtree, TreeHead};
 use postern_core::{ExecutionState, Timestamp};
 use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::{collections::HashMap, fmt, path::Path, sync::mpsc};
+
+/// A checkpoint as the writer records it: the chain's head (the JSON [`Checkpoint`]) and the
+/// Merkle tree's head (what a signed note carries) at the same size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpointed {
+    pub journal: Checkpoint,
+    pub tree: TreeHead,
+}
+
+/// What a checkpoint handed to [`verify`] says the journal was: a chain head (the JSON format)
+/// or a Merkle tree head (a C2SP checkpoint note).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    Chain(Checkpoint),
+    Tree(TreeHead),
+}
+
+impl Claim {
+    /// The journal size it speaks of.
+    pub fn size(&self) -> u64 {
+        match self {
+            Claim::Chain(cp) => cp.journal_size,
+            Claim::Tree(t) => t.size,
+        }
+    }
+}
 
 /// A journal head exported for safekeeping outside the machine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +116,12 @@ pub enum Finding {
     /// The journal's row at the checkpoint's size does not have the checkpointed hash: history
     /// up to that point was rewritten.
     HeadDiffers { seq: u64, checkpoint: HashHex, journal: HashHex },
+    /// The Merkle tree the rows make has another root at the checkpoint's size: history up to
+    /// that point was rewritten.
+    RootDiffers { size: u64, checkpoint: String, journal: String },
+    /// A kept node of the Merkle tree does not hash the rows under it, is missing, or is one too
+    /// many: the tree was edited behind the journal's back (proofs read the rows, so they fail).
+    TreeDiffers { why: String },
     /// `executions` says one state, the journal another.
     ProjectionMismatch { execution_id: String, projection: String, journal: Option<String> },
     /// The journal has an execution that `executions` lacks.
@@ -114,6 +147,8 @@ impl Finding {
                 | Finding::Inserted { .. }
                 | Finding::Truncated { .. }
                 | Finding::HeadDiffers { .. }
+                | Finding::RootDiffers { .. }
+                | Finding::TreeDiffers { .. }
         )
     }
 }
@@ -142,6 +177,12 @@ impl fmt::Display for Finding {
                 f,
                 "row {seq}: chain head differs from the checkpoint (checkpoint {checkpoint}, journal {journal}); history was rewritten"
             ),
+            Finding::RootDiffers { size, checkpoint, journal } => write!(
+                f,
+                "row {size}: the Merkle tree's root differs from the checkpoint (checkpoint {checkpoint}, journal \
+                 {journal}); history was rewritten"
+            ),
+            Finding::TreeDiffers { why } => write!(f, "Merkle tree: {why} (edited behind the journal's back)"),
             Finding::ProjectionMismatch { execution_id, projection, journal } => write!(
                 f,
                 "execution {execution_id}: current state says {projection:?} but the journal says {}",
@@ -212,7 +253,7 @@ fn unknown_events(conn: &Connection, seqs: &[u64]) -> Result<Vec<Finding>, Store
 /// Postern database, newer schema); tampering is reported in [`VerifyReport::findings`].
 pub fn verify(
     path: &Path,
-    checkpoint: Option<&Checkpoint>,
+    checkpoint: Option<&Claim>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, StoreError> {
     verify_with(path, checkpoint, VerifyScope::Full, progress)
@@ -230,7 +271,7 @@ pub enum VerifyScope {
 
 pub fn verify_with(
     path: &Path,
-    checkpoint: Option<&Checkpoint>,
+    checkpoint: Option<&Claim>,
     scope: VerifyScope,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, StoreError> {
@@ -240,14 +281,25 @@ pub fn verify_with(
     // never look like tampering. Read-only; ended when `conn` is dropped.
     conn.execute_batch("BEGIN DEFERRED")?;
     let total: u64 = conn.query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64;
-    let (head, chain_finding, tally) = check_chain(&conn, total, scope, progress)?;
+    let tree = Walk::Tree { root_at: checkpoint.map(Claim::size) };
+    let (head, chain_finding, tally) = check_chain(&conn, total, scope, tree, progress)?;
     let mut findings: Vec<Finding> = chain_finding.into_iter().collect();
     let mut checkpoint_checked = false;
     if findings.is_empty()
-        && let Some(cp) = checkpoint
+        && let Some(claim) = checkpoint
     {
         checkpoint_checked = true;
-        findings.extend(check_checkpoint(&conn, head, cp)?);
+        findings.extend(match claim {
+            Claim::Chain(cp) => check_checkpoint(&conn, head, cp)?,
+            Claim::Tree(t) => check_tree_head(head, t, tally.root_at),
+        });
+    }
+    if findings.is_empty() {
+        findings.extend(
+            crate::merkle::differences(&conn, &tally.kept, head.size)?
+                .into_iter()
+                .map(|why| Finding::TreeDiffers { why }),
+        );
     }
     if findings.is_empty() {
         findings.extend(unknown_events(&conn, &tally.unknown_events)?);
@@ -280,7 +332,7 @@ pub fn verify_with(
 /// row this process wrote (a body edited and its hashes recomputed changes the head).
 pub(crate) fn chain_differs(conn: &Connection, head: JournalHead) -> Result<Option<String>, StoreError> {
     let total: u64 = conn.query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64;
-    let (walked, finding, _) = check_chain(conn, total, VerifyScope::ChainOnly, &mut |_, _| {})?;
+    let (walked, finding, _) = check_chain(conn, total, VerifyScope::ChainOnly, Walk::ChainOnly, &mut |_, _| {})?;
     Ok(match finding {
         Some(f) => Some(f.to_string()),
         None if walked != head => Some(format!(
@@ -378,6 +430,20 @@ struct Tally {
     result_digests: HashMap<IdKey, [u8; 64]>,
     /// Rows whose event their stream does not have (the first [`UNKNOWN_EVENTS_LISTED`]).
     unknown_events: Vec<u64>,
+    /// The Merkle tree's kept subtrees, recomputed from the rows (when the walk builds the tree).
+    kept: Vec<(Subtree, Hash)>,
+    /// The tree's root at the size asked for, if the walk got there.
+    root_at: Option<Hash>,
+}
+
+/// Whether the chain walk also builds the Merkle tree from the rows.
+#[derive(Clone, Copy)]
+enum Walk {
+    ChainOnly,
+    /// The tree too, with its root at `root_at` rows taken on the way.
+    Tree {
+        root_at: Option<u64>,
+    },
 }
 
 /// At most this many rows with an unknown event are listed one by one.
@@ -407,6 +473,7 @@ fn check_chain(
     conn: &Connection,
     total: u64,
     scope: VerifyScope,
+    walk: Walk,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(JournalHead, Option<Finding>, Tally), StoreError> {
     let (full_tx, full_rx) = mpsc::sync_channel::<Batch>(4);
@@ -416,6 +483,10 @@ fn check_chain(
             let mut tally = Tally::default();
             let mut prev = GENESIS;
             let mut expected: u64 = 1;
+            let mut tree = Frontier::default();
+            if let Walk::Tree { root_at: Some(0) } = walk {
+                tally.root_at = Some(tree.root());
+            }
             for mut batch in full_rx {
                 for i in 0..batch.seqs.len() {
                     let seq = batch.seqs[i];
@@ -425,6 +496,13 @@ fn check_chain(
                         return (prev, expected - 1, Some(Break::Gap { expected, seq }), tally);
                     }
                     let fact = (chain_hash(&prev, body) == stored).then_some(batch.facts[i]);
+                    if let Walk::Tree { root_at } = walk {
+                        let completed = tree.push(postern_core::merkle::leaf_hash(body));
+                        tally.kept.extend(completed.into_iter().filter(|(s, _)| s.level >= crate::merkle::KEPT_LEVEL));
+                        if root_at == Some(seq) {
+                            tally.root_at = Some(tree.root());
+                        }
+                    }
                     match fact {
                         Some(Some(fact)) if fact.seq == seq => tally.record(&fact),
                         Some(None) => return (prev, seq - 1, Some(Break::Unreadable { seq }), tally),
@@ -599,6 +677,19 @@ fn check_checkpoint(conn: &Connection, head: JournalHead, cp: &Checkpoint) -> Re
         checkpoint: cp.head_hash,
         journal,
     }))
+}
+
+/// A tree head claimed for the first `claimed.size` rows, against the root the walk computed.
+fn check_tree_head(head: JournalHead, claimed: &TreeHead, computed: Option<Hash>) -> Option<Finding> {
+    if claimed.size > head.size {
+        return Some(Finding::Truncated { journal_size: head.size, checkpoint_size: claimed.size });
+    }
+    let journal = computed.unwrap_or_default();
+    (journal != claimed.root).then(|| Finding::RootDiffers {
+        size: claimed.size,
+        checkpoint: hex::encode(claimed.root),
+        journal: hex::encode(journal),
+    })
 }
 
 fn key_text(key: &IdKey) -> String {

@@ -13,13 +13,15 @@ mod error;
 pub mod event;
 mod incident;
 pub mod journal;
+pub mod merkle;
 mod schema;
 mod view;
 mod writer;
 
-pub use audit::{Checkpoint, Finding, VerifyReport};
+pub use audit::{Checkpoint, Checkpointed, Claim, Finding, VerifyReport};
 pub use error::{StoreError, Unusable};
 pub use event::{ActivityNote, Event, SessionEvent, VaultEvent};
+pub use merkle::{Consistency, Inclusion, TreeReader};
 
 /// The SQLite library Postern's journal runs on (bundled, so the same everywhere).
 pub fn sqlite_version() -> &'static str {
@@ -578,8 +580,9 @@ impl Store {
         self.writer.committed()
     }
 
-    /// Records the current journal head as a checkpoint and returns it for export.
-    pub fn checkpoint(&self, at: Timestamp) -> Result<Checkpoint, StoreError> {
+    /// Records the current journal head (the chain's and the Merkle tree's) as a checkpoint and
+    /// returns it for signing and export.
+    pub fn checkpoint(&self, at: Timestamp) -> Result<Checkpointed, StoreError> {
         self.writer.call(WriteKind::DURABLE, move |w| w.checkpoint(at))
     }
 }

@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 7, sql: include_str!("migrations/0007_retry_lookup.sql") },
     Migration { version: 8, sql: include_str!("migrations/0008_projection_lookup_dropped.sql") },
     Migration { version: 9, sql: include_str!("migrations/0009_effect_lookup.sql") },
+    Migration { version: 10, sql: include_str!("migrations/0010_merkle_tree.sql") },
 ];
 
 /// Highest schema version this build understands.

@@ -1,7 +1,8 @@
 //! Test parts shared by every crate's tests, so that no crate's tests reach into another's
 //! files: the loopback HTTP target that counts side effects ([`target`]), a real OpenSSH server
 //! on loopback ([`sshd`]), the canary search over every file a test
-//! left behind ([`file_containing`]), and polling with a deadline ([`eventually`]). It depends
+//! left behind ([`file_containing`]), polling with a deadline ([`eventually`]), and an independent
+//! checker of Merkle proofs and signed notes ([`tlog`]). It depends
 //! on no Postern crate, so any crate can take it as a dev-dependency.
 
 // A test part fails the test that uses it: unwrapping is how it says what broke.
@@ -9,6 +10,7 @@
 
 pub mod sshd;
 pub mod target;
+pub mod tlog;
 
 use std::{
     path::{Path, PathBuf},

@@ -4,14 +4,17 @@
 //! keychain; their non-secret metadata and the lock state live in the store, where every change
 //! is journaled. A locked vault hands out no secret at all.
 
+mod checkpoint;
 mod credential;
 mod error;
 mod keychain;
 mod mcp_server;
+pub mod note;
 mod oauth;
 mod sensitive;
 mod ssh_host;
 
+pub use checkpoint::{SignatureProblem, Signed, verify_checkpoint_signature};
 pub use credential::{Binding, Credential, CredentialKind};
 pub use error::{HEADLESS_RECIPE, VaultError};
 pub use keychain::{MemoryKeychain, OsKeychain, SERVICE, SecretStore};
@@ -21,9 +24,8 @@ pub use mcp_server::{
 pub use sensitive::Sensitive;
 pub use ssh_host::{DEFAULT_MARKER_ROOT, HostKeyPolicy, KIND as SSH_HOST_KIND, SshHost};
 
-use ed25519_dalek::{Signer, SigningKey, Verifier, VerifyingKey};
 use postern_core::{FingerprintKey, Timestamp};
-use postern_store::{Checkpoint, Store};
+use postern_store::Store;
 use serde_json::json;
 use std::sync::Arc;
 
@@ -589,57 +591,6 @@ impl Vault {
     pub fn fingerprint_key(&self) -> Result<FingerprintKey, VaultError> {
         Ok(FingerprintKey::from_bytes(*self.key_material("fingerprint-key")?.expose()))
     }
-
-    fn signing_key(&self) -> Result<SigningKey, VaultError> {
-        Ok(SigningKey::from_bytes(self.key_material("journal-signing-key")?.expose()))
-    }
-
-    /// The public half of the journal-signing key, hex: keep it off the machine with the
-    /// checkpoints, and pass it to `postern audit verify --pubkey`.
-    pub fn journal_public_key(&self) -> Result<String, VaultError> {
-        Ok(hex::encode(self.signing_key()?.verifying_key().to_bytes()))
-    }
-
-    /// Signs a checkpoint with the journal-signing key.
-    pub fn sign_checkpoint(&self, mut checkpoint: Checkpoint) -> Result<Checkpoint, VaultError> {
-        let key = self.signing_key()?;
-        checkpoint.signature = Some(hex::encode(key.sign(&checkpoint.signed_bytes()).to_bytes()));
-        checkpoint.public_key = Some(hex::encode(key.verifying_key().to_bytes()));
-        Ok(checkpoint)
-    }
-}
-
-/// Why a checkpoint's signature does not hold.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SignatureProblem {
-    #[error("the checkpoint is not signed")]
-    Unsigned,
-    #[error("{0:?} is not an Ed25519 public key (64 hex digits)")]
-    BadPublicKey(String),
-    #[error("the checkpoint was signed by key {found}, not by the trusted key {trusted}")]
-    WrongSigner { found: String, trusted: String },
-    #[error("the signature does not match the checkpoint's contents (it was altered after signing)")]
-    Invalid,
-}
-
-/// Checks `checkpoint` was signed by `trusted_public_key` (hex). Needs no keychain.
-pub fn verify_checkpoint_signature(checkpoint: &Checkpoint, trusted_public_key: &str) -> Result<(), SignatureProblem> {
-    let trusted = trusted_public_key.trim().to_ascii_lowercase();
-    let key_bytes: [u8; 32] = hex::decode(&trusted)
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| SignatureProblem::BadPublicKey(trusted.clone()))?;
-    let key = VerifyingKey::from_bytes(&key_bytes).map_err(|_| SignatureProblem::BadPublicKey(trusted.clone()))?;
-    let signature = checkpoint.signature.as_deref().ok_or(SignatureProblem::Unsigned)?;
-    if let Some(found) = &checkpoint.public_key
-        && found.to_ascii_lowercase() != trusted
-    {
-        return Err(SignatureProblem::WrongSigner { found: found.clone(), trusted });
-    }
-    let sig_bytes: [u8; 64] =
-        hex::decode(signature).ok().and_then(|b| b.try_into().ok()).ok_or(SignatureProblem::Invalid)?;
-    key.verify(&checkpoint.signed_bytes(), &ed25519_dalek::Signature::from_bytes(&sig_bytes))
-        .map_err(|_| SignatureProblem::Invalid)
 }
 
 #[cfg(test)]
@@ -776,24 +727,5 @@ mod tests {
         let b = v.fingerprint_key().expect("key").fingerprint(b"x");
         assert_eq!(a, b);
         assert_eq!(v.journal_public_key().expect("pk"), v.journal_public_key().expect("pk"));
-    }
-
-    #[test]
-    fn checkpoint_signatures_bind_contents_and_signer() {
-        let (_dir, v) = vault();
-        let cp = Checkpoint::new(postern_store::JournalHead::EMPTY, Timestamp::from_millis(9));
-        let signed = v.sign_checkpoint(cp).expect("sign");
-        let pk = v.journal_public_key().expect("pk");
-        verify_checkpoint_signature(&signed, &pk).expect("valid");
-        let mut altered = signed.clone();
-        altered.journal_size += 1;
-        assert_eq!(verify_checkpoint_signature(&altered, &pk), Err(SignatureProblem::Invalid));
-        let (_dir2, other) = vault();
-        let other_pk = other.journal_public_key().expect("pk");
-        assert!(matches!(verify_checkpoint_signature(&signed, &other_pk), Err(SignatureProblem::WrongSigner { .. })));
-        let mut stripped = signed;
-        stripped.signature = None;
-        assert_eq!(verify_checkpoint_signature(&stripped, &pk), Err(SignatureProblem::Unsigned));
-        assert!(matches!(verify_checkpoint_signature(&stripped, "zz"), Err(SignatureProblem::BadPublicKey(_))));
     }
 }

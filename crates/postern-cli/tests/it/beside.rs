@@ -162,6 +162,15 @@ fn every_command_works_beside_a_running_gateway() {
     let pubarg = format!("@{}", pubfile.display());
     let verify = run(&["audit", "verify", "--checkpoint", checkpoint.to_str().unwrap(), "--pubkey", &pubarg], None);
     ok(&verify, "audit verify");
+    // A witness's request: the gateway signs a new checkpoint, the proof comes from the journal.
+    let proved = run(&["audit", "prove", "--from", checkpoint.to_str().unwrap(), "--pubkey", &pubarg], None);
+    ok(&proved, "audit prove --from");
+    let (old_size, proof, new) = postern_testkit::tlog::read_witness_request(&proved.stdout).unwrap();
+    let old = postern_testkit::tlog::parse_note(&std::fs::read_to_string(&checkpoint).unwrap()).unwrap();
+    let (_, size, old_root) = postern_testkit::tlog::read_checkpoint(&old).unwrap();
+    let (_, new_size, new_root) = postern_testkit::tlog::read_checkpoint(&new).unwrap();
+    assert_eq!(old_size, size);
+    assert!(postern_testkit::tlog::consistency_holds(size as usize, new_size as usize, &old_root, &new_root, &proof));
 
     // Revoking the run (this test's, as a terminal's would be) denies its calls from now on.
     let sessions: Value = serde_json::from_str(&run(&["sessions", "--json"], None).stdout).unwrap();

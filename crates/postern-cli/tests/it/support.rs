@@ -126,7 +126,18 @@ pub fn journal(n: u128) -> Journal {
             at: at(0),
         })
         .expect("session");
-    for i in 1..=n {
+    deliver(&store, 1..=n);
+    let pending = exec(999);
+    store.admit(new_execution(pending, 999, at(99_900))).expect("admit");
+    store.transition(pending, ExecutionState::Authorized, json!({"rung": "session"}), at(99_901)).expect("auth");
+    store.transition(pending, ExecutionState::Dispatched, json!({}), at(99_902)).expect("dispatch");
+    drop(store);
+    Journal { dir }
+}
+
+/// Payments `range` (by number), each run to `result_delivered`.
+pub fn deliver(store: &postern_store::Store, range: std::ops::RangeInclusive<u128>) {
+    for i in range {
         let id = exec(i);
         let t = at(i as i64 * 100);
         store.admit(new_execution(id, i as u64 * 10, t)).expect("admit");
@@ -146,12 +157,12 @@ pub fn journal(n: u128) -> Journal {
             .expect("complete");
         store.transition(id, ExecutionState::ResultDelivered, json!({}), at(i as i64 * 100 + 4)).expect("deliver");
     }
-    let pending = exec(999);
-    store.admit(new_execution(pending, 999, at(99_900))).expect("admit");
-    store.transition(pending, ExecutionState::Authorized, json!({"rung": "session"}), at(99_901)).expect("auth");
-    store.transition(pending, ExecutionState::Dispatched, json!({}), at(99_902)).expect("dispatch");
-    drop(store);
-    Journal { dir }
+}
+
+/// The journal grown by the delivered payments `range` (no process may hold it).
+pub fn grow(j: &Journal, range: std::ops::RangeInclusive<u128>) {
+    let (store, _) = postern_host::open_journal(j.data_dir(), at(0)).expect("open");
+    deliver(&store, range);
 }
 
 /// Edits the file like an attacker: protections dropped, then `sql` run.

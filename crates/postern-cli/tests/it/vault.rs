@@ -107,7 +107,7 @@ fn a_signed_checkpoint_is_checked_against_the_trusted_key_without_the_keychain()
     let d = Some(j.data_dir());
     let cp = j.data_dir().join("cp.json");
     let cp_arg = cp.to_str().expect("utf-8");
-    assert_eq!(postern(&["audit", "checkpoint", "--out", cp_arg], d).code, 0);
+    assert_eq!(postern(&["audit", "checkpoint", "--json", "--out", cp_arg], d).code, 0);
     let key = postern(&["audit", "pubkey"], d).stdout.trim().to_owned();
     assert_eq!(key.len(), 64);
     let key_file = j.data_dir().join("journal.pub");

@@ -10,8 +10,8 @@ mod sessions;
 mod vault;
 
 use crate::{
-    Admission, Checkpoint, Completion, CredentialRecord, NewExecution, Recovery, SessionStart, StoreError,
-    StoreOptions,
+    Admission, Checkpoint, Checkpointed, Completion, CredentialRecord, NewExecution, Recovery, SessionStart,
+    StoreError, StoreOptions,
     event::{ActivityNote, Event, SessionEvent, VaultEvent, detail_of},
     journal::{HashHex, JournalEntry, JournalHead, JournalRow, ROW_VERSION, chain_hash},
 };
@@ -192,6 +192,22 @@ impl Drop for WriterHandle {
 impl WriterHandle {
     pub(crate) fn spawn(conn: Connection, options: StoreOptions) -> Result<Self, StoreError> {
         let head = load_head(&conn)?;
+        // The tree's right edge; a journal from before the tree was kept gets its nodes now. A
+        // journal edited so that its tree cannot be built still opens (opening is not a
+        // verification, and refusing would let whoever edited it stop the gateway): it serves
+        // without a tree, and a checkpoint says why there is none.
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let tree = match crate::merkle::frontier(&conn, head.size) {
+            Ok(tree) => {
+                conn.execute_batch("COMMIT")?;
+                Ok(tree)
+            }
+            Err(e) => {
+                conn.execute_batch("ROLLBACK")?;
+                tracing::error!(error = %e, "the journal's Merkle tree cannot be built; run `postern audit verify`");
+                Err(e.to_string())
+            }
+        };
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(WriterStats::default());
         let alarm = Arc::new(std::sync::Mutex::new(None));
@@ -203,6 +219,7 @@ impl WriterHandle {
             data_version,
             conn,
             head,
+            tree,
             max_batch: options.max_batch.max(1),
             stats: Arc::clone(&stats),
             synchronous_full: true,
@@ -296,6 +313,10 @@ pub(crate) struct Writer {
     /// connection commits (this one's own commits leave it as it is).
     data_version: i64,
     head: JournalHead,
+    /// The Merkle tree's right edge at `head.size` rows; a rollback that moves the head back
+    /// leaves it ahead, and [`Writer::tree`] then reads it again. Why there is none, when the
+    /// journal was edited so that it cannot be built.
+    tree: Result<postern_core::merkle::Frontier, String>,
     max_batch: usize,
     stats: Arc<WriterStats>,
     /// The connection's current `PRAGMA synchronous` (FULL or NORMAL).
@@ -571,6 +592,10 @@ impl Writer {
         };
         let body = row.canonical()?;
         let hash = chain_hash(&self.head.hash.0, &body);
+        if let Ok(tree) = self.tree() {
+            let completed = tree.push(postern_core::merkle::leaf_hash(&body));
+            crate::merkle::keep(&self.conn, &completed)?;
+        }
         let body_text = String::from_utf8(body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let seq = i64::try_from(row.seq).map_err(|_| StoreError::Corrupt("journal is full".into()))?;
         self.conn.prepare_cached("INSERT INTO journal (seq, body, row_hash) VALUES (?1, ?2, ?3)")?.execute(params![
@@ -582,16 +607,36 @@ impl Writer {
         Ok(JournalEntry { row, row_hash: HashHex(hash) })
     }
 
-    pub(crate) fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpoint, StoreError> {
-        let cp = Checkpoint::new(self.head, at);
+    /// The tree's right edge at the head, read again from the database when a rollback left it
+    /// elsewhere; why there is none, when the journal cannot make one (rows go on being
+    /// appended: a tree is evidence, never a condition of serving).
+    fn tree(&mut self) -> Result<&mut postern_core::merkle::Frontier, StoreError> {
+        let size = self.head.size;
+        if self.tree.as_ref().is_ok_and(|t| t.size() != size) {
+            let mut rows = crate::merkle::RowSubtrees::new(&self.conn);
+            self.tree = postern_core::merkle::Frontier::at(size, &mut rows).map_err(|e| e.to_string());
+        }
+        self.tree.as_mut().map_err(|why| {
+            StoreError::Corrupt(format!(
+                "the journal's Merkle tree cannot be built ({why}): run `postern audit verify`"
+            ))
+        })
+    }
+
+    pub(crate) fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpointed, StoreError> {
+        let journal = Checkpoint::new(self.head, at);
+        let tree = self.tree()?.head();
         self.conn
-            .prepare_cached("INSERT INTO checkpoints (journal_size, head_hash, created_at) VALUES (?1, ?2, ?3)")?
+            .prepare_cached(
+                "INSERT INTO checkpoints (journal_size, head_hash, created_at, root_hash) VALUES (?1, ?2, ?3, ?4)",
+            )?
             .execute(params![
-                i64::try_from(cp.journal_size).unwrap_or(i64::MAX),
-                cp.head_hash.to_string(),
-                at.as_millis()
+                i64::try_from(journal.journal_size).unwrap_or(i64::MAX),
+                journal.head_hash.to_string(),
+                at.as_millis(),
+                hex::encode(tree.root)
             ])?;
-        Ok(cp)
+        Ok(Checkpointed { journal, tree })
     }
 }
 

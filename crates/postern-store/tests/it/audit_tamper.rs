@@ -3,7 +3,7 @@
 //! with the right reason.
 
 use crate::support::*;
-use postern_store::{Checkpoint, Finding, Store, audit::verify, journal::chain_hash};
+use postern_store::{Checkpoint, Claim, Finding, Store, audit::verify, journal::chain_hash};
 use sha2::{Digest, Sha256};
 
 const EXECUTIONS: u128 = 12; // 60 rows
@@ -17,7 +17,7 @@ fn populated() -> (Fixture, u64) {
 }
 
 fn findings(fx: &Fixture, checkpoint: Option<&Checkpoint>) -> Vec<Finding> {
-    verify(&fx.path, checkpoint, &mut |_, _| {}).expect("verifiable").findings
+    verify(&fx.path, checkpoint.cloned().map(Claim::Chain).as_ref(), &mut |_, _| {}).expect("verifiable").findings
 }
 
 /// An incident responder runs `audit verify` while the gateway keeps writing: every query of the
@@ -163,7 +163,7 @@ fn a_truncated_tail_is_caught_by_a_checkpoint_and_only_by_one() {
     let fx = Fixture::new();
     let store = fx.open();
     let size = populate(&store, EXECUTIONS);
-    let cp = store.checkpoint(at(99_000)).expect("checkpoint");
+    let cp = store.checkpoint(at(99_000)).expect("checkpoint").journal;
     assert_eq!(cp.journal_size, size);
     drop(store);
     let exported = serde_json::to_string_pretty(&cp).expect("export");
@@ -181,7 +181,7 @@ fn a_rewritten_history_is_caught_by_a_checkpoint() {
     let fx = Fixture::new();
     let store = fx.open();
     populate(&store, EXECUTIONS);
-    let cp = store.checkpoint(at(99_000)).expect("checkpoint");
+    let cp = store.checkpoint(at(99_000)).expect("checkpoint").journal;
     drop(store);
     let conn = attacker(&fx.path);
     let (body, _) = row(&conn, 24);

@@ -9,5 +9,6 @@ mod canary;
 mod disk_full;
 mod incident;
 mod journal_rules;
+mod merkle;
 mod recovery;
 mod support;

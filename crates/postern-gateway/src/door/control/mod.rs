@@ -504,8 +504,10 @@ async fn apply_inner(
         }
         ControlRequest::PublicKey => {
             let v = vault()?;
-            match blocking(move || v.journal_public_key()).await? {
-                Ok(key) => ControlReply::Answer { answer: json!(key) },
+            let keys =
+                blocking(move || Ok::<_, VaultError>((v.journal_public_key()?, v.journal_verifier_key()?))).await?;
+            match keys {
+                Ok((hex, vkey)) => ControlReply::Answer { answer: json!({ "hex": hex, "vkey": vkey.to_string() }) },
                 Err(e) => ControlReply::of_vault(&e),
             }
         }
