@@ -31,6 +31,7 @@ fn main() {
         "finish_sign_in",
         "settings",
         "set_autostart",
+        "export_status",
         "import_offer",
         "import_apply",
     ])))

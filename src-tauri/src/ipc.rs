@@ -276,6 +276,7 @@ pub fn handler() -> impl Fn(tauri::ipc::Invoke) -> bool + Send + Sync + 'static 
         finish_sign_in,
         settings,
         set_autostart,
+        export_status,
         import_offer,
         import_apply,
     ]
@@ -899,7 +900,8 @@ pub async fn audit_verify(handle: tauri::AppHandle, app: State<'_>) -> Result<Au
 /// note, for the reviewer to keep off this machine or hand to a witness.
 #[tauri::command]
 pub fn audit_checkpoint(app: State<'_>) -> Result<String, IpcError> {
-    Ok(app.vault.sign_checkpoint(app.store.checkpoint(crate::now())?)?.note)
+    let signed = app.vault.sign_checkpoint(app.store.checkpoint(crate::now())?)?;
+    signed.note().map(str::to_owned).map_err(|e| IpcError::new("no_checkpoint_note", e))
 }
 
 /// The host-key policy the window chose; anything else is an error, never quietly `strict`.
@@ -996,6 +998,35 @@ pub fn settings() -> Result<SettingsView, IpcError> {
     Ok(SettingsView {
         autostart: postern_host::login::autostart_enabled(&home),
         autostart_path: home.join("autostart").join(postern_host::login::AUTOSTART_FILE).display().to_string(),
+    })
+}
+
+/// Where the journal's OpenTelemetry export stands (what its bookmark in the journal says).
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(export, export_to = "../../ui/src/lib/bindings/")]
+pub struct ExportView {
+    /// Where it sends (the traces endpoint), or `None` when no export was ever set up.
+    pub target: Option<String>,
+    /// Journal rows not sent yet.
+    pub lag_rows: f64,
+    /// When it last sent (ms).
+    pub last_sent: Option<f64>,
+    /// Its last failure since then.
+    pub last_error: Option<String>,
+}
+
+/// The OpenTelemetry export's standing: set up with `OTEL_EXPORTER_OTLP_ENDPOINT` in the app's
+/// environment (or `postern serve --otlp-endpoint`).
+#[tauri::command]
+pub fn export_status(app: State<'_>) -> Result<ExportView, IpcError> {
+    let view = app.store.view();
+    let cursor = view.export_cursor(postern_otel::CURSOR)?;
+    let head = view.head()?.size;
+    Ok(ExportView {
+        lag_rows: cursor.as_ref().map_or(0.0, |c| head.saturating_sub(c.seq) as f64),
+        last_sent: cursor.as_ref().map(|c| c.updated_at as f64),
+        last_error: cursor.as_ref().and_then(|c| c.last_error.clone()),
+        target: cursor.map(|c| c.target),
     })
 }
 

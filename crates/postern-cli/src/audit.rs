@@ -30,11 +30,25 @@ enum Exported {
     Note { note: SignedNote, origin: String, tree: merkle::TreeHead },
 }
 
+/// A small file read whole, refused past `limit` bytes (a checkpoint or a key named on the
+/// command line may be `/dev/zero`).
+fn read_small(path: &Path, what: &str, limit: usize) -> Result<String, Failure> {
+    use std::io::Read as _;
+    let cannot = |e: String| Failure { code: 2, error: anyhow!("cannot read {what} {}: {e}", path.display()) };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| cannot(e.to_string()))?;
+    if bytes.len() > limit {
+        return Err(cannot(format!("larger than {limit} bytes")));
+    }
+    String::from_utf8(bytes).map_err(|_| cannot("not UTF-8 text".into()))
+}
+
 impl Exported {
     fn read(path: &Path) -> Result<Exported, Failure> {
         let unusable = |e: String| Failure { code: 2, error: anyhow!("checkpoint {}: {e}", path.display()) };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Failure { code: 2, error: anyhow!("cannot read checkpoint {}: {e}", path.display()) })?;
+        let text = read_small(path, "checkpoint", postern_vault::note::MAX_NOTE_BYTES)?;
         if text.trim_start().starts_with('{') {
             return Checkpoint::parse(&text).map(Exported::Json).map_err(unusable);
         }
@@ -54,9 +68,7 @@ impl Exported {
 /// The trusted key given as hex or as a verifier key (`name+id+key`), inline or `@FILE`.
 fn trusted_key(pubkey: &str) -> Result<String, Failure> {
     match pubkey.strip_prefix('@') {
-        Some(file) => std::fs::read_to_string(file)
-            .map(|k| k.trim().to_owned())
-            .map_err(|e| Failure { code: 2, error: anyhow!("cannot read the key file {file}: {e}") }),
+        Some(file) => read_small(Path::new(file), "the key file", 4096).map(|k| k.trim().to_owned()),
         None => Ok(pubkey.trim().to_owned()),
     }
 }
@@ -205,8 +217,11 @@ fn signed_checkpoint(data_dir: &Path) -> Result<postern_vault::Signed, Failure> 
 pub fn checkpoint(data_dir: &Path, out: Option<&Path>, json: bool) -> Result<ExitCode, Failure> {
     let signed = signed_checkpoint(data_dir)?;
     let cp = &signed.checkpoint;
-    let text =
-        if json { serde_json::to_string_pretty(cp).context("encode checkpoint")? + "\n" } else { signed.note.clone() };
+    let text = if json {
+        serde_json::to_string_pretty(cp).context("encode checkpoint")? + "\n"
+    } else {
+        signed.note().map_err(|e| Failure { code: 1, error: anyhow!("{e}") })?.to_owned()
+    };
     match out {
         Some(path) => {
             std::fs::write(path, &text).with_context(|| format!("write {}", path.display()))?;
@@ -228,10 +243,23 @@ fn b64(hash: &merkle::Hash) -> String {
     base64::engine::general_purpose::STANDARD.encode(hash)
 }
 
+/// A failure of the tree itself (a row or a kept node missing, fewer rows than asked for): the
+/// journal was edited, which is tampering found (exit 1), not unusable input.
+fn tampered(e: postern_store::StoreError) -> Failure {
+    match e {
+        postern_store::StoreError::Corrupt(why) => {
+            Failure { code: 1, error: anyhow!("{}; run `postern audit verify`", postern_core::Outside::line(&why)) }
+        }
+        other => other.into(),
+    }
+}
+
 /// `audit prove --from OLD`: a new checkpoint and the consistency proof from OLD to it, as the
-/// body of a tlog-witness `add-checkpoint` request (c2sp.org/tlog-witness). Exit 1 when the
-/// journal does not extend OLD (its history up to OLD was rewritten): the proof is printed all
-/// the same, and a witness refuses it.
+/// body of a tlog-witness `add-checkpoint` request (c2sp.org/tlog-witness). The journal is
+/// verified first — its chain, and its tree recomputed from the rows against OLD's root — so
+/// rows changed under an unchanged tree are not proved. Exit 1 when it does not verify or does
+/// not extend OLD: the proof is printed all the same (a witness refuses what does not extend its
+/// record), and stderr says what is wrong.
 pub fn prove_from(data_dir: &Path, from: &Path, pubkey: Option<&str>) -> Result<ExitCode, Failure> {
     let db = location::database(data_dir);
     let exported = Exported::read(from)?;
@@ -252,7 +280,8 @@ pub fn prove_from(data_dir: &Path, from: &Path, pubkey: Option<&str>) -> Result<
         );
     }
     let signed = signed_checkpoint(data_dir)?;
-    let (_, new) = SignedNote::parse(&signed.note)
+    let note = signed.note().map_err(|e| Failure { code: 1, error: anyhow!("{e}") })?.to_owned();
+    let (_, new) = SignedNote::parse(&note)
         .and_then(|n| n.checkpoint())
         .map_err(|e| anyhow!("the new checkpoint does not read: {e}"))?;
     if old.size > new.size {
@@ -265,35 +294,32 @@ pub fn prove_from(data_dir: &Path, from: &Path, pubkey: Option<&str>) -> Result<
             ),
         });
     }
-    let proof = TreeReader::open(&db)?.consistency(old.size, new.size)?;
+    // The journal as it is, against the old checkpoint: chain, kept nodes and the old root.
+    let report = audit::verify_with(&db, Some(&Claim::Tree(*old)), audit::VerifyScope::ChainOnly, &mut |_, _| {})?;
+    let proof = TreeReader::open(&db)?.consistency(old.size, new.size).map_err(tampered)?;
     let mut body = format!("old {}\n", old.size);
     for hash in &proof.proof {
         body.push_str(&b64(hash));
         body.push('\n');
     }
     body.push('\n');
-    body.push_str(&signed.note);
+    body.push_str(&note);
     print!("{body}");
+    let extends = merkle::verify_consistency(old.size, new.size, &old.root, &new.root, &proof.proof);
+    let mut problems: Vec<String> = report.findings.iter().map(ToString::to_string).collect();
     if proof.new.root != new.root {
-        // Rows up to the new size never change: the rows on disk are not the ones the writer
-        // hashed (edited behind a running gateway).
-        return Err(Failure {
-            code: 1,
-            error: anyhow!(
-                "the journal's rows do not make the tree the gateway signed at row {}: they were edited behind its \
-                 back. Run `postern audit verify`",
-                new.size
-            ),
-        });
+        // Rows up to the new size never change: the kept tree on disk is not the one the writer
+        // signed (edited behind a running gateway).
+        problems.push(format!("the kept tree on disk is not the one signed at row {}", new.size));
     }
-    if !merkle::verify_consistency(old.size, new.size, &old.root, &new.root, &proof.proof) {
-        eprintln!(
-            "the journal does NOT extend checkpoint {} (row {}): its history up to there was rewritten; a witness \
-             refuses this proof. Run `postern audit verify --checkpoint {}`",
-            from.display(),
-            old.size,
-            from.display()
-        );
+    if !extends {
+        problems.push(format!("the journal does NOT extend checkpoint {} (row {})", from.display(), old.size));
+    }
+    if !problems.is_empty() {
+        eprintln!("the journal's history up to row {} was rewritten (a witness refuses this proof):", old.size);
+        for p in &problems {
+            eprintln!("  - {}", postern_core::Outside::line(p));
+        }
         return Ok(ExitCode::from(1));
     }
     eprintln!("the journal at row {} extends checkpoint {} (row {})", new.size, from.display(), old.size);
@@ -301,34 +327,74 @@ pub fn prove_from(data_dir: &Path, from: &Path, pubkey: Option<&str>) -> Result<
 }
 
 /// `audit prove --row SEQ`: the row, its leaf hash and its audit path in the tree of `size` rows
-/// (default: the journal as it is).
-pub fn prove_row(data_dir: &Path, seq: u64, size: Option<u64>, json: bool) -> Result<ExitCode, Failure> {
-    let reader = TreeReader::open(&location::database(data_dir))?;
-    let size = size.unwrap_or(reader.size);
+/// (default: the journal as it is), or of the tree a signed checkpoint note committed to
+/// (`checkpoint`: its size, and its root must be the one the proof leads to).
+pub fn prove_row(
+    data_dir: &Path,
+    seq: u64,
+    size: Option<u64>,
+    checkpoint: Option<&Path>,
+    pubkey: Option<&str>,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let db = location::database(data_dir);
+    let against = match checkpoint {
+        Some(path) => {
+            let exported = Exported::read(path)?;
+            let Exported::Note { origin, tree, .. } = &exported else {
+                return Err(Failure {
+                    code: 2,
+                    error: anyhow!("checkpoint {} is in the JSON format: it holds no Merkle tree root", path.display()),
+                });
+            };
+            same_installation(&db, origin, path)?;
+            if matches!(check_signature(&exported, path, pubkey)?, Signature::NotChecked) {
+                eprintln!("note: the checkpoint's signature was not checked (no --pubkey)");
+            }
+            Some(*tree)
+        }
+        None => None,
+    };
+    let reader = TreeReader::open(&db)?;
+    let size = against.map(|t| t.size).or(size).unwrap_or(reader.size);
     if seq == 0 || seq > size {
         return Err(Failure {
             code: 2,
             error: anyhow!("row {seq} is not among the {size} rows of the tree asked for"),
         });
     }
-    let proof = reader.inclusion(seq, size)?;
+    let proof = reader.inclusion(seq, size).map_err(tampered)?;
+    let root = against.map_or(proof.tree.root, |t| t.root);
     let leaf = merkle::leaf_hash(proof.body.as_bytes());
-    let holds = merkle::verify_inclusion(&leaf, seq - 1, size, &proof.proof, &proof.tree.root);
+    let holds = merkle::verify_inclusion(&leaf, seq - 1, size, &proof.proof, &root);
     if json {
         render::print_json(&serde_json::json!({
-            "seq": seq, "leaf_index": seq - 1, "tree_size": size, "root": b64(&proof.tree.root),
+            "seq": seq, "leaf_index": seq - 1, "tree_size": size, "root": b64(&root),
             "leaf_hash": b64(&leaf), "proof": proof.proof.iter().map(b64).collect::<Vec<_>>(), "body": proof.body,
+            "holds": holds, "against_checkpoint": against.is_some(),
         }))?;
     } else {
         println!("row         {seq} (leaf index {})", seq - 1);
-        println!("tree        {size} rows, root {}", b64(&proof.tree.root));
+        println!("tree        {size} rows, root {}", b64(&root));
         println!("leaf hash   {} = SHA-256(0x00 || the row's body)", b64(&leaf));
         for (i, hash) in proof.proof.iter().enumerate() {
             println!("{}{}", if i == 0 { "proof       " } else { "            " }, b64(hash));
         }
         println!("body        {}", postern_core::Outside::line(&proof.body));
     }
-    Ok(if holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    if !holds {
+        eprintln!(
+            "row {seq} does NOT prove into the tree of {size} rows{}: it was changed after the tree was made",
+            if against.is_some() { " the checkpoint committed to" } else { "" }
+        );
+        return Ok(ExitCode::from(1));
+    }
+    if against.is_none() {
+        eprintln!(
+            "note: proved against the journal's own tree; give --checkpoint NOTE to prove against one kept elsewhere"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `audit rederive`: the authority tables rebuilt from a verified journal; says what changed.

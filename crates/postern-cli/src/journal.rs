@@ -47,8 +47,13 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
     let head = view.head()?;
     let states = view.state_counts()?;
     let sessions = view.sessions()?;
+    let export = view.export_cursor(postern_otel::CURSOR)?;
+    let lag = export.as_ref().map(|c| head.size.saturating_sub(c.seq));
     if as_json {
         print_json(&json!({
+            "export": export.as_ref().map(|c| json!({
+                "otlp": c, "lag_rows": lag,
+            })),
             "data_dir": data_dir.display().to_string(),
             "database": db.display().to_string(),
             "schema_version": postern_store::supported_version(),
@@ -84,6 +89,18 @@ pub fn status(data_dir: &Path, as_json: bool) -> Result<ExitCode, Failure> {
             println!("secrets     {} kept in the gateway's memory (none while the vault is locked)", g.kept_secrets);
         }
         None => println!("gateway     not running (start one with `postern serve` or the desktop app)"),
+    }
+    if let (Some(c), Some(lag)) = (&export, lag) {
+        println!(
+            "export      OpenTelemetry to {}: {} row(s) behind, last sent {}{}",
+            Outside::line(&c.target),
+            lag,
+            render::time(c.updated_at),
+            match (&c.last_error, c.error_at) {
+                (Some(e), Some(at)) => format!("; last error at {}: {}", render::time(at), Outside::line(e)),
+                _ => String::new(),
+            }
+        );
     }
     if !recovered.is_empty() {
         println!(

@@ -285,10 +285,15 @@ enum AuditCommand {
         #[arg(long, value_name = "SEQ")]
         row: Option<u64>,
         /// With --row: the tree of this many rows (an older checkpoint's size; default: now).
-        #[arg(long, value_name = "N", requires = "row")]
+        #[arg(long, value_name = "N", requires = "row", conflicts_with = "checkpoint")]
         size: Option<u64>,
-        /// With --from: the trusted journal key, to check the older checkpoint's signature.
-        #[arg(long, value_name = "KEY", requires = "from")]
+        /// With --row: prove against the tree this checkpoint note committed to (its size and
+        /// root), not the journal's own.
+        #[arg(long, value_name = "FILE", requires = "row")]
+        checkpoint: Option<PathBuf>,
+        /// The trusted journal key, to check the older checkpoint's signature (hex or verifier
+        /// key, or @FILE).
+        #[arg(long, value_name = "KEY")]
         pubkey: Option<String>,
         /// With --row: print JSON.
         #[arg(long, requires = "row")]
@@ -381,8 +386,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Audit { command: AuditCommand::Prove { from: Some(from), pubkey, .. } } => {
             audit::prove_from(&data_dir, &from, pubkey.as_deref())
         }
-        Command::Audit { command: AuditCommand::Prove { row, size, json, .. } } => {
-            audit::prove_row(&data_dir, row.unwrap_or_default(), size, json)
+        Command::Audit { command: AuditCommand::Prove { row, size, checkpoint, pubkey, json, .. } } => {
+            audit::prove_row(&data_dir, row.unwrap_or_default(), size, checkpoint.as_deref(), pubkey.as_deref(), json)
         }
         Command::Audit { command: AuditCommand::Rederive } => audit::rederive(&data_dir),
         Command::Audit { command: AuditCommand::Pubkey { vkey } } => audit::pubkey(&data_dir, vkey),

@@ -48,6 +48,16 @@ pub struct ServeArgs {
     /// repeats inside it are matched to the earlier execution. It survives a gateway restart.
     #[arg(long, value_name = "SECONDS", env = "POSTERN_RUN_IDLE", default_value_t = postern_gateway::caller::runs::DEFAULT_IDLE_LEASE.as_secs())]
     run_idle: u64,
+    /// Export the journal to OpenTelemetry (OTLP over HTTP/protobuf) at this base URL: spans at
+    /// URL/v1/traces, log records at URL/v1/logs. Without it, OTEL_EXPORTER_OTLP_ENDPOINT (and
+    /// the other OTEL_EXPORTER_OTLP_* variables) are honoured.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// A header sent with every export request (an API key, a tenant): NAME=VALUE; repeat for
+    /// several. Its value is never logged or shown (OTEL_EXPORTER_OTLP_HEADERS keeps it out of
+    /// the process list).
+    #[arg(long = "otlp-header", value_name = "NAME=VALUE")]
+    otlp_header: Vec<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +109,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
     config.run_idle = Duration::from_secs(args.run_idle);
     let idle_lock = args.idle_lock.unwrap_or(if args.approver == ApproverKind::Terminal { 900 } else { 0 });
     config.idle_lock = (idle_lock > 0).then(|| Duration::from_secs(idle_lock));
+    config.otlp = postern_otel::ExportSettings::resolve(args.otlp_endpoint.as_deref(), &args.otlp_header, |name| {
+        std::env::var(name).ok()
+    })
+    .map_err(|e| Failure { code: 2, error: anyhow!("{e}") })?;
     let host = Host::open(config)?;
     let approver: Arc<dyn postern_engine::Approver> = match args.approver {
         ApproverKind::None => Arc::new(LockOnlyApprover),
@@ -121,6 +135,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> Result<ExitCode, Failure> {
             runs_ended = serving.ended,
             approver = ?args.approver,
             idle_lock_s = idle_lock,
+            otlp = %host.config.otlp.as_ref().map_or_else(|| "off".into(), postern_otel::ExportSettings::target),
             "postern gateway ready"
         );
         serving.run(shutdown_signal()).await?;

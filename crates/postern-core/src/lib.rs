@@ -16,6 +16,7 @@ pub mod outside;
 pub mod record;
 pub mod retry;
 pub mod time;
+pub mod trace;
 
 pub use canonical::{CanonicalError, canonical_bytes};
 pub use channel::Channel;

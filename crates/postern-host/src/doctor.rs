@@ -56,8 +56,34 @@ pub fn run(data_dir: &Path, http_port: u16) -> Vec<Check> {
         socket_directory(data_dir),
         gateway_check(gateway.as_ref()),
         http(gateway.as_ref(), http_port),
+        export(data_dir),
         agent_configs(),
     ]
+}
+
+/// The OpenTelemetry export, if one was ever set up: how far behind the journal it is and its
+/// last error (what the exporter's bookmark in the journal says).
+fn export(data_dir: &Path) -> Check {
+    const NAME: &str = "export";
+    let db = crate::database(data_dir);
+    let read = postern_store::JournalView::open_read_only(&db)
+        .and_then(|v| Ok((v.export_cursor(postern_otel::CURSOR)?, v.head()?.size)));
+    let Ok((Some(cursor), size)) = read else {
+        return Check::ok(NAME, "no OpenTelemetry export set up (`postern serve --otlp-endpoint URL`)");
+    };
+    let lag = size.saturating_sub(cursor.seq);
+    let target = postern_core::Outside::line(&cursor.target).to_string();
+    match &cursor.last_error {
+        Some(error) => Check::warn(
+            NAME,
+            format!(
+                "OpenTelemetry to {target}: {lag} row(s) behind; last error: {}",
+                postern_core::Outside::line(error)
+            ),
+            "check the endpoint is up and reachable; the export resumes from the journal, nothing is lost",
+        ),
+        None => Check::ok(NAME, format!("OpenTelemetry to {target}: {lag} row(s) behind")),
+    }
 }
 
 fn versions() -> Check {

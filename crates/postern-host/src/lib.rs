@@ -32,6 +32,9 @@ pub enum HostError {
     Location(String),
     #[error("{variable}={value:?} is not valid: {problem}")]
     Setting { variable: &'static str, value: String, problem: String },
+    /// The OpenTelemetry export's settings (a flag or an `OTEL_*` variable) or its start.
+    #[error("the OpenTelemetry export: {0}")]
+    Export(String),
     /// The reason is part of the message (not a `source`, which reporters would print twice).
     #[error("cannot read the tool manifest {}: {reason}", path.display())]
     Manifest { path: PathBuf, reason: std::io::Error },
@@ -51,7 +54,7 @@ impl ErrorCode for HostError {
     fn code(&self) -> &'static str {
         match self {
             HostError::Location(_) => "no_home_directory",
-            HostError::Setting { .. } => "invalid_setting",
+            HostError::Setting { .. } | HostError::Export(_) => "invalid_setting",
             HostError::Manifest { .. } => "manifest_unreadable",
             HostError::InUse { .. } => "journal_in_use",
             HostError::Store(e) => e.code(),
@@ -130,6 +133,8 @@ pub struct HostConfig {
     pub idle_lock: Option<Duration>,
     /// How long a run without an identified process outlives its last request.
     pub run_idle: Duration,
+    /// The journal's OpenTelemetry export (`None`: off).
+    pub otlp: Option<postern_otel::ExportSettings>,
 }
 
 impl HostConfig {
@@ -146,13 +151,15 @@ impl HostConfig {
             approval_timeout: postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT,
             idle_lock: None,
             run_idle: postern_gateway::caller::runs::DEFAULT_IDLE_LEASE,
+            otlp: None,
         }
     }
 
     /// For a process configured by its environment (the desktop app): `POSTERN_DATA_DIR`,
     /// `POSTERN_TOOLS`, `POSTERN_PORT`, `POSTERN_MAX_RESULT_BYTES`, `POSTERN_APPROVAL_TIMEOUT` and
-    /// `POSTERN_IDLE_LOCK` (seconds; 0: never), over `idle_lock` as the default, and
-    /// `POSTERN_RUN_IDLE` (seconds). A value that does not parse is an error
+    /// `POSTERN_IDLE_LOCK` (seconds; 0: never), over `idle_lock` as the default,
+    /// `POSTERN_RUN_IDLE` (seconds), and the OpenTelemetry export's variables
+    /// (`OTEL_EXPORTER_OTLP_ENDPOINT` and friends). A value that does not parse is an error
     /// naming the variable, never silently the default.
     pub fn from_env(idle_lock: Option<Duration>) -> Result<HostConfig, HostError> {
         HostConfig::from_lookup(idle_lock, |name| std::env::var(name).ok())
@@ -203,6 +210,8 @@ impl HostConfig {
             Some(s) => Some(Duration::from_secs(s)),
             None => idle_lock,
         };
+        config.otlp =
+            postern_otel::ExportSettings::resolve(None, &[], &lookup).map_err(|e| HostError::Export(e.to_string()))?;
         Ok(config)
     }
 }
@@ -320,6 +329,18 @@ impl Host {
             drain: self.config.drain,
         };
         let bound = serve::bind(gateway, options).await?;
+        // The export starts with the gateway; a bad endpoint is an error now, not a silent gap.
+        let export = match &self.config.otlp {
+            Some(settings) => {
+                let settings = settings.clone().with_arguments_of(engine.manifest().export_arguments().clone());
+                let db = database(&self.config.data_dir);
+                Some(
+                    postern_otel::Exporter::new(settings, Arc::clone(&self.store), &db)
+                        .map_err(|e| HostError::Export(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         Ok(Serving {
             endpoints: bound.endpoints.clone(),
             adopted,
@@ -328,6 +349,7 @@ impl Host {
             engine,
             store: Arc::clone(&self.store),
             idle_lock: self.config.idle_lock,
+            export,
         })
     }
 }
@@ -342,6 +364,8 @@ pub struct Serving {
     engine: Arc<Engine>,
     store: Arc<Store>,
     idle_lock: Option<Duration>,
+    /// The journal's OpenTelemetry exporter, when one is set up.
+    export: Option<postern_otel::Exporter>,
 }
 
 impl std::fmt::Debug for Serving {
@@ -371,7 +395,19 @@ impl Serving {
             let u = Arc::clone(u);
             tokio::spawn(async move { u.start_with_gateway().await });
         }
+        // The export follows the journal in a task of its own; it stops with the gateway, and the
+        // next start resumes from its bookmark.
+        let (stop_export, export_stopped) = tokio::sync::oneshot::channel::<()>();
+        let export = self.export.map(|exporter| {
+            tokio::spawn(exporter.run(async move {
+                let _ = export_stopped.await;
+            }))
+        });
         self.bound.run(shutdown).await;
+        let _ = stop_export.send(());
+        if let Some(export) = export {
+            let _ = export.await;
+        }
         if let Some(u) = upstreams {
             u.stop_all().await;
         }

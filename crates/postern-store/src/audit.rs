@@ -23,7 +23,9 @@ use std::{collections::HashMap, fmt, path::Path, sync::mpsc};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpointed {
     pub journal: Checkpoint,
-    pub tree: TreeHead,
+    /// The tree's head, or why the journal has no tree to sign (it was edited behind the
+    /// writer: `audit verify` says how).
+    pub tree: Result<TreeHead, String>,
 }
 
 /// What a checkpoint handed to [`verify`] says the journal was: a chain head (the JSON format)

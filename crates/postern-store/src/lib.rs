@@ -32,7 +32,8 @@ pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
 pub use schema::{APPLICATION_ID, supported_version};
 pub use view::RECENT_ROWS;
 pub use view::{
-    ActivityFilter, AgentRecord, ExecutionQuery, ExecutionSummary, JournalView, SessionSummary, StoredResult,
+    ActivityFilter, AgentRecord, ExecutionQuery, ExecutionSummary, ExportCursor, JournalView, SessionSummary,
+    StoredResult,
 };
 pub use writer::{MCP_SESSION_LIFETIME_MS, WriterStats};
 
@@ -578,6 +579,26 @@ impl Store {
     /// it instead of polling (a burst of commits is seen as one change).
     pub fn journal_size(&self) -> tokio::sync::watch::Receiver<u64> {
         self.writer.committed()
+    }
+
+    /// Exporter `name` has sent every row up to `seq` to `target` (its bookmark; not journaled,
+    /// not fsynced on its own: a bookmark lost in a crash resends rows, never skips them).
+    pub async fn export_progress(&self, name: &str, target: &str, seq: u64, at: Timestamp) -> Result<(), StoreError> {
+        let (name, target) = (name.to_owned(), target.to_owned());
+        self.writer.call_async(WriteKind::ORDERED, move |w| w.export_progress(&name, &target, seq, at)).await
+    }
+
+    /// Exporter `name` could not send to `target` (its bookmark starts at `from` if it had none).
+    pub async fn export_failed(
+        &self,
+        name: &str,
+        target: &str,
+        from: u64,
+        error: &str,
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let (name, target, error) = (name.to_owned(), target.to_owned(), error.to_owned());
+        self.writer.call_async(WriteKind::ORDERED, move |w| w.export_failed(&name, &target, from, &error, at)).await
     }
 
     /// Records the current journal head (the chain's and the Merkle tree's) as a checkpoint and

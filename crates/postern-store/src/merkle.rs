@@ -1,9 +1,11 @@
 //! The journal's RFC 6962 Merkle tree in the database: leaf `i` is row `i + 1`
 //! (`SHA-256(0x00 || body)`); subtrees below [`KEPT_LEVEL`] are hashed from the rows when a proof
 //! needs them, larger complete subtrees are kept in `merkle_nodes`, written in the transaction of
-//! the row that completes them. Proofs read one snapshot and hash every leaf they name from the
-//! row itself, so a row changed behind the journal's back no longer proves; `audit verify`
-//! recomputes the kept nodes from the rows.
+//! the row that completes them. Proofs read one snapshot; a kept node is taken as it is (the
+//! tree is a commitment: a witness holds it to its earlier checkpoints), and `audit verify` —
+//! which `audit prove --from` runs first — recomputes every kept node from the rows, so rows
+//! changed under an unchanged tree are found. An inclusion proof hashes its own row's leaf from
+//! the row, so such a row no longer proves.
 
 use crate::{StoreError, view::open_checked};
 use postern_core::merkle::{self, Frontier, Hash, Subtree, Subtrees, TreeHead};
@@ -80,16 +82,24 @@ impl Subtrees for RowSubtrees<'_> {
 }
 
 /// Keeps the completed subtrees of [`KEPT_LEVEL`] and larger (an append's
-/// [`Frontier::push`]).
-pub(crate) fn keep(conn: &Connection, completed: &[(Subtree, Hash)]) -> Result<(), StoreError> {
+/// [`Frontier::push`]). A node already there (planted ahead of the rows) is never a reason to
+/// fail the append: it is left as it is, and what differs is returned.
+pub(crate) fn keep(conn: &Connection, completed: &[(Subtree, Hash)]) -> Result<Option<String>, StoreError> {
+    let mut conflict = None;
     for (s, hash) in completed.iter().filter(|(s, _)| s.level >= KEPT_LEVEL) {
-        conn.prepare_cached("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")?.execute(params![
-            s.level,
-            sql_int(s.index)?,
-            hash.as_slice()
-        ])?;
+        let inserted = conn
+            .prepare_cached("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")?
+            .execute(params![s.level, sql_int(s.index)?, hash.as_slice()])?;
+        if inserted == 0 {
+            let there: Vec<u8> = conn
+                .prepare_cached("SELECT hash FROM merkle_nodes WHERE level = ?1 AND idx = ?2")?
+                .query_row(params![s.level, sql_int(s.index)?], |r| r.get(0))?;
+            if there.as_slice() != hash.as_slice() {
+                conflict = Some(format!("node {}/{} was there before its rows, with another hash", s.level, s.index));
+            }
+        }
     }
-    Ok(())
+    Ok(conflict)
 }
 
 /// How many nodes a tree of `size` leaves keeps.

@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 8, sql: include_str!("migrations/0008_projection_lookup_dropped.sql") },
     Migration { version: 9, sql: include_str!("migrations/0009_effect_lookup.sql") },
     Migration { version: 10, sql: include_str!("migrations/0010_merkle_tree.sql") },
+    Migration { version: 11, sql: include_str!("migrations/0011_export_cursors.sql") },
 ];
 
 /// Highest schema version this build understands.

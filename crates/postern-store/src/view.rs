@@ -40,6 +40,20 @@ pub struct ActivityFilter {
     pub limit: usize,
 }
 
+/// How far an exporter has sent the journal ([`JournalView::export_cursor`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExportCursor {
+    /// Where it sends (the endpoint, without credentials).
+    pub target: String,
+    /// Every row up to this one has been sent.
+    pub seq: u64,
+    /// When it last sent (ms).
+    pub updated_at: i64,
+    /// Its last failure since it last sent, and when (ms).
+    pub last_error: Option<String>,
+    pub error_at: Option<i64>,
+}
+
 /// Which executions a page holds (the Activity view's filters). `None` means "any".
 #[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
 pub struct ExecutionQuery {
@@ -288,6 +302,39 @@ impl JournalView {
             )
         })?;
         Ok(found.pop())
+    }
+
+    /// Up to `limit` rows after row `seq`, of every stream, oldest first (an exporter's next
+    /// batch).
+    pub fn rows_after(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>, StoreError> {
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        self.with(|c| {
+            Self::entries(
+                c,
+                "SELECT seq, body, row_hash FROM journal WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                params![i64::try_from(seq).unwrap_or(i64::MAX), limit],
+            )
+        })
+    }
+
+    /// Exporter `name`'s bookmark, if it has one.
+    pub fn export_cursor(&self, name: &str) -> Result<Option<ExportCursor>, StoreError> {
+        self.with(|c| {
+            use rusqlite::OptionalExtension;
+            Ok(c.prepare_cached(
+                "SELECT target, seq, updated_at, last_error, error_at FROM export_cursors WHERE name = ?1",
+            )?
+            .query_row([name], |r| {
+                Ok(ExportCursor {
+                    target: r.get(0)?,
+                    seq: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                    updated_at: r.get(2)?,
+                    last_error: r.get(3)?,
+                    error_at: r.get(4)?,
+                })
+            })
+            .optional()?)
+        })
     }
 
     /// Every activity row of one execution, oldest first.

@@ -99,7 +99,8 @@ pub fn consistency_holds(old: usize, new: usize, old_root: &Hash, new_root: &Has
         return proof.is_empty() && old_root == new_root;
     }
     if old == 0 {
-        return proof.is_empty();
+        // The empty tree's root is the hash of the empty string.
+        return proof.is_empty() && *old_root == sha256(&[]);
     }
     matches!(rebuild(old, new, true, old_root, proof), Some((o, n)) if o == *old_root && n == *new_root)
 }
@@ -123,6 +124,9 @@ pub fn parse_note(note: &str) -> Result<Note, String> {
     for line in note[split + 2..].split_terminator('\n') {
         let rest = line.strip_prefix("\u{2014} ").ok_or_else(|| format!("not a signature line: {line:?}"))?;
         let (name, sig) = rest.split_once(' ').ok_or("a signature line without a signature")?;
+        if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == '+') {
+            return Err(format!("{name:?} is not a key name"));
+        }
         let bytes = base64::engine::general_purpose::STANDARD.decode(sig).map_err(|e| e.to_string())?;
         if bytes.len() < 5 {
             return Err("a signature shorter than its key ID".into());
@@ -169,12 +173,15 @@ pub fn note_signed_by(note: &Note, vkey: &str) -> Result<(), String> {
 /// The origin, size and root a checkpoint's text says (c2sp.org/tlog-checkpoint).
 pub fn read_checkpoint(note: &Note) -> Result<(String, u64, Hash), String> {
     let lines: Vec<&str> = note.text.split_terminator('\n').collect();
-    let [origin, size, root, ..] = lines.as_slice() else { return Err("fewer than three lines".into()) };
+    let [origin, size, root, extensions @ ..] = lines.as_slice() else { return Err("fewer than three lines".into()) };
     if origin.is_empty() || origin.contains(char::is_whitespace) || origin.contains('+') {
         return Err("the origin is empty or holds a space or a plus".into());
     }
-    if size.len() > 1 && size.starts_with('0') {
-        return Err("the size has a leading zero".into());
+    if extensions.iter().any(|l| l.is_empty()) {
+        return Err("an empty extension line".into());
+    }
+    if size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) || (size.len() > 1 && size.starts_with('0')) {
+        return Err("the size is not decimal digits without a leading zero".into());
     }
     let size: u64 = size.parse().map_err(|e| format!("size: {e}"))?;
     let root = base64::engine::general_purpose::STANDARD.decode(root).map_err(|e| format!("root: {e}"))?;
@@ -187,6 +194,9 @@ pub fn read_witness_request(body: &str) -> Result<(u64, Vec<Hash>, Note), String
     let (head, note) = body.split_once("\n\n").ok_or("no blank line after the proof")?;
     let mut lines = head.split('\n');
     let old = lines.next().and_then(|l| l.strip_prefix("old ")).ok_or("no `old N` line")?;
+    if old.is_empty() || !old.bytes().all(|b| b.is_ascii_digit()) || (old.len() > 1 && old.starts_with('0')) {
+        return Err("the old size is not decimal digits without a leading zero".into());
+    }
     let old: u64 = old.parse().map_err(|e| format!("old size: {e}"))?;
     let proof = lines
         .map(|l| {

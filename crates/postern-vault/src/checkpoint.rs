@@ -31,15 +31,22 @@ impl Vault {
     }
 
     /// Signs a checkpoint with the journal-signing key: the chain's head in the JSON format, and
-    /// the Merkle tree's head as a C2SP checkpoint note.
+    /// the Merkle tree's head as a C2SP checkpoint note (when the journal has a tree to sign).
     pub fn sign_checkpoint(&self, checkpointed: Checkpointed) -> Result<Signed, VaultError> {
         let key = self.signing_key()?;
         let Checkpointed { journal: mut checkpoint, tree } = checkpointed;
         checkpoint.signature = Some(hex::encode(key.sign(&checkpoint.signed_bytes()).to_bytes()));
         checkpoint.public_key = Some(hex::encode(key.verifying_key().to_bytes()));
         let origin = self.checkpoint_origin();
-        let note = note::sign(&note::checkpoint_text(&origin, tree), &origin, &key);
-        Ok(Signed { checkpoint, note })
+        let note = tree.and_then(|tree| {
+            let text = note::checkpoint_text(&origin, tree).map_err(|e| e.to_string())?;
+            Ok(note::sign(&text, &origin, &key))
+        });
+        let (note, no_note) = match note {
+            Ok(note) => (Some(note), None),
+            Err(why) => (None, Some(why)),
+        };
+        Ok(Signed { checkpoint, note, no_note })
     }
 }
 
@@ -48,7 +55,22 @@ impl Vault {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Signed {
     pub checkpoint: Checkpoint,
-    pub note: String,
+    /// The note, unless the journal has no tree to sign ...
+    pub note: Option<String>,
+    /// ... and then why.
+    pub no_note: Option<String>,
+}
+
+impl Signed {
+    /// The note, or why there is none.
+    pub fn note(&self) -> Result<&str, String> {
+        self.note.as_deref().ok_or_else(|| {
+            format!(
+                "no checkpoint note: {} (`postern audit checkpoint --json` still records the chain's head)",
+                self.no_note.as_deref().unwrap_or("the journal has no Merkle tree")
+            )
+        })
+    }
 }
 
 /// Why a checkpoint's signature does not hold.
@@ -105,7 +127,9 @@ mod tests {
         let (_dir, v) = vault();
         let cp = Checkpoint::new(postern_store::JournalHead::EMPTY, Timestamp::from_millis(9));
         let tree = postern_core::merkle::TreeHead { size: 0, root: postern_core::merkle::empty_root() };
-        let Signed { checkpoint: signed, note } = v.sign_checkpoint(Checkpointed { journal: cp, tree }).expect("sign");
+        let Signed { checkpoint: signed, note, .. } =
+            v.sign_checkpoint(Checkpointed { journal: cp, tree: Ok(tree) }).expect("sign");
+        let note = note.expect("a note");
         // The note: this installation's origin, the tree head, and a signature its verifier key
         // checks (and another installation's does not).
         let read = note::SignedNote::parse(&note).expect("a signed note");

@@ -113,9 +113,17 @@ impl std::fmt::Display for VerifierKey {
     }
 }
 
-/// The text of a checkpoint of the tree `head` under `origin` (no extension lines).
-pub fn checkpoint_text(origin: &str, head: TreeHead) -> String {
-    format!("{origin}\n{}\n{}\n", head.size, b64().encode(head.root))
+/// The text of a checkpoint of the tree `head` under `origin` (no extension lines). The origin
+/// is also the key's name: one the spec does not allow (a space, a plus, a control character) is
+/// refused, never written into signed text.
+pub fn checkpoint_text(origin: &str, head: TreeHead) -> Result<String, NoteError> {
+    if !name_ok(origin) {
+        return Err(NoteError::Malformed(format!(
+            "the origin {:?} is not a key name (no spaces, plus signs or control characters)",
+            origin.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(format!("{origin}\n{}\n{}\n", head.size, b64().encode(head.root)))
 }
 
 /// `text` signed by `key` under `name`.
@@ -224,7 +232,9 @@ mod tests {
     #[test]
     fn a_checkpoint_signs_reads_and_checks() {
         let head = TreeHead { size: 20852163, root: [7; 32] };
-        let text = checkpoint_text("postern/inst_01", head);
+        let text = checkpoint_text("postern/inst_01", head).unwrap();
+        assert!(checkpoint_text("postern/inst\n01", head).is_err());
+        assert!(checkpoint_text("postern/\u{1b}[2J", head).is_err());
         assert_eq!(text, "postern/inst_01\n20852163\nBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=\n");
         let note = sign(&text, "postern/inst_01", &key(1));
         let read = SignedNote::parse(&note).unwrap();

@@ -8,7 +8,8 @@ reconnects and retries.
 Commands:
   {"op": "connect", "transport": "stdio", "command": "...", "args": [...], "env": {...}}
   {"op": "connect", "transport": "http", "url": "...", "token": "..."}
-  {"op": "call", "tag": "t1", "tool": "...", "arguments": {...}}   (answered later, by tag)
+  {"op": "call", "tag": "t1", "tool": "...", "arguments": {...}, "meta": {...}}   (answered later, by tag;
+                          "meta", optional, is the request's `_meta`, e.g. a W3C "traceparent")
   {"op": "drop"}          close the connection (cancels calls in flight)
   {"op": "tools"}         list tools
   {"op": "run", "tag": "r1", "argv": [...], "env": {...}}   run a command as a child of the agent
@@ -103,7 +104,9 @@ class Agent:
         try:
             if session is None:
                 raise RuntimeError("not connected")
-            result = await session.call_tool(cmd["tool"], cmd.get("arguments", {}), read_timeout_seconds=60)
+            result = await session.call_tool(
+                cmd["tool"], cmd.get("arguments", {}), read_timeout_seconds=60, meta=cmd.get("meta")
+            )
             emit(
                 event="result",
                 tag=cmd.get("tag"),

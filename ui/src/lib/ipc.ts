@@ -22,9 +22,10 @@ import type { ImportOffer } from './bindings/ImportOffer';
 import type { UpstreamToolRow } from './bindings/UpstreamToolRow';
 import type { ToolContractInput } from './bindings/ToolContractInput';
 import type { SettingsView } from './bindings/SettingsView';
+import type { ExportView } from './bindings/ExportView';
 
 export type {
-  ApprovalView, AuditView, EnvValue, ExecutionDetail, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerProbe, ServerRow,
+  ApprovalView, AuditView, EnvValue, ExecutionDetail, ExportView, ImportOffer, ExecutionFilter, ExecutionRow, IpcError, NewCredential, NewServer, NewSshHost, ServerProbe, ServerRow,
   SessionRow, SettingsView, StatusView, ToolContractInput, ToolsView, UpstreamToolRow, VaultView,
 };
 
@@ -70,6 +71,7 @@ export const ipc = {
   finishSignIn: (name: string) => call<string>('finish_sign_in', { name }),
   settings: () => call<SettingsView>('settings'),
   setAutostart: (on: boolean) => call<SettingsView>('set_autostart', { on }),
+  exportStatus: () => call<ExportView>('export_status'),
   importOffer: () => call<ImportOffer>('import_offer'),
   importApply: () => call<number>('import_apply'),
   vault: () => call<VaultView>('vault'),

@@ -311,4 +311,15 @@ describe('Settings', () => {
     await fireEvent.click(box);
     expect(setAutostart).toHaveBeenLastCalledWith(false);
   });
+
+  it('shows how far behind the OpenTelemetry export is, and its last error', async () => {
+    const exportStatus = vi.fn(async () => ({
+      target: 'http://collector:4318/v1/traces', lag_rows: 12, last_sent: 1_764_445_000_000,
+      last_error: 'traces: HTTP export failed: network error',
+    }));
+    const settings = vi.fn(async () => ({ autostart: false, autostart_path: '/a' }));
+    render(Settings, { props: { ipc: { settings, exportStatus } as unknown as Ipc } });
+    expect((await screen.findByTestId('export-status')).textContent).toContain('12 row(s) behind');
+    expect(screen.getByTestId('export-error').textContent).toContain('network error');
+  });
 });

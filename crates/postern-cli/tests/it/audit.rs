@@ -105,6 +105,8 @@ fn b64(hash: &tlog::Hash) -> String {
 #[test]
 fn checkpoint_notes_and_proofs_hold_for_a_witness_until_history_is_rewritten() {
     let j = journal(4);
+    // Over 256 rows: the first subtree of 256 rows is a kept node.
+    grow(&j, 10..=69);
     let d = Some(j.data_dir());
     let vkey = postern(&["audit", "pubkey", "--vkey"], d);
     assert_eq!(vkey.code, 0, "{}", vkey.stderr);
@@ -137,7 +139,7 @@ fn checkpoint_notes_and_proofs_hold_for_a_witness_until_history_is_rewritten() {
     assert!(run.stdout.contains("signature   valid, by the trusted key"), "{}", run.stdout);
 
     // The journal grows; `prove --from` prints a witness's add-checkpoint body that checks out.
-    grow(&j, 10..=14);
+    grow(&j, 70..=74);
     let proved = postern(&["audit", "prove", "--from", old_arg, "--pubkey", &vkey], d);
     assert_eq!(proved.code, 0, "{}", proved.stderr);
     let (from, proof, new) = tlog::read_witness_request(&proved.stdout).expect("a tlog-witness request body");
@@ -171,10 +173,13 @@ fn checkpoint_notes_and_proofs_hold_for_a_witness_until_history_is_rewritten() {
     }
     let beyond = postern(&["audit", "prove", "--row", &(new_size + 50).to_string()], d);
     assert_eq!(beyond.code, 2, "{}", beyond.stderr);
+    let against = postern(&["audit", "prove", "--row", "5", "--checkpoint", old_arg, "--pubkey", &vkey], d);
+    assert_eq!(against.code, 0, "row 5 is in the tree the old checkpoint signed: {}", against.stderr);
 
-    // History rewritten behind Postern's back, the chain recomputed: everything on the machine
-    // agrees again, but not with the checkpoint kept elsewhere. The witness body Postern prints
-    // fails the independent check, Postern says so (exit 1), and verify names the row.
+    // History rewritten behind Postern's back, the chain recomputed. First the rows alone: the
+    // kept tree still commits to the old rows, so a witness would see a consistent proof, but
+    // Postern verifies the rows first and says no (exit 1), and the forged row no longer proves
+    // into the tree the old checkpoint signed.
     let conn = rusqlite::Connection::open(j.db()).expect("open");
     conn.execute_batch("DROP TRIGGER journal_refuses_update; DROP TRIGGER journal_refuses_delete;").expect("drop");
     let body: String = conn.query_row("SELECT body FROM journal WHERE seq = 5", [], |r| r.get(0)).expect("row 5");
@@ -192,8 +197,36 @@ fn checkpoint_notes_and_proofs_hold_for_a_witness_until_history_is_rewritten() {
         prev = hash.to_vec();
     }
     drop(conn);
+    let rows_only = postern(&["audit", "prove", "--from", old_arg], d);
+    assert_eq!(rows_only.code, 1, "{}", rows_only.stderr);
+    assert!(rows_only.stderr.contains("root differs from the checkpoint"), "{}", rows_only.stderr);
+    let (from, proof, new) = tlog::read_witness_request(&rows_only.stdout).expect("a request body");
+    let (_, new_size, new_root) = tlog::read_checkpoint(&new).expect("a checkpoint");
+    assert!(
+        tlog::consistency_holds(from as usize, new_size as usize, &old_root, &new_root, &proof),
+        "the tree itself still extends the old one: only Postern, which reads the rows, can tell"
+    );
+    let forged_row = postern(&["audit", "prove", "--row", "5", "--checkpoint", old_arg], d);
+    assert_eq!(forged_row.code, 1, "{}", forged_row.stderr);
+    assert!(forged_row.stderr.contains("does NOT prove"), "{}", forged_row.stderr);
+
+    // Then the kept tree too, as an attacker who knows the format would: everything on the
+    // machine agrees again, but not with the checkpoint kept elsewhere. The witness body Postern
+    // prints fails the independent check, Postern says so (exit 1), and verify names the row.
+    let conn = rusqlite::Connection::open(j.db()).expect("open");
+    conn.execute_batch("DROP TRIGGER merkle_nodes_refuse_delete; DELETE FROM merkle_nodes;").expect("drop the tree");
+    let leaves = db_leaves(&j.db());
+    for idx in 0..leaves.len() >> 8 {
+        let node = tlog::mth(&leaves[idx << 8..(idx + 1) << 8]);
+        conn.execute(
+            "INSERT INTO merkle_nodes (level, idx, hash) VALUES (8, ?1, ?2)",
+            rusqlite::params![idx as i64, node.as_slice()],
+        )
+        .expect("replant");
+    }
+    drop(conn);
     let chain_only = postern(&["audit", "verify"], d);
-    assert!(!chain_only.stdout.contains("row 5:"), "the rechained chain itself verifies: {}", chain_only.stdout);
+    assert_eq!(chain_only.code, 0, "the rewritten journal is self-consistent: {}", chain_only.stdout);
     let rewritten = postern(&["audit", "prove", "--from", old_arg], d);
     assert_eq!(rewritten.code, 1, "{}", rewritten.stderr);
     assert!(rewritten.stderr.contains("does NOT extend"), "{}", rewritten.stderr);

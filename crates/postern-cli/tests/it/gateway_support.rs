@@ -110,12 +110,17 @@ impl Gateway {
     }
 
     /// Kills this gateway (SIGKILL: no clean shutdown) and starts a new one on the same data.
-    pub fn crash_and_restart(mut self, manifest: &str) -> Gateway {
+    pub fn crash_and_restart(self, manifest: &str) -> Gateway {
+        self.crash_and_restart_with(manifest, &[])
+    }
+
+    /// [`Gateway::crash_and_restart`], the new one with extra environment.
+    pub fn crash_and_restart_with(mut self, manifest: &str, env: &[(&str, &str)]) -> Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let dir = tempfile::TempDir::new().unwrap();
         let data_dir = std::mem::replace(&mut self.data_dir, dir);
-        Gateway::start_in(data_dir, manifest)
+        Gateway::start_with(data_dir, manifest, env)
     }
 
     /// `postern` with this gateway's data directory.
@@ -313,6 +318,11 @@ impl Agent {
     /// Starts a call; its answer is collected with [`Agent::result`].
     pub fn call(&mut self, tag: &str, tool: &str, arguments: Value) {
         self.send(json!({ "op": "call", "tag": tag, "tool": tool, "arguments": arguments }));
+    }
+
+    /// A call with a request `_meta` (a W3C `traceparent`, say).
+    pub fn call_with_meta(&mut self, tag: &str, tool: &str, arguments: Value, meta: Value) {
+        self.send(json!({ "op": "call", "tag": tag, "tool": tool, "arguments": arguments, "meta": meta }));
     }
 
     pub fn result(&mut self, tag: &str) -> Value {

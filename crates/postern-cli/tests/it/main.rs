@@ -15,6 +15,7 @@ mod hostile;
 mod hostile_configs;
 mod journal;
 mod oauth;
+mod otel;
 mod paths;
 mod reference;
 mod service;

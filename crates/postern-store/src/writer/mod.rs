@@ -6,6 +6,7 @@
 //! identical concurrent calls are decided one after the other.
 
 mod executions;
+mod export;
 mod sessions;
 mod vault;
 
@@ -483,6 +484,7 @@ impl Writer {
     /// fails, that failure is returned and every job answers it.
     fn commit_batch(&mut self, batch: &mut [Job]) -> Option<rusqlite::Error> {
         let head_before = self.head;
+        let tree_before = self.tree.clone();
         // A batch is fsynced if any of its operations must be durable (which also makes every
         // earlier unsynced commit durable: the WAL is written in order).
         let durable = batch.iter().any(|job| job.kind().durable);
@@ -502,6 +504,7 @@ impl Writer {
         self.external_changes();
         for job in batch.iter_mut() {
             let head_at_savepoint = self.head;
+            let tree_at_savepoint = self.tree.clone();
             let mut failure = None;
             let savepoint = self.statement("SAVEPOINT op").and_then(|()| {
                 if let Err(e) = job.apply(self) {
@@ -528,6 +531,7 @@ impl Writer {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.cache_invalid = true;
                 self.head = head_before;
+                self.tree = tree_before;
                 return Some(match e {
                     StoreError::Sqlite(e) => e,
                     e => rusqlite::Error::SqliteFailure(
@@ -538,6 +542,7 @@ impl Writer {
             }
             if failure.is_some() {
                 self.head = head_at_savepoint;
+                self.tree = tree_at_savepoint;
             }
             if self.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back (it may on SQLITE_FULL, SQLITE_IOERR
@@ -546,6 +551,7 @@ impl Writer {
                 // transaction (each savepoint would then commit on its own).
                 self.cache_invalid = true;
                 self.head = head_before;
+                self.tree = tree_before;
                 return Some(failure.unwrap_or_else(|| {
                     rusqlite::Error::SqliteFailure(
                         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
@@ -562,6 +568,7 @@ impl Writer {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.cache_invalid = true;
             self.head = head_before;
+            self.tree = tree_before;
             return Some(e);
         }
         for mark in &marks {
@@ -592,9 +599,14 @@ impl Writer {
         };
         let body = row.canonical()?;
         let hash = chain_hash(&self.head.hash.0, &body);
-        if let Ok(tree) = self.tree() {
-            let completed = tree.push(postern_core::merkle::leaf_hash(&body));
-            crate::merkle::keep(&self.conn, &completed)?;
+        let completed = self.tree().ok().map(|tree| tree.push(postern_core::merkle::leaf_hash(&body)));
+        if let Some(completed) = completed
+            && let Some(conflict) = crate::merkle::keep(&self.conn, &completed)?
+        {
+            // A node planted ahead of the rows: the tree is no longer this writer's to sign, but
+            // rows go on being appended (the plant must not stop the journal).
+            tracing::error!(conflict = %conflict, "the journal's Merkle tree was edited behind the writer; checkpoints are refused until `postern audit verify` is run");
+            self.tree = Err(conflict);
         }
         let body_text = String::from_utf8(body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let seq = i64::try_from(row.seq).map_err(|_| StoreError::Corrupt("journal is full".into()))?;
@@ -607,9 +619,10 @@ impl Writer {
         Ok(JournalEntry { row, row_hash: HashHex(hash) })
     }
 
-    /// The tree's right edge at the head, read again from the database when a rollback left it
-    /// elsewhere; why there is none, when the journal cannot make one (rows go on being
-    /// appended: a tree is evidence, never a condition of serving).
+    /// The tree's right edge at the head (restored with the head when a savepoint or the batch
+    /// rolls back; read again from the database only if the two ever disagree); why there is
+    /// none, when the journal cannot make one (rows go on being appended: a tree is evidence,
+    /// never a condition of serving).
     fn tree(&mut self) -> Result<&mut postern_core::merkle::Frontier, StoreError> {
         let size = self.head.size;
         if self.tree.as_ref().is_ok_and(|t| t.size() != size) {
@@ -625,7 +638,8 @@ impl Writer {
 
     pub(crate) fn checkpoint(&mut self, at: Timestamp) -> Result<Checkpointed, StoreError> {
         let journal = Checkpoint::new(self.head, at);
-        let tree = self.tree()?.head();
+        // Without a tree the chain's head is still recorded (the JSON checkpoint needs no tree).
+        let tree = self.tree().map(|t| t.head()).map_err(|e| e.to_string());
         self.conn
             .prepare_cached(
                 "INSERT INTO checkpoints (journal_size, head_hash, created_at, root_hash) VALUES (?1, ?2, ?3, ?4)",
@@ -634,7 +648,7 @@ impl Writer {
                 i64::try_from(journal.journal_size).unwrap_or(i64::MAX),
                 journal.head_hash.to_string(),
                 at.as_millis(),
-                hex::encode(tree.root)
+                tree.as_ref().ok().map(|t| hex::encode(t.root))
             ])?;
         Ok(Checkpointed { journal, tree })
     }

@@ -26,10 +26,10 @@ fn checkpoints_and_proofs_match_the_tree_an_independent_checker_builds() {
     // 140 executions of 5 rows: 700 rows, so subtrees of 256 and 512 rows are kept.
     let size = populate(&store, 140);
     assert!(size > 2 << KEPT_LEVEL, "{size}");
-    let cp = store.checkpoint(at(900_000)).unwrap();
+    let cp = store.checkpoint(at(900_000)).unwrap().tree.unwrap();
     let all = leaves(&fx.path);
-    assert_eq!(cp.tree.size, size);
-    assert_eq!(cp.tree.root, tlog::mth(&all), "the checkpoint's root is the tree of the rows");
+    assert_eq!(cp.size, size);
+    assert_eq!(cp.root, tlog::mth(&all), "the checkpoint's root is the tree of the rows");
     assert_eq!(kept_nodes(&fx.path), i64::try_from((size >> 8) + (size >> 9)).unwrap());
 
     let reader = TreeReader::open(&fx.path).unwrap();
@@ -57,14 +57,14 @@ fn checkpoints_and_proofs_match_the_tree_an_independent_checker_builds() {
     drop(store);
     let store = fx.open();
     let grown = populate_more(&store, 70);
-    let cp2 = store.checkpoint(at(950_000)).unwrap();
+    let cp2 = store.checkpoint(at(950_000)).unwrap().tree.unwrap();
     drop(store);
     let all = leaves(&fx.path);
-    assert_eq!(cp2.tree.size, grown);
-    assert_eq!(cp2.tree.root, tlog::mth(&all));
-    let c = TreeReader::open(&fx.path).unwrap().consistency(cp.tree.size, cp2.tree.size).unwrap();
-    assert!(tlog::consistency_holds(size as usize, grown as usize, &cp.tree.root, &cp2.tree.root, &c.proof));
-    assert!(verify(&fx.path, Some(&Claim::Tree(cp.tree)), &mut |_, _| {}).unwrap().intact());
+    assert_eq!(cp2.size, grown);
+    assert_eq!(cp2.root, tlog::mth(&all));
+    let c = TreeReader::open(&fx.path).unwrap().consistency(cp.size, cp2.size).unwrap();
+    assert!(tlog::consistency_holds(size as usize, grown as usize, &cp.root, &cp2.root, &c.proof));
+    assert!(verify(&fx.path, Some(&Claim::Tree(cp)), &mut |_, _| {}).unwrap().intact());
 }
 
 /// `populate`'s executions again, with other ids, so the journal grows.
@@ -94,11 +94,11 @@ fn a_journal_from_before_the_tree_gets_its_nodes_at_open() {
             .any(|f| matches!(f, Finding::TreeDiffers { .. }))
     );
     let store = fx.open();
-    let cp = store.checkpoint(at(900_000)).unwrap();
+    let cp = store.checkpoint(at(900_000)).unwrap().tree.unwrap();
     drop(store);
-    assert_eq!(cp.tree.root, tlog::mth(&leaves(&fx.path)));
+    assert_eq!(cp.root, tlog::mth(&leaves(&fx.path)));
     assert_eq!(kept_nodes(&fx.path), i64::try_from((size >> 8) + (size >> 9)).unwrap());
-    assert!(verify(&fx.path, Some(&Claim::Tree(cp.tree)), &mut |_, _| {}).unwrap().intact());
+    assert!(verify(&fx.path, Some(&Claim::Tree(cp)), &mut |_, _| {}).unwrap().intact());
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn rewritten_history_no_longer_proves_against_an_older_checkpoint() {
     let fx = Fixture::new();
     let store = fx.open();
     populate(&store, 120);
-    let old = store.checkpoint(at(900_000)).unwrap().tree;
+    let old = store.checkpoint(at(900_000)).unwrap().tree.unwrap();
     let size = populate_more(&store, 30);
     drop(store);
 
@@ -147,4 +147,27 @@ fn rewritten_history_no_longer_proves_against_an_older_checkpoint() {
     assert!(!tlog::consistency_holds(old.size as usize, size as usize, &old.root, &c.new.root, &c.proof));
     let f = verify(&fx.path, Some(&Claim::Tree(old)), &mut |_, _| {}).unwrap().findings;
     assert!(matches!(f.as_slice(), [Finding::RootDiffers { size, .. }] if *size == old.size), "{f:?}");
+}
+
+/// A node planted ahead of the rows (a plain INSERT: the triggers refuse only UPDATE and DELETE)
+/// never stops the journal: rows go on being appended, the tree is no longer signed (a note is
+/// refused, saying why), the chain's head still is, and `audit verify` names the node.
+#[test]
+fn a_node_planted_ahead_of_the_rows_stops_the_tree_not_the_journal() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    populate(&store, 10);
+    rusqlite::Connection::open(&fx.path)
+        .unwrap()
+        .execute("INSERT INTO merkle_nodes (level, idx, hash) VALUES (8, 0, zeroblob(32))", [])
+        .unwrap();
+    let size = populate_more(&store, 60);
+    assert!(size > 256, "appends went on past the planted node: {size}");
+    let cp = store.checkpoint(at(990_000)).unwrap();
+    assert_eq!(cp.journal.journal_size, size, "the chain's head is still recorded");
+    let why = cp.tree.unwrap_err();
+    assert!(why.contains("node 8/0"), "{why}");
+    drop(store);
+    let f = verify(&fx.path, None, &mut |_, _| {}).unwrap().findings;
+    assert!(f.iter().any(|f| matches!(f, Finding::TreeDiffers { why } if why.contains("node 8/0"))), "{f:?}");
 }

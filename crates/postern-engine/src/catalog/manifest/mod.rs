@@ -47,6 +47,19 @@ struct FileSpec {
     /// `[servers.<server>.tools.<tool>]`: the owner's word on an upstream MCP server's tools.
     #[serde(default)]
     servers: BTreeMap<String, ServerSpec>,
+    /// `[export]`: what an OpenTelemetry export may carry beyond the default.
+    #[serde(default)]
+    export: ExportSpec,
+}
+
+/// `[export] arguments = ["tool", …]`: the tools whose arguments an OpenTelemetry export carries
+/// (as the journal's record holds them, secret arguments digested). None by default; where the
+/// export goes is never set here (a manifest may come with a cloned repository).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ExportSpec {
+    #[serde(default)]
+    arguments: BTreeSet<String>,
 }
 
 #[derive(Deserialize)]
@@ -505,6 +518,8 @@ pub struct Manifest {
     tools: BTreeMap<String, Tool>,
     /// Per upstream server, per tool (its own name): contract overrides.
     server_overrides: BTreeMap<String, BTreeMap<String, postern_vault::ToolOverride>>,
+    /// The tools whose arguments an OpenTelemetry export carries (`[export] arguments`).
+    export_arguments: BTreeSet<String>,
 }
 
 impl Manifest {
@@ -549,7 +564,8 @@ impl Manifest {
             }
             server_overrides.insert(server, spec.tools);
         }
-        if errors.is_empty() { Ok(Manifest { tools, server_overrides }) } else { Err(errors) }
+        let export_arguments = spec.export.arguments;
+        if errors.is_empty() { Ok(Manifest { tools, server_overrides, export_arguments }) } else { Err(errors) }
     }
 
     pub fn load(path: &Path) -> Result<Manifest, Vec<ManifestError>> {
@@ -565,6 +581,11 @@ impl Manifest {
     /// The owner's contract overrides for upstream MCP servers' tools.
     pub fn server_overrides(&self) -> &BTreeMap<String, BTreeMap<String, postern_vault::ToolOverride>> {
         &self.server_overrides
+    }
+
+    /// The tools whose arguments an OpenTelemetry export carries (`[export] arguments`).
+    pub fn export_arguments(&self) -> &BTreeSet<String> {
+        &self.export_arguments
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &Tool> {

@@ -282,12 +282,7 @@ impl PosternMcp {
             actor: run.actor.clone(),
             intent_scope: run.intent_scope(),
             session: Some(run.session),
-            correlation: json!({
-                "transport": caller.transport.as_str(),
-                "agent_session": run.session.to_string(),
-                "mcp_session_id": mcp_session_id(&context),
-                "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
-            }),
+            correlation: correlation(&caller, &run, &context),
             cancel: cancel.clone(),
             bound: if as_task { postern_engine::Bound::for_task() } else { postern_engine::Bound::default() },
             resolved: upstream,
@@ -516,6 +511,31 @@ impl PosternMcp {
 }
 
 /// The `Mcp-Session-Id` a Streamable HTTP request came with (stdio has none).
+/// What a call's `accepted` row keeps of how it arrived (evidence, never an input to a
+/// decision): the transport, the agent run, the MCP session and protocol version, the JSON-RPC
+/// id, and the agent's W3C `traceparent` (SEP-414) when it sent a well-formed one.
+fn correlation(caller: &Caller, run: &crate::caller::runs::AgentRun, context: &RequestContext<RoleServer>) -> Value {
+    let protocol = context
+        .meta
+        .protocol_version()
+        .or_else(|| context.peer.peer_info().map(|i| i.protocol_version.clone()))
+        .map(|v| v.to_string());
+    let traceparent = context.meta.get_traceparent().and_then(postern_core::trace::TraceParent::parse);
+    let mut correlation = json!({
+        "transport": caller.transport.as_str(),
+        "agent_session": run.session.to_string(),
+        "mcp_session_id": mcp_session_id(context),
+        "jsonrpc_id": serde_json::to_value(&context.id).unwrap_or(Value::Null),
+    });
+    if let Some(protocol) = protocol {
+        correlation["protocol_version"] = json!(protocol);
+    }
+    if let Some(traceparent) = traceparent {
+        correlation["traceparent"] = json!(traceparent.to_string());
+    }
+    correlation
+}
+
 fn mcp_session_id(context: &RequestContext<RoleServer>) -> Value {
     context
         .extensions
