@@ -9,7 +9,8 @@ an empty Export*ServiceResponse, and appends to DIR:
                trace and span ids, the resource's attributes
   raw.bin      every request body as received (for the canary search)
   requests.log one line per request: path and status
-With the file DIR/refuse present it answers 503 (an endpoint that is there but failing).
+With the file DIR/refuse present it answers 503 (an endpoint that is there but failing); with
+DIR/reject present, 400 (a refusal sending again cannot change).
 """
 
 import json
@@ -61,6 +62,9 @@ class Handler(BaseHTTPRequestHandler):
             f.write(body)
         if os.path.exists(os.path.join(DIR, "refuse")):
             self.answer(503, b"")
+            return
+        if os.path.exists(os.path.join(DIR, "reject")):
+            self.answer(400, b"")
             return
         if self.path == "/v1/traces":
             request = ExportTraceServiceRequest()

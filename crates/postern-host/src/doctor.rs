@@ -68,11 +68,31 @@ fn export(data_dir: &Path) -> Check {
     let db = crate::database(data_dir);
     let read = postern_store::JournalView::open_read_only(&db)
         .and_then(|v| Ok((v.export_cursor(postern_otel::CURSOR)?, v.head()?.size)));
-    let Ok((Some(cursor), size)) = read else {
-        return Check::ok(NAME, "no OpenTelemetry export set up (`postern serve --otlp-endpoint URL`)");
+    let (cursor, size) = match read {
+        Ok((Some(cursor), size)) => (cursor, size),
+        Ok((None, _)) => {
+            return Check::ok(NAME, "no OpenTelemetry export set up (`postern serve --otlp-endpoint URL`)");
+        }
+        Err(e) => {
+            return Check::warn(
+                NAME,
+                format!("the export's bookmark cannot be read: {e}"),
+                "see `postern doctor`'s journal check",
+            );
+        }
     };
     let lag = size.saturating_sub(cursor.seq);
     let target = postern_core::Outside::line(&cursor.target).to_string();
+    if cursor.seq > size {
+        return Check::warn(
+            NAME,
+            format!(
+                "OpenTelemetry to {target}: the bookmark says row {} but the journal ends at row {size}",
+                cursor.seq
+            ),
+            "the bookmark was edited; the next start of the gateway resets it to the journal's end",
+        );
+    }
     match &cursor.last_error {
         Some(error) => Check::warn(
             NAME,

@@ -1,10 +1,12 @@
 //! The exporter: a task that follows the journal from its bookmark and sends what it finds. The
 //! journal is the queue: nothing is held for the export on the call path, an endpoint that is
 //! away costs a call nothing, and after an outage or a restart the export resumes where its
-//! bookmark stands (a row is sent at least once; a span sent twice has the same ids).
+//! bookmark stands (a row is sent at least once; a span sent twice has the same ids). A batch the
+//! endpoint refuses for good (a 4xx other than 408/429) is halved until the one row it cannot
+//! take is found, and that row is skipped with its reason kept: one row never stops the export.
 
 use crate::ExportSettings;
-use crate::mapping::{self, Ids};
+use crate::mapping::{self, Ids, MAX_EVENTS, OUTCOMES};
 use opentelemetry::InstrumentationScope;
 use opentelemetry::logs::{Logger as _, LoggerProvider as _};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
@@ -66,11 +68,57 @@ pub fn resource(installation: Option<&str>) -> Resource {
     Resource::builder().with_service_name("postern").with_attributes(attributes).build()
 }
 
-/// A batch ready to send: its spans, its log records, and the row it ends at.
+/// The HTTP client both exporters send with: the workspace's reqwest (no redirects: headers may
+/// carry an API key), and exactly the export's headers — the OTLP library adds the
+/// `OTEL_EXPORTER_OTLP_*HEADERS` variables by itself, after Postern's, so they are set again
+/// here (a flag wins) and the ones this export does not send are taken out.
+#[derive(Debug, Clone)]
+struct Headed {
+    client: reqwest::Client,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    unsent: Vec<http::HeaderName>,
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for Headed {
+    async fn send_bytes(
+        &self,
+        mut request: http::Request<bytes::Bytes>,
+    ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+        for name in &self.unsent {
+            request.headers_mut().remove(name);
+        }
+        for (name, value) in &self.headers {
+            request.headers_mut().insert(name.clone(), value.clone());
+        }
+        self.client.send_bytes(request).await
+    }
+}
+
+/// A batch ready to send: its spans, its log records, the row it ends at and how many rows.
 struct Batch {
     spans: Vec<SpanData>,
     logs: Vec<SdkLogRecord>,
     last: u64,
+    rows: usize,
+}
+
+/// Why a batch was not sent.
+enum Failed {
+    /// Try again later (the endpoint is away, busy, or timed out).
+    Retry(String),
+    /// The endpoint refused it and will refuse it again (a 4xx other than 408 or 429).
+    Refused(String),
+}
+
+/// Whether an exporter's error is a refusal that sending again cannot change.
+fn permanent(error: &str) -> bool {
+    error
+        .split("status code: ")
+        .nth(1)
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse::<u16>().ok())
+        .is_some_and(|code| (400..500).contains(&code) && code != 408 && code != 429)
 }
 
 /// Follows one journal and sends it to one endpoint.
@@ -78,8 +126,8 @@ pub struct Exporter {
     settings: ExportSettings,
     store: Arc<Store>,
     view: Arc<JournalView>,
-    spans: opentelemetry_otlp::SpanExporter,
-    logs: opentelemetry_otlp::LogExporter,
+    spans: Option<opentelemetry_otlp::SpanExporter>,
+    logs: Option<opentelemetry_otlp::LogExporter>,
     provider: SdkLoggerProvider,
     scope: InstrumentationScope,
 }
@@ -110,44 +158,64 @@ impl Exporter {
         let view = Arc::new(JournalView::open_read_only(db)?);
         let installation = view.installation_id()?;
         let resource = resource(installation.as_deref());
-        let client = || {
-            reqwest::Client::builder()
+        let built = |e: String| ExportError::Build(e);
+        let client = Headed {
+            client: reqwest::Client::builder()
                 .timeout(settings.timeout)
-                // Headers may carry an API key: never replayed to wherever a redirect points.
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
-                .map_err(|e| ExportError::Build(e.to_string()))
+                .map_err(|e| built(e.to_string()))?,
+            headers: settings
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    let name = http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| built(e.to_string()))?;
+                    let value =
+                        http::HeaderValue::from_str(v).map_err(|_| built(format!("header {k}: not a value")))?;
+                    Ok((name, value))
+                })
+                .collect::<Result<_, ExportError>>()?,
+            unsent: settings.unsent.iter().filter_map(|k| http::HeaderName::from_bytes(k.as_bytes()).ok()).collect(),
         };
-        let headers: HashMap<String, String> = settings.headers().iter().cloned().collect();
         let build = |e: opentelemetry_otlp::ExporterBuildError| ExportError::Build(e.to_string());
-        let mut spans = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_endpoint(settings.traces.as_str())
-            .with_headers(headers.clone())
-            .with_timeout(settings.timeout)
-            .with_http_client(client()?)
-            .build()
-            .map_err(build)?;
-        spans.set_resource(&resource);
-        let mut logs = opentelemetry_otlp::LogExporter::builder()
-            .with_http()
-            .with_endpoint(settings.logs.as_str())
-            .with_headers(headers)
-            .with_timeout(settings.timeout)
-            .with_http_client(client()?)
-            .build()
-            .map_err(build)?;
-        logs.set_resource(&resource);
+        let spans = match &settings.traces {
+            Some(url) => {
+                let mut spans = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_endpoint(url.as_str())
+                    .with_timeout(settings.timeout)
+                    .with_http_client(client.clone())
+                    .build()
+                    .map_err(build)?;
+                spans.set_resource(&resource);
+                Some(spans)
+            }
+            None => None,
+        };
+        let logs = match &settings.logs {
+            Some(url) => {
+                let mut logs = opentelemetry_otlp::LogExporter::builder()
+                    .with_http()
+                    .with_endpoint(url.as_str())
+                    .with_timeout(settings.timeout)
+                    .with_http_client(client)
+                    .build()
+                    .map_err(build)?;
+                logs.set_resource(&resource);
+                Some(logs)
+            }
+            None => None,
+        };
         let scope = InstrumentationScope::builder("postern").with_version(env!("CARGO_PKG_VERSION")).build();
         Ok(Exporter { settings, store, view, spans, logs, provider: SdkLoggerProvider::builder().build(), scope })
     }
 
-    /// Sends the journal until `stop` resolves: from the bookmark, or, the first time, from the
-    /// journal's end as it is now (the export covers what happens once it is set up).
+    /// Sends the journal until `stop` resolves: from the bookmark, or, the first time (or for a
+    /// new endpoint), from the journal's end as it is now.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         let target = self.settings.target();
-        let mut cursor = match self.start().await {
+        let mut cursor = match self.start(&target).await {
             Ok(seq) => seq,
             Err(e) => {
                 tracing::error!(error = %e, "the OpenTelemetry export cannot read its bookmark; it is off");
@@ -156,6 +224,7 @@ impl Exporter {
         };
         let mut committed = self.store.journal_size();
         let mut backoff = Duration::from_millis(500);
+        let mut rows = BATCH_ROWS;
         loop {
             let size = *committed.borrow_and_update();
             if size <= cursor {
@@ -165,8 +234,9 @@ impl Exporter {
                 }
                 continue;
             }
-            if size - cursor < BATCH_ROWS as u64 {
-                // A few rows: wait a moment for more, so a burst goes in one request.
+            if size - cursor < rows as u64 && rows == BATCH_ROWS {
+                // A few rows: wait a moment for more, so a burst goes in one request (not while a
+                // refused batch is being halved).
                 tokio::select! {
                     () = tokio::time::sleep(LINGER) => {}
                     () = &mut stop => return,
@@ -175,27 +245,44 @@ impl Exporter {
             // A stop in the middle of a send leaves the bookmark where it was: the batch goes again
             // at the next start.
             let work = async {
-                match self.batch(cursor).await {
-                    Ok(batch) => self.send(batch).await,
-                    Err(e) => Err(e.to_string()),
+                match self.batch(cursor, rows).await {
+                    Ok(batch) => {
+                        let read = batch.rows;
+                        (self.send(batch).await, read)
+                    }
+                    Err(e) => (Err(Failed::Retry(e.to_string())), rows),
                 }
             };
-            let sent = tokio::select! {
+            let (sent, read) = tokio::select! {
                 sent = work => sent,
                 () = &mut stop => return,
             };
-            let now = now();
             match sent {
                 Ok(last) => {
                     cursor = last;
                     backoff = Duration::from_millis(500);
-                    if let Err(e) = self.store.export_progress(CURSOR, &target, cursor, now).await {
+                    rows = (rows * 2).min(BATCH_ROWS);
+                    if let Err(e) = self.store.export_progress(CURSOR, &target, cursor, now()).await {
                         tracing::warn!(error = %e, "the OpenTelemetry export's bookmark was not kept");
                     }
                 }
-                Err(why) => {
+                Err(Failed::Refused(why)) if read > 1 => {
+                    // Refused for good: find the row it cannot take, halving the batch.
+                    tracing::warn!(error = %why, rows = read, "OpenTelemetry export refused a batch; sending it in halves");
+                    rows = read / 2;
+                }
+                Err(Failed::Refused(why)) => {
+                    let skipped = cursor + 1;
+                    let said = format!("row {skipped} was refused by the endpoint and skipped: {why}");
+                    tracing::error!(error = %said, target = %target, "OpenTelemetry export skipped a row");
+                    cursor = skipped;
+                    rows = BATCH_ROWS;
+                    let _ = self.store.export_progress(CURSOR, &target, cursor, now()).await;
+                    let _ = self.store.export_failed(CURSOR, &target, cursor, &said, now()).await;
+                }
+                Err(Failed::Retry(why)) => {
                     tracing::warn!(error = %why, target = %target, "OpenTelemetry export failed; retrying from the journal");
-                    let _ = self.store.export_failed(CURSOR, &target, cursor, &why, now).await;
+                    let _ = self.store.export_failed(CURSOR, &target, cursor, &why, now()).await;
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = &mut stop => return,
@@ -206,85 +293,130 @@ impl Exporter {
         }
     }
 
-    /// The bookmark, or a new one at the journal's end (kept at once, so a crash before the
-    /// first send cannot move it past rows written meanwhile).
-    async fn start(&self) -> Result<u64, StoreError> {
+    /// The bookmark; a new one at the journal's end the first time, or when the endpoint changed
+    /// (a new endpoint is not sent an old backlog), or when it is ahead of the journal (edited:
+    /// said in its error). Kept at once, so a crash before the first send cannot move it past
+    /// rows written meanwhile.
+    async fn start(&self, target: &str) -> Result<u64, StoreError> {
         let view = Arc::clone(&self.view);
-        let found = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let (found, head) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
             Ok((view.export_cursor(CURSOR)?, view.head()?.size))
         })
         .await
         .map_err(|e| StoreError::Corrupt(e.to_string()))??;
         match found {
-            (Some(cursor), _) => Ok(cursor.seq),
-            (None, head) => {
-                self.store.export_progress(CURSOR, &self.settings.target(), head, now()).await?;
+            Some(cursor) if cursor.target == target && cursor.seq <= head => Ok(cursor.seq),
+            found => {
+                self.store.export_progress(CURSOR, target, head, now()).await?;
+                if let Some(cursor) = found.filter(|c| c.seq > head) {
+                    let said = format!(
+                        "the bookmark said row {} but the journal ends at row {head} (edited?): restarted at the end",
+                        cursor.seq
+                    );
+                    tracing::warn!(%said, "OpenTelemetry export");
+                    self.store.export_failed(CURSOR, target, head, &said, now()).await?;
+                }
                 Ok(head)
             }
         }
     }
 
-    /// The rows after `cursor`, as spans and log records.
-    async fn batch(&self, cursor: u64) -> Result<Batch, StoreError> {
+    /// The first `rows` rows after `cursor`, as spans and log records. What it reads of each
+    /// execution is bounded: its `accepted` row, its first outcome's position, and, for the span,
+    /// at most [`MAX_EVENTS`] rows.
+    async fn batch(&self, cursor: u64, rows: usize) -> Result<Batch, StoreError> {
         let view = Arc::clone(&self.view);
         let arguments_of = self.settings.arguments_of.clone();
         let scope = self.scope.clone();
         let logger = self.provider.logger("postern");
         tokio::task::spawn_blocking(move || {
-            let rows = view.rows_after(cursor, BATCH_ROWS)?;
+            let rows = view.rows_after(cursor, rows)?;
             let last = rows.last().map_or(cursor, |r| r.row.seq);
-            // Each execution's timeline, read once per batch.
-            let mut timelines: HashMap<ExecutionId, (Vec<JournalEntry>, Ids)> = HashMap::new();
+            // Each execution's `accepted` row, ids and first outcome, read once per batch.
+            struct Known {
+                accepted: Option<JournalEntry>,
+                ids: Ids,
+                outcome: Option<u64>,
+            }
+            let mut known: HashMap<ExecutionId, Known> = HashMap::new();
             let observed = std::time::SystemTime::now();
             let mut spans = Vec::new();
             let mut logs = Vec::with_capacity(rows.len());
             for entry in &rows {
                 let execution = match entry.row.execution_id {
                     Some(id) => {
-                        if let std::collections::hash_map::Entry::Vacant(slot) = timelines.entry(id) {
-                            let timeline = view.timeline(id)?;
-                            let ids = Ids::of(id, timeline.first());
-                            slot.insert((timeline, ids));
+                        if let std::collections::hash_map::Entry::Vacant(slot) = known.entry(id) {
+                            let accepted = view.timeline_until(id, u64::MAX, 1)?.into_iter().next();
+                            let ids = Ids::of(id, accepted.as_ref());
+                            let outcome = view.first_state_row(id, &OUTCOMES)?;
+                            slot.insert(Known { accepted, ids, outcome });
                         }
-                        timelines.get(&id)
+                        known.get(&id).map(|k| (id, k))
                     }
                     None => None,
                 };
-                let tool = execution.and_then(|(t, _)| t.first()).and_then(|a| a.row.detail["tool"].as_str());
+                let tool = execution.and_then(|(_, k)| k.accepted.as_ref()).and_then(|a| a.row.detail["tool"].as_str());
                 let arguments = tool.is_some_and(|t| arguments_of.contains(t));
                 logs.push(mapping::log_record(
                     logger.create_log_record(),
                     entry,
-                    execution.map(|(_, ids)| ids),
+                    execution.map(|(_, k)| &k.ids),
                     arguments,
                     observed,
                 ));
-                if let Some((timeline, ids)) = execution
-                    && mapping::ends_span(entry)
-                    && !timeline.iter().any(|e| e.row.seq < entry.row.seq && mapping::ends_span(e))
+                if let Some((id, k)) = execution
+                    && k.outcome == Some(entry.row.seq)
                 {
-                    let upto: Vec<JournalEntry> =
-                        timeline.iter().filter(|e| e.row.seq <= entry.row.seq).cloned().collect();
-                    spans.push(mapping::span(&upto, entry, ids, &arguments_of, &scope));
+                    let timeline = view.timeline_until(id, entry.row.seq, MAX_EVENTS)?;
+                    spans.push(mapping::span(&timeline, entry, &k.ids, &arguments_of, &scope));
                 }
             }
-            Ok(Batch { spans, logs, last })
+            Ok(Batch { spans, logs, last, rows: rows.len() })
         })
         .await
         .map_err(|e| StoreError::Corrupt(e.to_string()))?
     }
 
-    /// Sends a batch: its spans, then its log records. The error is the exporter's words (they
-    /// never hold a header's value).
-    async fn send(&self, batch: Batch) -> Result<u64, String> {
-        if !batch.spans.is_empty() {
-            self.spans.export(batch.spans).await.map_err(|e| format!("traces: {e}"))?;
+    /// Sends a batch: its spans, then its log records (each only where that signal is on). The
+    /// error is the exporter's words (they never hold a header's value).
+    async fn send(&self, batch: Batch) -> Result<u64, Failed> {
+        let failed = |signal: &str, e: opentelemetry_sdk::error::OTelSdkError| {
+            let said = format!("{signal}: {e}");
+            if permanent(&said) { Failed::Refused(said) } else { Failed::Retry(said) }
+        };
+        if let Some(spans) = &self.spans
+            && !batch.spans.is_empty()
+        {
+            spans.export(batch.spans).await.map_err(|e| failed("traces", e))?;
         }
-        if !batch.logs.is_empty() {
+        if let Some(logs) = &self.logs
+            && !batch.logs.is_empty()
+        {
             let pairs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
                 batch.logs.iter().map(|r| (r, &self.scope)).collect();
-            self.logs.export(LogBatch::new(&pairs)).await.map_err(|e| format!("logs: {e}"))?;
+            logs.export(LogBatch::new(&pairs)).await.map_err(|e| failed("logs", e))?;
         }
         Ok(batch.last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::permanent;
+
+    #[test]
+    fn only_a_refusal_that_will_repeat_is_permanent() {
+        for (said, is) in [
+            ("traces: InternalFailure(\"HTTP export failed with status code: 400\")", true),
+            ("logs: HTTP export failed with status code: 413", true),
+            ("logs: HTTP export failed with status code: 404", true),
+            ("logs: HTTP export failed with status code: 429", false),
+            ("logs: HTTP export failed with status code: 408", false),
+            ("traces: HTTP export failed with status code: 503", false),
+            ("traces: HTTP export failed: network error", false),
+            ("traces: Timeout(10s)", false),
+        ] {
+            assert_eq!(permanent(said), is, "{said}");
+        }
     }
 }

@@ -69,6 +69,37 @@ fn time_of(entry: &JournalEntry) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(entry.row.at.as_millis()).unwrap_or(0))
 }
 
+/// Most events a span carries (a stream of retries can make a timeline long): the first ones,
+/// and always the row that ends it.
+pub(crate) const MAX_EVENTS: usize = 128;
+
+/// The longest text attribute sent (a tool name, an actor); longer ones are cut, marked.
+const MAX_TEXT: usize = 512;
+
+/// The longest arguments sent for a tool the owner named.
+const MAX_ARGUMENTS: usize = 8 * 1024;
+
+/// `text`, cut to at most `max` bytes on a character boundary (marked when cut).
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[cut]", &text[..end])
+}
+
+/// An MCP protocol revision as the spec spells them (`2026-07-28`); anything an agent made up
+/// is not one.
+fn revision(value: &Value) -> Option<&str> {
+    let text = value.as_str()?;
+    let b = text.as_bytes();
+    (b.len() == 10 && b.iter().enumerate().all(|(i, c)| if i == 4 || i == 7 { *c == b'-' } else { c.is_ascii_digit() }))
+        .then_some(text)
+}
+
 /// A value that is a code (`outcome_unknown`, `session`, `oauth_login_required`), never prose
 /// or outside text.
 fn code(value: &Value) -> Option<&str> {
@@ -79,16 +110,15 @@ fn code(value: &Value) -> Option<&str> {
     .then_some(text)
 }
 
-/// Whether the row is an execution's outcome: where its span ends.
-pub(crate) fn ends_span(entry: &JournalEntry) -> bool {
-    use ExecutionState as S;
-    matches!(
-        entry.row.event,
-        RowEvent::Step(
-            S::Completed | S::OutcomeUnknown | S::FailedBeforeDispatch | S::Denied | S::NeedsReview | S::NotExecuted
-        )
-    )
-}
+/// Where an execution's span ends: its first row in one of these states (its outcome).
+pub(crate) const OUTCOMES: [ExecutionState; 6] = [
+    ExecutionState::Completed,
+    ExecutionState::OutcomeUnknown,
+    ExecutionState::FailedBeforeDispatch,
+    ExecutionState::Denied,
+    ExecutionState::NeedsReview,
+    ExecutionState::NotExecuted,
+];
 
 /// The attributes every row carries (span events and log records alike): its place in the
 /// journal, and the fields of its detail that are on the list.
@@ -102,20 +132,16 @@ fn row_attributes(entry: &JournalEntry) -> Vec<KeyValue> {
     if let Some(state) = row.state {
         out.push(KeyValue::new("postern.execution.state", state.as_str()));
     }
+    // Only fields Postern itself writes as codes: never `reason` or `by` (words a reviewer or
+    // an error chose, even when they are one word).
     if let Some(rung) = code(&d["rung"]) {
         out.push(KeyValue::new("postern.approval.rung", rung.to_owned()));
-    }
-    if let Some(by) = code(&d["by"]) {
-        out.push(KeyValue::new("postern.approval.by", by.to_owned()));
     }
     if let Some(decision) = code(&d["decision"]) {
         out.push(KeyValue::new("postern.retry.decision", decision.to_owned()));
     }
     if let Some(recovery) = code(&d["recovery"]) {
         out.push(KeyValue::new("postern.recovery", recovery.to_owned()));
-    }
-    if let Some(reason) = code(&d["reason"]) {
-        out.push(KeyValue::new("postern.reason", reason.to_owned()));
     }
     if let Some(err) = code(&d["code"]) {
         out.push(KeyValue::new("error.type", err.to_owned()));
@@ -140,7 +166,7 @@ fn call_attributes(accepted: &JournalEntry, arguments: bool) -> Vec<KeyValue> {
     let c = &d["correlation"];
     let mut out =
         vec![KeyValue::new("mcp.method.name", "tools/call"), KeyValue::new("gen_ai.operation.name", "execute_tool")];
-    let text = |v: &Value| v.as_str().map(str::to_owned);
+    let text = |v: &Value| v.as_str().map(|t| bounded(t, MAX_TEXT));
     if let Some(tool) = text(&d["tool"]) {
         out.push(KeyValue::new("gen_ai.tool.name", tool));
     }
@@ -158,12 +184,13 @@ fn call_attributes(accepted: &JournalEntry, arguments: bool) -> Vec<KeyValue> {
     }
     let decision = if d["dispatched_anew"].is_null() { "new_execution" } else { "dispatched_anew" };
     out.push(KeyValue::new("postern.retry.decision", decision));
-    let protocol = text(&c["protocol_version"]);
-    if let Some(p) = &protocol {
-        out.push(KeyValue::new("mcp.protocol.version", p.clone()));
+    let protocol = revision(&c["protocol_version"]);
+    if let Some(p) = protocol {
+        out.push(KeyValue::new("mcp.protocol.version", p.to_owned()));
     }
+    // The agent chooses its request ids: a long one is not sent (it is in the journal).
     match &c["jsonrpc_id"] {
-        Value::String(id) => out.push(KeyValue::new("jsonrpc.request.id", id.clone())),
+        Value::String(id) if id.len() <= 128 => out.push(KeyValue::new("jsonrpc.request.id", id.clone())),
         Value::Number(id) => out.push(KeyValue::new("jsonrpc.request.id", id.to_string())),
         _ => {}
     }
@@ -171,19 +198,23 @@ fn call_attributes(accepted: &JournalEntry, arguments: bool) -> Vec<KeyValue> {
         out.push(KeyValue::new("network.transport", network_transport(&transport)));
     }
     // The MCP conventions: a session id only before 2026-07-28 (which has no sessions).
-    if let (Some(session), Some(p)) = (text(&c["mcp_session_id"]), &protocol)
-        && p.as_str() < "2026-07-28"
+    if let (Some(session), Some(p)) = (text(&c["mcp_session_id"]), protocol)
+        && p < "2026-07-28"
     {
         out.push(KeyValue::new("mcp.session.id", session));
     }
     if arguments {
         // As the journal's record holds them: secret arguments are keyed digests there.
-        out.push(KeyValue::new("postern.tool.arguments", d["record"]["arguments"].to_string()));
+        out.push(KeyValue::new(
+            "postern.tool.arguments",
+            bounded(&d["record"]["arguments"].to_string(), MAX_ARGUMENTS),
+        ));
     }
     out
 }
 
-/// The span of one execution, from its timeline up to and including its first outcome `end`.
+/// The span of one execution, from its timeline's first rows (at most [`MAX_EVENTS`], read up
+/// to `end`) and its first outcome `end`.
 pub(crate) fn span(
     timeline: &[JournalEntry],
     end: &JournalEntry,
@@ -192,7 +223,7 @@ pub(crate) fn span(
     scope: &InstrumentationScope,
 ) -> SpanData {
     let accepted = timeline.first();
-    let tool = accepted.and_then(|a| a.row.detail["tool"].as_str()).unwrap_or("unknown").to_owned();
+    let tool = bounded(accepted.and_then(|a| a.row.detail["tool"].as_str()).unwrap_or("unknown"), MAX_TEXT);
     let arguments = arguments_of.contains(&tool);
     let mut attributes = accepted.map(|a| call_attributes(a, arguments)).unwrap_or_default();
     if let Some(id) = end.row.execution_id {
@@ -217,9 +248,12 @@ pub(crate) fn span(
         attributes.push(KeyValue::new("error.type", err));
     }
     let mut events = SpanEvents::default();
-    events.events = timeline
-        .iter()
-        .take_while(|e| e.row.seq <= end.row.seq)
+    let before: Vec<&JournalEntry> = timeline.iter().filter(|e| e.row.seq < end.row.seq).take(MAX_EVENTS - 1).collect();
+    events.dropped_count =
+        u32::try_from(timeline.iter().filter(|e| e.row.seq < end.row.seq).count() - before.len()).unwrap_or(u32::MAX);
+    events.events = before
+        .into_iter()
+        .chain(std::iter::once(end))
         .map(|e| Event::new(e.row.event.as_str(), time_of(e), row_attributes(e), 0))
         .collect();
     SpanData {
@@ -369,7 +403,8 @@ mod tests {
         let scope = InstrumentationScope::builder("postern").build();
         let span = span(&timeline, &timeline[3], &ids, &Default::default(), &scope);
         let shown = format!("{:?}", span);
-        for canary in ["canary-argument", "canary-target", "canary-message", "canary-reason", "sess-1"] {
+        for canary in ["canary-argument", "canary-target", "canary-message", "canaryreason", "canaryreviewer", "sess-1"]
+        {
             assert!(!shown.contains(canary), "{canary} left in {shown}");
         }
         let attr = |k: &str| span.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| kv.value.to_string());
@@ -397,5 +432,62 @@ mod tests {
         assert_eq!(a.parent, None, "an invalid traceparent parents nothing");
         assert_ne!(a.trace, TraceId::INVALID);
         assert_ne!(a.span, SpanId::INVALID);
+    }
+}
+
+#[cfg(test)]
+mod bounds {
+    use super::*;
+    use postern_core::Timestamp;
+    use postern_store::{HashHex, JournalRow};
+    use serde_json::json;
+
+    fn row(seq: u64, event: RowEvent, detail: Value) -> JournalEntry {
+        JournalEntry {
+            row: JournalRow {
+                v: 1,
+                seq,
+                at: Timestamp::from_millis(1_764_445_000_000),
+                event,
+                execution_id: Some(ExecutionId::from_parts(Timestamp::from_millis(1_764_445_000_000), 9)),
+                session_id: None,
+                state: None,
+                result_sha256: None,
+                detail,
+            },
+            row_hash: HashHex([0; 32]),
+        }
+    }
+
+    /// What an agent controls (its request ids, `_meta`'s protocol version, retries without
+    /// end) cannot make a span or a record grow without bound.
+    #[test]
+    fn what_an_agent_controls_is_bounded() {
+        let huge = "x".repeat(1 << 20);
+        let accepted = row(
+            1,
+            RowEvent::Step(ExecutionState::Accepted),
+            json!({ "tool": huge, "actor": huge, "correlation": { "jsonrpc_id": huge, "protocol_version": huge,
+                    "mcp_session_id": "s", "transport": "streamable_http" } }),
+        );
+        let mut timeline = vec![accepted];
+        for seq in 2..1_000 {
+            timeline.push(row(
+                seq,
+                RowEvent::Note(postern_store::ActivityNote::RetryReceived),
+                json!({ "decision": "attach" }),
+            ));
+        }
+        let end = row(1_000, RowEvent::Step(ExecutionState::Denied), json!({}));
+        let ids = Ids::of(end.row.execution_id.unwrap(), timeline.first());
+        let scope = InstrumentationScope::builder("postern").build();
+        let span = span(&timeline, &end, &ids, &Default::default(), &scope);
+        assert_eq!(span.events.events.len(), MAX_EVENTS);
+        assert_eq!(span.events.events.last().map(|e| e.name.as_ref()), Some("denied"));
+        assert_eq!(span.events.dropped_count, 999 - (MAX_EVENTS as u32 - 1));
+        let size: usize = span.attributes.iter().map(|kv| kv.value.as_str().len()).sum();
+        assert!(size < 4 * MAX_TEXT, "{size}");
+        let attr = |k: &str| span.attributes.iter().any(|kv| kv.key.as_str() == k);
+        assert!(!attr("jsonrpc.request.id") && !attr("mcp.protocol.version") && !attr("mcp.session.id"));
     }
 }

@@ -27,12 +27,15 @@ fn invalid(setting: &str, problem: impl Into<String>) -> SettingsError {
 /// The OTLP export of the journal.
 #[derive(Clone)]
 pub struct ExportSettings {
-    /// Where spans go (`…/v1/traces`).
-    pub traces: url::Url,
-    /// Where log records go (`…/v1/logs`).
-    pub logs: url::Url,
+    /// Where spans go (`…/v1/traces`); `None`: spans are not exported.
+    pub traces: Option<url::Url>,
+    /// Where log records go (`…/v1/logs`); `None`: log records are not exported.
+    pub logs: Option<url::Url>,
     /// Sent with every request (an API key, a tenant); values are never shown.
     headers: Vec<(String, String)>,
+    /// Header names the OTLP library would take from the environment on its own but that this
+    /// export does not send (the endpoint came from a flag): removed from every request.
+    pub(crate) unsent: Vec<String>,
     pub timeout: Duration,
     /// The tools whose arguments (and result digest) the export carries (`[export] arguments` in
     /// tools.toml): none by default.
@@ -71,11 +74,31 @@ fn percent_decoded(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// A header name as HTTP allows it, and a value without line breaks or control characters.
+/// A header name as HTTP allows it, and a value of visible ASCII (no line breaks, no control
+/// characters, nothing an HTTP library would drop in silence).
 fn header_ok(name: &str, value: &str) -> bool {
     !name.is_empty()
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-        && !value.chars().any(|c| c.is_control())
+        && value.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+/// The environment variables the OTLP library reads headers from by itself.
+const HEADER_VARIABLES: [&str; 3] =
+    ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_LOGS_HEADERS"];
+
+/// `k=v,…` (percent-encoded), as the OTLP exporter specification writes a header list.
+fn header_list(setting: &str, list: &str) -> Result<Vec<(String, String)>, SettingsError> {
+    let mut out = Vec::new();
+    for pair in list.split(',').filter(|p| !p.trim().is_empty()) {
+        let bad = || invalid(setting, "not a list of key=value pairs of visible ASCII (values not shown)");
+        let (k, v) = pair.split_once('=').ok_or_else(bad)?;
+        let (k, v) = (percent_decoded(k.trim()).ok_or_else(bad)?, percent_decoded(v.trim()).ok_or_else(bad)?);
+        if !header_ok(&k, &v) {
+            return Err(bad());
+        }
+        out.push((k.to_ascii_lowercase(), v));
+    }
+    Ok(out)
 }
 
 fn endpoint(setting: &str, text: &str) -> Result<url::Url, SettingsError> {
@@ -114,8 +137,13 @@ impl ExportSettings {
             Some(flag) => Some(("--otlp-endpoint", flag.to_owned())),
             None => var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|v| ("OTEL_EXPORTER_OTLP_ENDPOINT", v)),
         };
-        // A per-signal endpoint is used as it is; the base gets the signal's path.
-        let signal = |variable: &str, path: &str| -> Result<Option<url::Url>, SettingsError> {
+        // A per-signal endpoint is used as it is; the base gets the signal's path. A signal with
+        // neither is off (never the specification's localhost default: a journal is not sent to
+        // an address nobody named). `OTEL_{TRACES,LOGS}_EXPORTER=none` turns one off too.
+        let signal = |variable: &str, exporter: &str, path: &str| -> Result<Option<url::Url>, SettingsError> {
+            if flag_endpoint.is_none() && var(exporter).is_some_and(|v| v.trim().eq_ignore_ascii_case("none")) {
+                return Ok(None);
+            }
             if flag_endpoint.is_none()
                 && let Some(own) = var(variable)
             {
@@ -129,66 +157,69 @@ impl ExportSettings {
                 None => Ok(None),
             }
         };
-        let traces = signal("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/v1/traces")?;
-        let logs = signal("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "/v1/logs")?;
-        let (traces, logs) = match (traces, logs) {
-            (None, None) => return Ok(None),
-            (Some(t), Some(l)) => (t, l),
-            (Some(t), None) => {
-                let l = endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", t.as_str())?.join("/v1/logs").map_err(|e| {
-                    invalid(
-                        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                        format!("cannot be made from the traces endpoint ({e})"),
-                    )
-                })?;
-                (t, l)
-            }
-            (None, Some(l)) => {
-                let t = l.join("/v1/traces").map_err(|e| {
-                    invalid(
-                        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                        format!("cannot be made from the logs endpoint ({e})"),
-                    )
-                })?;
-                (t, l)
-            }
-        };
+        let traces = signal("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER", "/v1/traces")?;
+        let logs = signal("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "OTEL_LOGS_EXPORTER", "/v1/logs")?;
+        if traces.is_none() && logs.is_none() {
+            return Ok(None);
+        }
+        // Headers: the environment's (general, then per signal), then the flags, each later one
+        // replacing an earlier one of the same name. With the endpoint from a flag, only the
+        // flags' headers go: an API key meant for another backend never follows the flag.
         let mut headers: Vec<(String, String)> = Vec::new();
-        let mut set = |name: &str, value: String| {
-            headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
-            headers.push((name.to_ascii_lowercase(), value));
+        let mut set = |name: String, value: String| {
+            headers.retain(|(k, _)| *k != name);
+            headers.push((name, value));
         };
-        if let Some(list) = var("OTEL_EXPORTER_OTLP_HEADERS") {
-            for pair in list.split(',').filter(|p| !p.trim().is_empty()) {
-                let bad = || invalid("OTEL_EXPORTER_OTLP_HEADERS", "not a list of key=value pairs (values not shown)");
-                let (k, v) = pair.split_once('=').ok_or_else(bad)?;
-                let (k, v) = (percent_decoded(k.trim()).ok_or_else(bad)?, percent_decoded(v.trim()).ok_or_else(bad)?);
-                if !header_ok(&k, &v) {
-                    return Err(bad());
+        let mut from_environment = Vec::new();
+        for variable in HEADER_VARIABLES {
+            if let Some(list) = var(variable) {
+                for (k, v) in header_list(variable, &list)? {
+                    from_environment.push(k.clone());
+                    if flag_endpoint.is_none() {
+                        set(k, v);
+                    }
                 }
-                set(&k, v);
             }
         }
         for flag in flag_headers {
             let bad = || {
                 invalid(
                     "--otlp-header",
-                    "expected NAME=VALUE, a header name and a value without control characters (value not shown)",
+                    "expected NAME=VALUE, a header name and a value of visible ASCII (value not shown)",
                 )
             };
             let (k, v) = flag.split_once('=').ok_or_else(bad)?;
             if !header_ok(k.trim(), v) {
                 return Err(bad());
             }
-            set(k.trim(), v.to_owned());
+            set(k.trim().to_ascii_lowercase(), v.to_owned());
+        }
+        let unsent: Vec<String> =
+            from_environment.into_iter().filter(|k| !headers.iter().any(|(h, _)| h == k)).collect();
+        // Headers carry credentials: never in clear beyond this machine.
+        for url in traces.iter().chain(logs.iter()) {
+            let loopback = match url.host() {
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                None => false,
+            };
+            if !headers.is_empty() && url.scheme() == "http" && !loopback {
+                return Err(invalid(
+                    base.as_ref().map_or("OTEL_EXPORTER_OTLP_ENDPOINT", |(s, _)| s),
+                    "headers (credentials) would travel in clear: use https beyond this machine",
+                ));
+            }
         }
         let timeout = match var("OTEL_EXPORTER_OTLP_TIMEOUT") {
-            Some(ms) => Duration::from_millis(
-                ms.trim().parse().map_err(|e| invalid("OTEL_EXPORTER_OTLP_TIMEOUT", format!("milliseconds: {e}")))?,
-            ),
+            Some(ms) => match ms.trim().parse::<u64>() {
+                Ok(0) => return Err(invalid("OTEL_EXPORTER_OTLP_TIMEOUT", "0 ms would fail every export")),
+                Ok(ms) => Duration::from_millis(ms),
+                Err(e) => return Err(invalid("OTEL_EXPORTER_OTLP_TIMEOUT", format!("milliseconds: {e}"))),
+            },
             None => DEFAULT_TIMEOUT,
         };
-        Ok(Some(ExportSettings { traces, logs, headers, timeout, arguments_of: BTreeSet::new() }))
+        Ok(Some(ExportSettings { traces, logs, headers, unsent, timeout, arguments_of: BTreeSet::new() }))
     }
 
     /// With the tools whose arguments the export carries.
@@ -201,9 +232,10 @@ impl ExportSettings {
         &self.headers
     }
 
-    /// Where the export goes, as status shows it: the traces endpoint without its query.
+    /// Where the export goes, as status shows it: the traces endpoint (else the logs one)
+    /// without its query.
     pub fn target(&self) -> String {
-        let mut shown = self.traces.clone();
+        let Some(mut shown) = self.traces.clone().or_else(|| self.logs.clone()) else { return String::new() };
         shown.set_query(None);
         shown.set_fragment(None);
         shown.to_string()
@@ -251,34 +283,56 @@ mod tests {
         move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
     }
 
+    fn url(u: &Option<url::Url>) -> Option<&str> {
+        u.as_ref().map(url::Url::as_str)
+    }
+
     #[test]
     fn the_base_endpoint_gets_each_signals_path_and_a_per_signal_one_is_used_as_given() {
         let s = ExportSettings::resolve(None, &[], env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318/")]))
             .unwrap()
             .unwrap();
-        assert_eq!(s.traces.as_str(), "http://127.0.0.1:4318/v1/traces");
-        assert_eq!(s.logs.as_str(), "http://127.0.0.1:4318/v1/logs");
+        assert_eq!(url(&s.traces), Some("http://127.0.0.1:4318/v1/traces"));
+        assert_eq!(url(&s.logs), Some("http://127.0.0.1:4318/v1/logs"));
         let s = ExportSettings::resolve(
             None,
             &[],
             env(&[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
                 ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://b/otlp/t"),
             ]),
         )
         .unwrap()
         .unwrap();
-        assert_eq!(s.traces.as_str(), "https://b/otlp/t");
-        assert_eq!(s.logs.as_str(), "http://a:4318/v1/logs");
+        assert_eq!(url(&s.traces), Some("https://b/otlp/t"));
+        assert_eq!(url(&s.logs), Some("http://127.0.0.1:4318/v1/logs"));
+        // A per-signal endpoint alone: the other signal is off, never sent to a made-up address.
+        let s = ExportSettings::resolve(
+            None,
+            &[],
+            env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://tempo/otlp/v1/traces")]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((url(&s.traces), url(&s.logs)), (Some("https://tempo/otlp/v1/traces"), None));
+        // A traces-only backend: logs turned off as the SDK's variable says.
+        let s = ExportSettings::resolve(
+            None,
+            &[],
+            env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://jaeger:4318"), ("OTEL_LOGS_EXPORTER", "none")]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(url(&s.logs), None);
         // The flag wins over the environment, and turns the export on even where the SDK is off.
         let s = ExportSettings::resolve(
-            Some("http://flag:1"),
+            Some("http://127.0.0.1:1"),
             &["X-Api-Key=abc".into()],
             env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://b/t"), ("OTEL_SDK_DISABLED", "true")]),
         )
         .unwrap()
         .unwrap();
-        assert_eq!(s.traces.as_str(), "http://flag:1/v1/traces");
+        assert_eq!(url(&s.traces), Some("http://127.0.0.1:1/v1/traces"));
         assert_eq!(s.header_names(), ["x-api-key"]);
         assert!(!format!("{s:?}").contains("abc"), "a header's value is never shown");
     }
@@ -288,6 +342,12 @@ mod tests {
         assert!(ExportSettings::resolve(None, &[], env(&[])).unwrap().is_none());
         let disabled = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"), ("OTEL_SDK_DISABLED", "TRUE")]);
         assert!(ExportSettings::resolve(None, &[], disabled).unwrap().is_none());
+        let both_off = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+            ("OTEL_LOGS_EXPORTER", "none"),
+        ]);
+        assert!(ExportSettings::resolve(None, &[], both_off).unwrap().is_none());
     }
 
     #[test]
@@ -296,16 +356,28 @@ mod tests {
             None,
             &["authorization=Bearer flag".into()],
             env(&[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://a:1"),
                 ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20env,x-tenant=t%2C1"),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=traces"),
             ]),
         )
         .unwrap()
         .unwrap();
         assert_eq!(
             s.headers(),
-            [("x-tenant".to_owned(), "t,1".to_owned()), ("authorization".to_owned(), "Bearer flag".to_owned())]
+            [("x-tenant".to_owned(), "traces".to_owned()), ("authorization".to_owned(), "Bearer flag".to_owned())]
         );
+        // With the endpoint from a flag, the environment's headers (another backend's key) stay
+        // home, and are removed from what the OTLP library would add by itself.
+        let s = ExportSettings::resolve(
+            Some("https://other:1"),
+            &[],
+            env(&[("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=for-someone-else")]),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(s.headers().is_empty());
+        assert_eq!(s.unsent, ["x-api-key"]);
     }
 
     #[test]

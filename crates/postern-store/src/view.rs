@@ -317,6 +317,38 @@ impl JournalView {
         })
     }
 
+    /// The first `limit` activity rows of one execution up to row `until`, oldest first (an
+    /// exporter's bounded read: never a whole timeline a stream of retries made long).
+    pub fn timeline_until(&self, id: ExecutionId, until: u64, limit: usize) -> Result<Vec<JournalEntry>, StoreError> {
+        self.with(|c| {
+            Self::entries(
+                c,
+                "SELECT seq, body, row_hash FROM journal WHERE execution_id = ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
+                params![
+                    id.to_string(),
+                    i64::try_from(until).unwrap_or(i64::MAX),
+                    i64::try_from(limit.max(1)).unwrap_or(i64::MAX)
+                ],
+            )
+        })
+    }
+
+    /// The row at which one execution first reached one of `states` (its first outcome).
+    pub fn first_state_row(&self, id: ExecutionId, states: &[ExecutionState]) -> Result<Option<u64>, StoreError> {
+        let list: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        let list = serde_json::to_string(&list).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.with(|c| {
+            use rusqlite::OptionalExtension;
+            Ok(c.prepare_cached(
+                "SELECT seq FROM journal WHERE execution_id = ?1 AND stream = 'activity'
+                   AND event IN (SELECT value FROM json_each(?2)) ORDER BY seq LIMIT 1",
+            )?
+            .query_row(params![id.to_string(), list], |r| r.get::<_, i64>(0))
+            .optional()?
+            .and_then(|s| u64::try_from(s).ok()))
+        })
+    }
+
     /// Exporter `name`'s bookmark, if it has one.
     pub fn export_cursor(&self, name: &str) -> Result<Option<ExportCursor>, StoreError> {
         self.with(|c| {

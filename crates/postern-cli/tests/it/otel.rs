@@ -92,6 +92,11 @@ arguments = ["pay"]
     let endpoint = format!("http://127.0.0.1:{port}");
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
     let gw = Gateway::start_with(data, &manifest, &env);
+    // Where the export begins: the journal's end when it first started (its bookmark then).
+    let begun = eventually("the export's bookmark", Duration::from_secs(20), || {
+        let s: Value = serde_json::from_str(&gw.postern(&["status", "--json"]).stdout).ok()?;
+        s["export"]["otlp"]["seq"].as_u64()
+    });
     let mut agent = Agent::start(Sdk::Python);
     agent.connect(gw.bridge_command());
 
@@ -175,8 +180,16 @@ arguments = ["pay"]
         .collect();
     seqs.sort_unstable();
     seqs.dedup();
-    let from = seqs[0];
-    assert_eq!(seqs, (from..=head).collect::<Vec<_>>(), "every row from the first exported to the head, no gap");
+    assert_eq!(seqs, (begun + 1..=head).collect::<Vec<_>>(), "every row since the export began, no gap");
+    // A batch cut by the outage is sent again (at least once): the same span, with the same ids.
+    let all = spans(otlp.path());
+    for id in &ids {
+        let sent: std::collections::BTreeSet<(String, String)> = span_of(&all, id)
+            .iter()
+            .map(|s| (s["trace_id"].as_str().unwrap().to_owned(), s["span_id"].as_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(sent.len(), 1, "one span per execution, the outage and restart included: {id} {sent:?}");
+    }
     let logs = lines(otlp.path().join("logs.jsonl"));
     let dispatched = logs
         .iter()
@@ -185,9 +198,34 @@ arguments = ["pay"]
     assert_eq!(dispatched["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "a row's record is in its span's trace");
     assert_eq!(dispatched["span_id"], pay_span["span_id"]);
 
-    // Nothing the owner did not name leaves: not the credential, not wire's arguments.
+    // An endpoint that refuses for good (HTTP 400) does not stop the export: the batch is halved
+    // down to the row it cannot take, which is skipped with its reason, and the export moves on.
+    std::fs::write(otlp.path().join("reject"), "").unwrap();
+    agent.drop_connection();
+    agent.connect(gw.bridge_command());
+    let refused = agent.call_and_wait("refused", "balance", json!({}));
+    assert_eq!(refused["structured"]["state"], "completed", "{refused}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = gw.postern(&["status", "--json"]).stdout;
+        let s: Value = serde_json::from_str(&status).unwrap_or_default();
+        let error = s["export"]["otlp"]["last_error"].as_str().unwrap_or_default().to_owned();
+        if s["export"]["lag_rows"].as_u64() == Some(0) && error.contains("refused by the endpoint and skipped") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refused rows were not skipped: {status}\n{}",
+            gw.stderr.lock().unwrap().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::remove_file(otlp.path().join("reject")).unwrap();
+
+    // Nothing the owner did not name leaves: not the credential, not wire's arguments, not the
+    // target's address.
     let raw = std::fs::read(otlp.path().join("raw.bin")).unwrap();
-    for needle in [CANARY_SECRET, "7777123"] {
+    for needle in [CANARY_SECRET, "7777123", host.as_str()] {
         assert!(!raw.windows(needle.len()).any(|w| w == needle.as_bytes()), "{needle} reached the OTLP endpoint");
     }
     assert_eq!(postern_testkit::file_containing(gw.path(), CANARY_SECRET), None);

@@ -510,7 +510,6 @@ impl PosternMcp {
     }
 }
 
-/// The `Mcp-Session-Id` a Streamable HTTP request came with (stdio has none).
 /// What a call's `accepted` row keeps of how it arrived (evidence, never an input to a
 /// decision): the transport, the agent run, the MCP session and protocol version, the JSON-RPC
 /// id, and the agent's W3C `traceparent` (SEP-414) when it sent a well-formed one.
@@ -519,7 +518,12 @@ fn correlation(caller: &Caller, run: &crate::caller::runs::AgentRun, context: &R
         .meta
         .protocol_version()
         .or_else(|| context.peer.peer_info().map(|i| i.protocol_version.clone()))
-        .map(|v| v.to_string());
+        .map(|v| v.to_string())
+        // A revision is a date (`2026-07-28`); whatever else a client put there is not kept.
+        .filter(|v| {
+            v.len() == 10
+                && v.bytes().enumerate().all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() })
+        });
     let traceparent = context.meta.get_traceparent().and_then(postern_core::trace::TraceParent::parse);
     let mut correlation = json!({
         "transport": caller.transport.as_str(),
@@ -536,6 +540,7 @@ fn correlation(caller: &Caller, run: &crate::caller::runs::AgentRun, context: &R
     correlation
 }
 
+/// The `Mcp-Session-Id` a Streamable HTTP request came with (stdio has none).
 fn mcp_session_id(context: &RequestContext<RoleServer>) -> Value {
     context
         .extensions
