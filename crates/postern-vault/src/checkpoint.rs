@@ -109,18 +109,8 @@ pub fn verify_checkpoint_signature(checkpoint: &Checkpoint, trusted_public_key: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryKeychain;
+    use crate::tests::vault;
     use postern_core::Timestamp;
-    use postern_store::Store;
-    use std::sync::Arc;
-
-    fn vault() -> (tempfile::TempDir, Vault) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(0)).expect("store");
-        let vault = Vault::open(Arc::new(store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(1))
-            .expect("vault");
-        (dir, vault)
-    }
 
     #[test]
     fn checkpoint_signatures_bind_contents_and_signer() {

@@ -594,10 +594,11 @@ impl Vault {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn vault() -> (tempfile::TempDir, Vault) {
+    /// A vault on a new journal, its secrets in memory.
+    pub(crate) fn vault() -> (tempfile::TempDir, Vault) {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(0)).expect("store");
         let vault = Vault::open(Arc::new(store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(1))
