@@ -251,7 +251,9 @@ fn a_server_signed_in_with_oauth_is_called_refreshed_once_and_refused_when_the_g
     let text = echoed.to_string();
     assert!(text.contains("Bearer <redacted>") || text.contains("Bearer \\u003credacted"), "{echoed}");
 
-    // The access token expires; concurrent calls share one refresh.
+    // The access token expires; concurrent calls share one refresh. (On a loaded machine the calls
+    // above may have outlived the first token already: counted from here.)
+    let before = server.count("refresh_token");
     std::thread::sleep(Duration::from_secs(3));
     for n in 0..4 {
         agent.call(&format!("after-{n}"), "remote__balance", json!({}));
@@ -260,7 +262,7 @@ fn a_server_signed_in_with_oauth_is_called_refreshed_once_and_refused_when_the_g
         let out = agent.result(&format!("after-{n}"));
         assert_eq!(out["structured"]["state"], "completed", "{out}");
     }
-    assert_eq!(server.count("refresh_token"), 1, "one refresh for concurrent calls: {:?}", server.grants());
+    assert_eq!(server.count("refresh_token"), before + 1, "one refresh for concurrent calls: {:?}", server.grants());
     assert!(!vault_rows(gw.path(), "oauth_refreshed").is_empty());
 
     // The grant is revoked at the server: once the token expires, the call is refused without
@@ -366,12 +368,15 @@ fn a_client_metadata_document_names_postern_where_the_server_takes_one_and_nothi
     agent.connect(gw.bridge_command());
     let paid = agent.call_and_wait("pay", "remote__pay", json!({ "amount": 2 }));
     assert_eq!(paid["structured"]["state"], "completed", "{paid}");
+    // On a loaded machine the agent may start after the first token's two seconds: then `pay`
+    // refreshed already. Whatever it did, every token is older than its lifetime after this.
+    let before = server.records("refresh_token").len();
     std::thread::sleep(Duration::from_secs(3));
     let later = agent.call_and_wait("later", "remote__balance", json!({}));
     assert_eq!(later["structured"]["state"], "completed", "{later}");
     let refreshes = server.records("refresh_token");
-    assert_eq!(refreshes.len(), 1, "{:?}", server.grants());
-    assert_eq!(refreshes[0]["client_id"], json!(document));
+    assert_eq!(refreshes.len(), before + 1, "one refresh for the later call: {:?}", server.grants());
+    assert!(refreshes.iter().all(|r| r["client_id"] == json!(document)), "{refreshes:?}");
     drop(agent);
     let log = gw.stderr.lock().unwrap().clone();
     no_token_leaked(&server, gw.path(), &[signed.stdout.as_str(), signed.stderr.as_str(), &log]);
