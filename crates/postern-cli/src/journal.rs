@@ -135,7 +135,14 @@ fn summary(e: &JournalEntry) -> serde_json::Value {
     let d = &e.row.detail;
     match e.row.event {
         Event::Step(ExecutionState::Accepted) => {
-            json!({"tool": d["tool"], "actor": d["actor"], "fingerprint": d["fingerprint"]})
+            let mut brief = json!({"tool": d["tool"], "actor": d["actor"], "fingerprint": d["fingerprint"]});
+            // A folded row (a read-only call up to its dispatch): the steps it holds, by name.
+            if let Ok(steps) = e.row.folded_steps()
+                && !steps.is_empty()
+            {
+                brief["then"] = steps.iter().map(|s| json!(s.state)).collect();
+            }
+            brief
         }
         Event::Note(ActivityNote::RetryReceived) => {
             json!({"decision": d["decision"]["decision"], "correlation": d["correlation"]})

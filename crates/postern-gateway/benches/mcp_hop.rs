@@ -1,14 +1,15 @@
 //! The user-like benchmark: a read-only `tools/call` that injects a bound bearer credential (read
 //! from the OS keychain), through Postern's Streamable HTTP endpoint and its bridge socket, beside
 //! the floor every MCP gateway is measured against — a minimal rmcp Streamable HTTP server whose
-//! tool does the same GET itself — in the same run, against the same loopback target.
+//! tool does the same GET itself — and one proxy hop in front of the floor (a minimal rmcp relay),
+//! in the same run, against the same loopback target.
 //!
 //! The clients run in a separate process (this executable again), as agents do: 1, 8 and 32
 //! sessions, each keeping its connection alive or opening a new TCP connection per call (rmcp's
 //! default client), first on a quiet machine, then with `POSTERN_BENCH_SOCKETS` (default 2,000)
-//! idle loopback connections held by a third process. Rows alternate floor and Postern. Each row
-//! prints calls/s, p50/p99, the server process's CPU per call and the bytes it wrote per call;
-//! Postern's rows also print their ratio to the floor.
+//! idle loopback connections held by a third process. Rows alternate floor, relay and Postern.
+//! Each row prints calls/s, p50/p99, the server process's CPU per call and the bytes it wrote per
+//! call; the relay's rows print their ratio to the floor, Postern's to the floor and the relay.
 //!
 //! Run: `cargo bench -p postern-gateway --bench mcp_hop` (`POSTERN_BENCH_CALLS` to change N,
 //! `POSTERN_BENCH_KEYCHAIN=memory` without a Secret Service).
@@ -26,15 +27,20 @@ use common::{
     ms,
 };
 
-/// The floor: a minimal rmcp Streamable HTTP server whose one tool does the same GET (with the
-/// same bearer header) itself — no vault, no journal, no identity, no ladder.
+/// The two servers Postern is measured against, each a minimal rmcp Streamable HTTP server with
+/// no vault, journal, identity or ladder.
 #[derive(Clone)]
-struct Floor {
-    client: reqwest::Client,
-    url: String,
+enum Minimal {
+    /// The floor: its one tool does the same GET (with the same bearer header) itself.
+    Floor { client: reqwest::Client, url: String },
+    /// One proxy hop, what an MCP proxy does: its tool relays each call to the floor at `url`
+    /// (one kept-alive HTTP client, protocol 2026-07-28 with JSON answers) and decodes the
+    /// floor's result into rmcp's types before answering with it. (mcp-proxy 0.4.3, a Python
+    /// relay, measured on this machine at 0.54–0.65x the floor.)
+    Relay { client: reqwest::Client, url: String },
 }
 
-impl rmcp::ServerHandler for Floor {
+impl rmcp::ServerHandler for Minimal {
     fn get_info(&self) -> rmcp::model::ServerConfig {
         rmcp::model::ServerConfig::new(rmcp::model::ServerCapabilities::builder().enable_tools().build())
             .with_protocol_version(rmcp::model::ProtocolVersion::V_2026_07_28)
@@ -54,32 +60,51 @@ impl rmcp::ServerHandler for Floor {
 
     async fn call_tool(
         &self,
-        _request: rmcp::model::CallToolRequestParams,
+        request: rmcp::model::CallToolRequestParams,
         _context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
-        let body = self
-            .client
-            .get(&self.url)
-            .bearer_auth("bench-secret-token")
-            .send()
-            .await
-            .and_then(|r| r.error_for_status())
-            .map_err(|e| rmcp::ErrorData::internal_error(e.to_string(), None))?
-            .text()
-            .await
-            .map_err(|e| rmcp::ErrorData::internal_error(e.to_string(), None))?;
-        Ok(common::clients::completed(body))
+        let failed = |e: &dyn std::fmt::Display| rmcp::ErrorData::internal_error(e.to_string(), None);
+        match self {
+            Minimal::Floor { client, url } => {
+                let sent = client.get(url).bearer_auth("bench-secret-token").send().await;
+                let body = sent.and_then(|r| r.error_for_status()).map_err(|e| failed(&e))?;
+                Ok(common::clients::completed(body.text().await.map_err(|e| failed(&e))?))
+            }
+            Minimal::Relay { client, url } => {
+                let line = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": request.name, "arguments": request.arguments,
+                        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                            "io.modelcontextprotocol/clientCapabilities": {},
+                            "io.modelcontextprotocol/clientInfo": {"name": "relay", "version": "1"}}}});
+                let answer: serde_json::Value = client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", request.name.as_ref())
+                    .body(line.to_string())
+                    .send()
+                    .await
+                    .map_err(|e| failed(&e))?
+                    .json()
+                    .await
+                    .map_err(|e| failed(&e))?;
+                let result: rmcp::model::CallToolResult =
+                    serde_json::from_value(answer["result"].clone()).map_err(|e| failed(&format!("{e}: {answer}")))?;
+                Ok(rmcp::model::CallToolResponse::Complete(result))
+            }
+        }
     }
 }
 
-/// Serves [`Floor`] on a free loopback port; its `/mcp` URL.
-async fn start_floor(target: String) -> String {
+/// Serves `handler` as a Streamable HTTP MCP server on a free loopback port; its `/mcp` URL.
+async fn start_server<H: rmcp::ServerHandler + Clone + Send + Sync + 'static>(handler: H) -> String {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
-    let floor = Floor { client: reqwest::Client::builder().no_proxy().build().expect("client"), url: target };
     let service = StreamableHttpService::new(
-        move || Ok(floor.clone()),
+        move || Ok(handler.clone()),
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default().with_json_response(true),
     );
@@ -91,7 +116,7 @@ async fn start_floor(target: String) -> String {
         let _ = tcp.set_nodelay(true);
     });
     tokio::spawn(async move {
-        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await.expect("floor");
+        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await.expect("server");
     });
     format!("http://{addr}/mcp")
 }
@@ -171,7 +196,7 @@ async fn row(via: Via, target: &str, token: &str, concurrency: usize, calls: usi
     }
 }
 
-fn print(name: &str, r: &Row, floor: Option<&Row>) {
+fn print(name: &str, r: &Row, floor: Option<&Row>, relay: Option<&Row>) {
     let f = &r.figures;
     let bytes = r.bytes_per_call.map_or("?".to_owned(), |b| format!("{:.1} KiB", b / 1024.0));
     print!(
@@ -181,10 +206,13 @@ fn print(name: &str, r: &Row, floor: Option<&Row>) {
         ms(f.p99),
         ms(r.cpu_per_call)
     );
-    match floor {
-        Some(floor) => println!("  {}", common::versus(f, &floor.figures, "floor")),
-        None => println!(),
+    if let Some(floor) = floor {
+        print!("  {}", common::versus(f, &floor.figures, "floor"));
     }
+    if let Some(relay) = relay {
+        print!("  {}", common::versus(f, &relay.figures, "relay"));
+    }
+    println!();
 }
 
 fn main() {
@@ -227,7 +255,9 @@ fn main() {
         let store = Arc::clone(&host.store);
         let engine = host.engine(manifest, Arc::new(postern_engine::LockOnlyApprover)).expect("engine");
         // After the engine, which installs the TLS crypto provider every reqwest client needs.
-        let floor_url = start_floor(format!("{base}/r")).await;
+        let http = reqwest::Client::builder().no_proxy().build().expect("client");
+        let floor_url = start_server(Minimal::Floor { client: http.clone(), url: format!("{base}/r") }).await;
+        let relay_url = start_server(Minimal::Relay { client: http, url: floor_url.clone() }).await;
         // One agent token per client kind: each token holds at most 64 sessions.
         let mut tokens = Vec::new();
         for (i, name) in ["kept", "fresh", "socket"].into_iter().enumerate() {
@@ -262,14 +292,16 @@ fn main() {
             println!("— {idle} idle loopback connections held by another process ({table} IPv4 TCP sockets)");
             for &concurrency in &sessions {
                 println!("{concurrency} session(s):");
-                let mut floor = None;
+                let (mut floor, mut relay) = (None, None);
                 for (name, via, kind) in [
                     ("floor: minimal rmcp", Via::Http { fresh: false }, "floor kept"),
+                    ("relay: one proxy hop", Via::Http { fresh: false }, "relay kept"),
                     ("Postern, Streamable HTTP", Via::Http { fresh: false }, "kept"),
                     ("Postern, bridge socket", Via::Socket, "socket"),
                     ("floor: JSON, 2026-07-28", Via::Json, "floor json"),
                     ("Postern, JSON, 2026-07-28", Via::Json, "json"),
                     ("floor, conn. per call", Via::Http { fresh: true }, "floor fresh"),
+                    ("relay, conn. per call", Via::Http { fresh: true }, "relay fresh"),
                     ("Postern, conn. per call", Via::Http { fresh: true }, "fresh"),
                 ] {
                     if !wanted(kind) {
@@ -278,6 +310,7 @@ fn main() {
                     let n = if matches!(via, Via::Http { fresh: true }) { calls / 4 } else { calls };
                     let (target, token) = match (kind, via) {
                         (k, _) if k.starts_with("floor") => (floor_url.as_str(), "-"),
+                        (k, _) if k.starts_with("relay") => (relay_url.as_str(), "-"),
                         (_, Via::Socket) => (socket.as_str(), tokens[2].as_str()),
                         (_, Via::Json) => (http_url.as_str(), tokens[0].as_str()),
                         (_, Via::Http { fresh: true }) => (http_url.as_str(), tokens[1].as_str()),
@@ -285,10 +318,13 @@ fn main() {
                     };
                     let r = row(via, target, token, concurrency, n).await;
                     if kind.starts_with("floor") {
-                        print(name, &r, None);
-                        floor = Some(r);
+                        print(name, &r, None, None);
+                        (floor, relay) = (Some(r), None);
+                    } else if kind.starts_with("relay") {
+                        print(name, &r, floor.as_ref(), None);
+                        relay = Some(r);
                     } else {
-                        print(name, &r, floor.as_ref());
+                        print(name, &r, floor.as_ref(), relay.as_ref());
                     }
                 }
             }

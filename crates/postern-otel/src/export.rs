@@ -332,6 +332,10 @@ impl Exporter {
         tokio::task::spawn_blocking(move || {
             let rows = view.rows_after(cursor, rows)?;
             let last = rows.last().map_or(cursor, |r| r.row.seq);
+            let read = rows.len();
+            // A log record per lifecycle step: a folded row (a read-only call's steps up to its
+            // dispatch) is one record per step it holds, as the timeline reads it.
+            let rows: Vec<JournalEntry> = rows.into_iter().flat_map(JournalEntry::unfold).collect();
             // Each execution's `accepted` row, ids and first outcome, read once per batch.
             struct Known {
                 accepted: Option<JournalEntry>,
@@ -371,7 +375,7 @@ impl Exporter {
                     spans.push(mapping::span(&timeline, entry, &k.ids, &arguments_of, &scope));
                 }
             }
-            Ok(Batch { spans, logs, last, rows: rows.len() })
+            Ok(Batch { spans, logs, last, rows: read })
         })
         .await
         .map_err(|e| StoreError::Corrupt(e.to_string()))?

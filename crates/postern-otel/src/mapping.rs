@@ -1,4 +1,4 @@
-//! Journal rows as OpenTelemetry data: a log record for every row, and for every execution one
+//! Journal rows as OpenTelemetry data: a log record for every row (one per step of a folded row), and for every execution one
 //! span from its `accepted` row to its first outcome (completed, outcome unknown, failed before
 //! dispatch, denied, needs review, not executed) with an event per step; the steps after it
 //! (delivery, a verification) are log records in the span's trace. Ids are derived from the

@@ -133,6 +133,9 @@ pub enum Finding {
     /// Row `seq` chains, but its event is not one its stream has: a row moved to another stream
     /// or renamed (a granting row hidden from the authority view), or written by another version.
     UnknownEvent { seq: u64, stream: String, event: String },
+    /// Row `seq` chains, but it is a folded row (a read-only call's steps up to its dispatch in
+    /// its `accepted` row) whose steps are not a lifecycle ending where the row says.
+    FoldDiffers { seq: u64, why: String },
     /// A table that grants authority (lock, credentials, agents, session grants, allowlist)
     /// differs from what the journal says.
     AuthorityMismatch { table: String, key: String, journal: String, table_value: String },
@@ -201,6 +204,9 @@ impl fmt::Display for Finding {
                 "row {seq}: the {stream:?} stream has no event {event:?} (the row was moved or renamed, or \
                  written by another version; what it granted or took away is not known)"
             ),
+            Finding::FoldDiffers { seq, why } => {
+                write!(f, "row {seq}: a folded row that does not read as a lifecycle: {why}")
+            }
             Finding::AuthorityMismatch { table, key, journal, .. } if table == "journal" && key != "chain" => write!(
                 f,
                 "journal {key} grants authority but cannot be read: {journal} (the journal was edited; \
@@ -248,6 +254,50 @@ fn unknown_events(conn: &Connection, seqs: &[u64]) -> Result<Vec<Finding>, Store
         });
     }
     Ok(out)
+}
+
+/// The findings for folded rows whose steps are not a lifecycle, with why.
+fn fold_differences(conn: &Connection, seqs: &[u64]) -> Result<Vec<Finding>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT body FROM journal WHERE seq = ?1")?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for &seq in seqs {
+        let body: String = stmt.query_row([seq as i64], |r| r.get(0))?;
+        let why = match crate::journal::JournalRow::from_body(body.as_bytes()) {
+            Err(e) => e.to_string(),
+            Ok(row) => match row.folded_steps() {
+                Err(e) => e.to_string(),
+                Ok(_) => continue,
+            },
+        };
+        out.push(Finding::FoldDiffers { seq, why });
+    }
+    Ok(out)
+}
+
+/// Whether a folded row's steps walk the state machine from `accepted` to the state its head
+/// names, read without building the payload (the walk's hot path: every read-only call has one).
+fn fold_reads(body: &[u8], ends_at: ExecutionState) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Row {
+        payload: Payload,
+    }
+    #[derive(serde::Deserialize)]
+    struct Payload {
+        steps: Vec<Step>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Step {
+        state: ExecutionState,
+    }
+    let Ok(row) = serde_json::from_slice::<Row>(body) else { return false };
+    let mut state = ExecutionState::Accepted;
+    for step in row.payload.steps {
+        match state.transition(step.state) {
+            Ok(next) => state = next,
+            Err(_) => return false,
+        }
+    }
+    state == ends_at
 }
 
 /// Verifies the database at `path` without writing to it. `progress(done, total)` is called
@@ -305,6 +355,7 @@ pub fn verify_with(
     }
     if findings.is_empty() {
         findings.extend(unknown_events(&conn, &tally.unknown_events)?);
+        findings.extend(fold_differences(&conn, &tally.bad_folds)?);
     }
     // The projections are compared only with a journal that verified.
     if findings.is_empty() && scope == VerifyScope::Full {
@@ -403,11 +454,13 @@ struct Fact {
     result_sha256: Option<[u8; 64]>,
     /// Its event is one its stream has.
     known_event: bool,
+    /// A folded row whose steps do not read as a lifecycle ending at its state.
+    bad_fold: bool,
 }
 
 impl Fact {
     fn position_only(seq: u64) -> Fact {
-        Fact { seq, execution: None, result_sha256: None, known_event: true }
+        Fact { seq, execution: None, result_sha256: None, known_event: true, bad_fold: false }
     }
 
     /// `None` when the head is missing or names a state or id Postern does not know.
@@ -421,7 +474,11 @@ impl Fact {
             Some(sha) => Some(sha.try_into().ok()?),
             None => None,
         };
-        Some(Fact { seq: head.seq, execution, result_sha256, known_event: head.event().is_some() })
+        let bad_fold = match (head.event, execution) {
+            (b"accepted", Some((_, state))) if state != ExecutionState::Accepted => !fold_reads(body, state),
+            _ => false,
+        };
+        Some(Fact { seq: head.seq, execution, result_sha256, known_event: head.event().is_some(), bad_fold })
     }
 }
 
@@ -432,6 +489,8 @@ struct Tally {
     result_digests: HashMap<IdKey, [u8; 64]>,
     /// Rows whose event their stream does not have (the first [`UNKNOWN_EVENTS_LISTED`]).
     unknown_events: Vec<u64>,
+    /// Folded rows that do not read as a lifecycle (the first [`UNKNOWN_EVENTS_LISTED`]).
+    bad_folds: Vec<u64>,
     /// The Merkle tree's kept subtrees, recomputed from the rows (when the walk builds the tree).
     kept: Vec<(Subtree, Hash)>,
     /// The tree's root at the size asked for, if the walk got there.
@@ -455,6 +514,9 @@ impl Tally {
     fn record(&mut self, fact: &Fact) {
         if !fact.known_event && self.unknown_events.len() < UNKNOWN_EVENTS_LISTED {
             self.unknown_events.push(fact.seq);
+        }
+        if fact.bad_fold && self.bad_folds.len() < UNKNOWN_EVENTS_LISTED {
+            self.bad_folds.push(fact.seq);
         }
         if let Some((key, state)) = fact.execution {
             self.last_state.insert(key, state);
@@ -747,4 +809,48 @@ fn check_results(conn: &Connection, mut journal: HashMap<IdKey, [u8; 64]>) -> Re
     }));
     findings.sort_by_cached_key(Finding::to_string);
     Ok(findings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{FOLDED_STEPS, JournalRow, ROW_VERSION};
+    use postern_core::{ExecutionId, Timestamp};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    proptest! {
+        /// The walk's quick check of a folded row agrees with reading the row whole, whatever its
+        /// steps say (hostile strings in the details included).
+        #[test]
+        fn the_walks_fold_check_agrees_with_reading_the_row(
+            path in proptest::collection::vec(0usize..11, 0..5),
+            end in 1usize..11,
+            junk in "\\PC{0,24}",
+            extra in any::<bool>(),
+        ) {
+            let steps: Vec<serde_json::Value> = path
+                .iter()
+                .map(|&i| json!({"state": ExecutionState::ALL[i], "at": 5, "detail": {"state": junk, "steps": [junk]}}))
+                .collect();
+            let mut detail = json!({"tool": junk, FOLDED_STEPS: steps});
+            if extra {
+                detail["steps_"] = json!([{"state": "paid"}]);
+            }
+            let row = JournalRow {
+                v: ROW_VERSION,
+                seq: 3,
+                at: Timestamp::from_millis(5),
+                event: crate::Event::Step(ExecutionState::Accepted),
+                execution_id: Some(ExecutionId::from_parts(Timestamp::from_millis(5), 1)),
+                session_id: None,
+                state: Some(ExecutionState::ALL[end]),
+                result_sha256: None,
+                detail,
+            };
+            let body = row.canonical().expect("canonical");
+            prop_assert_eq!(fold_reads(&body, ExecutionState::ALL[end]), row.folded_steps().is_ok());
+            prop_assert_eq!(Fact::read(&body).expect("reads").bad_fold, row.folded_steps().is_err());
+        }
+    }
 }

@@ -275,6 +275,106 @@ impl Serialize for JournalEntry {
     }
 }
 
+/// The payload member of a folded row: the lifecycle steps a read-only call took before its
+/// first byte left (`authorized`, `dispatched`, each with its time and detail), recorded on its
+/// `accepted` row instead of a row each. Nothing waits between those steps, so one row says as
+/// much as three; a call that waits for anything (an approval, a question, a join) keeps a row
+/// per step.
+pub const FOLDED_STEPS: &str = "steps";
+
+/// One step a folded row records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FoldedStep {
+    pub state: ExecutionState,
+    pub at: Timestamp,
+    pub detail: Value,
+}
+
+/// Why a folded row cannot be read as its steps.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FoldError {
+    #[error("its steps do not read: {0}")]
+    Unreadable(String),
+    #[error("its steps are not a lifecycle: {0}")]
+    Illegal(#[from] postern_core::IllegalTransition),
+    #[error("its steps end at {ended} but the row says {row}")]
+    Ends { ended: ExecutionState, row: ExecutionState },
+}
+
+impl JournalRow {
+    /// The row's head with an empty payload (to build another step of the same row from).
+    fn clone_head(&self) -> JournalRow {
+        JournalRow {
+            v: self.v,
+            seq: self.seq,
+            at: self.at,
+            event: self.event,
+            execution_id: self.execution_id,
+            session_id: self.session_id,
+            state: self.state,
+            result_sha256: None,
+            detail: Value::Null,
+        }
+    }
+
+    /// An `accepted` row whose state is already beyond `accepted`: a folded row.
+    pub fn is_folded(&self) -> bool {
+        self.event == Event::Step(ExecutionState::Accepted) && self.state.is_some_and(|s| s != ExecutionState::Accepted)
+    }
+
+    /// The steps a folded row records after `accepted`, checked: each a legal transition from
+    /// the one before, starting at `accepted` and ending at the state the row's head names.
+    /// Empty for a row that is not folded.
+    pub fn folded_steps(&self) -> Result<Vec<FoldedStep>, FoldError> {
+        if !self.is_folded() {
+            return Ok(Vec::new());
+        }
+        let steps: Vec<FoldedStep> = serde_json::from_value(self.detail.get(FOLDED_STEPS).cloned().unwrap_or_default())
+            .map_err(|e| FoldError::Unreadable(e.to_string()))?;
+        let mut state = ExecutionState::Accepted;
+        for step in &steps {
+            state = state.transition(step.state)?;
+        }
+        match self.state {
+            Some(row) if row != state => Err(FoldError::Ends { ended: state, row }),
+            _ => Ok(steps),
+        }
+    }
+}
+
+impl JournalEntry {
+    /// The entry as one entry per lifecycle step: a folded row becomes its `accepted` step (its
+    /// detail without the folded steps) followed by each step it records, all with the row's
+    /// sequence number and hash; any other row is itself. A folded row whose steps do not read
+    /// stays as stored (`postern audit verify` reports it).
+    pub fn unfold(self) -> Vec<JournalEntry> {
+        let steps = match self.row.folded_steps() {
+            Ok(steps) if !steps.is_empty() => steps,
+            _ => return vec![self],
+        };
+        let JournalEntry { mut row, row_hash } = self;
+        if let Value::Object(m) = &mut row.detail {
+            m.remove(FOLDED_STEPS);
+        }
+        row.state = Some(ExecutionState::Accepted);
+        let mut out = Vec::with_capacity(steps.len() + 1);
+        for step in steps {
+            let at_step = JournalRow {
+                event: Event::Step(step.state),
+                state: Some(step.state),
+                at: step.at,
+                detail: step.detail,
+                result_sha256: None,
+                ..row.clone_head()
+            };
+            out.push(JournalEntry { row: at_step, row_hash });
+        }
+        out.insert(0, JournalEntry { row, row_hash });
+        out
+    }
+}
+
 /// The end of the chain: how many rows, and the last row's hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalHead {
@@ -373,6 +473,111 @@ mod tests {
             prop_assert_eq!(scanned.event, parsed.event.as_bytes());
             prop_assert_eq!(scanned.event(), Some(row.event));
             prop_assert_eq!(JournalRow::from_body(&body).expect("round trip"), row);
+        }
+    }
+
+    fn folded(steps: Value, state: ExecutionState) -> JournalRow {
+        JournalRow {
+            v: ROW_VERSION,
+            seq: 7,
+            at: Timestamp::from_millis(1_000),
+            event: Event::Step(ExecutionState::Accepted),
+            execution_id: Some(ExecutionId::from_parts(Timestamp::from_millis(1_000), 3)),
+            session_id: None,
+            state: Some(state),
+            result_sha256: None,
+            detail: json!({"tool": "get_items", FOLDED_STEPS: steps}),
+        }
+    }
+
+    #[test]
+    fn a_folded_row_unfolds_into_its_steps_with_its_seq_and_hash() {
+        use ExecutionState::*;
+        let row = folded(
+            json!([
+                {"state": "authorized", "at": 1_001, "detail": {"rung": "allowlist"}},
+                {"state": "dispatched", "at": 1_002, "detail": {"method": "GET"}},
+            ]),
+            Dispatched,
+        );
+        let hash = HashHex([9; 32]);
+        let steps = JournalEntry { row: row.clone(), row_hash: hash }.unfold();
+        let seen: Vec<_> = steps.iter().map(|e| (e.row.event, e.row.state, e.row.at.as_millis(), e.row.seq)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (Event::Step(Accepted), Some(Accepted), 1_000, 7),
+                (Event::Step(Authorized), Some(Authorized), 1_001, 7),
+                (Event::Step(Dispatched), Some(Dispatched), 1_002, 7),
+            ]
+        );
+        assert!(steps.iter().all(|e| e.row_hash == hash));
+        assert_eq!(steps[0].row.detail, json!({"tool": "get_items"}), "the accepted step without the folded ones");
+        assert_eq!(steps[1].row.detail, json!({"rung": "allowlist"}));
+        // A row that is not folded is itself.
+        let plain = JournalRow { state: Some(Accepted), ..row };
+        assert_eq!(
+            JournalEntry { row: plain.clone(), row_hash: hash }.unfold(),
+            vec![JournalEntry { row: plain, row_hash: hash }]
+        );
+    }
+
+    #[test]
+    fn a_folded_row_that_is_not_a_lifecycle_says_why_and_stays_as_stored() {
+        use ExecutionState::*;
+        let cases = [
+            (
+                json!([{"state": "dispatched", "at": 1, "detail": {}}]),
+                Dispatched,
+                "illegal lifecycle transition from accepted to dispatched",
+            ),
+            (
+                json!([{"state": "authorized", "at": 1, "detail": {}}]),
+                Dispatched,
+                "end at authorized but the row says dispatched",
+            ),
+            (json!("authorized"), Authorized, "do not read"),
+            (json!([{"state": "authorized", "at": 1, "detail": {}, "secret": 1}]), Authorized, "do not read"),
+            (json!([{"state": "paid", "at": 1, "detail": {}}]), Authorized, "do not read"),
+        ];
+        for (steps, state, why) in cases {
+            let row = folded(steps, state);
+            let err = row.folded_steps().unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+            let entry = JournalEntry { row, row_hash: HashHex([1; 32]) };
+            assert_eq!(entry.clone().unfold(), vec![entry]);
+        }
+    }
+
+    proptest! {
+        /// Whatever a folded row's payload holds, reading its steps never panics, succeeds exactly
+        /// when the steps walk the state machine from `accepted` to the row's state, and an
+        /// unfolded row has one entry per step after `accepted`.
+        #[test]
+        fn folded_steps_are_exactly_the_legal_walks(
+            path in proptest::collection::vec(0usize..11, 0..5),
+            end in 0usize..11,
+            junk in "\\PC{0,12}",
+        ) {
+            let states: Vec<ExecutionState> = path.iter().map(|&i| ExecutionState::ALL[i]).collect();
+            let end = ExecutionState::ALL[end];
+            let steps: Vec<Value> = states.iter().map(|s| json!({"state": s, "at": 5, "detail": {"junk": junk}})).collect();
+            let row = folded(Value::Array(steps), end);
+            let mut walk = Ok(ExecutionState::Accepted);
+            for s in &states {
+                walk = walk.and_then(|w| w.transition(*s));
+            }
+            let legal = end != ExecutionState::Accepted && walk == Ok(end);
+            match row.folded_steps() {
+                Ok(read) if row.is_folded() => {
+                    prop_assert!(legal);
+                    prop_assert_eq!(read.len(), states.len());
+                    let unfolded = JournalEntry { row, row_hash: HashHex([0; 32]) }.unfold();
+                    prop_assert_eq!(unfolded.len(), if states.is_empty() { 1 } else { states.len() + 1 });
+                }
+                Ok(read) => prop_assert!(read.is_empty() && end == ExecutionState::Accepted),
+                Err(_) => prop_assert!(!legal),
+            }
         }
     }
 

@@ -146,6 +146,14 @@ pub struct Completion {
     pub at: Timestamp,
 }
 
+/// One step of a read-only call, with when it was taken (for [`Store::record_read_only_detached`]).
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub state: ExecutionState,
+    pub detail: Value,
+    pub at: Timestamp,
+}
+
 /// A new agent run.
 #[derive(Clone, Debug)]
 pub struct SessionStart {
@@ -452,14 +460,15 @@ impl Store {
     }
 
     /// Journals a whole read-only execution (accepted, its steps, its completion) in one
-    /// transaction, without waiting for it at all: the record is queued behind earlier writes and
+    /// transaction and two rows (its steps to the dispatch folded into `accepted`, then its
+    /// outcome), without waiting for it at all: the record is queued behind earlier writes and
     /// committed, unsynced, with the next batch. A read-only call has no side effect, so losing its
     /// record in a crash loses evidence of a read, never causes a write. A failure is reported on
     /// stderr (nobody is waiting for it).
     pub fn record_read_only_detached(
         &self,
         new: NewExecution,
-        steps: Vec<(ExecutionState, Value)>,
+        steps: Vec<Step>,
         completion: Option<Completion>,
     ) -> Result<(), StoreError> {
         self.writer.detached(WriteKind::ORDERED, move |w| w.read_only(&new, &steps, completion.as_ref()))

@@ -317,11 +317,12 @@ impl JournalView {
         })
     }
 
-    /// The first `limit` activity rows of one execution up to row `until`, oldest first (an
-    /// exporter's bounded read: never a whole timeline a stream of retries made long).
+    /// The lifecycle steps of one execution recorded by its first `limit` rows up to row
+    /// `until`, oldest first, a folded row unfolded ([`JournalEntry::unfold`]): an exporter's
+    /// bounded read, never a whole timeline a stream of retries made long.
     pub fn timeline_until(&self, id: ExecutionId, until: u64, limit: usize) -> Result<Vec<JournalEntry>, StoreError> {
         self.with(|c| {
-            Self::entries(
+            Self::steps(
                 c,
                 "SELECT seq, body, row_hash FROM journal WHERE execution_id = ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
                 params![
@@ -369,15 +370,24 @@ impl JournalView {
         })
     }
 
-    /// Every activity row of one execution, oldest first.
+    /// Every lifecycle step and note of one execution, oldest first: one entry per row, except
+    /// that a folded row (a read-only call's `accepted`, `authorized` and `dispatched` in one
+    /// row) is one entry per step it records, each with the row's sequence number and hash.
+    /// Every reader of an execution's history (the Activity view, the incident record, task
+    /// status, the exporter) reads it here, so none of them has to know about folding.
     pub fn timeline(&self, id: ExecutionId) -> Result<Vec<JournalEntry>, StoreError> {
         self.with(|c| {
-            Self::entries(
+            Self::steps(
                 c,
                 "SELECT seq, body, row_hash FROM journal WHERE execution_id = ?1 ORDER BY seq",
                 [id.to_string()],
             )
         })
+    }
+
+    /// [`Self::entries`], each folded row unfolded into its steps.
+    fn steps(c: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<JournalEntry>, StoreError> {
+        Ok(Self::entries(c, sql, params)?.into_iter().flat_map(JournalEntry::unfold).collect())
     }
 
     /// The execution one protocol request reached: the newest `accepted` or `retry_received` row

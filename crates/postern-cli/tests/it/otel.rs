@@ -140,6 +140,12 @@ arguments = ["pay"]
         pay_span["events"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(events.first(), Some(&"accepted"), "{events:?}");
     assert!(events.contains(&"dispatched") && events.last() == Some(&"completed"), "{events:?}");
+    // A read-only call is two journal rows (its steps to the dispatch folded into `accepted`, then
+    // `completed`), and still a span event per step.
+    let balance_span = span_of(&all, &balance)[0];
+    let events: Vec<&str> =
+        balance_span["events"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(events, ["accepted", "authorized", "dispatched", "completed"]);
     let wire_span = span_of(&all, &wire)[0];
     assert!(wire_span["attributes"].get("postern.tool.arguments").is_none(), "wire's arguments stay home");
     assert_ne!(wire_span["trace_id"], pay_span["trace_id"], "a call without a traceparent has its own trace");
@@ -197,6 +203,18 @@ arguments = ["pay"]
         .expect("pay's dispatched row");
     assert_eq!(dispatched["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "a row's record is in its span's trace");
     assert_eq!(dispatched["span_id"], pay_span["span_id"]);
+    // ... and a log record per step, each naming the row that holds it.
+    let balance_records: std::collections::BTreeSet<(u64, String)> = logs
+        .iter()
+        .filter(|l| l["attributes"]["postern.execution.id"] == balance.as_str())
+        .map(|l| (l["attributes"]["postern.journal.seq"].as_u64().unwrap(), l["body"].as_str().unwrap().to_owned()))
+        .collect();
+    let steps: Vec<&str> = balance_records.iter().map(|(_, body)| body.as_str()).collect();
+    let rows: std::collections::BTreeSet<u64> = balance_records.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(rows.len(), 2, "{balance_records:?}");
+    for step in ["accepted", "authorized", "dispatched", "completed"] {
+        assert!(steps.contains(&step), "{step}: {balance_records:?}");
+    }
 
     // An endpoint that refuses for good (HTTP 400) does not stop the export: the batch is halved
     // down to the row it cannot take, which is skipped with its reason, and the export moves on.

@@ -16,22 +16,25 @@ impl Engine {
         let id = new.id;
         let verdict = self.authorize(p, call, id, false, None).await?;
         let auth = verdict_detail(&verdict);
+        let step = |state, detail: StepDetail, at| postern_store::Step { state, detail: detail.into(), at };
         if !verdict.allowed {
-            self.store.record_read_only_detached(new, stored(vec![(ExecutionState::Denied, auth.clone())]), None)?;
+            let denied = step(ExecutionState::Denied, auth.clone(), self.now());
+            self.store.record_read_only_detached(new, vec![denied], None)?;
             return Ok(self.outcome(id, ExecutionState::Denied, Decision::NewExecution).because(auth));
         }
+        let authorized = step(ExecutionState::Authorized, auth, self.now());
         let out = self.outgoing(p, id)?;
         let secrets = self.call_secrets(p, Some(&out));
         let dispatched =
             StepDetail { target: Some(p.shown_url.clone()), method: Some(p.method().to_owned()), ..Default::default() };
-        let mut steps = vec![(ExecutionState::Authorized, auth), (ExecutionState::Dispatched, dispatched)];
+        let mut steps = vec![authorized, step(ExecutionState::Dispatched, dispatched, self.now())];
         let observed = self.send(p, out, Attempt::First).await?;
         let state = observed.state;
         let staged = self.stage(&secrets, observed)?;
         if staged.completion.is_none() {
-            steps.push((state, staged.detail.clone()));
+            steps.push(step(state, staged.detail.clone(), self.now()));
         }
-        self.store.record_read_only_detached(new, stored(steps), staged.completion)?;
+        self.store.record_read_only_detached(new, steps, staged.completion)?;
         Ok(CallOutcome {
             read_only: true,
             ..self.outcome(id, state, Decision::NewExecution).answered(staged.answer).because(staged.detail)

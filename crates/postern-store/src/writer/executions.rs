@@ -72,12 +72,20 @@ impl Writer {
     }
 
     pub(crate) fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
-        self.admit_with(new, None)
+        self.admit_with(new, None, &[])
     }
 
     /// Admission; with `anew` (a reviewer's "dispatch anew" for a retry), retry matching is
-    /// skipped and `anew` is recorded on the `accepted` row.
-    pub(crate) fn admit_with(&mut self, new: &NewExecution, anew: Option<&Value>) -> Result<Admission, StoreError> {
+    /// skipped and `anew` is recorded on the `accepted` row. `folded` are steps taken at
+    /// acceptance with nothing waiting between them (a read-only call's `authorized` and
+    /// `dispatched`): each checked by the state machine and recorded on the `accepted` row itself
+    /// ([`crate::journal::FOLDED_STEPS`]), whose state is then the last of them.
+    pub(crate) fn admit_with(
+        &mut self,
+        new: &NewExecution,
+        anew: Option<&Value>,
+        folded: &[crate::Step],
+    ) -> Result<Admission, StoreError> {
         // Nothing is decided while what grants authority differs from the journal.
         if let Some(found) = self.alarmed() {
             return Err(StoreError::AuthorityTampered(found));
@@ -129,7 +137,11 @@ impl Writer {
         if inserted == 0 {
             return Err(StoreError::DuplicateExecution(new.id));
         }
-        self.remember(new.id, ExecutionState::Accepted, new.session_id);
+        let mut state = ExecutionState::Accepted;
+        for step in folded {
+            state = state.transition(step.state)?;
+        }
+        self.remember(new.id, state, new.session_id);
         let mut detail = json!({
             "tool": new.tool,
             "channel": new.channel,
@@ -156,12 +168,18 @@ impl Writer {
         if let Some(anew) = anew {
             detail["dispatched_anew"] = anew.clone();
         }
+        if !folded.is_empty() {
+            detail[crate::journal::FOLDED_STEPS] = folded
+                .iter()
+                .map(|step| json!({ "state": step.state, "at": step.at, "detail": step.detail }))
+                .collect();
+        }
         self.append(Draft {
             at: new.at,
             event: ExecutionState::Accepted.into(),
             execution_id: Some(new.id),
             session_id: new.session_id,
-            state: Some(ExecutionState::Accepted),
+            state: Some(state),
             result_sha256: None,
             detail,
         })?;
@@ -326,21 +344,29 @@ impl Writer {
         anew: &Value,
         steps: &[(ExecutionState, Value)],
     ) -> Result<JournalEntry, StoreError> {
-        let Admission::Accepted { id } = self.admit_with(new, Some(anew))? else {
+        let Admission::Accepted { id } = self.admit_with(new, Some(anew), &[])? else {
             return Err(StoreError::Corrupt("an admission without matching matched a prior".into()));
         };
         self.steps(id, steps, new.at)
     }
 
-    /// A read-only execution's whole lifecycle in one operation: its journal rows step by step
-    /// (each checked by the state machine), its executions row written once with where it ended.
+    /// A read-only execution's whole lifecycle in one operation, in as few rows as say it: the
+    /// steps up to its dispatch folded into its `accepted` row, then its outcome (`completed` with
+    /// the result, or another outcome) in a row of its own. A denial stays two rows (`accepted`,
+    /// `denied`). Every step is checked by the state machine; the executions row is written once
+    /// with where the lifecycle ended.
     pub(crate) fn read_only(
         &mut self,
         new: &NewExecution,
-        steps: &[(ExecutionState, Value)],
+        steps: &[crate::Step],
         completion: Option<&Completion>,
-    ) -> Result<JournalEntry, StoreError> {
-        match self.admit(new)? {
+    ) -> Result<(), StoreError> {
+        if steps.is_empty() && completion.is_none() {
+            return Err(StoreError::Corrupt("no steps to journal".into()));
+        }
+        let sent = steps.iter().position(|step| step.state == ExecutionState::Dispatched).map_or(0, |i| i + 1);
+        let (folded, after) = steps.split_at(sent);
+        match self.admit_with(new, None, folded)? {
             Admission::Accepted { .. } => {}
             Admission::Matched { .. } => {
                 return Err(StoreError::Corrupt(
@@ -348,24 +374,23 @@ impl Writer {
                 ));
             }
         }
-        let mut last = None;
-        for (state, detail) in steps {
-            last = Some(self.journal_step(new.id, *state, detail.clone(), new.at, None)?);
+        // Where the lifecycle ended (the in-memory state forgets an execution once it is
+        // terminal, so it is followed here).
+        let mut state = folded.last().map_or(ExecutionState::Accepted, |step| step.state);
+        let mut updated_at = folded.last().map_or(new.at, |step| step.at);
+        for step in after {
+            self.journal_step(new.id, step.state, step.detail.clone(), step.at, None)?;
+            (state, updated_at) = (step.state, step.at);
         }
-        let mut updated_at = new.at;
         if let Some(completion) = completion {
             let (sha, detail) = completion_row(completion);
             let entry =
                 self.journal_step(new.id, ExecutionState::Completed, detail, completion.at, Some(sha.clone()))?;
             self.store_result(new.id, &entry, completion, sha)?;
             updated_at = completion.at;
-            last = Some(entry);
+            state = ExecutionState::Completed;
         }
-        let last = last.ok_or_else(|| StoreError::Corrupt("no steps to journal".into()))?;
-        let dispatched = steps.iter().any(|(state, _)| *state == ExecutionState::Dispatched);
-        // Where the lifecycle ended is what its last row says (the in-memory state forgets an
-        // execution once it is terminal, and the table still says `accepted` here).
-        let state = last.row.state.ok_or_else(|| StoreError::Corrupt("a lifecycle row without a state".into()))?;
+        let dispatched = folded.last().map(|step| step.at);
         self.conn
             .prepare_cached(
                 "UPDATE executions SET state = ?2, updated_at = ?3, first_dispatched_at = ?4 WHERE id = ?1",
@@ -374,9 +399,9 @@ impl Writer {
                 new.id.to_string(),
                 state.as_str(),
                 updated_at.as_millis(),
-                dispatched.then(|| new.at.as_millis())
+                dispatched.map(Timestamp::as_millis)
             ])?;
-        Ok(last)
+        Ok(())
     }
 
     /// What the last process left unsettled, in one pass over the executions: a dispatch with no

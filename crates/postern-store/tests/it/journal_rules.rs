@@ -121,6 +121,37 @@ fn journal_payload_shape_is_pinned() {
     insta::assert_json_snapshot!(bodies);
 }
 
+/// A read-only call's rows as stored: `accepted` with its steps up to the dispatch folded in
+/// (each with its time and detail), then `completed` with the result's digest.
+#[test]
+fn a_read_only_calls_folded_rows_are_pinned() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let id = exec_id(1);
+    let mut read = payment(id, 7, session(1), at(0));
+    read.contract = postern_core::ReplayContract::read_only();
+    store
+        .record_read_only_detached(
+            read,
+            vec![
+                step(ExecutionState::Authorized, json!({"rung": "allowlist"}), at(1)),
+                step(ExecutionState::Dispatched, json!({"method": "GET", "target": "http://127.0.0.1:9/items"}), at(2)),
+            ],
+            Some(postern_store::Completion { outcome: json!({"http_status": 200}), result: b"[]".to_vec(), at: at(4) }),
+        )
+        .expect("read");
+    store.flush().expect("flush");
+    let bodies: Vec<serde_json::Value> = store
+        .view()
+        .rows_after(0, 100)
+        .expect("rows")
+        .into_iter()
+        .filter(|e| e.row.execution_id == Some(id))
+        .map(|e| serde_json::to_value(&e).expect("json"))
+        .collect();
+    insta::assert_json_snapshot!(bodies);
+}
+
 #[test]
 fn files_postern_cannot_own_are_refused_without_being_changed() {
     let dir = tempfile::tempdir().expect("tempdir");

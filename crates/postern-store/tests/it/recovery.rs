@@ -57,7 +57,10 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     store
         .record_read_only_detached(
             read_only,
-            vec![(ExecutionState::Authorized, json!({})), (ExecutionState::Dispatched, json!({}))],
+            vec![
+                step(ExecutionState::Authorized, json!({}), at(7)),
+                step(ExecutionState::Dispatched, json!({}), at(7)),
+            ],
             Some(postern_store::Completion { outcome: json!({"http_status": 200}), result: vec![], at: at(8) }),
         )
         .expect("read");
@@ -81,6 +84,23 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     let events: Vec<String> =
         store.view().timeline(read).expect("timeline").into_iter().map(|e| e.row.event.to_string()).collect();
     assert_eq!(events, ["accepted", "authorized", "dispatched", "completed"]);
+    // Two journal rows say it: `accepted` with the steps up to the dispatch folded in, then
+    // `completed` (each step keeps its time and detail).
+    let rows: Vec<(String, Option<ExecutionState>, usize)> = store
+        .view()
+        .rows_after(0, 1_000)
+        .expect("rows")
+        .into_iter()
+        .filter(|e| e.row.execution_id == Some(read))
+        .map(|e| (e.row.event.to_string(), e.row.state, e.row.detail["steps"].as_array().map_or(0, Vec::len)))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("accepted".to_owned(), Some(ExecutionState::Dispatched), 2),
+            ("completed".to_owned(), Some(ExecutionState::Completed), 0)
+        ]
+    );
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
     assert!(report.intact(), "{:?}", report.findings);
 }
@@ -138,14 +158,14 @@ fn a_read_only_execution_that_ends_terminally_is_recorded_where_it_ended() {
     let store = fx.open();
     let (denied, failed) = (exec_id(1), exec_id(2));
     for (id, n, steps) in [
-        (denied, 1, vec![(ExecutionState::Denied, json!({}))]),
+        (denied, 1, vec![step(ExecutionState::Denied, json!({}), at(1))]),
         (
             failed,
             2,
             vec![
-                (ExecutionState::Authorized, json!({})),
-                (ExecutionState::Dispatched, json!({})),
-                (ExecutionState::FailedBeforeDispatch, json!({})),
+                step(ExecutionState::Authorized, json!({}), at(1)),
+                step(ExecutionState::Dispatched, json!({}), at(2)),
+                step(ExecutionState::FailedBeforeDispatch, json!({}), at(3)),
             ],
         ),
     ] {
@@ -155,9 +175,38 @@ fn a_read_only_execution_that_ends_terminally_is_recorded_where_it_ended() {
     }
     store.flush().expect("flush");
     assert_eq!(store.view().execution(denied).expect("q").expect("exists").state, postern_core::ExecutionState::Denied);
+    let failed_row = store.view().execution(failed).expect("q").expect("exists");
+    assert_eq!(failed_row.state, postern_core::ExecutionState::FailedBeforeDispatch);
+    // Each step keeps its own time: dispatched at 2, failed at 3.
+    assert_eq!((failed_row.first_dispatched_at, failed_row.updated_at), (Some(at(2).as_millis()), at(3).as_millis()));
+    let times: Vec<(String, i64)> = store
+        .view()
+        .timeline(failed)
+        .expect("timeline")
+        .into_iter()
+        .map(|e| (e.row.event.to_string(), e.row.at.as_millis() - at(0).as_millis()))
+        .collect();
+    let t = |e: &str, ms: i64| (e.to_owned(), ms);
+    assert_eq!(times, [t("accepted", 1), t("authorized", 1), t("dispatched", 2), t("failed_before_dispatch", 3)]);
+    // The denial waited for nothing but sent nothing: `accepted` and `denied`, as ever. The failed
+    // read folds its steps to the dispatch, then its outcome.
+    let shapes: Vec<(String, String)> = store
+        .view()
+        .rows_after(0, 1_000)
+        .expect("rows")
+        .into_iter()
+        .filter(|e| e.row.execution_id.is_some())
+        .map(|e| (e.row.event.to_string(), e.row.state.map(|s| s.to_string()).unwrap_or_default()))
+        .collect();
+    let shape = |a: &str, b: &str| (a.to_owned(), b.to_owned());
     assert_eq!(
-        store.view().execution(failed).expect("q").expect("exists").state,
-        postern_core::ExecutionState::FailedBeforeDispatch
+        shapes,
+        [
+            shape("accepted", "accepted"),
+            shape("denied", "denied"),
+            shape("accepted", "dispatched"),
+            shape("failed_before_dispatch", "failed_before_dispatch")
+        ]
     );
     drop(store);
     let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");

@@ -167,3 +167,8 @@ pub fn rechain_from(conn: &rusqlite::Connection, from: i64) {
         prev = h;
     }
 }
+
+/// A step of a read-only call, taken at `at`.
+pub fn step(state: ExecutionState, detail: serde_json::Value, at: Timestamp) -> postern_store::Step {
+    postern_store::Step { state, detail, at }
+}
