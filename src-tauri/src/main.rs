@@ -4,6 +4,10 @@
 
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
+/// The allocator `postern serve` runs with, for the same gateway.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod dialogs;
 mod ipc;
 mod notify;

@@ -20,6 +20,10 @@ use serde_json::json;
 use sha2::Digest;
 use std::{sync::Arc, time::Duration};
 
+/// The allocator `postern` itself runs with.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod common;
 use common::{
     Figures,
