@@ -285,9 +285,16 @@ fn fold_reads(body: &[u8], ends_at: ExecutionState) -> bool {
     struct Payload {
         steps: Vec<Step>,
     }
+    // As strict as `FoldedStep`: a step missing its time or detail, or with a member more, does
+    // not read there either (the detail is skipped, not built).
     #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Step {
         state: ExecutionState,
+        #[allow(dead_code)]
+        at: postern_core::Timestamp,
+        #[allow(dead_code)]
+        detail: serde::de::IgnoredAny,
     }
     let Ok(row) = serde_json::from_slice::<Row>(body) else { return false };
     let mut state = ExecutionState::Accepted;
@@ -828,10 +835,22 @@ mod tests {
             end in 1usize..11,
             junk in "\\PC{0,24}",
             extra in any::<bool>(),
+            // Per step: whole, without its time, without its detail, or with a member more.
+            shapes in proptest::collection::vec(prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)], 5),
         ) {
             let steps: Vec<serde_json::Value> = path
                 .iter()
-                .map(|&i| json!({"state": ExecutionState::ALL[i], "at": 5, "detail": {"state": junk, "steps": [junk]}}))
+                .zip(&shapes)
+                .map(|(&i, shape)| {
+                    let mut step = json!({"state": ExecutionState::ALL[i], "at": 5, "detail": {"state": junk, "steps": [junk]}});
+                    match shape {
+                        1 => drop(step.as_object_mut().and_then(|m| m.remove("at"))),
+                        2 => drop(step.as_object_mut().and_then(|m| m.remove("detail"))),
+                        3 => step["secret"] = json!(junk),
+                        _ => {}
+                    }
+                    step
+                })
                 .collect();
             let mut detail = json!({"tool": junk, FOLDED_STEPS: steps});
             if extra {

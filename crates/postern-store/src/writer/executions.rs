@@ -7,6 +7,12 @@ impl Writer {
     /// Keeps the state of a live execution in memory; finished ones are dropped, and the cache is
     /// bounded (a miss only costs one read).
     pub(crate) fn remember(&mut self, id: ExecutionId, state: ExecutionState, session: Option<SessionId>) {
+        // A cache marked stale is emptied before anything is put in it (what goes in is known
+        // fresh; what was there is not).
+        if self.cache_invalid {
+            self.states.clear();
+            self.cache_invalid = false;
+        }
         if state.is_terminal() {
             self.states.remove(&id);
             return;
@@ -114,12 +120,21 @@ impl Writer {
         }
         let contract = serde_json::to_string(&new.contract).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let record = serde_json::to_string(&new.record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        // The row says where the folded steps left the execution, as the journal row does: a
+        // reader of the table (the state cache after a reset included) never sees `accepted`
+        // for an execution whose journal already says `dispatched`.
+        let mut state = ExecutionState::Accepted;
+        for step in folded {
+            state = state.transition(step.state)?;
+        }
+        let updated_at = folded.last().map_or(new.at, |step| step.at);
+        let dispatched_at = folded.iter().find(|step| step.state == ExecutionState::Dispatched).map(|step| step.at);
         let inserted = self
             .conn
             .prepare_cached(
                 "INSERT INTO executions (id, fingerprint, actor, intent_scope, session_id, tool, channel, state,
-                                         accepted_at, updated_at, contract, record)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'accepted', ?8, ?8, ?9, ?10)
+                                         accepted_at, updated_at, first_dispatched_at, contract, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
                  ON CONFLICT (id) DO NOTHING",
             )?
             .execute(params![
@@ -130,16 +145,15 @@ impl Writer {
                 new.session_id.map(|s| s.to_string()),
                 new.tool,
                 new.channel.as_str(),
+                state.as_str(),
                 new.at.as_millis(),
+                updated_at.as_millis(),
+                dispatched_at.map(Timestamp::as_millis),
                 contract,
                 record,
             ])?;
         if inserted == 0 {
             return Err(StoreError::DuplicateExecution(new.id));
-        }
-        let mut state = ExecutionState::Accepted;
-        for step in folded {
-            state = state.transition(step.state)?;
         }
         self.remember(new.id, state, new.session_id);
         let mut detail = json!({

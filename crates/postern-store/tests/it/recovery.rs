@@ -105,6 +105,43 @@ fn reopening_turns_completed_without_delivery_into_not_delivered() {
     assert!(report.intact(), "{:?}", report.findings);
 }
 
+/// A failed write (here a transition of an execution that does not exist) marks the writer's
+/// state cache stale; the read-only calls after it are still journaled whole: the folded
+/// `accepted` row's state is in the executions table too, so the outcome after it reads as the
+/// legal step it is. (Before, the table said `accepted` until the end of the job, and after a
+/// reset every successful read's record was rolled back.)
+#[test]
+fn read_only_calls_after_a_failed_write_are_journaled_whole() {
+    use postern_core::ErrorCode as _;
+    let fx = Fixture::new();
+    let store = fx.open();
+    for n in 1..=3u64 {
+        let err =
+            store.transition(exec_id(u128::from(200 + n)), ExecutionState::Authorized, json!({}), at(0)).unwrap_err();
+        assert_eq!(err.code(), "unknown_execution", "{err}");
+        let id = exec_id(u128::from(n));
+        let mut read = payment(id, n, session(1), at(1));
+        read.contract = postern_core::ReplayContract::read_only();
+        store
+            .record_read_only_detached(
+                read,
+                vec![
+                    step(ExecutionState::Authorized, json!({}), at(1)),
+                    step(ExecutionState::Dispatched, json!({}), at(2)),
+                ],
+                Some(postern_store::Completion { outcome: json!({"http_status": 200}), result: vec![], at: at(3) }),
+            )
+            .expect("read");
+        store.flush().expect("flush");
+        let row = store.view().execution(id).expect("q").unwrap_or_else(|| panic!("read {n} was not journaled"));
+        assert_eq!(row.state, ExecutionState::Completed);
+        assert_eq!((row.first_dispatched_at, row.updated_at), (Some(at(2).as_millis()), at(3).as_millis()));
+    }
+    drop(store);
+    let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
+    assert!(report.intact(), "{:?}", report.findings);
+}
+
 /// Runs in a child process: dispatches, says so, and waits to be killed with SIGKILL.
 #[test]
 #[ignore = "helper: run by killed_while_dispatched_recovers_after_sigkill in a child process"]
