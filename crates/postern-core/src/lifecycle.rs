@@ -91,6 +91,13 @@ impl ExecutionState {
         if self.successors().contains(&next) { Ok(next) } else { Err(IllegalTransition { from: self, to: next }) }
     }
 
+    /// Where `steps` lead from `self`, each one checked: the first step the state machine does
+    /// not allow is the error. (A read-only call's folded journal row is walked this way when it
+    /// is written, read and audited.)
+    pub fn walk(self, steps: impl IntoIterator<Item = ExecutionState>) -> Result<ExecutionState, IllegalTransition> {
+        steps.into_iter().try_fold(self, ExecutionState::transition)
+    }
+
     /// No further transition is possible.
     pub fn is_terminal(self) -> bool {
         self.successors().is_empty()
@@ -136,11 +143,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn walk(path: &[ExecutionState]) -> Result<ExecutionState, IllegalTransition> {
-        let mut state = path[0];
-        for &next in &path[1..] {
-            state = state.transition(next)?;
-        }
-        Ok(state)
+        path[0].walk(path[1..].iter().copied())
     }
 
     #[test]

@@ -332,10 +332,7 @@ impl JournalRow {
         }
         let steps: Vec<FoldedStep> = serde_json::from_value(self.detail.get(FOLDED_STEPS).cloned().unwrap_or_default())
             .map_err(|e| FoldError::Unreadable(e.to_string()))?;
-        let mut state = ExecutionState::Accepted;
-        for step in &steps {
-            state = state.transition(step.state)?;
-        }
+        let state = ExecutionState::Accepted.walk(steps.iter().map(|step| step.state))?;
         match self.state {
             Some(row) if row != state => Err(FoldError::Ends { ended: state, row }),
             _ => Ok(steps),

@@ -61,14 +61,7 @@ pub(super) fn fold_reads(body: &[u8], ends_at: ExecutionState) -> bool {
         detail: serde::de::IgnoredAny,
     }
     let Ok(row) = serde_json::from_slice::<Row>(body) else { return false };
-    let mut state = ExecutionState::Accepted;
-    for step in row.payload.steps {
-        match state.transition(step.state) {
-            Ok(next) => state = next,
-            Err(_) => return false,
-        }
-    }
-    state == ends_at
+    ExecutionState::Accepted.walk(row.payload.steps.into_iter().map(|step| step.state)) == Ok(ends_at)
 }
 
 pub(super) fn key_text(key: &IdKey) -> String {

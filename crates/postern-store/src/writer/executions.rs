@@ -123,10 +123,7 @@ impl Writer {
         // The row says where the folded steps left the execution, as the journal row does: a
         // reader of the table (the state cache after a reset included) never sees `accepted`
         // for an execution whose journal already says `dispatched`.
-        let mut state = ExecutionState::Accepted;
-        for step in folded {
-            state = state.transition(step.state)?;
-        }
+        let state = ExecutionState::Accepted.walk(folded.iter().map(|step| step.state))?;
         let updated_at = folded.last().map_or(new.at, |step| step.at);
         let dispatched_at = folded.iter().find(|step| step.state == ExecutionState::Dispatched).map(|step| step.at);
         let inserted = self
@@ -404,17 +401,11 @@ impl Writer {
             updated_at = completion.at;
             state = ExecutionState::Completed;
         }
-        let dispatched = folded.last().map(|step| step.at);
+        // The row was inserted where the folded steps left it (dispatch time included): only
+        // where the outcome took it is written now.
         self.conn
-            .prepare_cached(
-                "UPDATE executions SET state = ?2, updated_at = ?3, first_dispatched_at = ?4 WHERE id = ?1",
-            )?
-            .execute(params![
-                new.id.to_string(),
-                state.as_str(),
-                updated_at.as_millis(),
-                dispatched.map(Timestamp::as_millis)
-            ])?;
+            .prepare_cached("UPDATE executions SET state = ?2, updated_at = ?3 WHERE id = ?1")?
+            .execute(params![new.id.to_string(), state.as_str(), updated_at.as_millis()])?;
         Ok(())
     }
 
