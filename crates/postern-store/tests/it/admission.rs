@@ -311,3 +311,37 @@ fn events_after_counts_only_rows_appended_since() {
     assert_eq!(view.vault_events_after(now, &failed).expect("count"), 1);
     assert_eq!(view.events_after(now, &["oauth_refresh_failed"]).expect("count"), 0);
 }
+
+/// A read-only call is never a retry: the same read again is a new execution that names no
+/// prior, and a read whose record matches a side-effecting call still in flight (its tool was
+/// made read-only since) is journaled whole instead of being refused as a match.
+#[test]
+fn a_read_only_call_never_looks_for_a_prior() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let s = session(1);
+    let write = exec_id(1);
+    dispatch_new(&store, payment(write, 7, s, at(0)));
+    let read = |id, t| {
+        let mut read = payment(id, 7, s, at(t));
+        read.contract = postern_core::ReplayContract::read_only();
+        let steps = vec![
+            step(ExecutionState::Authorized, json!({}), at(t + 1)),
+            step(ExecutionState::Dispatched, json!({}), at(t + 2)),
+        ];
+        let done = Completion { outcome: json!({"http_status": 200}), result: b"[]".to_vec(), at: at(t + 3) };
+        store.record_read_only_detached(read, steps, Some(done))
+    };
+    read(exec_id(2), 10).expect("a read beside a dispatched write of the same record");
+    read(exec_id(3), 20).expect("the same read again");
+    store.flush().expect("flush");
+    for id in [exec_id(2), exec_id(3)] {
+        let timeline = store.view().timeline(id).expect("timeline");
+        assert_eq!(timeline.last().and_then(|e| e.row.state), Some(ExecutionState::Completed), "{id}");
+        assert!(timeline.iter().all(|e| e.row.detail.get("related_prior").is_none()), "{id}: {timeline:?}");
+    }
+    // The write is untouched by the reads: no retry row was journaled on it.
+    let write_rows = store.view().timeline(write).expect("timeline");
+    assert_eq!(write_rows.last().and_then(|e| e.row.state), Some(ExecutionState::Dispatched));
+    assert!(write_rows.iter().all(|e| e.row.event != "retry_received"), "{write_rows:?}");
+}
