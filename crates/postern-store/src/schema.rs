@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 9, sql: include_str!("migrations/0009_effect_lookup.sql") },
     Migration { version: 10, sql: include_str!("migrations/0010_merkle_tree.sql") },
     Migration { version: 11, sql: include_str!("migrations/0011_export_cursors.sql") },
+    Migration { version: 12, sql: include_str!("migrations/0012_retry_lookup_without_reads.sql") },
 ];
 
 /// Highest schema version this build understands.
@@ -107,6 +108,22 @@ mod tests {
     fn shipped_migrations_are_never_edited() {
         let pinned: Vec<String> = MIGRATIONS.iter().map(|m| format!("{} {}", m.version, checksum(m.sql))).collect();
         insta::assert_snapshot!(pinned.join("\n"));
+    }
+
+    /// A retry's lookup reads the retry index, never the whole journal: its query repeats the
+    /// index's condition (SQLite uses a partial index only for a query that implies it).
+    #[test]
+    fn the_retry_lookup_reads_its_index() {
+        let mut conn = Connection::open_in_memory().expect("memory");
+        migrate(&mut conn, std::path::Path::new(":memory:"), 0).expect("migrate");
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", crate::view::PRIOR_ACCEPTED))
+            .expect("plan")
+            .query_map(rusqlite::params!["f", "a", "s"], |r| r.get::<_, String>(3))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("plan rows");
+        assert!(plan.iter().any(|step| step.contains("USING INDEX journal_retry_lookup")), "{plan:?}");
     }
 
     #[test]

@@ -121,10 +121,12 @@ pub struct StoredResult {
 /// How far back [`JournalView::execution_for_request`] looks, in journal rows.
 pub const RECENT_ROWS: i64 = 100_000;
 
-/// The newest `accepted` row with fingerprint ?1, actor ?2 and intent scope ?3 — a retry's prior,
-/// read from the chain — with when it was accepted and its contract.
+/// The newest side-effecting `accepted` row with fingerprint ?1, actor ?2 and intent scope ?3 — a
+/// retry's prior, read from the chain — with when it was accepted and its contract. A read-only
+/// execution is never a prior (it is not in the index either: migration 12).
 pub(crate) const PRIOR_ACCEPTED: &str = "SELECT execution_id, at, json_extract(body, '$.payload.contract') FROM journal
      WHERE fingerprint = ?1 AND event = 'accepted'
+       AND json_extract(body, '$.payload.contract.class') IS NOT 'read_only'
        AND json_extract(body, '$.payload.actor') = ?2
        AND json_extract(body, '$.payload.intent_scope') = ?3
      ORDER BY seq DESC LIMIT 1";

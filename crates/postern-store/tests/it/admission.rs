@@ -314,7 +314,8 @@ fn events_after_counts_only_rows_appended_since() {
 
 /// A read-only call is never a retry: the same read again is a new execution that names no
 /// prior, and a read whose record matches a side-effecting call still in flight (its tool was
-/// made read-only since) is journaled whole instead of being refused as a match.
+/// made read-only since) is journaled whole instead of being refused as a match. Nor is a read
+/// ever a prior: it does not hide the side-effecting call from that call's retry.
 #[test]
 fn a_read_only_call_never_looks_for_a_prior() {
     let fx = Fixture::new();
@@ -344,4 +345,13 @@ fn a_read_only_call_never_looks_for_a_prior() {
     let write_rows = store.view().timeline(write).expect("timeline");
     assert_eq!(write_rows.last().and_then(|e| e.row.state), Some(ExecutionState::Dispatched));
     assert!(write_rows.iter().all(|e| e.row.event != "retry_received"), "{write_rows:?}");
+    // Nor do the reads hide it: the tool side-effecting again, the same call is a retry of the
+    // write still in flight, not a second dispatch after "a read-only prior".
+    match store.admit(payment(exec_id(4), 7, s, at(30))).expect("admit") {
+        Admission::Matched { prior, decision } => {
+            assert_eq!(prior.id, write);
+            assert_eq!(decision, RetryDecision::WaitForPrior { prior: write });
+        }
+        other => panic!("the newer reads hid the write in flight: {other:?}"),
+    }
 }
