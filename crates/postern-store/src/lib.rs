@@ -354,6 +354,12 @@ impl Store {
         self.writer.flush()
     }
 
+    /// [`Store::flush`] for async callers: every write submitted before it (a read-only call's
+    /// rows, which are written after its answer and may wait a moment for company) is committed.
+    pub async fn flush_async(&self) -> Result<(), StoreError> {
+        self.writer.flush_async().await
+    }
+
     /// [`Store::admit`] for async callers: the task awaits the writer without blocking a thread.
     pub async fn admit_async(&self, new: NewExecution) -> Result<Admission, StoreError> {
         self.writer.call_async(WriteKind::ORDERED, move |w| w.admit(&new)).await

@@ -348,6 +348,12 @@ fn execution_status_is_scoped_to_the_calling_agent() {
     let id = paid["structured"]["execution_id"].clone();
     let mine = one.call_and_wait("s", "execution_status", json!({ "execution_id": id }));
     assert_eq!(mine["structured"]["result"]["status"], 201, "{mine}");
+    // A read is on record for its agent as soon as it is answered (its rows are written after
+    // the answer; a lookup that misses waits for them).
+    let read = one.call_and_wait("b", "balance", json!({}));
+    let id = read["structured"]["execution_id"].clone();
+    let status = one.call_and_wait("s", "execution_status", json!({ "execution_id": id }));
+    assert_eq!(status["structured"]["state"], "completed", "{status}");
     // Another process of the same executable is the same actor; a token agent is not.
     let token = gw.add_agent("other");
     let mut http = Agent::start(Sdk::Python);

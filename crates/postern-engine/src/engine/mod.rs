@@ -690,6 +690,13 @@ impl Engine {
         self.store.view()
     }
 
+    /// Waits until every write submitted so far is committed: a read-only call's rows are
+    /// written after its answer, so a lookup that misses an execution just answered looks again
+    /// after this.
+    pub async fn journal_caught_up(&self) -> Result<(), EngineError> {
+        Ok(self.store.flush_async().await?)
+    }
+
     /// Records whether the outcome reached the agent (where the transport can tell).
     pub async fn delivered(&self, id: ExecutionId, reached_agent: bool) -> Result<(), EngineError> {
         let current = self.store.view().execution(id)?.ok_or(StoreError::UnknownExecution(id))?;

@@ -32,6 +32,11 @@ use std::sync::{
 /// How often an idle writer looks for commits by another process.
 const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long a batch of writes nobody waits for waits for more (see `Writer::linger`): short
+/// beside a call's round trip (~1 ms on loopback), long enough for concurrent calls to share a
+/// commit.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(1_000);
+
 fn data_version(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
 }
@@ -90,6 +95,9 @@ enum Responder<R> {
 /// `sessions.rs`): adding an operation is that method plus its SQL.
 trait Task: Send {
     fn kind(&self) -> WriteKind;
+    /// Does a caller wait for its outcome? (A detached write — a read-only call's rows — may
+    /// wait for company in the batch; a caller never does.)
+    fn awaited(&self) -> bool;
     /// Runs the write and keeps its outcome; `Err` when it failed (it is then rolled back).
     fn apply(&mut self, writer: &mut Writer) -> Result<(), &StoreError>;
     /// Tells the caller: the kept outcome, or `failed` (the whole batch was undone).
@@ -110,6 +118,10 @@ where
 {
     fn kind(&self) -> WriteKind {
         self.kind
+    }
+
+    fn awaited(&self) -> bool {
+        !matches!(self.reply, Responder::Detached)
     }
 
     fn apply(&mut self, writer: &mut Writer) -> Result<(), &StoreError> {
@@ -282,6 +294,10 @@ impl WriterHandle {
         self.call(WriteKind::ORDERED, |_| Ok(()))
     }
 
+    pub(crate) async fn flush_async(&self) -> Result<(), StoreError> {
+        self.call_async(WriteKind::ORDERED, |_| Ok(())).await
+    }
+
     /// The authority alarm the writer raised, if any (see [`crate::Store::authority_alarm`]).
     pub(crate) fn alarm(&self) -> Option<Vec<crate::authority::AuthorityMismatch>> {
         self.alarm.lock().ok().and_then(|a| a.clone())
@@ -372,8 +388,33 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            self.linger(&rx, &mut batch);
             self.commit_and_answer(batch);
             self.journal_alarm();
+        }
+    }
+
+    /// A batch nobody waits for (read-only calls' rows, written after their answers went out)
+    /// waits up to [`LINGER`] for more jobs, so that several calls share one commit: the leaf
+    /// pages every call touches are written once per commit, not once per call. A job somebody
+    /// waits for ends the wait at once.
+    fn linger(&self, rx: &mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
+        if batch.iter().any(|job| job.awaited()) {
+            return;
+        }
+        let deadline = std::time::Instant::now() + LINGER;
+        while batch.len() < self.max_batch {
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else { return };
+            match rx.recv_timeout(left) {
+                Ok(job) => {
+                    let awaited = job.awaited();
+                    batch.push(job);
+                    if awaited {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
         }
     }
 

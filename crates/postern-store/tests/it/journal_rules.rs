@@ -152,6 +152,39 @@ fn a_read_only_calls_folded_rows_are_pinned() {
     insta::assert_json_snapshot!(bodies);
 }
 
+/// Read-only calls' rows, which nobody waits for, share commits (a batch of them waits a moment
+/// for company; how much that saves is measured by `mcp_hop`, in bytes written per call): a
+/// burst of reads costs fewer transactions than reads, and every row is there, in the order
+/// submitted, once the journal has caught up.
+#[test]
+fn read_only_calls_in_a_burst_share_commits() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let before = (store.writer_stats().transactions(), store.writer_stats().operations());
+    let ids: Vec<_> = (1..=20).map(exec_id).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let t = 10 * i as i64;
+        let mut read = payment(*id, i as u64, session(1), at(t));
+        read.contract = postern_core::ReplayContract::read_only();
+        let steps = vec![
+            step(ExecutionState::Authorized, json!({}), at(t + 1)),
+            step(ExecutionState::Dispatched, json!({}), at(t + 2)),
+        ];
+        let done = postern_store::Completion { outcome: json!({}), result: b"[]".to_vec(), at: at(t + 3) };
+        store.record_read_only_detached(read, steps, Some(done)).expect("submitted");
+    }
+    store.flush().expect("flush");
+    let transactions = store.writer_stats().transactions() - before.0;
+    let operations = store.writer_stats().operations() - before.1;
+    assert_eq!(operations, 21, "twenty reads and the flush");
+    assert!(transactions < operations, "{transactions} commits for {operations} writes: none shared");
+    let rows = store.view().rows_after(0, 1_000).expect("rows");
+    let mut journaled: Vec<_> = rows.iter().filter_map(|e| e.row.execution_id).collect();
+    journaled.dedup();
+    assert_eq!(journaled, ids, "every read, in the order submitted");
+    assert_eq!(rows.iter().filter(|e| e.row.execution_id.is_some()).count(), 40, "two rows a read");
+}
+
 #[test]
 fn files_postern_cannot_own_are_refused_without_being_changed() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -224,7 +224,7 @@ impl PosternMcp {
         let name = params.name.to_string();
         let arguments = Value::Object(params.arguments.unwrap_or_default());
         if name == EXECUTION_STATUS {
-            return Ok(CallToolResponse::Complete(self.execution_status(&caller, &arguments)));
+            return Ok(CallToolResponse::Complete(self.execution_status(&caller, &arguments).await));
         }
         // Only tools: an upstream's resources and prompts are reached as themselves.
         // Looked up once: the call carries the tool the agent is told exists.
@@ -485,7 +485,7 @@ impl PosternMcp {
         }
     }
 
-    fn execution_status(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
+    async fn execution_status(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
         let Some(raw) = arguments.get("execution_id").and_then(Value::as_str) else {
             return error_result("invalid_arguments", "execution_id (a string such as act_01…) is required");
         };
@@ -493,7 +493,14 @@ impl PosternMcp {
             Ok(id) => id,
             Err(e) => return error_result("invalid_arguments", &format!("/execution_id: {e}")),
         };
-        match execution_report(&self.gateway.engine, id, &caller.actor()) {
+        let engine = &self.gateway.engine;
+        let mut found = execution_report(engine, id, &caller.actor());
+        // A read answered a moment ago may not be on record yet (its rows are written after
+        // its answer): wait for the journal to catch up, then look once more.
+        if matches!(found, Ok(None)) && engine.journal_caught_up().await.is_ok() {
+            found = execution_report(engine, id, &caller.actor());
+        }
+        match found {
             Ok(Some(report)) => {
                 let text = format!(
                     "Execution {id} is {}.\n{}",
