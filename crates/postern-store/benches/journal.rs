@@ -88,7 +88,8 @@ fn bench_single(dir: &std::path::Path) {
 
 fn bench_concurrent(dir: &std::path::Path, name: &str, max_batch: usize) {
     let (store, _) =
-        Store::open_with(&dir.join(format!("{name}.db")), at(0), StoreOptions { max_batch }).expect("open");
+        Store::open_with(&dir.join(format!("{name}.db")), at(0), StoreOptions { max_batch, ..StoreOptions::default() })
+            .expect("open");
     let store = Arc::new(store);
     let writers = 64u64;
     let per_writer = 40u64;

@@ -194,11 +194,14 @@ pub struct Recovery {
 pub struct StoreOptions {
     /// Most operations committed in one transaction (1 disables group commit).
     pub max_batch: usize,
+    /// How long a batch of unsynced writes nobody waits for (a read-only call's rows) waits for
+    /// more before it commits; zero commits it at once.
+    pub linger: std::time::Duration,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { max_batch: 256 }
+        StoreOptions { max_batch: 256, linger: writer::LINGER }
     }
 }
 

@@ -612,9 +612,10 @@ impl JournalView {
         })
     }
 
-    /// The most recent execution with this fingerprint, actor and intent scope — the prior a
-    /// retry would be matched against (the admission's own lookup over the chain's `accepted`
-    /// rows, read-only), e.g. to show a reviewer the original record.
+    /// The most recent side-effecting execution with this fingerprint, actor and intent scope —
+    /// the prior a retry would be matched against (the admission's own lookup over the chain's
+    /// `accepted` rows, read-only), e.g. to show a reviewer the original record. Never a
+    /// read-only execution: a read is nobody's prior.
     pub fn prior_execution(
         &self,
         fingerprint: &str,

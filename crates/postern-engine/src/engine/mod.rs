@@ -690,11 +690,18 @@ impl Engine {
         self.store.view()
     }
 
-    /// Waits until every write submitted so far is committed: a read-only call's rows are
-    /// written after its answer, so a lookup that misses an execution just answered looks again
-    /// after this.
-    pub async fn journal_caught_up(&self) -> Result<(), EngineError> {
-        Ok(self.store.flush_async().await?)
+    /// Waits until every write submitted so far is committed, if execution `id` is recent
+    /// enough for its rows to be on their way (a read-only call's rows are written after its
+    /// answer): `true` then, and a lookup that missed it may look again. An old, future or
+    /// made-up id costs the writer nothing (`false`).
+    pub async fn caught_up_with(&self, id: ExecutionId) -> bool {
+        /// Far longer than a read's rows trail its answer (the writer's linger, one commit).
+        const RECENT_MS: u64 = 10_000;
+        let (now, made) = (self.now(), id.timestamp());
+        if made > now || now.millis_since(made) > RECENT_MS {
+            return false;
+        }
+        self.store.flush_async().await.is_ok()
     }
 
     /// Records whether the outcome reached the agent (where the transport can tell).

@@ -32,10 +32,10 @@ use std::sync::{
 /// How often an idle writer looks for commits by another process.
 const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// How long a batch of writes nobody waits for waits for more (see `Writer::linger`): short
-/// beside a call's round trip (~1 ms on loopback), long enough for concurrent calls to share a
-/// commit.
-const LINGER: std::time::Duration = std::time::Duration::from_micros(1_000);
+/// How long a batch of writes nobody waits for waits for more by default (see `Writer::linger`):
+/// short beside a call's round trip (~1 ms on loopback), long enough for concurrent calls to
+/// share a commit.
+pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_micros(1_000);
 
 fn data_version(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
@@ -234,6 +234,7 @@ impl WriterHandle {
             head,
             tree,
             max_batch: options.max_batch.max(1),
+            linger: options.linger,
             stats: Arc::clone(&stats),
             synchronous_full: true,
             states: Default::default(),
@@ -335,6 +336,8 @@ pub(crate) struct Writer {
     /// journal was edited so that it cannot be built.
     tree: Result<postern_core::merkle::Frontier, String>,
     max_batch: usize,
+    /// See [`crate::StoreOptions::linger`].
+    linger: std::time::Duration,
     stats: Arc<WriterStats>,
     /// The connection's current `PRAGMA synchronous` (FULL or NORMAL).
     synchronous_full: bool,
@@ -394,22 +397,24 @@ impl Writer {
         }
     }
 
-    /// A batch nobody waits for (read-only calls' rows, written after their answers went out)
-    /// waits up to [`LINGER`] for more jobs, so that several calls share one commit: the leaf
-    /// pages every call touches are written once per commit, not once per call. A job somebody
-    /// waits for ends the wait at once.
+    /// A batch of unsynced writes nobody waits for (read-only calls' rows, written after their
+    /// answers went out) waits up to the linger ([`LINGER`] by default) for more jobs, so that
+    /// several calls share one commit: the leaf pages every call touches are written once per
+    /// commit, not once per call. A job somebody waits for, or one that must be on disk, ends
+    /// the wait at once; so does the last handle going (shutdown commits what is held).
     fn linger(&self, rx: &mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
-        if batch.iter().any(|job| job.awaited()) {
+        let may_wait = |job: &Job| !job.awaited() && !job.kind().durable;
+        if self.linger.is_zero() || !batch.iter().all(may_wait) {
             return;
         }
-        let deadline = std::time::Instant::now() + LINGER;
+        let deadline = std::time::Instant::now() + self.linger;
         while batch.len() < self.max_batch {
             let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else { return };
             match rx.recv_timeout(left) {
                 Ok(job) => {
-                    let awaited = job.awaited();
+                    let waits = may_wait(&job);
                     batch.push(job);
-                    if awaited {
+                    if !waits {
                         return;
                     }
                 }

@@ -5,6 +5,7 @@ use postern_core::{Actor, ErrorCode, ExecutionState};
 use postern_store::{JournalView, SessionStart, Store, StoreError, Unusable, journal::chain_hash};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 #[test]
 fn update_and_delete_on_the_journal_are_refused_by_the_database() {
@@ -163,15 +164,7 @@ fn read_only_calls_in_a_burst_share_commits() {
     let before = (store.writer_stats().transactions(), store.writer_stats().operations());
     let ids: Vec<_> = (1..=20).map(exec_id).collect();
     for (i, id) in ids.iter().enumerate() {
-        let t = 10 * i as i64;
-        let mut read = payment(*id, i as u64, session(1), at(t));
-        read.contract = postern_core::ReplayContract::read_only();
-        let steps = vec![
-            step(ExecutionState::Authorized, json!({}), at(t + 1)),
-            step(ExecutionState::Dispatched, json!({}), at(t + 2)),
-        ];
-        let done = postern_store::Completion { outcome: json!({}), result: b"[]".to_vec(), at: at(t + 3) };
-        store.record_read_only_detached(read, steps, Some(done)).expect("submitted");
+        submit_read(&store, *id, 10 * i as i64);
     }
     store.flush().expect("flush");
     let transactions = store.writer_stats().transactions() - before.0;
@@ -183,6 +176,50 @@ fn read_only_calls_in_a_burst_share_commits() {
     journaled.dedup();
     assert_eq!(journaled, ids, "every read, in the order submitted");
     assert_eq!(rows.iter().filter(|e| e.row.execution_id.is_some()).count(), 40, "two rows a read");
+}
+
+/// A read-only call's rows as the engine submits them: nobody waits, nothing is fsynced.
+fn submit_read(store: &Store, id: postern_core::ExecutionId, t: i64) {
+    let mut read = payment(id, 1, session(1), at(t));
+    read.contract = postern_core::ReplayContract::read_only();
+    let steps = vec![
+        step(ExecutionState::Authorized, json!({}), at(t + 1)),
+        step(ExecutionState::Dispatched, json!({}), at(t + 2)),
+    ];
+    let done = postern_store::Completion { outcome: json!({}), result: b"[]".to_vec(), at: at(t + 3) };
+    store.record_read_only_detached(read, steps, Some(done)).expect("submitted");
+}
+
+/// With a linger far longer than the test: reads submitted apart wait for each other in one
+/// commit; a write somebody waits for ends the wait at once and shares that commit; and the
+/// last handle going commits what is held, not dropped.
+#[test]
+fn a_linger_holds_reads_for_company_until_somebody_waits_or_the_store_closes() {
+    let fx = Fixture::new();
+    let options = postern_store::StoreOptions { linger: std::time::Duration::from_secs(600), ..Default::default() };
+    let store = Arc::new(Store::open_with(&fx.path, at(0), options).expect("open").0);
+    let before = store.writer_stats().transactions();
+    submit_read(&store, exec_id(1), 10);
+    // Long enough for an idle writer to have committed the first read on its own.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    submit_read(&store, exec_id(2), 20);
+    let (done, flushed) = std::sync::mpsc::channel();
+    let flushing = Arc::clone(&store);
+    let flusher = std::thread::spawn(move || done.send(flushing.flush()));
+    // A hang guard, not a timing claim: the flush returns in milliseconds unless it waits out
+    // the ten-minute linger.
+    let answer = flushed.recv_timeout(std::time::Duration::from_secs(60));
+    answer.expect("an awaited write waited for the linger").expect("flush");
+    flusher.join().expect("flusher").expect("sent");
+    assert_eq!(store.writer_stats().transactions() - before, 1, "both reads and the flush in one commit");
+    let completed = |store: &Store, id| {
+        store.view().timeline(id).expect("timeline").last().and_then(|e| e.row.state) == Some(ExecutionState::Completed)
+    };
+    assert!(completed(&store, exec_id(1)) && completed(&store, exec_id(2)));
+
+    submit_read(&store, exec_id(3), 30);
+    drop(Arc::into_inner(store).expect("the only handle"));
+    assert!(completed(&fx.open(), exec_id(3)), "held rows committed at close");
 }
 
 #[test]

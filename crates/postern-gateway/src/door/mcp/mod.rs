@@ -497,7 +497,7 @@ impl PosternMcp {
         let mut found = execution_report(engine, id, &caller.actor());
         // A read answered a moment ago may not be on record yet (its rows are written after
         // its answer): wait for the journal to catch up, then look once more.
-        if matches!(found, Ok(None)) && engine.journal_caught_up().await.is_ok() {
+        if matches!(found, Ok(None)) && engine.caught_up_with(id).await {
             found = execution_report(engine, id, &caller.actor());
         }
         match found {
