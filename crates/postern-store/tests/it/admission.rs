@@ -323,18 +323,8 @@ fn a_read_only_call_never_looks_for_a_prior() {
     let s = session(1);
     let write = exec_id(1);
     dispatch_new(&store, payment(write, 7, s, at(0)));
-    let read = |id, t| {
-        let mut read = payment(id, 7, s, at(t));
-        read.contract = postern_core::ReplayContract::read_only();
-        let steps = vec![
-            step(ExecutionState::Authorized, json!({}), at(t + 1)),
-            step(ExecutionState::Dispatched, json!({}), at(t + 2)),
-        ];
-        let done = Completion { outcome: json!({"http_status": 200}), result: b"[]".to_vec(), at: at(t + 3) };
-        store.record_read_only_detached(read, steps, Some(done))
-    };
-    read(exec_id(2), 10).expect("a read beside a dispatched write of the same record");
-    read(exec_id(3), 20).expect("the same read again");
+    submit_read(&store, exec_id(2), 7, 10).expect("a read beside a dispatched write of the same record");
+    submit_read(&store, exec_id(3), 7, 20).expect("the same read again");
     store.flush().expect("flush");
     for id in [exec_id(2), exec_id(3)] {
         let timeline = store.view().timeline(id).expect("timeline");

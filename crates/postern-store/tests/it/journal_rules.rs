@@ -164,7 +164,7 @@ fn read_only_calls_in_a_burst_share_commits() {
     let before = (store.writer_stats().transactions(), store.writer_stats().operations());
     let ids: Vec<_> = (1..=20).map(exec_id).collect();
     for (i, id) in ids.iter().enumerate() {
-        submit_read(&store, *id, 10 * i as i64);
+        submit_read(&store, *id, 1, 10 * i as i64).expect("submitted");
     }
     store.flush().expect("flush");
     let transactions = store.writer_stats().transactions() - before.0;
@@ -178,18 +178,6 @@ fn read_only_calls_in_a_burst_share_commits() {
     assert_eq!(rows.iter().filter(|e| e.row.execution_id.is_some()).count(), 40, "two rows a read");
 }
 
-/// A read-only call's rows as the engine submits them: nobody waits, nothing is fsynced.
-fn submit_read(store: &Store, id: postern_core::ExecutionId, t: i64) {
-    let mut read = payment(id, 1, session(1), at(t));
-    read.contract = postern_core::ReplayContract::read_only();
-    let steps = vec![
-        step(ExecutionState::Authorized, json!({}), at(t + 1)),
-        step(ExecutionState::Dispatched, json!({}), at(t + 2)),
-    ];
-    let done = postern_store::Completion { outcome: json!({}), result: b"[]".to_vec(), at: at(t + 3) };
-    store.record_read_only_detached(read, steps, Some(done)).expect("submitted");
-}
-
 /// With a linger far longer than the test: reads submitted apart wait for each other in one
 /// commit; a write somebody waits for ends the wait at once and shares that commit; and the
 /// last handle going commits what is held, not dropped.
@@ -199,10 +187,10 @@ fn a_linger_holds_reads_for_company_until_somebody_waits_or_the_store_closes() {
     let options = postern_store::StoreOptions { linger: std::time::Duration::from_secs(600), ..Default::default() };
     let store = Arc::new(Store::open_with(&fx.path, at(0), options).expect("open").0);
     let before = store.writer_stats().transactions();
-    submit_read(&store, exec_id(1), 10);
+    submit_read(&store, exec_id(1), 1, 10).expect("submitted");
     // Long enough for an idle writer to have committed the first read on its own.
     std::thread::sleep(std::time::Duration::from_millis(50));
-    submit_read(&store, exec_id(2), 20);
+    submit_read(&store, exec_id(2), 1, 20).expect("submitted");
     let (done, flushed) = std::sync::mpsc::channel();
     let flushing = Arc::clone(&store);
     let flusher = std::thread::spawn(move || done.send(flushing.flush()));
@@ -217,7 +205,7 @@ fn a_linger_holds_reads_for_company_until_somebody_waits_or_the_store_closes() {
     };
     assert!(completed(&store, exec_id(1)) && completed(&store, exec_id(2)));
 
-    submit_read(&store, exec_id(3), 30);
+    submit_read(&store, exec_id(3), 1, 30).expect("submitted");
     drop(Arc::into_inner(store).expect("the only handle"));
     assert!(completed(&fx.open(), exec_id(3)), "held rows committed at close");
 }

@@ -172,3 +172,17 @@ pub fn rechain_from(conn: &rusqlite::Connection, from: i64) {
 pub fn step(state: ExecutionState, detail: serde_json::Value, at: Timestamp) -> postern_store::Step {
     postern_store::Step { state, detail, at }
 }
+
+/// A read-only call of `payment`'s record for `amount`, submitted as the engine submits one:
+/// detached (nobody waits, nothing is fsynced), accepted at `t`, then authorized, dispatched and
+/// completed a millisecond apart.
+pub fn submit_read(store: &Store, id: ExecutionId, amount: u64, t: i64) -> Result<(), postern_store::StoreError> {
+    let mut read = payment(id, amount, session(1), at(t));
+    read.contract = ReplayContract::read_only();
+    let steps = vec![
+        step(ExecutionState::Authorized, json!({}), at(t + 1)),
+        step(ExecutionState::Dispatched, json!({}), at(t + 2)),
+    ];
+    let done = Completion { outcome: json!({"http_status": 200}), result: b"[]".to_vec(), at: at(t + 3) };
+    store.record_read_only_detached(read, steps, Some(done))
+}
