@@ -292,6 +292,65 @@ fn a_version_1_journal_is_upgraded_in_place_and_keeps_verifying() {
     assert!(postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify").intact());
 }
 
+/// A journal as schema v11 left it (its retry index holding reads' `accepted` rows too), with a
+/// side-effecting call in flight and two newer reads of the same record: upgraded by migration
+/// 12, the retry still finds the write, and the chain still verifies.
+#[test]
+fn a_version_11_journal_with_reads_is_upgraded_and_its_retry_still_finds_the_write() {
+    let fx = Fixture::new();
+    let write = exec_id(1);
+    {
+        let store = fx.open();
+        dispatch_new(&store, payment(write, 7, session(1), at(0)));
+        submit_read(&store, exec_id(2), 7, 10).expect("read");
+        submit_read(&store, exec_id(3), 7, 20).expect("read");
+        store.flush().expect("flush");
+    }
+    {
+        // Back to v11: only migration 12 differs, and it only rebuilt this index.
+        let conn = rusqlite::Connection::open(&fx.path).expect("open");
+        conn.execute_batch(
+            "DROP INDEX journal_retry_lookup;
+             CREATE INDEX journal_retry_lookup ON journal (fingerprint, seq) WHERE event = 'accepted';
+             DELETE FROM schema_migrations WHERE version = 12;
+             PRAGMA user_version = 11;",
+        )
+        .expect("downgrade to v11");
+        let indexed: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM journal INDEXED BY journal_retry_lookup WHERE event = 'accepted'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("count");
+        assert_eq!(indexed, 3, "v11 indexed the reads too");
+    }
+    let store = Store::open(&fx.path, at(40)).expect("upgrade").0;
+    {
+        let conn = rusqlite::Connection::open(&fx.path).expect("open");
+        let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version");
+        assert_eq!(version, postern_store::supported_version());
+        let index: String = conn
+            .query_row("SELECT sql FROM sqlite_schema WHERE name = 'journal_retry_lookup'", [], |r| r.get(0))
+            .expect("index");
+        assert!(index.contains("IS NOT 'read_only'"), "the retry index was not rebuilt: {index}");
+    }
+    match store.admit(payment(exec_id(4), 7, session(1), at(50))).expect("admit") {
+        postern_store::Admission::Matched { prior, decision } => {
+            // Reopening recovered the write still in flight as outcome unknown: a retry verifies it.
+            assert_eq!(prior.id, write);
+            assert!(
+                matches!(decision, postern_core::RetryDecision::VerifyPrior { prior: p, .. } if p == write),
+                "{decision:?}"
+            );
+        }
+        other => panic!("the upgraded journal lost the write in flight: {other:?}"),
+    }
+    drop(store);
+    let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
+    assert!(report.intact(), "{:?}", report.findings);
+}
+
 #[test]
 fn vault_changes_are_journaled_on_their_own_stream() {
     let fx = Fixture::new();
