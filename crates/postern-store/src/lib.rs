@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod authority;
 pub mod crash;
+mod epoch;
 mod error;
 pub mod event;
 mod incident;
@@ -274,7 +275,7 @@ impl Store {
             return Err(StoreError::AuthorityTampered(tampered));
         }
         let writer = writer::WriterHandle::spawn(conn, options)?;
-        let view = JournalView::open_read_only(path)?;
+        let view = JournalView::open_read_only(path)?.remembering(writer.epoch());
         let store = Store { writer, vault_epoch: Default::default(), view, path: path.to_owned(), _lock: lock };
         let recovery = store.writer.call(WriteKind::DURABLE, move |w| w.recover(now))?;
         Ok((store, recovery))

@@ -4,6 +4,7 @@
 
 use crate::{
     StoreError, Unusable,
+    epoch::{AuthorityEpoch, Remembered},
     journal::{HashHex, JournalEntry, JournalHead, JournalRow},
     schema, writer,
 };
@@ -11,11 +12,26 @@ use postern_core::{ExecutionId, ExecutionState, SessionId};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::Value;
-use std::{path::Path, sync::Mutex};
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+};
 
 #[derive(Debug)]
 pub struct JournalView {
     conn: Mutex<Connection>,
+    /// The gateway's own view (beside the journal's writer) remembers its hottest lookups until
+    /// the writer's authority epoch moves; a view opened alone remembers nothing.
+    remembered: Option<Remembering>,
+}
+
+/// What the gateway's view remembers per authority epoch ([`crate::epoch`]).
+#[derive(Debug)]
+struct Remembering {
+    /// Token SHA-256 → its active agent (an unknown or revoked token is looked up every time).
+    agents: Remembered<String, Option<AgentRecord>>,
+    /// Agent run → its standing.
+    standings: Remembered<SessionId, Option<bool>>,
 }
 
 /// An agent allowed to use Streamable HTTP (its token is never stored, only its SHA-256).
@@ -227,7 +243,15 @@ fn entry_from(seq: i64, body: &str, hash: Vec<u8>) -> Result<JournalEntry, Store
 
 impl JournalView {
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
-        Ok(JournalView { conn: Mutex::new(open_checked(path)?) })
+        Ok(JournalView { conn: Mutex::new(open_checked(path)?), remembered: None })
+    }
+
+    /// This view, remembering token and standing lookups until `epoch` moves (only for the view
+    /// beside the writer that moves it).
+    pub(crate) fn remembering(mut self, epoch: Arc<AuthorityEpoch>) -> Self {
+        self.remembered =
+            Some(Remembering { agents: Remembered::new(Arc::clone(&epoch)), standings: Remembered::new(epoch) });
+        self
     }
 
     pub(crate) fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
@@ -581,6 +605,13 @@ impl JournalView {
 
     /// The active agent holding the token whose SHA-256 (hex) is given, if any.
     pub fn active_agent_by_token(&self, token_sha256: &str) -> Result<Option<AgentRecord>, StoreError> {
+        match &self.remembered {
+            Some(r) => r.agents.get_or_read(token_sha256, || self.read_agent_by_token(token_sha256), Option::is_some),
+            None => self.read_agent_by_token(token_sha256),
+        }
+    }
+
+    fn read_agent_by_token(&self, token_sha256: &str) -> Result<Option<AgentRecord>, StoreError> {
         self.with(|c| {
             c.prepare_cached(
                 "SELECT name, token_sha256, created_at, revoked_at FROM agents
@@ -596,6 +627,13 @@ impl JournalView {
     /// A reviewer's standing decision on agent run `id`: `Some(true)` authorized,
     /// `Some(false)` revoked, `None` not decided yet. An ended run counts as revoked.
     pub fn session_standing(&self, id: SessionId) -> Result<Option<bool>, StoreError> {
+        match &self.remembered {
+            Some(r) => r.standings.get_or_read(&id, || self.read_session_standing(id), |_| true),
+            None => self.read_session_standing(id),
+        }
+    }
+
+    fn read_session_standing(&self, id: SessionId) -> Result<Option<bool>, StoreError> {
         self.with(|c| {
             let row: Option<(Option<String>, Option<i64>)> = c
                 .prepare_cached(

@@ -189,6 +189,7 @@ pub(crate) struct WriterHandle {
     alarm: Arc<std::sync::Mutex<Option<Vec<crate::authority::AuthorityMismatch>>>>,
     /// The journal's size after each commit.
     committed: tokio::sync::watch::Receiver<u64>,
+    epoch: Arc<crate::epoch::AuthorityEpoch>,
 }
 
 impl Drop for WriterHandle {
@@ -203,8 +204,10 @@ impl Drop for WriterHandle {
 }
 
 impl WriterHandle {
-    pub(crate) fn spawn(conn: Connection, options: StoreOptions) -> Result<Self, StoreError> {
+    pub(crate) fn spawn(mut conn: Connection, options: StoreOptions) -> Result<Self, StoreError> {
         let head = load_head(&conn)?;
+        let epoch = Arc::new(crate::epoch::AuthorityEpoch::default());
+        epoch.watch(&mut conn)?;
         // The tree's right edge; a journal from before the tree was kept gets its nodes now. A
         // journal edited so that its tree cannot be built still opens (opening is not a
         // verification, and refusing would let whoever edited it stop the gateway): it serves
@@ -227,6 +230,7 @@ impl WriterHandle {
         let data_version = data_version(&conn)?;
         let (committed_tx, committed) = tokio::sync::watch::channel(head.size);
         let mut writer = Writer {
+            epoch: Arc::clone(&epoch),
             committed: committed_tx,
             alarm: Arc::clone(&alarm),
             data_version,
@@ -245,7 +249,7 @@ impl WriterHandle {
             .name("postern-journal-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| StoreError::Corrupt(format!("cannot start the journal writer: {e}")))?;
-        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread), alarm, committed })
+        Ok(WriterHandle { stats, tx: Some(tx), thread: Some(thread), alarm, committed, epoch })
     }
 
     /// The journal's size, updated after every commit that appended rows.
@@ -299,6 +303,11 @@ impl WriterHandle {
         self.call_async(WriteKind::ORDERED, |_| Ok(())).await
     }
 
+    /// Moves after every commit that may have changed what grants authority.
+    pub(crate) fn epoch(&self) -> Arc<crate::epoch::AuthorityEpoch> {
+        Arc::clone(&self.epoch)
+    }
+
     /// The authority alarm the writer raised, if any (see [`crate::Store::authority_alarm`]).
     pub(crate) fn alarm(&self) -> Option<Vec<crate::authority::AuthorityMismatch>> {
         self.alarm.lock().ok().and_then(|a| a.clone())
@@ -322,6 +331,9 @@ pub(crate) fn load_head(conn: &Connection) -> Result<JournalHead, StoreError> {
 
 pub(crate) struct Writer {
     conn: Connection,
+    /// Moved after a commit that touched a table that may grant authority (readers then forget
+    /// what they remembered of those tables).
+    epoch: Arc<crate::epoch::AuthorityEpoch>,
     /// Told the journal's size after each commit (what the app's live views wait on).
     committed: tokio::sync::watch::Sender<u64>,
     /// Set when another process committed to the database and the authority tables then
@@ -426,6 +438,9 @@ impl Writer {
     /// Commits `batch` and tells each job's caller how it went.
     fn commit_and_answer(&mut self, mut batch: Vec<Job>) {
         let failed = self.commit_batch(&mut batch);
+        // Before the answers: a caller told its revocation committed is never then let in by
+        // what a reader remembered from before it.
+        self.epoch.settle();
         // Before the answers: a caller that reads the size after its write sees the write.
         let size = self.head.size;
         self.committed.send_if_modified(|seen| std::mem::replace(seen, size) != size);
@@ -453,6 +468,7 @@ impl Writer {
         }
         self.data_version = now;
         self.cache_invalid = true;
+        self.epoch.advance();
         // A check that cannot run is a finding, like a chain that cannot be walked: granting
         // must not go on because the tables could not be compared.
         let unread = |what: &str, e: StoreError| crate::authority::AuthorityMismatch {

@@ -9,6 +9,19 @@ use postern_core::Actor;
 use postern_store::{CredentialRecord, Finding, SessionStart, Store, StoreError, audit::verify};
 use serde_json::json;
 
+/// A stdio agent run of `/usr/bin/agent`, started at `t`.
+fn agent_run(id: postern_core::SessionId, t: i64) -> SessionStart {
+    SessionStart {
+        id,
+        actor: Actor::process("/usr/bin/agent", "abc"),
+        pid: Some(7),
+        process_start: Some(1),
+        transport: "stdio".into(),
+        client: None,
+        at: at(t),
+    }
+}
+
 /// A journal with one of everything that grants authority: a locked vault, a credential, an
 /// agent token, an authorized agent run, an allowlisted actor.
 fn granted() -> Fixture {
@@ -25,16 +38,7 @@ fn granted() -> Fixture {
     store.put_credential(credential, at(1)).unwrap();
     store.add_agent("ci", &"ab".repeat(32), at(2)).unwrap();
     let s = session(3);
-    let start = SessionStart {
-        id: s,
-        actor: Actor::process("/usr/bin/agent", "abc"),
-        pid: Some(7),
-        process_start: Some(1),
-        transport: "stdio".into(),
-        client: None,
-        at: at(3),
-    };
-    store.start_session(start).unwrap();
+    store.start_session(agent_run(s, 3)).unwrap();
     store.set_session_standing(s, true, "reviewer", json!({}), at(4)).unwrap();
     store.set_allowlisted("process:/usr/bin/agent@sha256:abc", true, "reviewer", at(5)).unwrap();
     store.set_locked(true, json!({ "by": "reviewer" }), at(6)).unwrap();
@@ -299,4 +303,33 @@ fn same_user(path: &std::path::Path) -> rusqlite::Connection {
 
 fn journaled(path: &std::path::Path, event: &str) -> i64 {
     same_user(path).query_row("SELECT count(*) FROM journal WHERE event = ?1", [event], |r| r.get(0)).unwrap()
+}
+
+/// The gateway's view remembers a token's agent and a run's standing between commits; a commit
+/// that revokes, decides or ends is seen by the very next lookup, before the call that made it
+/// returns.
+#[test]
+fn the_gateway_view_forgets_a_revoked_token_and_a_changed_standing_at_once() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let view = store.view();
+    let digest = "cd".repeat(32);
+    store.add_agent("ci", &digest, at(1)).unwrap();
+    for _ in 0..2 {
+        assert_eq!(view.active_agent_by_token(&digest).unwrap().map(|a| a.name).as_deref(), Some("ci"));
+    }
+    // A read-only call's rows in between change nothing the view remembers.
+    submit_read(&store, exec_id(1), 1, 2).unwrap();
+    store.flush().unwrap();
+    store.revoke_agent("ci", at(3)).unwrap();
+    assert_eq!(view.active_agent_by_token(&digest).unwrap(), None, "a revoked token is refused at once");
+
+    let s = session(4);
+    store.start_session(agent_run(s, 4)).unwrap();
+    assert_eq!(view.session_standing(s).unwrap(), None, "not decided yet");
+    store.set_session_standing(s, true, "reviewer", json!({}), at(5)).unwrap();
+    assert_eq!(view.session_standing(s).unwrap(), Some(true));
+    assert_eq!(view.session_standing(s).unwrap(), Some(true));
+    store.end_session(s, "client_closed", at(6)).unwrap();
+    assert_eq!(view.session_standing(s).unwrap(), Some(false), "an ended run counts as revoked at once");
 }

@@ -1,0 +1,157 @@
+//! The authority epoch: a count the journal writer advances after every commit that changed any
+//! table but the journal and its per-call projections, so that what a reader read of the tables
+//! granting authority (an agent's token, an agent run's standing) may be kept until it moves.
+//!
+//! The writer learns what a commit changed from SQLite itself (an update hook on its connection),
+//! not from the jobs it ran: a job added later that revokes, ends or grants cannot forget to
+//! advance it. A table is presumed to grant authority unless it is named in [`PER_CALL_TABLES`].
+//! A commit by another process advances it too (the writer sees those by `data_version`, and
+//! raises the authority alarm if the tables then differ from the journal).
+
+use rusqlite::Connection;
+use std::{
+    collections::HashMap,
+    hash::Hash,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
+
+/// The tables every call writes, none of which a remembered lookup reads: a commit that changed
+/// only these leaves the epoch where it is.
+pub(crate) const PER_CALL_TABLES: &[&str] = &["journal", "merkle_nodes", "executions", "results", "export_cursors"];
+
+/// How many lookups of one kind are remembered at most (then all are forgotten at once).
+const MOST_REMEMBERED: usize = 4_096;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct AuthorityEpoch {
+    count: AtomicU64,
+    /// Set by the update hook while a transaction changes a table outside [`PER_CALL_TABLES`].
+    touched: Arc<AtomicBool>,
+}
+
+impl AuthorityEpoch {
+    /// Watches every row the writer's connection inserts, updates or deletes.
+    pub(crate) fn watch(&self, conn: &mut Connection) -> rusqlite::Result<()> {
+        let touched = Arc::clone(&self.touched);
+        conn.update_hook(Some(move |_: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
+            if !PER_CALL_TABLES.contains(&table) {
+                touched.store(true, Ordering::Release);
+            }
+        }))
+    }
+
+    /// After a transaction ended, committed or rolled back (and before its writers are answered,
+    /// so a caller told "revoked" is never then let in by a remembered token): moves the epoch if
+    /// the transaction touched a table that may grant authority.
+    pub(crate) fn settle(&self) {
+        if self.touched.swap(false, Ordering::AcqRel) {
+            self.advance();
+        }
+    }
+
+    /// Forgets every remembered lookup (another process committed).
+    pub(crate) fn advance(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn now(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+}
+
+/// Lookups of one kind, each remembered with the epoch it was read in.
+#[derive(Debug)]
+pub(crate) struct Remembered<K, V> {
+    epoch: Arc<AuthorityEpoch>,
+    entries: Mutex<HashMap<K, (u64, V)>>,
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> Remembered<K, V> {
+    pub(crate) fn new(epoch: Arc<AuthorityEpoch>) -> Self {
+        Remembered { epoch, entries: Mutex::new(HashMap::new()) }
+    }
+
+    /// What `key` looked up to in this epoch, else `read()` (kept if `keep` says so). The epoch
+    /// is read before the database: a commit that lands during the read moves it, so what was
+    /// read then is never taken for the newer epoch's.
+    pub(crate) fn get_or_read<Q, E>(
+        &self,
+        key: &Q,
+        read: impl FnOnce() -> Result<V, E>,
+        keep: impl FnOnce(&V) -> bool,
+    ) -> Result<V, E>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let epoch = self.epoch.now();
+        if let Ok(entries) = self.entries.lock()
+            && let Some((seen, value)) = entries.get(key)
+            && *seen == epoch
+        {
+            return Ok(value.clone());
+        }
+        let value = read()?;
+        if keep(&value)
+            && let Ok(mut entries) = self.entries.lock()
+        {
+            if entries.len() >= MOST_REMEMBERED {
+                entries.clear();
+            }
+            entries.insert(key.to_owned(), (epoch, value.clone()));
+        }
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE agents (name TEXT); CREATE TABLE journal (seq INTEGER)").unwrap();
+        conn
+    }
+
+    #[test]
+    fn only_a_change_outside_the_per_call_tables_moves_the_epoch() {
+        let epoch = AuthorityEpoch::default();
+        let mut conn = conn();
+        epoch.watch(&mut conn).unwrap();
+        conn.execute("INSERT INTO journal VALUES (1)", []).unwrap();
+        epoch.settle();
+        assert_eq!(epoch.now(), 0, "a journal row grants nothing");
+        conn.execute("INSERT INTO agents VALUES ('a')", []).unwrap();
+        epoch.settle();
+        assert_eq!(epoch.now(), 1);
+        // Rolled back still counts: the flag is cleared only by moving the epoch.
+        conn.execute_batch("BEGIN; UPDATE agents SET name = 'b'; ROLLBACK").unwrap();
+        epoch.settle();
+        assert_eq!(epoch.now(), 2);
+        epoch.settle();
+        assert_eq!(epoch.now(), 2, "nothing touched since");
+    }
+
+    #[test]
+    fn a_lookup_is_read_again_once_the_epoch_moved() {
+        let epoch = Arc::new(AuthorityEpoch::default());
+        let remembered: Remembered<String, Option<u32>> = Remembered::new(Arc::clone(&epoch));
+        let reads = std::cell::Cell::new(0);
+        let read = |v| {
+            reads.set(reads.get() + 1);
+            Ok::<_, ()>(v)
+        };
+        assert_eq!(remembered.get_or_read("k", || read(Some(1)), Option::is_some), Ok(Some(1)));
+        assert_eq!(remembered.get_or_read("k", || read(Some(2)), Option::is_some), Ok(Some(1)));
+        assert_eq!(reads.get(), 1, "remembered within the epoch");
+        epoch.advance();
+        assert_eq!(remembered.get_or_read("k", || read(None), Option::is_some), Ok(None));
+        assert_eq!(remembered.get_or_read("k", || read(Some(3)), Option::is_some), Ok(Some(3)));
+        assert_eq!(reads.get(), 3, "an unkept answer is read again");
+    }
+}
