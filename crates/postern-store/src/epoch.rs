@@ -34,8 +34,17 @@ pub(crate) struct AuthorityEpoch {
 }
 
 impl AuthorityEpoch {
-    /// Watches every row the writer's connection inserts, updates or deletes.
+    /// Watches every row the writer's connection inserts, updates or deletes. SQLite reports no
+    /// row that a `DELETE` without `WHERE` removes in one go (its truncate optimization), so the
+    /// connection's authorizer turns that optimization off: such a delete then goes row by row,
+    /// each reported. (A table `WITHOUT ROWID` is not reported either: only per-call tables may be
+    /// one, which `schema` tests.)
     pub(crate) fn watch(&self, conn: &mut Connection) -> rusqlite::Result<()> {
+        use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+        conn.authorizer(Some(|context: AuthContext<'_>| match context.action {
+            AuthAction::Delete { .. } => Authorization::Ignore,
+            _ => Authorization::Allow,
+        }))?;
         let touched = Arc::clone(&self.touched);
         conn.update_hook(Some(move |_: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
             if !PER_CALL_TABLES.contains(&table) {
@@ -63,21 +72,22 @@ impl AuthorityEpoch {
     }
 }
 
-/// Lookups of one kind, each remembered with the epoch it was read in.
+/// Lookups of one kind, all read in the epoch they are kept for.
 #[derive(Debug)]
 pub(crate) struct Remembered<K, V> {
     epoch: Arc<AuthorityEpoch>,
-    entries: Mutex<HashMap<K, (u64, V)>>,
+    /// The epoch the entries were read in, and the entries (all forgotten once it moved).
+    entries: Mutex<(u64, HashMap<K, V>)>,
 }
 
 impl<K: Eq + Hash + Clone, V: Clone> Remembered<K, V> {
     pub(crate) fn new(epoch: Arc<AuthorityEpoch>) -> Self {
-        Remembered { epoch, entries: Mutex::new(HashMap::new()) }
+        Remembered { epoch, entries: Mutex::new((0, HashMap::new())) }
     }
 
-    /// What `key` looked up to in this epoch, else `read()` (kept if `keep` says so). The epoch
-    /// is read before the database: a commit that lands during the read moves it, so what was
-    /// read then is never taken for the newer epoch's.
+    /// What `key` looked up to in this epoch, else `read()` (kept if `keep` says so and no commit
+    /// moved the epoch meanwhile). The epoch is read before the database, so what a read saw
+    /// before a commit is never kept for the epoch after it.
     pub(crate) fn get_or_read<Q, E>(
         &self,
         key: &Q,
@@ -90,19 +100,23 @@ impl<K: Eq + Hash + Clone, V: Clone> Remembered<K, V> {
     {
         let epoch = self.epoch.now();
         if let Ok(entries) = self.entries.lock()
-            && let Some((seen, value)) = entries.get(key)
-            && *seen == epoch
+            && entries.0 == epoch
+            && let Some(value) = entries.1.get(key)
         {
             return Ok(value.clone());
         }
         let value = read()?;
         if keep(&value)
             && let Ok(mut entries) = self.entries.lock()
+            && self.epoch.now() == epoch
         {
-            if entries.len() >= MOST_REMEMBERED {
-                entries.clear();
+            let (kept_in, map) = &mut *entries;
+            if *kept_in != epoch || map.len() >= MOST_REMEMBERED {
+                // What an older epoch said (a revoked token's agent included) is not kept around.
+                map.clear();
+                *kept_in = epoch;
             }
-            entries.insert(key.to_owned(), (epoch, value.clone()));
+            map.insert(key.to_owned(), value.clone());
         }
         Ok(value)
     }
@@ -114,8 +128,36 @@ mod tests {
 
     fn conn() -> Connection {
         let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE agents (name TEXT); CREATE TABLE journal (seq INTEGER)").unwrap();
+        conn.execute_batch(
+            "CREATE TABLE agents (name TEXT PRIMARY KEY, revoked INTEGER); CREATE TABLE journal (seq INTEGER)",
+        )
+        .unwrap();
         conn
+    }
+
+    /// Each way a statement can change a row moves the epoch, a delete of every row included.
+    #[test]
+    fn every_shape_of_change_to_a_granting_table_moves_the_epoch() {
+        let epoch = AuthorityEpoch::default();
+        let mut conn = conn();
+        epoch.watch(&mut conn).unwrap();
+        let mut seen = 0;
+        for sql in [
+            "INSERT INTO agents VALUES ('a', 0)",
+            "INSERT INTO agents VALUES ('a', 1) ON CONFLICT (name) DO UPDATE SET revoked = 1",
+            "INSERT OR REPLACE INTO agents VALUES ('a', 0)",
+            "UPDATE agents SET revoked = 1 WHERE name = 'a'",
+            "DELETE FROM agents WHERE name = 'a'",
+            "INSERT INTO agents VALUES ('b', 0)",
+            "DELETE FROM agents",
+        ] {
+            conn.execute(sql, []).unwrap();
+            epoch.settle();
+            seen += 1;
+            assert_eq!(epoch.now(), seen, "{sql}");
+        }
+        let left: i64 = conn.query_row("SELECT count(*) FROM agents", [], |r| r.get(0)).unwrap();
+        assert_eq!(left, 0, "a delete still deletes");
     }
 
     #[test]
@@ -126,11 +168,11 @@ mod tests {
         conn.execute("INSERT INTO journal VALUES (1)", []).unwrap();
         epoch.settle();
         assert_eq!(epoch.now(), 0, "a journal row grants nothing");
-        conn.execute("INSERT INTO agents VALUES ('a')", []).unwrap();
+        conn.execute("INSERT INTO agents VALUES ('a', 0)", []).unwrap();
         epoch.settle();
         assert_eq!(epoch.now(), 1);
         // Rolled back still counts: the flag is cleared only by moving the epoch.
-        conn.execute_batch("BEGIN; UPDATE agents SET name = 'b'; ROLLBACK").unwrap();
+        conn.execute_batch("BEGIN; UPDATE agents SET revoked = 1; ROLLBACK").unwrap();
         epoch.settle();
         assert_eq!(epoch.now(), 2);
         epoch.settle();

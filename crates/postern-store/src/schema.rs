@@ -126,6 +126,36 @@ mod tests {
         assert!(plan.iter().any(|step| step.contains("USING INDEX journal_retry_lookup")), "{plan:?}");
     }
 
+    /// SQLite's update hook, through which the writer learns a commit may have changed what
+    /// grants authority (`epoch`), reports nothing of a table `WITHOUT ROWID`: only a per-call
+    /// table, which no remembered lookup reads, may be one.
+    #[test]
+    fn every_table_the_authority_epoch_watches_reports_its_changes() {
+        let mut conn = Connection::open_in_memory().expect("memory");
+        migrate(&mut conn, std::path::Path::new(":memory:"), 0).expect("migrate");
+        let without_rowid: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND sql LIKE '%WITHOUT ROWID%'")
+            .expect("tables")
+            .query_map([], |r| r.get(0))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("names");
+        for table in &without_rowid {
+            assert!(crate::epoch::PER_CALL_TABLES.contains(&table.as_str()), "{table} is WITHOUT ROWID");
+        }
+        // The per-call tables exist (a renamed one would silently start moving the epoch).
+        for table in crate::epoch::PER_CALL_TABLES {
+            let found: bool = conn
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1)",
+                    [table],
+                    |r| r.get(0),
+                )
+                .expect("lookup");
+            assert!(found, "{table}");
+        }
+    }
+
     #[test]
     fn versions_are_contiguous_from_one() {
         for (i, m) in MIGRATIONS.iter().enumerate() {

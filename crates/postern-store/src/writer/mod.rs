@@ -462,7 +462,11 @@ impl Writer {
     /// authority tables or the executions projection different from the journal (the alarm is
     /// raised then). Cheap when nothing changed: one `PRAGMA data_version`.
     fn external_changes(&mut self) -> bool {
-        let Ok(now) = data_version(&self.conn) else { return false };
+        let Ok(now) = data_version(&self.conn) else {
+            // Unknown whether another process committed: forget what was remembered.
+            self.epoch.advance();
+            return false;
+        };
         if now == self.data_version {
             return false;
         }

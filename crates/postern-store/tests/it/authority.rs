@@ -324,12 +324,19 @@ fn the_gateway_view_forgets_a_revoked_token_and_a_changed_standing_at_once() {
     store.revoke_agent("ci", at(3)).unwrap();
     assert_eq!(view.active_agent_by_token(&digest).unwrap(), None, "a revoked token is refused at once");
 
-    let s = session(4);
-    store.start_session(agent_run(s, 4)).unwrap();
-    assert_eq!(view.session_standing(s).unwrap(), None, "not decided yet");
-    store.set_session_standing(s, true, "reviewer", json!({}), at(5)).unwrap();
-    assert_eq!(view.session_standing(s).unwrap(), Some(true));
-    assert_eq!(view.session_standing(s).unwrap(), Some(true));
-    store.end_session(s, "client_closed", at(6)).unwrap();
-    assert_eq!(view.session_standing(s).unwrap(), Some(false), "an ended run counts as revoked at once");
+    for (n, revoke) in [(4u8, "a reviewer revokes"), (5, "the run ends")] {
+        let t = i64::from(n) * 10;
+        let s = session(n.into());
+        store.start_session(agent_run(s, t)).unwrap();
+        assert_eq!(view.session_standing(s).unwrap(), None, "not decided yet");
+        store.set_session_standing(s, true, "reviewer", json!({}), at(t + 1)).unwrap();
+        assert_eq!(view.session_standing(s).unwrap(), Some(true));
+        assert_eq!(view.session_standing(s).unwrap(), Some(true));
+        if n == 4 {
+            store.set_session_standing(s, false, "reviewer", json!({}), at(t + 2)).unwrap();
+        } else {
+            store.end_session(s, "client_closed", at(t + 2)).unwrap();
+        }
+        assert_eq!(view.session_standing(s).unwrap(), Some(false), "{revoke}: refused at once");
+    }
 }
