@@ -52,19 +52,33 @@ pub fn current_uid() -> std::io::Result<u32> {
 /// `env X=1 postern mcp`): the agent is the first ancestor that is not one of them.
 const LAUNCHERS: &[&str] = &["sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nohup", "setsid", "stdbuf"];
 
-/// Reads the stat line's fields after the command name (which may contain spaces and parens).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    Some(after.split_whitespace().map(str::to_owned).collect())
+/// The process's start time and parent pid, or `None` if it is gone. Read once per agent
+/// connection, so without a `statx` for a size or a `String` per field. The first KiB of the
+/// stat line always holds both: the command name is at most 64 bytes and the 22 fields up to the
+/// start time at most 21 bytes each.
+fn start_and_parent(pid: u32) -> Option<(u64, u32)> {
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut buf = [0u8; 1024];
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    start_and_parent_of(&buf[..len])
 }
 
-/// The process's start time and parent pid, or `None` if it is gone.
-fn start_and_parent(pid: u32) -> Option<(u64, u32)> {
-    let fields = stat_fields(pid)?;
+/// [`start_and_parent`] of a stat line: the fields after the command name (which may contain
+/// spaces and parens, so the last `)` ends it).
+fn start_and_parent_of(stat: &[u8]) -> Option<(u64, u32)> {
+    let after = std::str::from_utf8(&stat[memchr::memrchr(b')', stat)? + 1..]).ok()?;
+    let mut fields = after.split_ascii_whitespace();
     // After the command: state(3) ppid(4) … starttime(22) → indexes 0, 1, …, 19.
-    let ppid = fields.get(1)?.parse().ok()?;
-    let start = fields.get(19)?.parse().ok()?;
+    let ppid = fields.nth(1)?.parse().ok()?;
+    let start = fields.nth(17)?.parse().ok()?;
     Some((start, ppid))
 }
 
@@ -417,6 +431,38 @@ mod tests {
         assert_eq!(hashes.hash_file(&exe, &exe, false), Err(NotHashedYet), "a new version is not in the cache");
         let second = hashes.hash_file(&exe, &exe, true).expect("hashed");
         assert_ne!(second, first, "the replaced file is hashed again, not taken from the cache");
+    }
+
+    proptest::proptest! {
+        /// A command name is the process's own to choose (spaces, parens, newlines, any bytes):
+        /// the fields are read after its last `)`, and any line at all never panics.
+        #[test]
+        fn the_stat_line_is_read_past_any_command_name(
+            comm in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            ppid in proptest::prelude::any::<u32>(),
+            start in proptest::prelude::any::<u64>(),
+            rest in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..30),
+        ) {
+            let mut line = b"4242 (".to_vec();
+            line.extend_from_slice(&comm);
+            line.extend_from_slice(format!(") S {ppid}").as_bytes());
+            for field in 5..22 {
+                line.extend_from_slice(format!(" {field}").as_bytes());
+            }
+            line.extend_from_slice(format!(" {start}").as_bytes());
+            for field in rest {
+                line.extend_from_slice(format!(" {field}").as_bytes());
+            }
+            line.push(b'\n');
+            // What the reader sees: the first KiB.
+            line.truncate(1024);
+            proptest::prop_assert_eq!(start_and_parent_of(&line), Some((start, ppid)));
+        }
+
+        #[test]
+        fn any_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = start_and_parent_of(&bytes);
+        }
     }
 
     #[test]
