@@ -57,18 +57,10 @@ const LAUNCHERS: &[&str] = &["sh", "bash", "dash", "zsh", "fish", "env", "timeou
 /// stat line always holds both: the command name is at most 64 bytes and the 22 fields up to the
 /// start time at most 21 bytes each.
 fn start_and_parent(pid: u32) -> Option<(u64, u32)> {
-    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
-    let mut buf = [0u8; 1024];
-    let mut len = 0;
-    while len < buf.len() {
-        match file.read(&mut buf[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
-    start_and_parent_of(&buf[..len])
+    // Through `take`, `read_to_end` asks for no size (a `File` would `statx` itself first).
+    let mut stat = Vec::with_capacity(1024);
+    std::fs::File::open(format!("/proc/{pid}/stat")).ok()?.take(1024).read_to_end(&mut stat).ok()?;
+    start_and_parent_of(&stat)
 }
 
 /// [`start_and_parent`] of a stat line: the fields after the command name (which may contain
