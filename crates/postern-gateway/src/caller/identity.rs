@@ -111,6 +111,57 @@ pub struct NotHashedYet;
 #[derive(Debug, Default)]
 pub struct ExecutableHashes {
     cache: Mutex<HashMap<FileVersion, String>>,
+    /// Processes described before, each pinned by a pidfd: see [`PinnedProcess`].
+    pinned: Mutex<HashMap<u32, std::sync::Arc<PinnedProcess>>>,
+}
+
+/// A process held by a pidfd, with the key read while the pidfd was held. While the process
+/// has not exited its pid cannot be reused, so anything read under `/proc/<pid>` before
+/// [`exited`](Self::exited) answers `false` was read of this process: one `poll` instead of
+/// reading the stat line before and after.
+#[derive(Debug)]
+struct PinnedProcess {
+    pidfd: std::os::fd::OwnedFd,
+    key: ProcessKey,
+}
+
+/// How many pinned processes are kept (a descriptor each); exited ones go first.
+const PINNED_KEPT: usize = 64;
+
+impl PinnedProcess {
+    /// Pins `pid` and reads its key. `None` when the process is gone, pidfds are unavailable
+    /// (before Linux 5.3) or their fdinfo does not confirm the pid: the caller then reads the
+    /// stat line twice, as without a pin.
+    fn pin(pid: u32) -> Option<PinnedProcess> {
+        let raw = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+        let pidfd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).ok()?;
+        // The pidfd names `pid` in the gateway's pid namespace, `/proc` in its own: where they
+        // differ (a sandbox), the pin would guard another process. The pidfd's fdinfo says which
+        // pid it has in `/proc`'s namespace.
+        if !Self::holds_pid(&pidfd, pid) {
+            return None;
+        }
+        let key = process_key(pid)?;
+        let pinned = PinnedProcess { pidfd, key };
+        // The key was read of the pidfd's process only if it had not exited by then.
+        (!pinned.exited()).then_some(pinned)
+    }
+
+    /// Whether `pidfd` is, in `/proc`'s pid namespace, the process `pid`.
+    fn holds_pid(pidfd: &std::os::fd::OwnedFd, pid: u32) -> bool {
+        use std::os::fd::AsRawFd;
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())) else {
+            return false;
+        };
+        info.lines().any(|line| line.strip_prefix("Pid:").is_some_and(|v| v.trim().parse() == Ok(pid)))
+    }
+
+    /// Whether the process has exited (a pidfd becomes readable then). An error counts as exited.
+    fn exited(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(&self.pidfd, rustix::event::PollFlags::IN)];
+        let now = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        rustix::event::poll(&mut fds, Some(&now)).map_or(true, |ready| ready > 0)
+    }
 }
 
 impl ExecutableHashes {
@@ -123,17 +174,13 @@ impl ExecutableHashes {
     /// SHA-256 of `file`, cached under `path` and the file's version (`None`: unreadable).
     /// With `may_read: false` it answers only from the cache: [`NotHashedYet`] when this version
     /// was never hashed (reading an executable can take long: it may be 100 MB).
+    ///
+    /// A hash is kept under the version of the very file it was read from (one open, its `fstat`,
+    /// its bytes): a process that `execve`s between a look at `/proc/PID/exe` and the read cannot
+    /// file one binary's hash under another's version.
     fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
-        use std::os::unix::fs::MetadataExt;
         let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
-        let key = (
-            path.to_path_buf(),
-            meta.dev(),
-            meta.ino(),
-            meta.size(),
-            (meta.mtime(), meta.mtime_nsec()),
-            (meta.ctime(), meta.ctime_nsec()),
-        );
+        let key = Self::version(path, &meta);
         let Ok(cache) = self.cache.lock() else { return Ok(None) };
         if let Some(hash) = cache.get(&key) {
             return Ok(Some(hash.clone()));
@@ -142,15 +189,35 @@ impl ExecutableHashes {
         if !may_read {
             return Err(NotHashedYet);
         }
-        Ok(Self::read_and_hash(file).inspect(|hash| {
-            if let Ok(mut cache) = self.cache.lock() {
-                cache.insert(key, hash.clone());
-            }
-        }))
+        Ok(self.hash_version(file, &key))
     }
 
-    fn read_and_hash(file: &Path) -> Option<String> {
-        let mut file = std::fs::File::open(file).ok()?;
+    /// Reads `file` and keeps its hash under the version it was read as: the answer only if
+    /// that is the `looked` version. (It changed between the look and the open if it was
+    /// replaced, or if the process ran another executable.)
+    fn hash_version(&self, file: &Path, looked: &FileVersion) -> Option<String> {
+        let mut opened = std::fs::File::open(file).ok()?;
+        let read = Self::version(&looked.0, &opened.metadata().ok()?);
+        let hash = Self::read_and_hash(&mut opened)?;
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.insert(read.clone(), hash.clone());
+        }
+        (read == *looked).then_some(hash)
+    }
+
+    fn version(path: &Path, meta: &std::fs::Metadata) -> FileVersion {
+        use std::os::unix::fs::MetadataExt;
+        (
+            path.to_path_buf(),
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            (meta.mtime(), meta.mtime_nsec()),
+            (meta.ctime(), meta.ctime_nsec()),
+        )
+    }
+
+    fn read_and_hash(file: &mut std::fs::File) -> Option<String> {
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];
         loop {
@@ -175,6 +242,19 @@ impl ExecutableHashes {
     }
 
     fn describe_with(&self, pid: u32, may_read: bool) -> Result<Option<AgentProcess>, NotHashedYet> {
+        let Some(pinned) = self.pinned(pid) else { return self.describe_unpinned(pid, may_read) };
+        let Some(executable) = executable(pid) else { return Ok(None) };
+        let Some(sha256) = self.sha256(pid, &executable, may_read)? else { return Ok(None) };
+        // The pid must still be the pinned process: then the executable we hashed is its own.
+        if pinned.exited() {
+            return Ok(None);
+        }
+        Ok(Some(AgentProcess { key: pinned.key.clone(), executable, sha256 }))
+    }
+
+    /// [`describe_with`](Self::describe_with) without a pidfd: the stat line read before and
+    /// after, and the two start times compared.
+    fn describe_unpinned(&self, pid: u32, may_read: bool) -> Result<Option<AgentProcess>, NotHashedYet> {
         let Some(key) = process_key(pid) else { return Ok(None) };
         let Some(executable) = executable(pid) else { return Ok(None) };
         let Some(sha256) = self.sha256(pid, &executable, may_read)? else { return Ok(None) };
@@ -183,6 +263,25 @@ impl ExecutableHashes {
             return Ok(None);
         }
         Ok(Some(AgentProcess { key, executable, sha256 }))
+    }
+
+    /// The pin of `pid`: the one kept if its process is still running, else a new one.
+    fn pinned(&self, pid: u32) -> Option<std::sync::Arc<PinnedProcess>> {
+        let kept = self.pinned.lock().ok()?.get(&pid).cloned();
+        if let Some(kept) = kept.filter(|p| !p.exited()) {
+            return Some(kept);
+        }
+        let pinned = std::sync::Arc::new(PinnedProcess::pin(pid)?);
+        if let Ok(mut all) = self.pinned.lock() {
+            if all.len() >= PINNED_KEPT {
+                all.retain(|_, p| !p.exited());
+                if all.len() >= PINNED_KEPT {
+                    all.clear();
+                }
+            }
+            all.insert(pid, std::sync::Arc::clone(&pinned));
+        }
+        Some(pinned)
     }
 
     /// The agent above a bridge process: its parent, skipping shells and launchers.
@@ -467,6 +566,57 @@ mod tests {
         assert!(is_alive(&me.key));
         let reused = ProcessKey { pid: me.key.pid, start_ticks: me.key.start_ticks + 1 };
         assert!(!is_alive(&reused), "same pid, different start time is a different process");
+    }
+
+    /// An executable swapped between the look at its version and the read (a process that
+    /// `execve`s another binary there) does not file the new one's hash under the old version.
+    #[test]
+    fn a_file_swapped_after_the_look_is_not_hashed_as_the_looked_at_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let (trusted, other, exe) = (dir.path().join("trusted"), dir.path().join("other"), dir.path().join("exe"));
+        std::fs::write(&trusted, b"trusted binary").unwrap();
+        std::fs::write(&other, b"another binary").unwrap();
+        std::os::unix::fs::symlink(&trusted, &exe).unwrap();
+        let hashes = ExecutableHashes::default();
+        let looked = ExecutableHashes::version(&trusted, &std::fs::metadata(&exe).unwrap());
+        std::fs::remove_file(&exe).unwrap();
+        std::os::unix::fs::symlink(&other, &exe).unwrap();
+        assert_eq!(hashes.hash_version(&exe, &looked), None, "not the looked-at version's hash");
+        assert_eq!(hashes.hash_file(&trusted, &trusted, false).err(), Some(NotHashedYet), "nothing kept for it");
+        let trusted_hash = hex::encode(Sha256::digest(b"trusted binary"));
+        assert_eq!(hashes.hash_file(&trusted, &trusted, true), Ok(Some(trusted_hash)));
+    }
+
+    /// A described process is pinned: described again it keeps its key (without reading its
+    /// stat line again), and once it has exited it is described as nobody, its pin let go.
+    #[test]
+    fn a_pinned_process_keeps_its_key_until_it_exits() {
+        let hashes = ExecutableHashes::default();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let first = hashes.describe(pid).expect("a running child is described");
+        assert_eq!(first.key, process_key(pid).unwrap());
+        assert!(first.executable.ends_with("sleep"), "{:?}", first.executable);
+        assert!(hashes.pinned.lock().unwrap().contains_key(&pid), "the process is pinned");
+        assert_eq!(hashes.describe_if_hashed(pid), Ok(Some(first.clone())), "the pin answers again");
+        child.kill().unwrap();
+        // Exited but not reaped (a zombie): its pid is not free yet, and still it is nobody.
+        let pin = hashes.pinned.lock().unwrap().get(&pid).cloned().unwrap();
+        let gone =
+            (0..1000).any(|_| pin.exited() || (std::thread::sleep(std::time::Duration::from_millis(5)), false).1);
+        assert!(gone, "the pidfd of a killed process reports its exit");
+        assert_eq!(hashes.describe_if_hashed(pid), Ok(None), "an exited process is not described");
+        child.wait().unwrap();
+        assert_eq!(hashes.describe(pid), None, "nor once reaped");
+    }
+
+    /// The pin is only as good as the poll: an exited process's pidfd says so at once.
+    #[test]
+    fn a_pin_of_a_process_that_is_gone_is_not_made() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(PinnedProcess::pin(pid).is_none(), "a reaped process cannot be pinned");
     }
 
     /// The fallback (no netlink) reads the same state and queue as the exact lookup.

@@ -25,11 +25,41 @@ pub struct TcpEntry {
 
 /// The entry of the TCP socket whose own end is `local` and whose other end is `remote`:
 /// `Ok(None)` when the kernel has no such socket (closed and gone, or reset). One exact lookup,
-/// not a dump of the table.
+/// not a dump of the table, over this thread's netlink socket (one per thread, kept: opening,
+/// binding and closing one per lookup cost as much as the lookup).
 pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<TcpEntry>> {
+    thread_local! {
+        static DIAG: std::cell::RefCell<Option<Socket>> = const { std::cell::RefCell::new(None) };
+    }
+    // While the thread's locals are being torn down there is no slot: a socket for this once.
+    let Ok(entry) = DIAG.try_with(|slot| {
+        // Taken out while in use, put back only after a whole exchange: a socket that failed
+        // half-way (its answer perhaps still queued) is closed, never asked again.
+        let mut socket = match slot.take() {
+            Some(socket) => socket,
+            None => diag_socket()?,
+        };
+        let entry = exchange(&mut socket, local, remote)?;
+        *slot.borrow_mut() = Some(socket);
+        Ok(entry)
+    }) else {
+        return exchange(&mut diag_socket()?, local, remote);
+    };
+    entry
+}
+
+fn diag_socket() -> std::io::Result<Socket> {
     let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
     socket.bind_auto()?;
     socket.connect(&NetlinkAddr::new(0, 0))?;
+    Ok(socket)
+}
+
+/// Numbers each request, so an answer is known to be this request's.
+static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+/// One request and its answer on `socket`.
+fn exchange(socket: &mut Socket, local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<TcpEntry>> {
     let mut id = if local.is_ipv4() { SocketId::new_v4() } else { SocketId::new_v6() };
     id.source_port = local.port();
     id.destination_port = remote.port();
@@ -39,6 +69,8 @@ pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Optio
     id.cookie = [0xff; 8];
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST;
+    header.sequence_number = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sequence = header.sequence_number;
     let request = InetRequest {
         family: if local.is_ipv4() { AF_INET } else { AF_INET6 },
         protocol: IPPROTO_TCP,
@@ -48,13 +80,17 @@ pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Optio
     };
     let mut packet = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
     packet.finalize();
-    let mut out = vec![0; packet.buffer_len()];
-    packet.serialize(&mut out);
-    socket.send(&out, 0)?;
+    let mut out = [0u8; 128];
+    let out = out.get_mut(..packet.buffer_len()).ok_or_else(|| invalid("sock_diag request too long".into()))?;
+    packet.serialize(out);
+    socket.send(out, 0)?;
     let mut answer = Vec::with_capacity(4096);
     let read = socket.recv(&mut answer, 0)?;
-    let message = NetlinkMessage::<SockDiagMessage>::deserialize(&answer[..read])
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let message =
+        NetlinkMessage::<SockDiagMessage>::deserialize(&answer[..read]).map_err(|e| invalid(e.to_string()))?;
+    if message.header.sequence_number != sequence {
+        return Err(invalid(format!("sock_diag answered request {} for {sequence}", message.header.sequence_number)));
+    }
     match message.payload {
         NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => Ok(Some(TcpEntry {
             state: r.header.state,
@@ -67,10 +103,12 @@ pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Optio
             gone if gone.kind() == std::io::ErrorKind::NotFound => Ok(None),
             other => Err(other),
         },
-        other => {
-            Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unexpected sock_diag answer: {other:?}")))
-        }
+        other => Err(invalid(format!("unexpected sock_diag answer: {other:?}"))),
     }
+}
+
+fn invalid(what: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
 }
 
 #[cfg(test)]
@@ -94,6 +132,25 @@ mod tests {
         client.write_all(b"x").unwrap();
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_entry(unrelated, server_addr).unwrap(), None, "no such socket");
+    }
+
+    /// The thread's one netlink socket answers each lookup with its own answer, whether the
+    /// one before found a socket or not.
+    #[test]
+    fn lookups_on_one_thread_each_get_their_own_answer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let clients: Vec<_> = (0..4).map(|_| std::net::TcpStream::connect(server_addr).unwrap()).collect();
+        let accepted: Vec<_> = (0..4).map(|_| listener.accept().unwrap()).collect();
+        let inodes: Vec<u32> =
+            accepted.iter().map(|(_, peer)| tcp_entry(*peer, server_addr).unwrap().unwrap().inode).collect();
+        let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        for round in 0..50 {
+            let (_, peer) = &accepted[round % 4];
+            assert_eq!(tcp_entry(*peer, server_addr).unwrap().map(|e| e.inode), Some(inodes[round % 4]));
+            assert_eq!(tcp_entry(unrelated, server_addr).unwrap(), None, "round {round}");
+        }
+        drop(clients);
     }
 
     #[test]
