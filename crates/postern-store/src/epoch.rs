@@ -7,6 +7,11 @@
 //! advance it. A table is presumed to grant authority unless it is named in [`PER_CALL_TABLES`].
 //! A commit by another process advances it too (the writer sees those by `data_version`, and
 //! raises the authority alarm if the tables then differ from the journal).
+//!
+//! The same hook keeps a second count, the vault epoch, for the tables the vault's memory is read
+//! from ([`VAULT_TABLES`]: the lock and the credentials): the vault's secret cache and the SSH
+//! connection pool keep what they hold until it moves. It moves for nothing else (a new agent run
+//! or MCP session leaves SSH connections open).
 
 use rusqlite::Connection;
 use std::{
@@ -22,6 +27,10 @@ use std::{
 /// only these leaves the epoch where it is.
 pub(crate) const PER_CALL_TABLES: &[&str] = &["journal", "merkle_nodes", "executions", "results", "export_cursors"];
 
+/// The tables the vault reads its lock and credentials from: a change to any of them moves the
+/// vault epoch as well.
+pub(crate) const VAULT_TABLES: &[&str] = &["credentials", "vault_state"];
+
 /// How many lookups of one kind are remembered at most (then all are forgotten at once).
 const MOST_REMEMBERED: usize = 4_096;
 
@@ -31,6 +40,10 @@ pub(crate) struct AuthorityEpoch {
     count: AtomicU64,
     /// Set by the update hook while a transaction changes a table outside [`PER_CALL_TABLES`].
     touched: Arc<AtomicBool>,
+    /// The vault epoch (see the module documentation).
+    vault: AtomicU64,
+    /// Set by the update hook while a transaction changes one of [`VAULT_TABLES`].
+    vault_touched: Arc<AtomicBool>,
 }
 
 impl AuthorityEpoch {
@@ -45,10 +58,13 @@ impl AuthorityEpoch {
             AuthAction::Delete { .. } => Authorization::Ignore,
             _ => Authorization::Allow,
         }))?;
-        let touched = Arc::clone(&self.touched);
+        let (touched, vault_touched) = (Arc::clone(&self.touched), Arc::clone(&self.vault_touched));
         conn.update_hook(Some(move |_: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
             if !PER_CALL_TABLES.contains(&table) {
                 touched.store(true, Ordering::Release);
+            }
+            if VAULT_TABLES.contains(&table) {
+                vault_touched.store(true, Ordering::Release);
             }
         }))
     }
@@ -57,18 +73,29 @@ impl AuthorityEpoch {
     /// so a caller told "revoked" is never then let in by a remembered token): moves the epoch if
     /// the transaction touched a table that may grant authority.
     pub(crate) fn settle(&self) {
+        if self.vault_touched.swap(false, Ordering::AcqRel) {
+            self.vault.fetch_add(1, Ordering::AcqRel);
+        }
         if self.touched.swap(false, Ordering::AcqRel) {
-            self.advance();
+            self.count.fetch_add(1, Ordering::AcqRel);
         }
     }
 
-    /// Forgets every remembered lookup (another process committed).
+    /// Forgets every remembered lookup and moves the vault epoch too (another process committed,
+    /// or whether one did is unknown).
     pub(crate) fn advance(&self) {
+        self.vault.fetch_add(1, Ordering::AcqRel);
         self.count.fetch_add(1, Ordering::AcqRel);
     }
 
     fn now(&self) -> u64 {
         self.count.load(Ordering::Acquire)
+    }
+
+    /// The vault epoch: moved by every commit or rollback that touched one of [`VAULT_TABLES`],
+    /// before its writers are answered, and by [`advance`](Self::advance).
+    pub(crate) fn vault_now(&self) -> u64 {
+        self.vault.load(Ordering::Acquire)
     }
 }
 
@@ -177,6 +204,34 @@ mod tests {
         assert_eq!(epoch.now(), 2);
         epoch.settle();
         assert_eq!(epoch.now(), 2, "nothing touched since");
+    }
+
+    /// The vault epoch moves for the lock and the credentials only; another process's commit
+    /// moves both counts.
+    #[test]
+    fn only_a_change_to_the_lock_or_a_credential_moves_the_vault_epoch() {
+        let epoch = AuthorityEpoch::default();
+        let mut conn = conn();
+        conn.execute_batch("CREATE TABLE credentials (name TEXT); CREATE TABLE vault_state (locked INTEGER)").unwrap();
+        epoch.watch(&mut conn).unwrap();
+        let mut expected = (0, 0);
+        for (sql, vault) in [
+            ("INSERT INTO agents VALUES ('a', 0)", false),
+            ("INSERT INTO journal VALUES (1)", false),
+            ("INSERT INTO credentials VALUES ('stripe')", true),
+            ("UPDATE agents SET revoked = 1", false),
+            ("INSERT INTO vault_state VALUES (1)", true),
+            ("UPDATE credentials SET name = 'github'", true),
+            ("DELETE FROM credentials", true),
+        ] {
+            conn.execute(sql, []).unwrap();
+            epoch.settle();
+            expected.1 += u64::from(vault);
+            expected.0 += u64::from(!sql.contains("journal"));
+            assert_eq!((epoch.now(), epoch.vault_now()), expected, "{sql}");
+        }
+        epoch.advance();
+        assert_eq!((epoch.now(), epoch.vault_now()), (expected.0 + 1, expected.1 + 1));
     }
 
     #[test]

@@ -214,7 +214,6 @@ pub struct Store {
     /// Bumped by every write that changes what the vault may hand out (the lock, a credential
     /// or SSH host added, removed or changed): the vault drops what it keeps in memory when it
     /// sees a new value.
-    vault_epoch: std::sync::atomic::AtomicU64,
     view: JournalView,
     path: PathBuf,
     /// Held for the life of the store: one writing process per journal. (Declared last, so it is
@@ -276,7 +275,7 @@ impl Store {
         }
         let writer = writer::WriterHandle::spawn(conn, options)?;
         let view = JournalView::open_read_only(path)?.remembering(writer.epoch());
-        let store = Store { writer, vault_epoch: Default::default(), view, path: path.to_owned(), _lock: lock };
+        let store = Store { writer, view, path: path.to_owned(), _lock: lock };
         let recovery = store.writer.call(WriteKind::DURABLE, move |w| w.recover(now))?;
         Ok((store, recovery))
     }
@@ -285,14 +284,11 @@ impl Store {
         &self.path
     }
 
-    /// Changes whenever the lock or a credential changes in this process (see `vault_epoch`).
+    /// Moves whenever the lock or a credential changed: SQLite reports each row the writer changes
+    /// in their tables, and the count moves before the writing caller is answered. A commit by
+    /// another process moves it too. What the vault keeps in memory is kept for one value.
     pub fn vault_epoch(&self) -> u64 {
-        self.vault_epoch.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn vault_changed<T>(&self, result: T) -> T {
-        self.vault_epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        result
+        self.writer.vault_epoch()
     }
 
     /// Set once the writer has seen another process commit to the database and the authority
@@ -390,7 +386,7 @@ impl Store {
     /// stream (`approve_every_use_changed`).
     pub fn set_approve_every_use(&self, name: &str, on: bool, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
-        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.set_approve_every_use(&name, on, at)))
+        self.writer.call(WriteKind::DURABLE, move |w| w.set_approve_every_use(&name, on, at))
     }
 
     /// Replaces a credential's spec (e.g. pins an SSH host key), journaled as `event` on the
@@ -404,9 +400,7 @@ impl Store {
         at: Timestamp,
     ) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
-        self.vault_changed(
-            self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at)),
-        )
+        self.writer.call(WriteKind::DURABLE, move |w| w.update_spec(&name, &spec, event, detail, at))
     }
 
     /// Journals a refused request for something not offered where an agent can reach it (an
@@ -545,12 +539,12 @@ impl Store {
 
     /// Records a credential's metadata and journals it (the secret goes to the keychain).
     pub fn put_credential(&self, record: CredentialRecord, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.put_credential(&record, at)))
+        self.writer.call(WriteKind::DURABLE, move |w| w.put_credential(&record, at))
     }
 
     pub fn remove_credential(&self, name: &str, at: Timestamp) -> Result<JournalEntry, StoreError> {
         let name = name.to_owned();
-        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.remove_credential(&name, at)))
+        self.writer.call(WriteKind::DURABLE, move |w| w.remove_credential(&name, at))
     }
 
     /// Registers an agent by the SHA-256 (hex) of its token, and journals it.
@@ -586,7 +580,7 @@ impl Store {
 
     /// Locks or unlocks the vault and journals who/why in `detail`.
     pub fn set_locked(&self, locked: bool, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.vault_changed(self.writer.call(WriteKind::DURABLE, move |w| w.set_locked(locked, detail, at)))
+        self.writer.call(WriteKind::DURABLE, move |w| w.set_locked(locked, detail, at))
     }
 
     /// What the writer has committed so far (for benchmarks and status displays).

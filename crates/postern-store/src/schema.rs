@@ -143,8 +143,9 @@ mod tests {
         for table in &without_rowid {
             assert!(crate::epoch::PER_CALL_TABLES.contains(&table.as_str()), "{table} is WITHOUT ROWID");
         }
-        // The per-call tables exist (a renamed one would silently start moving the epoch).
-        for table in crate::epoch::PER_CALL_TABLES {
+        // The per-call tables exist (a renamed one would silently start moving the epoch), and so
+        // do the vault's (a renamed one would silently stop moving the vault epoch).
+        for table in crate::epoch::PER_CALL_TABLES.iter().chain(crate::epoch::VAULT_TABLES) {
             let found: bool = conn
                 .query_row(
                     "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1)",

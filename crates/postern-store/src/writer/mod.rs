@@ -303,6 +303,11 @@ impl WriterHandle {
         self.call_async(WriteKind::ORDERED, |_| Ok(())).await
     }
 
+    /// The vault epoch ([`crate::epoch`]), without a count of the `Arc` taken.
+    pub(crate) fn vault_epoch(&self) -> u64 {
+        self.epoch.vault_now()
+    }
+
     /// Moves after every commit that may have changed what grants authority.
     pub(crate) fn epoch(&self) -> Arc<crate::epoch::AuthorityEpoch> {
         Arc::clone(&self.epoch)

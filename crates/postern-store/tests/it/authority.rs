@@ -22,20 +22,24 @@ fn agent_run(id: postern_core::SessionId, t: i64) -> SessionStart {
     }
 }
 
+/// A bearer credential for `pay.example`.
+fn pay_credential(approve_every_use: bool) -> CredentialRecord {
+    CredentialRecord {
+        name: "pay".into(),
+        kind: "bearer".into(),
+        spec: json!({ "idempotency_header": null }),
+        bindings: json!([{ "host": "pay.example", "port": null, "path_prefix": "/" }]),
+        approve_every_use,
+        created_at: 1,
+    }
+}
+
 /// A journal with one of everything that grants authority: a locked vault, a credential, an
 /// agent token, an authorized agent run, an allowlisted actor.
 fn granted() -> Fixture {
     let fx = Fixture::new();
     let store = fx.open();
-    let credential = CredentialRecord {
-        name: "pay".into(),
-        kind: "bearer".into(),
-        spec: json!({ "idempotency_header": null }),
-        bindings: json!([{ "host": "pay.example", "port": null, "path_prefix": "/" }]),
-        approve_every_use: true,
-        created_at: 1,
-    };
-    store.put_credential(credential, at(1)).unwrap();
+    store.put_credential(pay_credential(true), at(1)).unwrap();
     store.add_agent("ci", &"ab".repeat(32), at(2)).unwrap();
     let s = session(3);
     store.start_session(agent_run(s, 3)).unwrap();
@@ -339,4 +343,46 @@ fn the_gateway_view_forgets_a_revoked_token_and_a_changed_standing_at_once() {
         }
         assert_eq!(view.session_standing(s).unwrap(), Some(false), "{revoke}: refused at once");
     }
+}
+
+/// The vault epoch (what the vault's secret cache and the SSH pool keep their contents for)
+/// moves for every change to the lock or a credential, before the call that made it returns,
+/// and for another process's edit; an agent, a run or a call leaves it where it is.
+#[test]
+fn the_vault_epoch_moves_for_the_lock_and_every_credential_change_and_nothing_else() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let mut seen = store.vault_epoch();
+    let mut moved = |store: &Store, what: &str| {
+        let now = store.vault_epoch();
+        assert_ne!(now, seen, "{what} moves the vault epoch");
+        seen = now;
+    };
+    store.put_credential(pay_credential(false), at(1)).unwrap();
+    moved(&store, "a credential added");
+    store.set_approve_every_use("pay", true, at(2)).unwrap();
+    moved(&store, "approve every use");
+    let spec = json!({ "idempotency_header": "Idempotency-Key" });
+    store.update_credential_spec("pay", spec, postern_store::SpecChange::McpServerStartSet, json!({}), at(3)).unwrap();
+    moved(&store, "a spec change");
+    store.set_locked(true, json!({ "by": "reviewer" }), at(4)).unwrap();
+    moved(&store, "the lock");
+    store.set_locked(false, json!({ "by": "reviewer" }), at(5)).unwrap();
+    moved(&store, "the unlock");
+    store.remove_credential("pay", at(6)).unwrap();
+    moved(&store, "a credential removed");
+
+    let before = store.vault_epoch();
+    store.add_agent("ci", &"ab".repeat(32), at(7)).unwrap();
+    let s = session(8);
+    store.start_session(agent_run(s, 8)).unwrap();
+    store.set_session_standing(s, true, "reviewer", json!({}), at(9)).unwrap();
+    submit_read(&store, exec_id(1), 1, 10).unwrap();
+    store.flush().unwrap();
+    assert_eq!(store.vault_epoch(), before, "agents, runs and calls leave the vault's memory alone");
+
+    // Another process's edit is seen by the writer's next commit.
+    same_user(&fx.path).execute("UPDATE vault_state SET locked = 1", []).unwrap();
+    store.flush().unwrap();
+    assert_ne!(store.vault_epoch(), before, "another process's edit moves it");
 }
