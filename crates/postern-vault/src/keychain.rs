@@ -15,6 +15,47 @@ pub trait SecretStore: Send + Sync + fmt::Debug {
     fn delete(&self, item: &str) -> Result<bool, VaultError>;
 }
 
+/// The vault's keychain: every item written or deleted through it moves its count, after the
+/// keychain answered, so what the vault kept in memory from before a write is not served after
+/// it (whatever called the write: a new credential, a rolled-back one, an OAuth grant).
+#[derive(Debug)]
+pub(crate) struct VaultKeychain {
+    inner: std::sync::Arc<dyn SecretStore>,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl VaultKeychain {
+    pub(crate) fn new(inner: std::sync::Arc<dyn SecretStore>) -> Self {
+        VaultKeychain { inner, writes: Default::default() }
+    }
+
+    /// The keychain itself (for the file backups, whose items the vault never keeps in memory).
+    pub(crate) fn inner(&self) -> std::sync::Arc<dyn SecretStore> {
+        std::sync::Arc::clone(&self.inner)
+    }
+
+    /// How many writes and deletes went through this vault.
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn get(&self, item: &str) -> Result<Option<Sensitive<Vec<u8>>>, VaultError> {
+        self.inner.get(item)
+    }
+
+    pub(crate) fn set(&self, item: &str, secret: &[u8]) -> Result<(), VaultError> {
+        let set = self.inner.set(item, secret);
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        set
+    }
+
+    pub(crate) fn delete(&self, item: &str) -> Result<bool, VaultError> {
+        let deleted = self.inner.delete(item);
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        deleted
+    }
+}
+
 /// The operating system's keychain (Secret Service on Linux).
 pub struct OsKeychain {
     store: std::sync::Arc<keyring_core::CredentialStore>,

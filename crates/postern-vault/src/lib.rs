@@ -71,18 +71,22 @@ impl FileBackups {
 #[derive(Debug)]
 pub struct Vault {
     store: Arc<Store>,
-    keychain: Arc<dyn SecretStore>,
+    keychain: keychain::VaultKeychain,
     installation: String,
+    /// Held from the check that a name is free to the journaled record of the new entry, so two
+    /// adds of one name cannot both write its keychain items (and the loser delete the winner's).
+    adding: std::sync::Mutex<()>,
     /// Secrets read from the keychain since the vault was last unlocked, so the hot path makes
     /// no D-Bus round trip: dropped (and zeroized) on lock, idle lock, and whenever a credential
     /// or SSH host is added, removed or changed.
     cache: std::sync::Mutex<SecretCache>,
 }
 
-/// Keychain items as read, by item name, valid for one [`Store::vault_epoch`].
+/// Keychain items as read, by item name, valid for one [`Store::vault_epoch`] and one count of
+/// the vault's own keychain writes (see [`Vault::epoch`]).
 #[derive(Default)]
 struct SecretCache {
-    epoch: u64,
+    epoch: (u64, u64),
     /// The lock as last read from the journal's tables, valid for the same epoch.
     locked: Option<bool>,
     /// The credentials and SSH hosts (metadata, no secrets) as last read, for the same epoch.
@@ -106,12 +110,13 @@ impl Vault {
             format!("inst_{}", ulid::Ulid::from_parts(now.as_millis().max(0) as u64, u128::from_le_bytes(random)));
         let installation = store.installation_id(&candidate, now)?;
         let cache = std::sync::Mutex::new(SecretCache {
-            epoch: store.vault_epoch(),
+            epoch: (store.vault_epoch(), 0),
             locked: None,
             records: None,
             items: Default::default(),
         });
-        Ok(Vault { store, keychain, installation, cache })
+        let keychain = keychain::VaultKeychain::new(keychain);
+        Ok(Vault { store, keychain, installation, adding: Default::default(), cache })
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, SecretCache> {
@@ -125,13 +130,13 @@ impl Vault {
 
     /// How many keychain items (secrets, or the absence of one) are kept in memory now.
     pub fn secrets_in_memory(&self) -> usize {
-        self.current(self.store.vault_epoch()).items.len()
+        self.current(self.epoch()).items.len()
     }
 
     /// Drops now whatever a lock or a credential change since it was kept has made stale,
     /// instead of at the next use.
     pub fn drop_stale(&self) {
-        drop(self.current(self.store.vault_epoch()));
+        drop(self.current(self.epoch()));
     }
 
     /// What `get` finds in the cache for the current epoch; else `read` (outside the cache's
@@ -142,13 +147,13 @@ impl Vault {
         read: impl FnOnce() -> Result<T, VaultError>,
         put: impl FnOnce(&mut SecretCache, T),
     ) -> Result<T, VaultError> {
-        let epoch = self.store.vault_epoch();
+        let epoch = self.epoch();
         if let Some(found) = get(&self.current(epoch)) {
             return Ok(found);
         }
         let value = read()?;
         let mut cache = self.cache();
-        if cache.epoch == epoch && self.store.vault_epoch() == epoch {
+        if cache.epoch == epoch && self.epoch() == epoch {
             put(&mut cache, value.clone());
         }
         Ok(value)
@@ -182,7 +187,13 @@ impl Vault {
     }
 
     /// The cache, emptied first if the lock or the credentials changed since it was filled.
-    fn current(&self, epoch: u64) -> std::sync::MutexGuard<'_, SecretCache> {
+    /// What the kept secrets are valid for: the store's vault epoch (the lock and the credentials'
+    /// rows) and the count of this vault's keychain writes.
+    fn epoch(&self) -> (u64, u64) {
+        (self.store.vault_epoch(), self.keychain.writes())
+    }
+
+    fn current(&self, epoch: (u64, u64)) -> std::sync::MutexGuard<'_, SecretCache> {
         let mut cache = self.cache();
         if cache.epoch != epoch {
             cache.items.clear();
@@ -229,6 +240,7 @@ impl Vault {
         if secret.expose().is_empty() {
             return Err(VaultError::EmptySecret);
         }
+        let _adding = self.adding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.credentials()?.iter().any(|c| c.name == credential.name) {
             return Err(VaultError::DuplicateCredential(credential.name.clone()));
         }
@@ -278,6 +290,7 @@ impl Vault {
         if private_key.expose().trim().is_empty() {
             return Err(VaultError::EmptySecret);
         }
+        let _adding = self.adding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.store.view().credentials()?.iter().any(|c| c.name == host.name) {
             return Err(VaultError::DuplicateCredential(host.name.clone()));
         }
@@ -317,6 +330,7 @@ impl Vault {
         if let Some((k, _)) = secrets.iter().find(|(_, v)| v.expose().is_empty()) {
             return Err(VaultError::InvalidCredential(format!("the secret value of {k:?} is empty")));
         }
+        let _adding = self.adding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.store.view().credentials()?.iter().any(|c| c.name == server.name) {
             return Err(VaultError::DuplicateCredential(server.name.clone()));
         }
@@ -470,7 +484,7 @@ impl Vault {
 
     /// This installation's file backups in the keychain.
     pub fn file_backups(&self) -> FileBackups {
-        FileBackups { keychain: Arc::clone(&self.keychain), installation: self.installation.clone() }
+        FileBackups { keychain: self.keychain.inner(), installation: self.installation.clone() }
     }
 
     fn ssh_items(&self, name: &str) -> (String, String) {
@@ -662,6 +676,31 @@ pub(crate) mod tests {
         fn delete(&self, item: &str) -> Result<bool, VaultError> {
             self.inner.delete(item)
         }
+    }
+
+    /// A keychain read that a write through the vault overtook (an OAuth refresh, a rolled-back
+    /// add) is not kept: the next use reads the keychain again and sees the write.
+    #[test]
+    fn a_read_overtaken_by_a_keychain_write_is_not_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = Store::open(&dir.path().join("postern.db"), Timestamp::from_millis(0)).expect("store");
+        let v = Vault::open(Arc::new(store), Arc::new(MemoryKeychain::default()), Timestamp::from_millis(1)).unwrap();
+        v.add_credential(&bearer("api"), &Sensitive::new("old".into()), Timestamp::from_millis(2)).expect("add");
+        let item = v.item("credential/api");
+        let read = v.cached(
+            |c| c.items.get(&item).cloned(),
+            || {
+                let old = v.keychain.get(&item)?.map(Arc::new);
+                v.keychain.set(&item, b"new")?;
+                Ok(old)
+            },
+            |c, read| {
+                c.items.insert(item.clone(), read);
+            },
+        );
+        assert_eq!(read.unwrap().unwrap().expose().as_slice(), b"old");
+        assert_eq!(v.secrets_in_memory(), 0, "the overtaken read is not kept");
+        assert_eq!(v.secret("api").expect("secret").expose(), "new");
     }
 
     /// After unlock a secret is read from the keychain once; lock, removal and a new credential
