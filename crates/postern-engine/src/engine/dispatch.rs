@@ -80,6 +80,7 @@ impl Engine {
 
     /// The SSH command (wrapped in the marker protocol for `ssh_marker` tools) with the host's key.
     fn outgoing_ssh(&self, p: &Prepared<'_>, plan: &SshPlan, id: ExecutionId) -> Result<Wire, EngineError> {
+        let epoch = self.store.vault_epoch();
         let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
         let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
         let command = if marker {
@@ -92,6 +93,7 @@ impl Engine {
             host: plan.host.clone(),
             key,
             passphrase,
+            epoch,
             command,
             kill,
             timeout: p.tool.timeout,
@@ -110,7 +112,7 @@ impl Engine {
             cap: self.max_result_bytes,
             kill: Some(&out.kill),
         };
-        self.ssh.exec(job, self.store.vault_epoch()).await
+        self.ssh.exec(job, out.epoch).await
     }
 
     /// Sends what `outgoing` built and maps what happened to a state (one mapping per channel).

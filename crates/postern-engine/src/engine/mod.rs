@@ -349,6 +349,9 @@ struct SshOutgoing {
     host: postern_vault::SshHost,
     key: Sensitive<String>,
     passphrase: Option<Sensitive<String>>,
+    /// `Store::vault_epoch` read before the key: a connection made with a key read before a
+    /// change is pooled under the epoch before it, so the change retires it.
+    epoch: u64,
     /// The remote command, wrapped (marker protocol, or `cd` + command).
     command: String,
     /// Ends the command on timeout, by the pid its wrapper recorded.
