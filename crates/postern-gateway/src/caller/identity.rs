@@ -657,9 +657,14 @@ mod tests {
         let (first_server, first_peer) = listener.accept().unwrap();
         assert_eq!(tcp_peer_pid(first_peer, local), Some(me));
         assert_eq!(tcp_peer_quick(first_peer, local), PeerLookup::Found(me));
-        drop((first, first_server));
-        let _second = std::net::TcpStream::connect(local).unwrap();
+        drop(first_server);
+        // The next connection at the first one's descriptor, as the lowest free descriptor would
+        // put it, but placed there by hand: other tests' threads open descriptors meanwhile.
+        let mut at_first: std::os::fd::OwnedFd = first.into();
+        let second = std::net::TcpStream::connect(local).unwrap();
         let (_second_server, second_peer) = listener.accept().unwrap();
+        rustix::io::dup2(&second, &mut at_first).unwrap();
+        drop(second);
         assert_eq!(tcp_peer_quick(second_peer, local), PeerLookup::Found(me), "the same descriptor again");
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
