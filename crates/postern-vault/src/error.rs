@@ -26,6 +26,8 @@ pub enum VaultError {
     MissingSecret(String),
     #[error("a credential named {0:?} already exists; remove it first")]
     DuplicateCredential(String),
+    #[error("SSH host {0:?} was changed while its first key was being pinned; nothing was pinned, call again")]
+    SshHostChanged(String),
     #[error("invalid credential: {0}")]
     InvalidCredential(String),
     #[error("the secret is empty")]
@@ -49,6 +51,7 @@ impl ErrorCode for VaultError {
             VaultError::UnknownMcpServer(_) => "unknown_mcp_server",
             VaultError::MissingSecret(_) => "missing_secret",
             VaultError::DuplicateCredential(_) => "duplicate_credential",
+            VaultError::SshHostChanged(_) => "ssh_host_changed",
             VaultError::InvalidCredential(_) => "invalid_credential",
             VaultError::EmptySecret => "empty_secret",
             VaultError::CorruptKey { .. } => "corrupt_key",

@@ -73,9 +73,11 @@ pub struct Vault {
     store: Arc<Store>,
     keychain: keychain::VaultKeychain,
     installation: String,
-    /// Held from the check that a name is free to the journaled record of the new entry, so two
-    /// adds of one name cannot both write its keychain items (and the loser delete the winner's).
-    adding: std::sync::Mutex<()>,
+    /// Held by every add, removal and spec change from its first read of a name to its last
+    /// keychain write: two adds of one name cannot both write its items (the loser deleting the
+    /// winner's), a removal cannot delete the items of an entry added again meanwhile, and a
+    /// spec change cannot write a removed entry's spec onto its successor.
+    names: std::sync::Mutex<()>,
     /// Secrets read from the keychain since the vault was last unlocked, so the hot path makes
     /// no D-Bus round trip: dropped (and zeroized) on lock, idle lock, and whenever a credential
     /// or SSH host is added, removed or changed.
@@ -116,7 +118,7 @@ impl Vault {
             items: Default::default(),
         });
         let keychain = keychain::VaultKeychain::new(keychain);
-        Ok(Vault { store, keychain, installation, adding: Default::default(), cache })
+        Ok(Vault { store, keychain, installation, names: Default::default(), cache })
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, SecretCache> {
@@ -193,6 +195,10 @@ impl Vault {
         (self.store.vault_epoch(), self.keychain.writes())
     }
 
+    fn names(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.names.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn current(&self, epoch: (u64, u64)) -> std::sync::MutexGuard<'_, SecretCache> {
         let mut cache = self.cache();
         if cache.epoch != epoch {
@@ -240,8 +246,8 @@ impl Vault {
         if secret.expose().is_empty() {
             return Err(VaultError::EmptySecret);
         }
-        let _adding = self.adding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.credentials()?.iter().any(|c| c.name == credential.name) {
+        let _names = self.names();
+        if self.records()?.iter().any(|c| c.name == credential.name) {
             return Err(VaultError::DuplicateCredential(credential.name.clone()));
         }
         let item = self.item(&format!("credential/{}", credential.name));
@@ -258,6 +264,7 @@ impl Vault {
 
     /// Removes the metadata (journaled) and the keychain item.
     pub fn remove_credential(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
+        let _names = self.names();
         self.store.remove_credential(name, now).map_err(|e| match e {
             postern_store::StoreError::UnknownCredential(n) => VaultError::UnknownCredential(n),
             other => other.into(),
@@ -290,7 +297,7 @@ impl Vault {
         if private_key.expose().trim().is_empty() {
             return Err(VaultError::EmptySecret);
         }
-        let _adding = self.adding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _names = self.names();
         if self.store.view().credentials()?.iter().any(|c| c.name == host.name) {
             return Err(VaultError::DuplicateCredential(host.name.clone()));
         }
@@ -330,7 +337,7 @@ impl Vault {
         if let Some((k, _)) = secrets.iter().find(|(_, v)| v.expose().is_empty()) {
             return Err(VaultError::InvalidCredential(format!("the secret value of {k:?} is empty")));
         }
-        let _adding = self.adding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _names = self.names();
         if self.store.view().credentials()?.iter().any(|c| c.name == server.name) {
             return Err(VaultError::DuplicateCredential(server.name.clone()));
         }
@@ -400,6 +407,7 @@ impl Vault {
         contract: Option<ToolOverride>,
         now: Timestamp,
     ) -> Result<McpServer, VaultError> {
+        let _names = self.names();
         let mut s = self.mcp_server(server)?;
         match contract.filter(|c| !c.is_empty()) {
             Some(c) => s.tools.insert(tool.to_owned(), c),
@@ -424,6 +432,7 @@ impl Vault {
         start: ServerStart,
         now: Timestamp,
     ) -> Result<McpServer, VaultError> {
+        let _names = self.names();
         let mut s = self.mcp_server(server)?;
         s.start = start;
         self.store.update_credential_spec(
@@ -438,6 +447,7 @@ impl Vault {
 
     /// Removes a server's metadata (journaled) and its keychain items.
     pub fn remove_mcp_server(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
+        let _names = self.names();
         let server = self.mcp_server(name)?;
         self.store.remove_credential(name, now)?;
         let mut deleted = if server.oauth.is_some() { self.forget_oauth_grant(name) } else { Ok(()) };
@@ -517,14 +527,21 @@ impl Vault {
     }
 
     /// Pins the key an `accept-new` host presented, once authentication with it succeeded.
+    /// `connected` is the host as it was connected to: if the host was changed since (removed
+    /// and added again, or pinned meanwhile), nothing is pinned.
     pub fn pin_host_key(
         &self,
-        name: &str,
+        connected: &SshHost,
         key: &str,
         fingerprint: &str,
         now: Timestamp,
     ) -> Result<SshHost, VaultError> {
+        let _names = self.names();
+        let name = connected.name.as_str();
         let mut host = self.ssh_host(name)?;
+        if host != *connected || host.host_key.is_some() {
+            return Err(VaultError::SshHostChanged(name.to_owned()));
+        }
         host.host_key = Some(key.to_owned());
         host.host_key_fingerprint = Some(fingerprint.to_owned());
         let detail = json!({ "name": name, "host_key_fingerprint": fingerprint, "policy": host.policy });
@@ -549,6 +566,7 @@ impl Vault {
 
     /// Removes an SSH host's metadata (journaled) and its keychain items.
     pub fn remove_ssh_host(&self, name: &str, now: Timestamp) -> Result<(), VaultError> {
+        let _names = self.names();
         self.ssh_host(name)?;
         self.store.remove_credential(name, now)?;
         let (key_item, pass_item) = self.ssh_items(name);

@@ -156,8 +156,8 @@ impl Engine {
         let line = connection.presented.to_openssh().map_err(|e| EngineError::Internal(e.to_string()))?;
         let fingerprint = crate::channel::ssh::fingerprint(&connection.presented);
         connection.close().await;
-        let (vault, name, at) = (Arc::clone(&self.vault), plan.host.name.clone(), self.now());
-        plan.host = tokio::task::spawn_blocking(move || vault.pin_host_key(&name, &line, &fingerprint, at))
+        let (vault, connected, at) = (Arc::clone(&self.vault), plan.host.clone(), self.now());
+        plan.host = tokio::task::spawn_blocking(move || vault.pin_host_key(&connected, &line, &fingerprint, at))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))??;
         Ok(())

@@ -610,13 +610,25 @@ mod tests {
         assert_eq!(hashes.describe(pid), None, "nor once reaped");
     }
 
-    /// The pin is only as good as the poll: an exited process's pidfd says so at once.
+    /// No pin is made of a process that has exited, reaped or not (an exited process's pid is
+    /// free to be reused once it is reaped), and a pidfd vouches only for its own pid.
     #[test]
-    fn a_pin_of_a_process_that_is_gone_is_not_made() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
+    fn a_pin_of_a_process_that_has_exited_is_not_made() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
+        let raw = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        let pidfd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).unwrap();
+        assert!(PinnedProcess::holds_pid(&pidfd, pid));
+        assert!(!PinnedProcess::holds_pid(&pidfd, std::process::id()), "not another pid");
+        child.kill().unwrap();
+        // A zombie: its stat line still reads, and only the poll tells it has exited.
+        let exited = PinnedProcess { pidfd, key: process_key(pid).expect("a zombie's stat line") };
+        let gone =
+            (0..1000).any(|_| exited.exited() || (std::thread::sleep(std::time::Duration::from_millis(5)), false).1);
+        assert!(gone, "the pidfd reports the exit");
+        assert!(PinnedProcess::pin(pid).is_none(), "an exited, unreaped process is not pinned");
         child.wait().unwrap();
-        assert!(PinnedProcess::pin(pid).is_none(), "a reaped process cannot be pinned");
+        assert!(PinnedProcess::pin(pid).is_none(), "nor a reaped one");
     }
 
     /// The fallback (no netlink) reads the same state and queue as the exact lookup.

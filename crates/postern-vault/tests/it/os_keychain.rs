@@ -1,9 +1,13 @@
 //! The vault on the real Secret Service: secrets round-trip through the keychain, never reach
 //! the database file, are namespaced per installation, and are gone after removal.
 
+use postern_core::ErrorCode;
 use postern_core::Timestamp;
 use postern_store::Store;
-use postern_vault::{Binding, Credential, CredentialKind, OsKeychain, SecretStore, Sensitive, Vault, VaultError};
+use postern_vault::{
+    Binding, Credential, CredentialKind, DEFAULT_MARKER_ROOT, HostKeyPolicy, OsKeychain, SecretStore, Sensitive,
+    SshHost, Vault, VaultError,
+};
 use std::sync::Arc;
 
 const CANARY: &str = "CANARY-vault-3b1f7e-never-on-disk";
@@ -105,4 +109,39 @@ fn an_mcp_servers_secret_environment_lives_in_the_keychain_is_refused_while_lock
     v.remove_mcp_server("github", Timestamp::from_millis(6)).expect("remove");
     assert!(kc.get(&item).expect("get").is_none(), "the keychain item goes with the server");
     assert!(matches!(v.mcp_server("github"), Err(VaultError::UnknownMcpServer(_))));
+}
+
+/// A first key is pinned only onto the host that was connected to: not onto a host of the
+/// same name added again with another address meanwhile, and not over a key pinned since.
+#[test]
+fn a_first_key_is_pinned_only_onto_the_host_it_was_presented_by() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = vault(dir.path(), keychain());
+    let key = Sensitive::new("-----BEGIN OPENSSH PRIVATE KEY-----".to_owned());
+    let host = |address: &str| SshHost {
+        name: "deploy".into(),
+        address: address.into(),
+        port: 22,
+        account: "ci".into(),
+        policy: HostKeyPolicy::AcceptNew,
+        host_key: None,
+        host_key_fingerprint: None,
+        marker_root: DEFAULT_MARKER_ROOT.into(),
+        approve_every_use: false,
+    };
+    let at = Timestamp::from_millis;
+    v.add_ssh_host(&host("10.0.0.1"), &key, None, at(2)).expect("add");
+    let connected = v.ssh_host("deploy").expect("host");
+    v.remove_ssh_host("deploy", at(3)).expect("remove");
+    v.add_ssh_host(&host("10.0.0.2"), &key, None, at(4)).expect("add again");
+    let refused = v.pin_host_key(&connected, "ssh-ed25519 AAAA", "SHA256:old", at(5)).unwrap_err();
+    assert_eq!(refused.code(), "ssh_host_changed");
+    assert_eq!(v.ssh_host("deploy").unwrap().host_key, None, "the new host's first key is still to come");
+
+    let connected = v.ssh_host("deploy").expect("host");
+    let pinned = v.pin_host_key(&connected, "ssh-ed25519 BBBB", "SHA256:new", at(6)).expect("pinned");
+    assert_eq!(pinned.host_key.as_deref(), Some("ssh-ed25519 BBBB"));
+    let again = v.pin_host_key(&connected, "ssh-ed25519 CCCC", "SHA256:other", at(7)).unwrap_err();
+    assert_eq!(again.code(), "ssh_host_changed", "a pinned key is not replaced");
+    assert_eq!(v.ssh_host("deploy").unwrap().host_key.as_deref(), Some("ssh-ed25519 BBBB"));
 }
