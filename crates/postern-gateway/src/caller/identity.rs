@@ -125,6 +125,9 @@ struct PinnedProcess {
     key: ProcessKey,
 }
 
+/// How many executable versions' hashes are kept.
+const HASHES_KEPT: usize = 256;
+
 /// How many pinned processes are kept (a descriptor each); exited ones go first.
 const PINNED_KEPT: usize = 64;
 
@@ -164,6 +167,30 @@ impl PinnedProcess {
     }
 }
 
+/// How a described process is known to still be the one whose key was read: held by a pidfd
+/// (one `poll`), or, without a pin, by reading its stat line again and comparing start times.
+enum HeldProcess {
+    Pinned(std::sync::Arc<PinnedProcess>),
+    Read(ProcessKey),
+}
+
+impl HeldProcess {
+    fn key(&self) -> &ProcessKey {
+        match self {
+            HeldProcess::Pinned(pinned) => &pinned.key,
+            HeldProcess::Read(key) => key,
+        }
+    }
+
+    /// Whether the pid is still the process [`key`](Self::key) was read of.
+    fn still_running(&self) -> bool {
+        match self {
+            HeldProcess::Pinned(pinned) => !pinned.exited(),
+            HeldProcess::Read(key) => is_alive(key),
+        }
+    }
+}
+
 impl ExecutableHashes {
     /// SHA-256 of the file the process runs, read through `/proc/<pid>/exe` (the inode the
     /// process actually executes, even if the path was replaced since).
@@ -200,6 +227,11 @@ impl ExecutableHashes {
         let read = Self::version(&looked.0, &opened.metadata().ok()?);
         let hash = Self::read_and_hash(&mut opened)?;
         if let Ok(mut cache) = self.cache.lock() {
+            // A bound on what a same-user process can make the gateway keep by running ever new
+            // executables: a forgotten hash is only read again.
+            if cache.len() >= HASHES_KEPT {
+                cache.clear();
+            }
             cache.insert(read.clone(), hash.clone());
         }
         (read == *looked).then_some(hash)
@@ -242,27 +274,21 @@ impl ExecutableHashes {
     }
 
     fn describe_with(&self, pid: u32, may_read: bool) -> Result<Option<AgentProcess>, NotHashedYet> {
-        let Some(pinned) = self.pinned(pid) else { return self.describe_unpinned(pid, may_read) };
+        let held = match self.pinned(pid) {
+            Some(pinned) => HeldProcess::Pinned(pinned),
+            None => match process_key(pid) {
+                Some(key) => HeldProcess::Read(key),
+                None => return Ok(None),
+            },
+        };
         let Some(executable) = executable(pid) else { return Ok(None) };
         let Some(sha256) = self.sha256(pid, &executable, may_read)? else { return Ok(None) };
-        // The pid must still be the pinned process: then the executable we hashed is its own.
-        if pinned.exited() {
+        // The pid must still be the process whose key we hold: then the executable we hashed is
+        // its own.
+        if !held.still_running() {
             return Ok(None);
         }
-        Ok(Some(AgentProcess { key: pinned.key.clone(), executable, sha256 }))
-    }
-
-    /// [`describe_with`](Self::describe_with) without a pidfd: the stat line read before and
-    /// after, and the two start times compared.
-    fn describe_unpinned(&self, pid: u32, may_read: bool) -> Result<Option<AgentProcess>, NotHashedYet> {
-        let Some(key) = process_key(pid) else { return Ok(None) };
-        let Some(executable) = executable(pid) else { return Ok(None) };
-        let Some(sha256) = self.sha256(pid, &executable, may_read)? else { return Ok(None) };
-        // Re-check: the pid must still be the process whose executable we hashed.
-        if !is_alive(&key) {
-            return Ok(None);
-        }
-        Ok(Some(AgentProcess { key, executable, sha256 }))
+        Ok(Some(AgentProcess { key: held.key().clone(), executable, sha256 }))
     }
 
     /// The pin of `pid`: the one kept if its process is still running, else a new one.
