@@ -169,6 +169,7 @@ where
 pub struct WriterStats {
     transactions: AtomicU64,
     operations: AtomicU64,
+    external_commits: AtomicU64,
 }
 
 impl WriterStats {
@@ -178,6 +179,13 @@ impl WriterStats {
 
     pub fn operations(&self) -> u64 {
         self.operations.load(Ordering::Relaxed)
+    }
+
+    /// Commits another process made to the database since it was opened, as the writer saw them
+    /// (several between two looks count once). Each one makes the gateway compare the authority
+    /// tables with the journal and forget every remembered secret and pooled SSH connection.
+    pub fn external_commits(&self) -> u64 {
+        self.external_commits.load(Ordering::Relaxed)
     }
 }
 
@@ -478,6 +486,17 @@ impl Writer {
         self.data_version = now;
         self.cache_invalid = true;
         self.epoch.advance();
+        // Nothing but this writer should commit here. Commits that change no authority raise no
+        // alarm, but each one costs a comparison and every remembered secret: said in the log, at
+        // the 1st, 2nd, 4th, 8th... so a process committing in a loop is visible, not noisy.
+        let seen = self.stats.external_commits.fetch_add(1, Ordering::Relaxed) + 1;
+        if seen.is_power_of_two() {
+            tracing::warn!(
+                external_commits = seen,
+                "another process committed to the journal database; each commit makes postern re-check authority \
+                 and re-read secrets from the keychain"
+            );
+        }
         // A check that cannot run is a finding, like a chain that cannot be walked: granting
         // must not go on because the tables could not be compared.
         let unread = |what: &str, e: StoreError| crate::authority::AuthorityMismatch {
