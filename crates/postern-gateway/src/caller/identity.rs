@@ -4,6 +4,7 @@
 //! Linux only (`/proc`); elsewhere every lookup answers `None` and callers fall back to the
 //! token's agent name.
 
+use super::hash_cache::HashCache;
 use postern_core::Actor;
 use sha2::{Digest, Sha256};
 use std::{
@@ -110,7 +111,7 @@ pub struct NotHashedYet;
 /// Hashes executables once per file version: an agent binary can be 100 MB.
 #[derive(Debug, Default)]
 pub struct ExecutableHashes {
-    cache: Mutex<HashMap<FileVersion, String>>,
+    cache: Mutex<HashCache<FileVersion>>,
     /// Processes described before, each pinned by a pidfd: see [`PinnedProcess`].
     pinned: Mutex<HashMap<u32, std::sync::Arc<PinnedProcess>>>,
 }
@@ -124,9 +125,6 @@ struct PinnedProcess {
     pidfd: std::os::fd::OwnedFd,
     key: ProcessKey,
 }
-
-/// How many executable versions' hashes are kept.
-const HASHES_KEPT: usize = 256;
 
 /// How many pinned processes are kept (a descriptor each); exited ones go first.
 const PINNED_KEPT: usize = 64;
@@ -208,9 +206,9 @@ impl ExecutableHashes {
     fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
         let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
         let key = Self::version(path, &meta);
-        let Ok(cache) = self.cache.lock() else { return Ok(None) };
+        let Ok(mut cache) = self.cache.lock() else { return Ok(None) };
         if let Some(hash) = cache.get(&key) {
-            return Ok(Some(hash.clone()));
+            return Ok(Some(hash));
         }
         drop(cache);
         if !may_read {
@@ -227,11 +225,6 @@ impl ExecutableHashes {
         let read = Self::version(&looked.0, &opened.metadata().ok()?);
         let hash = Self::read_and_hash(&mut opened)?;
         if let Ok(mut cache) = self.cache.lock() {
-            // A bound on what a same-user process can make the gateway keep by running ever new
-            // executables: a forgotten hash is only read again.
-            if cache.len() >= HASHES_KEPT {
-                cache.clear();
-            }
             cache.insert(read.clone(), hash.clone());
         }
         (read == *looked).then_some(hash)
