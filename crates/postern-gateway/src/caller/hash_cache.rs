@@ -2,7 +2,11 @@
 //! executables (copies, hard links, `touch`ed files: each a new version) cannot grow it, and
 //! cannot flush an agent's hash with a burst of its own as a cache cleared when full would let it.
 
-use std::{collections::HashMap, hash::Hash};
+use std::{
+    collections::{HashMap, HashSet},
+    hash::Hash,
+    sync::{Condvar, Mutex, MutexGuard, PoisonError},
+};
 
 /// How many versions each generation of a [`HashCache`] keeps.
 pub(super) const HASHES_KEPT: usize = 256;
@@ -11,20 +15,33 @@ pub(super) const HASHES_KEPT: usize = 256;
 /// full it becomes the older and the older is dropped, and a hit in the older moves back to the
 /// newer. An agent's hash is forgotten (its executable then read again, on the blocking pool)
 /// only once `HASHES_KEPT` other versions were hashed since its last connection.
+///
+/// A version is read once however many connections ask for it at once (an agent opening eight
+/// sessions as it starts): the first reads, the others wait for its answer.
 #[derive(Debug)]
 pub(super) struct HashCache<K> {
+    state: Mutex<Generations<K>>,
+    /// Told when a read ends.
+    read_ended: Condvar,
+}
+
+#[derive(Debug)]
+struct Generations<K> {
     newer: HashMap<K, String>,
     older: HashMap<K, String>,
+    /// Versions being read now.
+    reading: HashSet<K>,
 }
 
 impl<K> Default for HashCache<K> {
     fn default() -> Self {
-        HashCache { newer: HashMap::new(), older: HashMap::new() }
+        let state = Generations { newer: HashMap::new(), older: HashMap::new(), reading: HashSet::new() };
+        HashCache { state: Mutex::new(state), read_ended: Condvar::new() }
     }
 }
 
-impl<K: Hash + Eq + Clone> HashCache<K> {
-    pub(super) fn get(&mut self, version: &K) -> Option<String> {
+impl<K: Hash + Eq + Clone> Generations<K> {
+    fn get(&mut self, version: &K) -> Option<String> {
         if let Some(hash) = self.newer.get(version) {
             return Some(hash.clone());
         }
@@ -33,16 +50,80 @@ impl<K: Hash + Eq + Clone> HashCache<K> {
         Some(hash)
     }
 
-    pub(super) fn insert(&mut self, version: K, hash: String) {
+    fn insert(&mut self, version: K, hash: String) {
         if self.newer.len() >= HASHES_KEPT && !self.newer.contains_key(&version) {
             self.older = std::mem::take(&mut self.newer);
         }
         self.newer.insert(version, hash);
     }
+}
+
+impl<K: Hash + Eq + Clone> HashCache<K> {
+    /// The critical sections below cannot panic half-way, so a poisoned lock's state is whole.
+    fn state(&self) -> MutexGuard<'_, Generations<K>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The kept hash of `version`, without reading anything.
+    pub(super) fn get(&self, version: &K) -> Option<String> {
+        self.state().get(version)
+    }
+
+    /// The hash of `version`: the kept one, or the one `read` gives on this thread (`None`:
+    /// unreadable, nothing kept) while other threads asking for the same version wait for it.
+    /// Call it where blocking is allowed (the blocking pool): it may wait for another read.
+    pub(super) fn get_or_read(&self, version: K, read: impl FnOnce() -> Option<String>) -> Option<String> {
+        let mut state = self.state();
+        loop {
+            if let Some(hash) = state.get(&version) {
+                return Some(hash);
+            }
+            if !state.reading.contains(&version) {
+                break;
+            }
+            state = self.read_ended.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        state.reading.insert(version.clone());
+        drop(state);
+        // Ends the read even if `read` panics, so that no waiter waits forever.
+        let reading = Reading { cache: self, version: Some(version) };
+        let hash = read();
+        reading.end(hash.clone());
+        hash
+    }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.newer.len() + self.older.len()
+        let state = self.state();
+        state.newer.len() + state.older.len()
+    }
+}
+
+/// A read of one version under way.
+struct Reading<'a, K: Hash + Eq + Clone> {
+    cache: &'a HashCache<K>,
+    version: Option<K>,
+}
+
+impl<K: Hash + Eq + Clone> Reading<'_, K> {
+    fn end(mut self, hash: Option<String>) {
+        if let Some(version) = self.version.take() {
+            let mut state = self.cache.state();
+            state.reading.remove(&version);
+            if let Some(hash) = hash {
+                state.insert(version, hash);
+            }
+            self.cache.read_ended.notify_all();
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Reading<'_, K> {
+    fn drop(&mut self) {
+        if let Some(version) = self.version.take() {
+            self.cache.state().reading.remove(&version);
+            self.cache.read_ended.notify_all();
+        }
     }
 }
 
@@ -54,11 +135,12 @@ mod tests {
     /// connecting while the burst runs keeps its hash; one that stopped is forgotten.
     #[test]
     fn a_burst_of_new_versions_is_bounded_and_does_not_flush_a_recent_agent() {
-        let mut cache = HashCache::default();
-        cache.insert(u64::MAX, "agent".to_owned());
-        cache.insert(u64::MAX - 1, "idle agent".to_owned());
+        let cache = HashCache::default();
+        let keep = |version: u64, hash: &str| cache.get_or_read(version, || Some(hash.to_owned()));
+        keep(u64::MAX, "agent");
+        keep(u64::MAX - 1, "idle agent");
         for version in 0..(10 * HASHES_KEPT as u64) {
-            cache.insert(version, version.to_string());
+            keep(version, &version.to_string());
             assert!(cache.len() <= 2 * HASHES_KEPT, "{} kept", cache.len());
             if version % (HASHES_KEPT as u64 / 2) == 0 {
                 assert_eq!(cache.get(&u64::MAX).as_deref(), Some("agent"), "after {version}");
@@ -66,5 +148,40 @@ mod tests {
         }
         assert_eq!(cache.get(&(u64::MAX - 1)), None);
         assert_eq!(cache.get(&(10 * HASHES_KEPT as u64 - 1)).as_deref(), Some(&*(10 * HASHES_KEPT - 1).to_string()));
+    }
+
+    /// Eight threads asking for one version at once: one reads it, all get its hash; an
+    /// unreadable version is kept for nobody, and a read that panics leaves no one waiting.
+    #[test]
+    fn a_version_asked_for_at_once_is_read_once() {
+        let cache = HashCache::default();
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        let start = std::sync::Barrier::new(8);
+        let answers: Vec<_> = std::thread::scope(|scope| {
+            let asks: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        cache.get_or_read(7u64, || {
+                            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            // Long beside the other threads' start: they ask while it reads.
+                            std::thread::sleep(std::time::Duration::from_millis(200));
+                            Some("hash".to_owned())
+                        })
+                    })
+                })
+                .collect();
+            asks.into_iter().map(|a| a.join().unwrap()).collect()
+        });
+        assert_eq!(reads.into_inner(), 1);
+        assert!(answers.iter().all(|a| a.as_deref() == Some("hash")), "{answers:?}");
+
+        assert_eq!(cache.get_or_read(8, || None), None);
+        assert_eq!(cache.get(&8), None, "nothing kept for an unreadable version");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cache.get_or_read(9, || panic!("read failed"));
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(cache.get_or_read(9, || Some("again".to_owned())).as_deref(), Some("again"));
     }
 }

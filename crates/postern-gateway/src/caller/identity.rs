@@ -111,7 +111,7 @@ pub struct NotHashedYet;
 /// Hashes executables once per file version: an agent binary can be 100 MB.
 #[derive(Debug, Default)]
 pub struct ExecutableHashes {
-    cache: Mutex<HashCache<FileVersion>>,
+    cache: HashCache<FileVersion>,
     /// Processes described before, each pinned by a pidfd: see [`PinnedProcess`].
     pinned: Mutex<HashMap<u32, std::sync::Arc<PinnedProcess>>>,
 }
@@ -206,11 +206,9 @@ impl ExecutableHashes {
     fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
         let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
         let key = Self::version(path, &meta);
-        let Ok(mut cache) = self.cache.lock() else { return Ok(None) };
-        if let Some(hash) = cache.get(&key) {
+        if let Some(hash) = self.cache.get(&key) {
             return Ok(Some(hash));
         }
-        drop(cache);
         if !may_read {
             return Err(NotHashedYet);
         }
@@ -223,10 +221,7 @@ impl ExecutableHashes {
     fn hash_version(&self, file: &Path, looked: &FileVersion) -> Option<String> {
         let mut opened = std::fs::File::open(file).ok()?;
         let read = Self::version(&looked.0, &opened.metadata().ok()?);
-        let hash = Self::read_and_hash(&mut opened)?;
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.insert(read.clone(), hash.clone());
-        }
+        let hash = self.cache.get_or_read(read.clone(), || Self::read_and_hash(&mut opened))?;
         (read == *looked).then_some(hash)
     }
 
