@@ -204,8 +204,14 @@ impl ExecutableHashes {
     /// its bytes): a process that `execve`s between a look at `/proc/PID/exe` and the read cannot
     /// file one binary's hash under another's version.
     fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
-        let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
-        let key = Self::version(path, &meta);
+        let key = if may_read {
+            let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
+            Self::version(path, &meta)
+        } else {
+            // On an async worker: no wait for a file system (see `cached_version`). A stale
+            // answer only misses the cache, and the look is made again on the blocking pool.
+            Self::cached_version(path, file).ok_or(NotHashedYet)?
+        };
         if let Some(hash) = self.cache.get(&key) {
             return Ok(Some(hash));
         }
@@ -235,6 +241,22 @@ impl ExecutableHashes {
             (meta.mtime(), meta.mtime_nsec()),
             (meta.ctime(), meta.ctime_nsec()),
         )
+    }
+
+    /// [`version`](Self::version) from the kernel's cached attributes (`AT_STATX_DONT_SYNC`),
+    /// for the look made on an async worker: a file system is never asked, so an executable on a
+    /// same-user FUSE mount whose daemon does not answer cannot hang the worker.
+    fn cached_version(path: &Path, file: &Path) -> Option<FileVersion> {
+        use rustix::fs::{AtFlags, CWD, StatxFlags};
+        let st = rustix::fs::statx(CWD, file, AtFlags::STATX_DONT_SYNC, StatxFlags::BASIC_STATS).ok()?;
+        Some((
+            path.to_path_buf(),
+            rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+            st.stx_ino,
+            st.stx_size,
+            (st.stx_mtime.tv_sec, i64::from(st.stx_mtime.tv_nsec)),
+            (st.stx_ctime.tv_sec, i64::from(st.stx_ctime.tv_nsec)),
+        ))
     }
 
     fn read_and_hash(file: &mut std::fs::File) -> Option<String> {
@@ -599,6 +621,20 @@ mod tests {
         assert_eq!(hashes.hash_file(&trusted, &trusted, false).err(), Some(NotHashedYet), "nothing kept for it");
         let trusted_hash = hex::encode(Sha256::digest(b"trusted binary"));
         assert_eq!(hashes.hash_file(&trusted, &trusted, true), Ok(Some(trusted_hash)));
+    }
+
+    /// The look made on an async worker (cached attributes) names the same version as the
+    /// `stat` the hash is kept under: otherwise every connection would miss the cache.
+    #[test]
+    fn the_cached_look_names_the_version_a_stat_names() {
+        let exe = Path::new("/proc/self/exe");
+        let path = executable(std::process::id()).unwrap();
+        let looked = ExecutableHashes::cached_version(&path, exe).unwrap();
+        assert_eq!(looked, ExecutableHashes::version(&path, &std::fs::metadata(exe).unwrap()));
+        let hashes = ExecutableHashes::default();
+        let hash = hashes.hash_file(exe, &path, true).unwrap();
+        assert!(hash.is_some());
+        assert_eq!(hashes.hash_file(exe, &path, false), Ok(hash), "answered from the cache");
     }
 
     /// A described process is pinned: described again it keeps its key (without reading its
