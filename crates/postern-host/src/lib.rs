@@ -319,9 +319,15 @@ impl Host {
     /// the control socket, Streamable HTTP).
     pub async fn bind(&self, engine: Arc<Engine>) -> Result<Serving, HostError> {
         let runs = AgentRuns::new(Arc::clone(&self.store), system_clock(), self.config.run_idle);
-        let hashes = postern_gateway::caller::identity::ExecutableHashes::default();
-        let (adopted, ended) = runs.adopt_open(&hashes)?;
         let gateway = Gateway::new(Arc::clone(&engine), Arc::clone(&self.store), system_clock(), runs);
+        // Adopting reads the executables of the agents the last process left running (blocking
+        // work, off the async workers) into the gateway's own cache, where those agents' next
+        // connections find them instead of reading them again.
+        let (runs, hashes) = (Arc::clone(&gateway.runs), Arc::clone(&gateway.hashes));
+        let (adopted, ended) = match tokio::task::spawn_blocking(move || runs.adopt_open(&hashes)).await {
+            Ok(adoption) => adoption?,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
         let options = ServeOptions {
             data_dir: self.config.data_dir.clone(),
             http_port: self.config.http_port,
