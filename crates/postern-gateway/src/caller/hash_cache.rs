@@ -85,11 +85,10 @@ impl<K: Hash + Eq + Clone> HashCache<K> {
         }
         state.reading.insert(version.clone());
         drop(state);
-        // Ends the read even if `read` panics, so that no waiter waits forever.
-        let reading = Reading { cache: self, version: Some(version) };
-        let hash = read();
-        reading.end(hash.clone());
-        hash
+        // Ends the read when dropped, even if `read` panics, so that no waiter waits forever.
+        let mut reading = Reading { cache: self, version, hash: None };
+        reading.hash = read();
+        reading.hash.clone()
     }
 
     #[cfg(test)]
@@ -99,31 +98,22 @@ impl<K: Hash + Eq + Clone> HashCache<K> {
     }
 }
 
-/// A read of one version under way.
+/// A read of one version under way; dropped, it ends: the version is no longer being read, its
+/// hash (if the read gave one) is kept, and the waiters are told.
 struct Reading<'a, K: Hash + Eq + Clone> {
     cache: &'a HashCache<K>,
-    version: Option<K>,
-}
-
-impl<K: Hash + Eq + Clone> Reading<'_, K> {
-    fn end(mut self, hash: Option<String>) {
-        if let Some(version) = self.version.take() {
-            let mut state = self.cache.state();
-            state.reading.remove(&version);
-            if let Some(hash) = hash {
-                state.insert(version, hash);
-            }
-            self.cache.read_ended.notify_all();
-        }
-    }
+    version: K,
+    hash: Option<String>,
 }
 
 impl<K: Hash + Eq + Clone> Drop for Reading<'_, K> {
     fn drop(&mut self) {
-        if let Some(version) = self.version.take() {
-            self.cache.state().reading.remove(&version);
-            self.cache.read_ended.notify_all();
+        let mut state = self.cache.state();
+        state.reading.remove(&self.version);
+        if let Some(hash) = self.hash.take() {
+            state.insert(self.version.clone(), hash);
         }
+        self.cache.read_ended.notify_all();
     }
 }
 

@@ -6,7 +6,9 @@
 
 use super::hash_cache::HashCache;
 use postern_core::Actor;
+use rustix::fs::{AtFlags, CWD, StatxFlags};
 use sha2::{Digest, Sha256};
+use std::os::fd::AsFd;
 use std::{
     collections::HashMap,
     io::Read,
@@ -204,13 +206,10 @@ impl ExecutableHashes {
     /// its bytes): a process that `execve`s between a look at `/proc/PID/exe` and the read cannot
     /// file one binary's hash under another's version.
     fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
-        let key = if may_read {
-            let Ok(meta) = std::fs::metadata(file) else { return Ok(None) };
-            Self::version(path, &meta)
-        } else {
-            // On an async worker: no wait for a file system (see `cached_version`). A stale
-            // answer only misses the cache, and the look is made again on the blocking pool.
-            Self::cached_version(path, file).ok_or(NotHashedYet)?
+        // On an async worker the look asks no file system (see `version`).
+        let flags = if may_read { AtFlags::empty() } else { AtFlags::STATX_DONT_SYNC };
+        let Some(key) = Self::version(path, CWD, file, flags) else {
+            return if may_read { Ok(None) } else { Err(NotHashedYet) };
         };
         if let Some(hash) = self.cache.get(&key) {
             return Ok(Some(hash));
@@ -226,29 +225,17 @@ impl ExecutableHashes {
     /// replaced, or if the process ran another executable.)
     fn hash_version(&self, file: &Path, looked: &FileVersion) -> Option<String> {
         let mut opened = std::fs::File::open(file).ok()?;
-        let read = Self::version(&looked.0, &opened.metadata().ok()?);
+        let read = Self::version(&looked.0, &opened, Path::new(""), AtFlags::EMPTY_PATH)?;
         let hash = self.cache.get_or_read(read.clone(), || Self::read_and_hash(&mut opened))?;
         (read == *looked).then_some(hash)
     }
 
-    fn version(path: &Path, meta: &std::fs::Metadata) -> FileVersion {
-        use std::os::unix::fs::MetadataExt;
-        (
-            path.to_path_buf(),
-            meta.dev(),
-            meta.ino(),
-            meta.size(),
-            (meta.mtime(), meta.mtime_nsec()),
-            (meta.ctime(), meta.ctime_nsec()),
-        )
-    }
-
-    /// [`version`](Self::version) from the kernel's cached attributes (`AT_STATX_DONT_SYNC`),
-    /// for the look made on an async worker: a file system is never asked, so an executable on a
-    /// same-user FUSE mount whose daemon does not answer cannot hang the worker.
-    fn cached_version(path: &Path, file: &Path) -> Option<FileVersion> {
-        use rustix::fs::{AtFlags, CWD, StatxFlags};
-        let st = rustix::fs::statx(CWD, file, AtFlags::STATX_DONT_SYNC, StatxFlags::BASIC_STATS).ok()?;
+    /// The version of `file` (under `dir`; an open file itself with `EMPTY_PATH`), filed under
+    /// `path`. With `STATX_DONT_SYNC` it comes from the kernel's cached attributes and no file
+    /// system is asked, so an executable on a same-user FUSE mount whose daemon does not answer
+    /// cannot hang an async worker; a stale answer only misses the cache.
+    fn version(path: &Path, dir: impl AsFd, file: &Path, flags: AtFlags) -> Option<FileVersion> {
+        let st = rustix::fs::statx(dir, file, flags, StatxFlags::BASIC_STATS).ok()?;
         Some((
             path.to_path_buf(),
             rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
@@ -614,7 +601,7 @@ mod tests {
         std::fs::write(&other, b"another binary").unwrap();
         std::os::unix::fs::symlink(&trusted, &exe).unwrap();
         let hashes = ExecutableHashes::default();
-        let looked = ExecutableHashes::version(&trusted, &std::fs::metadata(&exe).unwrap());
+        let looked = ExecutableHashes::version(&trusted, CWD, &exe, AtFlags::empty()).unwrap();
         std::fs::remove_file(&exe).unwrap();
         std::os::unix::fs::symlink(&other, &exe).unwrap();
         assert_eq!(hashes.hash_version(&exe, &looked), None, "not the looked-at version's hash");
@@ -629,8 +616,8 @@ mod tests {
     fn the_cached_look_names_the_version_a_stat_names() {
         let exe = Path::new("/proc/self/exe");
         let path = executable(std::process::id()).unwrap();
-        let looked = ExecutableHashes::cached_version(&path, exe).unwrap();
-        assert_eq!(looked, ExecutableHashes::version(&path, &std::fs::metadata(exe).unwrap()));
+        let looked = ExecutableHashes::version(&path, CWD, exe, AtFlags::STATX_DONT_SYNC).unwrap();
+        assert_eq!(looked, ExecutableHashes::version(&path, CWD, exe, AtFlags::empty()).unwrap());
         let hashes = ExecutableHashes::default();
         let hash = hashes.hash_file(exe, &path, true).unwrap();
         assert!(hash.is_some());
