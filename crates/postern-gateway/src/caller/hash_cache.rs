@@ -3,13 +3,19 @@
 //! cannot flush an agent's hash with a burst of its own as a cache cleared when full would let it.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     hash::Hash,
-    sync::{Condvar, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError},
+    time::{Duration, Instant},
 };
 
 /// How many versions each generation of a [`HashCache`] keeps.
 pub(super) const HASHES_KEPT: usize = 256;
+
+/// How long a connection waits for another's read of the same version before it gives up
+/// (its process is then not described, as for an unreadable executable). A read that hangs (a
+/// file system that never answers) holds its own blocking thread, not every waiter's for ever.
+const READ_WAIT: Duration = Duration::from_secs(30);
 
 /// Hashes by file version in two generations of at most [`HASHES_KEPT`] each: when the newer is
 /// full it becomes the older and the older is dropped, and a hit in the older moves back to the
@@ -17,26 +23,38 @@ pub(super) const HASHES_KEPT: usize = 256;
 /// only once `HASHES_KEPT` other versions were hashed since its last connection.
 ///
 /// A version is read once however many connections ask for it at once (an agent opening eight
-/// sessions as it starts): the first reads, the others wait for its answer.
+/// sessions as it starts): the first reads, the others wait (at most [`READ_WAIT`]) for its
+/// outcome, an unreadable one included, and share it.
 #[derive(Debug)]
 pub(super) struct HashCache<K> {
     state: Mutex<Generations<K>>,
     /// Told when a read ends.
     read_ended: Condvar,
+    /// How long a waiter waits for another's read.
+    read_wait: Duration,
 }
+
+/// A read's outcome, set once when it ends: the hash, or `None` (unreadable, or the read panicked).
+type ReadOutcome = Arc<OnceLock<Option<String>>>;
 
 #[derive(Debug)]
 struct Generations<K> {
     newer: HashMap<K, String>,
     older: HashMap<K, String>,
-    /// Versions being read now.
-    reading: HashSet<K>,
+    /// Versions being read now, each with the outcome its waiters will share.
+    reading: HashMap<K, ReadOutcome>,
 }
 
 impl<K> Default for HashCache<K> {
     fn default() -> Self {
-        let state = Generations { newer: HashMap::new(), older: HashMap::new(), reading: HashSet::new() };
-        HashCache { state: Mutex::new(state), read_ended: Condvar::new() }
+        HashCache::waiting(READ_WAIT)
+    }
+}
+
+impl<K> HashCache<K> {
+    fn waiting(read_wait: Duration) -> Self {
+        let state = Generations { newer: HashMap::new(), older: HashMap::new(), reading: HashMap::new() };
+        HashCache { state: Mutex::new(state), read_ended: Condvar::new(), read_wait }
     }
 }
 
@@ -70,23 +88,35 @@ impl<K: Hash + Eq + Clone> HashCache<K> {
     }
 
     /// The hash of `version`: the kept one, or the one `read` gives on this thread (`None`:
-    /// unreadable, nothing kept) while other threads asking for the same version wait for it.
+    /// unreadable, nothing kept). Another thread asking for a version being read waits for that
+    /// read's outcome and shares it (so N waiters on a failing read wait for one failure, not N
+    /// in turn); after [`READ_WAIT`] it gives up with `None`.
     /// Call it where blocking is allowed (the blocking pool): it may wait for another read.
     pub(super) fn get_or_read(&self, version: K, read: impl FnOnce() -> Option<String>) -> Option<String> {
         let mut state = self.state();
-        loop {
-            if let Some(hash) = state.get(&version) {
-                return Some(hash);
-            }
-            if !state.reading.contains(&version) {
-                break;
-            }
-            state = self.read_ended.wait(state).unwrap_or_else(PoisonError::into_inner);
+        if let Some(hash) = state.get(&version) {
+            return Some(hash);
         }
-        state.reading.insert(version.clone());
+        if let Some(outcome) = state.reading.get(&version).cloned() {
+            let until = Instant::now() + self.read_wait;
+            loop {
+                // Set under the lock (see `Reading`'s drop), so no wakeup is missed between here
+                // and the wait.
+                if let Some(hash) = outcome.get() {
+                    return hash.clone();
+                }
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                state = self.read_ended.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
+            }
+        }
+        let outcome = ReadOutcome::default();
+        state.reading.insert(version.clone(), Arc::clone(&outcome));
         drop(state);
-        // Ends the read when dropped, even if `read` panics, so that no waiter waits forever.
-        let mut reading = Reading { cache: self, version, hash: None };
+        // Ends the read when dropped, even if `read` panics, so that no waiter waits for ever.
+        let mut reading = Reading { cache: self, version, outcome, hash: None };
         reading.hash = read();
         reading.hash.clone()
     }
@@ -99,10 +129,11 @@ impl<K: Hash + Eq + Clone> HashCache<K> {
 }
 
 /// A read of one version under way; dropped, it ends: the version is no longer being read, its
-/// hash (if the read gave one) is kept, and the waiters are told.
+/// hash (if the read gave one) is kept, and the waiters are handed its outcome.
 struct Reading<'a, K: Hash + Eq + Clone> {
     cache: &'a HashCache<K>,
     version: K,
+    outcome: ReadOutcome,
     hash: Option<String>,
 }
 
@@ -110,9 +141,13 @@ impl<K: Hash + Eq + Clone> Drop for Reading<'_, K> {
     fn drop(&mut self) {
         let mut state = self.cache.state();
         state.reading.remove(&self.version);
-        if let Some(hash) = self.hash.take() {
-            state.insert(self.version.clone(), hash);
+        let hash = self.hash.take();
+        if let Some(hash) = &hash {
+            state.insert(self.version.clone(), hash.clone());
         }
+        // Only this read sets its outcome, once.
+        let _ = self.outcome.set(hash);
+        drop(state);
         self.cache.read_ended.notify_all();
     }
 }
@@ -140,38 +175,74 @@ mod tests {
         assert_eq!(cache.get(&(10 * HASHES_KEPT as u64 - 1)).as_deref(), Some(&*(10 * HASHES_KEPT - 1).to_string()));
     }
 
-    /// Eight threads asking for one version at once: one reads it, all get its hash; an
-    /// unreadable version is kept for nobody, and a read that panics leaves no one waiting.
-    #[test]
-    fn a_version_asked_for_at_once_is_read_once() {
-        let cache = HashCache::default();
+    /// Eight threads asking for `version` at once, each answer and how many reads were made.
+    fn ask_at_once(cache: &HashCache<u64>, version: u64, hash: Option<&str>) -> (Vec<Option<String>>, usize) {
         let reads = std::sync::atomic::AtomicUsize::new(0);
         let start = std::sync::Barrier::new(8);
-        let answers: Vec<_> = std::thread::scope(|scope| {
+        let answers = std::thread::scope(|scope| {
             let asks: Vec<_> = (0..8)
                 .map(|_| {
                     scope.spawn(|| {
                         start.wait();
-                        cache.get_or_read(7u64, || {
+                        cache.get_or_read(version, || {
                             reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             // Long beside the other threads' start: they ask while it reads.
                             std::thread::sleep(std::time::Duration::from_millis(200));
-                            Some("hash".to_owned())
+                            hash.map(str::to_owned)
                         })
                     })
                 })
                 .collect();
             asks.into_iter().map(|a| a.join().unwrap()).collect()
         });
-        assert_eq!(reads.into_inner(), 1);
+        (answers, reads.into_inner())
+    }
+
+    /// Eight threads asking for one version at once: one reads it, all get its hash; an
+    /// unreadable version is read once too, all are told so, and it is kept for nobody; a read
+    /// that panics leaves no one waiting.
+    #[test]
+    fn a_version_asked_for_at_once_is_read_once() {
+        let cache = HashCache::default();
+        let (answers, reads) = ask_at_once(&cache, 7, Some("hash"));
+        assert_eq!(reads, 1);
         assert!(answers.iter().all(|a| a.as_deref() == Some("hash")), "{answers:?}");
 
-        assert_eq!(cache.get_or_read(8, || None), None);
+        let (answers, reads) = ask_at_once(&cache, 8, None);
+        assert_eq!(reads, 1, "waiters share a failed read's outcome, they do not each read again");
+        assert!(answers.iter().all(Option::is_none), "{answers:?}");
         assert_eq!(cache.get(&8), None, "nothing kept for an unreadable version");
+
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             cache.get_or_read(9, || panic!("read failed"));
         }));
         assert!(panicked.is_err());
         assert_eq!(cache.get_or_read(9, || Some("again".to_owned())).as_deref(), Some("again"));
+    }
+
+    /// A read that never ends (a file system that never answers) holds its own thread only: a
+    /// connection waiting for the same version gives up, and one asking for another version is
+    /// not held at all. Once the read ends, its hash is kept.
+    #[test]
+    fn a_waiter_gives_up_on_a_read_that_hangs() {
+        let cache = HashCache::waiting(std::time::Duration::from_millis(50));
+        let (started, reading) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let cache = &cache;
+            let reader = scope.spawn(move || {
+                cache.get_or_read(1u64, move || {
+                    started.send(()).unwrap();
+                    released.recv().unwrap();
+                    Some("slow".to_owned())
+                })
+            });
+            reading.recv().unwrap();
+            assert_eq!(cache.get_or_read(1, || panic!("a second read of a version being read")), None);
+            assert_eq!(cache.get_or_read(2, || Some("other".to_owned())).as_deref(), Some("other"));
+            release.send(()).unwrap();
+            assert_eq!(reader.join().unwrap().as_deref(), Some("slow"));
+        });
+        assert_eq!(cache.get(&1).as_deref(), Some("slow"));
     }
 }
