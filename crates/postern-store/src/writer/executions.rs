@@ -78,19 +78,22 @@ impl Writer {
     }
 
     pub(crate) fn admit(&mut self, new: &NewExecution) -> Result<Admission, StoreError> {
-        self.admit_with(new, None, &[])
+        self.admit_with(new, None, &[], None)
     }
 
     /// Admission; with `anew` (a reviewer's "dispatch anew" for a retry), retry matching is
     /// skipped and `anew` is recorded on the `accepted` row. `folded` are steps taken at
     /// acceptance with nothing waiting between them (a read-only call's `authorized` and
     /// `dispatched`): each checked by the state machine and recorded on the `accepted` row itself
-    /// ([`crate::journal::FOLDED_STEPS`]), whose state is then the last of them.
+    /// ([`crate::journal::FOLDED_STEPS`]), whose state is then the last of them. `ends` is where
+    /// the same transaction will take the execution next (a read-only lifecycle written at once):
+    /// the `executions` row is inserted with that state and time, instead of updated after.
     pub(crate) fn admit_with(
         &mut self,
         new: &NewExecution,
         anew: Option<&Value>,
         folded: &[crate::Step],
+        ends: Option<(ExecutionState, Timestamp)>,
     ) -> Result<Admission, StoreError> {
         // Nothing is decided while what grants authority differs from the journal.
         if let Some(found) = self.alarmed() {
@@ -128,7 +131,7 @@ impl Writer {
         // reader of the table (the state cache after a reset included) never sees `accepted`
         // for an execution whose journal already says `dispatched`.
         let state = ExecutionState::Accepted.walk(folded.iter().map(|step| step.state))?;
-        let updated_at = folded.last().map_or(new.at, |step| step.at);
+        let (row_state, updated_at) = ends.unwrap_or((state, folded.last().map_or(new.at, |step| step.at)));
         let dispatched_at = folded.iter().find(|step| step.state == ExecutionState::Dispatched).map(|step| step.at);
         let inserted = self
             .conn
@@ -146,7 +149,7 @@ impl Writer {
                 new.session_id.map(|s| s.to_string()),
                 new.tool,
                 new.channel.as_str(),
-                state.as_str(),
+                row_state.as_str(),
                 new.at.as_millis(),
                 updated_at.as_millis(),
                 dispatched_at.map(Timestamp::as_millis),
@@ -359,7 +362,7 @@ impl Writer {
         anew: &Value,
         steps: &[(ExecutionState, Value)],
     ) -> Result<JournalEntry, StoreError> {
-        let Admission::Accepted { id } = self.admit_with(new, Some(anew), &[])? else {
+        let Admission::Accepted { id } = self.admit_with(new, Some(anew), &[], None)? else {
             return Err(StoreError::Corrupt("an admission without matching matched a prior".into()));
         };
         self.steps(id, steps, new.at)
@@ -368,8 +371,9 @@ impl Writer {
     /// A read-only execution's whole lifecycle in one operation, in as few rows as say it: the
     /// steps up to its dispatch folded into its `accepted` row, then its outcome (`completed` with
     /// the result, or another outcome) in a row of its own. A denial stays two rows (`accepted`,
-    /// `denied`). Every step is checked by the state machine; the executions row is written once
-    /// with where the lifecycle ended.
+    /// `denied`). Every step is checked by the state machine; the executions row is written once,
+    /// inserted with where the lifecycle ended (a step the state machine refuses rolls the whole
+    /// operation back).
     pub(crate) fn read_only(
         &mut self,
         new: &NewExecution,
@@ -381,7 +385,12 @@ impl Writer {
         }
         let sent = steps.iter().position(|step| step.state == ExecutionState::Dispatched).map_or(0, |i| i + 1);
         let (folded, after) = steps.split_at(sent);
-        match self.admit_with(new, None, folded)? {
+        let ends = match (completion, after.last()) {
+            (Some(completion), _) => Some((ExecutionState::Completed, completion.at)),
+            (None, Some(step)) => Some((step.state, step.at)),
+            (None, None) => None,
+        };
+        match self.admit_with(new, None, folded, ends)? {
             Admission::Accepted { .. } => {}
             Admission::Matched { .. } => {
                 return Err(StoreError::Corrupt(
@@ -389,27 +398,15 @@ impl Writer {
                 ));
             }
         }
-        // Where the lifecycle ended (the in-memory state forgets an execution once it is
-        // terminal, so it is followed here).
-        let mut state = folded.last().map_or(ExecutionState::Accepted, |step| step.state);
-        let mut updated_at = folded.last().map_or(new.at, |step| step.at);
         for step in after {
             self.journal_step(new.id, step.state, step.detail.clone(), step.at, None)?;
-            (state, updated_at) = (step.state, step.at);
         }
         if let Some(completion) = completion {
             let (sha, detail) = completion_row(completion);
             let entry =
                 self.journal_step(new.id, ExecutionState::Completed, detail, completion.at, Some(sha.clone()))?;
             self.store_result(new.id, &entry, completion, sha)?;
-            updated_at = completion.at;
-            state = ExecutionState::Completed;
         }
-        // The row was inserted where the folded steps left it (dispatch time included): only
-        // where the outcome took it is written now.
-        self.conn
-            .prepare_cached("UPDATE executions SET state = ?2, updated_at = ?3 WHERE id = ?1")?
-            .execute(params![new.id.to_string(), state.as_str(), updated_at.as_millis()])?;
         Ok(())
     }
 
