@@ -4,11 +4,11 @@
 //! Linux only (`/proc`); elsewhere every lookup answers `None` and callers fall back to the
 //! token's agent name.
 
+pub use super::executable::NotHashedYet;
+use super::executable::{FileVersion, Look, read_and_hash};
 use super::hash_cache::HashCache;
 use postern_core::Actor;
-use rustix::fs::{AtFlags, CWD, StatxFlags};
-use sha2::{Digest, Sha256};
-use std::os::fd::AsFd;
+use rustix::fs::AtFlags;
 use std::{
     collections::HashMap,
     io::Read,
@@ -101,15 +101,6 @@ fn is_launcher(path: &Path) -> bool {
     path.file_name().and_then(|n| n.to_str()).is_some_and(|n| LAUNCHERS.contains(&n))
 }
 
-/// What identifies one version of a file for the hash cache: path, device and inode, size,
-/// and modification *and* change times to the nanosecond. `mtime` can be set back by anyone who
-/// can write the file (`touch -d`); `ctime` cannot, and moves on every write or replacement.
-type FileVersion = (PathBuf, u64, u64, u64, (i64, i64), (i64, i64));
-
-/// The executable's version has not been hashed yet: reading it is work for the blocking pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NotHashedYet;
-
 /// Hashes executables once per file version: an agent binary can be 100 MB.
 #[derive(Debug, Default)]
 pub struct ExecutableHashes {
@@ -192,71 +183,38 @@ impl HeldProcess {
 }
 
 impl ExecutableHashes {
-    /// SHA-256 of the file the process runs, read through `/proc/<pid>/exe` (the inode the
-    /// process actually executes, even if the path was replaced since).
-    fn sha256(&self, pid: u32, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
-        self.hash_file(Path::new(&format!("/proc/{pid}/exe")), path, may_read)
+    /// The path and SHA-256 of the file the process runs, both of one look at `/proc/<pid>/exe`
+    /// (the inode the process actually executes, even if the path was replaced since).
+    fn executable_and_hash(&self, pid: u32, may_read: bool) -> Result<Option<(PathBuf, String)>, NotHashedYet> {
+        self.look_and_hash(Path::new(&format!("/proc/{pid}/exe")), may_read)
     }
 
-    /// SHA-256 of `file`, cached under `path` and the file's version (`None`: unreadable).
-    /// With `may_read: false` it answers only from the cache: [`NotHashedYet`] when this version
-    /// was never hashed (reading an executable can take long: it may be 100 MB).
+    /// The path and SHA-256 of the file `link` leads to, the hash cached under the file's
+    /// version (`None`: unreadable). With `may_read: false` it answers only from the cache:
+    /// [`NotHashedYet`] when this version was never hashed (reading an executable can take long:
+    /// it may be 100 MB).
     ///
-    /// A hash is kept under the version of the very file it was read from (one open, its `fstat`,
-    /// its bytes): a process that `execve`s between a look at `/proc/PID/exe` and the read cannot
-    /// file one binary's hash under another's version.
-    fn hash_file(&self, file: &Path, path: &Path, may_read: bool) -> Result<Option<String>, NotHashedYet> {
-        // On an async worker the look asks no file system (see `version`).
+    /// Path, version and bytes are all of the one file the look opened: a process that
+    /// `execve`s meanwhile cannot pair one binary's path with another's hash, nor file one
+    /// binary's hash under another's version.
+    fn look_and_hash(&self, link: &Path, may_read: bool) -> Result<Option<(PathBuf, String)>, NotHashedYet> {
+        // On an async worker the look asks no file system (see `Look::of`).
         let flags = if may_read { AtFlags::empty() } else { AtFlags::STATX_DONT_SYNC };
-        let Some(key) = Self::version(path, CWD, file, flags) else {
-            return if may_read { Ok(None) } else { Err(NotHashedYet) };
+        let Some(look) = Look::of(link, flags)? else { return Ok(None) };
+        let hash = match self.cache.get(look.version()) {
+            Some(hash) => Some(hash),
+            None if may_read => self.hash_version(&look),
+            None => return Err(NotHashedYet),
         };
-        if let Some(hash) = self.cache.get(&key) {
-            return Ok(Some(hash));
-        }
-        if !may_read {
-            return Err(NotHashedYet);
-        }
-        Ok(self.hash_version(file, &key))
+        Ok(hash.map(|hash| (look.path().to_path_buf(), hash)))
     }
 
-    /// Reads `file` and keeps its hash under the version it was read as: the answer only if
-    /// that is the `looked` version. (It changed between the look and the open if it was
-    /// replaced, or if the process ran another executable.)
-    fn hash_version(&self, file: &Path, looked: &FileVersion) -> Option<String> {
-        let mut opened = std::fs::File::open(file).ok()?;
-        let read = Self::version(&looked.0, &opened, Path::new(""), AtFlags::EMPTY_PATH)?;
-        let hash = self.cache.get_or_read(read.clone(), || Self::read_and_hash(&mut opened))?;
-        (read == *looked).then_some(hash)
-    }
-
-    /// The version of `file` (under `dir`; an open file itself with `EMPTY_PATH`), filed under
-    /// `path`. With `STATX_DONT_SYNC` it comes from the kernel's cached attributes and no file
-    /// system is asked, so an executable on a same-user FUSE mount whose daemon does not answer
-    /// cannot hang an async worker; a stale answer only misses the cache.
-    fn version(path: &Path, dir: impl AsFd, file: &Path, flags: AtFlags) -> Option<FileVersion> {
-        let st = rustix::fs::statx(dir, file, flags, StatxFlags::BASIC_STATS).ok()?;
-        Some((
-            path.to_path_buf(),
-            rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
-            st.stx_ino,
-            st.stx_size,
-            (st.stx_mtime.tv_sec, i64::from(st.stx_mtime.tv_nsec)),
-            (st.stx_ctime.tv_sec, i64::from(st.stx_ctime.tv_nsec)),
-        ))
-    }
-
-    fn read_and_hash(file: &mut std::fs::File) -> Option<String> {
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = file.read(&mut buf).ok()?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        Some(hex::encode(hasher.finalize()))
+    /// Reads the looked-at file and keeps its hash under the version it was read as: the answer
+    /// only if that is still the looked-at version (the file was not written since the look).
+    fn hash_version(&self, look: &Look) -> Option<String> {
+        let (mut opened, read) = look.open()?;
+        let hash = self.cache.get_or_read(read.clone(), || read_and_hash(&mut opened))?;
+        (read == *look.version()).then_some(hash)
     }
 
     /// The process `pid` as an agent. Reads its executable if this version was never hashed.
@@ -278,8 +236,7 @@ impl ExecutableHashes {
                 None => return Ok(None),
             },
         };
-        let Some(executable) = executable(pid) else { return Ok(None) };
-        let Some(sha256) = self.sha256(pid, &executable, may_read)? else { return Ok(None) };
+        let Some((executable, sha256)) = self.executable_and_hash(pid, may_read)? else { return Ok(None) };
         // The pid must still be the process whose key we hold: then the executable we hashed is
         // its own.
         if !held.still_running() {
@@ -525,6 +482,8 @@ fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
+    use std::io::Write;
 
     /// An executable replaced in place with the same size and its old mtime set back (what
     /// `touch -d` allows anyone who can write it) is hashed again: its ctime moved.
@@ -535,15 +494,15 @@ mod tests {
         std::fs::write(&exe, b"version A").unwrap();
         let mtime = std::fs::metadata(&exe).unwrap().modified().unwrap();
         let hashes = ExecutableHashes::default();
-        assert_eq!(hashes.hash_file(&exe, &exe, false), Err(NotHashedYet), "never read on a worker");
-        let first = hashes.hash_file(&exe, &exe, true).expect("hashed");
-        assert_eq!(hashes.hash_file(&exe, &exe, false).expect("cached"), first);
+        assert_eq!(hashes.look_and_hash(&exe, false), Err(NotHashedYet), "never read on a worker");
+        let first = hashes.look_and_hash(&exe, true).expect("hashed");
+        assert_eq!(hashes.look_and_hash(&exe, false).expect("cached"), first);
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&exe, b"version B").unwrap();
         std::fs::File::options().write(true).open(&exe).unwrap().set_modified(mtime).unwrap();
         assert_eq!(std::fs::metadata(&exe).unwrap().modified().unwrap(), mtime, "mtime set back");
-        assert_eq!(hashes.hash_file(&exe, &exe, false), Err(NotHashedYet), "a new version is not in the cache");
-        let second = hashes.hash_file(&exe, &exe, true).expect("hashed");
+        assert_eq!(hashes.look_and_hash(&exe, false), Err(NotHashedYet), "a new version is not in the cache");
+        let second = hashes.look_and_hash(&exe, true).expect("hashed");
         assert_ne!(second, first, "the replaced file is hashed again, not taken from the cache");
     }
 
@@ -591,37 +550,73 @@ mod tests {
         assert!(!is_alive(&reused), "same pid, different start time is a different process");
     }
 
-    /// An executable swapped between the look at its version and the read (a process that
-    /// `execve`s another binary there) does not file the new one's hash under the old version.
+    /// A file written between the look at its version and the read (its hash would be of other
+    /// bytes than the looked-at version's) is not answered, nor kept under the looked-at version.
     #[test]
-    fn a_file_swapped_after_the_look_is_not_hashed_as_the_looked_at_version() {
+    fn a_file_changed_after_the_look_is_not_hashed_as_the_looked_at_version() {
         let dir = tempfile::tempdir().unwrap();
-        let (trusted, other, exe) = (dir.path().join("trusted"), dir.path().join("other"), dir.path().join("exe"));
-        std::fs::write(&trusted, b"trusted binary").unwrap();
-        std::fs::write(&other, b"another binary").unwrap();
-        std::os::unix::fs::symlink(&trusted, &exe).unwrap();
+        let exe = dir.path().join("agent");
+        std::fs::write(&exe, b"trusted binary").unwrap();
         let hashes = ExecutableHashes::default();
-        let looked = ExecutableHashes::version(&trusted, CWD, &exe, AtFlags::empty()).unwrap();
-        std::fs::remove_file(&exe).unwrap();
-        std::os::unix::fs::symlink(&other, &exe).unwrap();
-        assert_eq!(hashes.hash_version(&exe, &looked), None, "not the looked-at version's hash");
-        assert_eq!(hashes.hash_file(&trusted, &trusted, false).err(), Some(NotHashedYet), "nothing kept for it");
-        let trusted_hash = hex::encode(Sha256::digest(b"trusted binary"));
-        assert_eq!(hashes.hash_file(&trusted, &trusted, true), Ok(Some(trusted_hash)));
+        let look = Look::of(&exe, AtFlags::empty()).unwrap().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&exe, b"trusted binary, patched").unwrap();
+        assert_eq!(hashes.hash_version(&look), None, "not the looked-at version's hash");
+        assert_eq!(hashes.cache.get(look.version()), None, "nothing kept for the looked-at version");
+        let patched = hex::encode(Sha256::digest(b"trusted binary, patched"));
+        assert_eq!(hashes.look_and_hash(&exe, false), Ok(Some((exe.clone(), patched))), "kept as read");
     }
 
-    /// The look made on an async worker (cached attributes) names the same version as the
-    /// `stat` the hash is kept under: otherwise every connection would miss the cache.
+    /// The look made on an async worker finds what the blocking pool hashed.
     #[test]
-    fn the_cached_look_names_the_version_a_stat_names() {
+    fn a_hash_kept_by_the_blocking_pool_is_found_by_the_async_look() {
         let exe = Path::new("/proc/self/exe");
-        let path = executable(std::process::id()).unwrap();
-        let looked = ExecutableHashes::version(&path, CWD, exe, AtFlags::STATX_DONT_SYNC).unwrap();
-        assert_eq!(looked, ExecutableHashes::version(&path, CWD, exe, AtFlags::empty()).unwrap());
         let hashes = ExecutableHashes::default();
-        let hash = hashes.hash_file(exe, &path, true).unwrap();
-        assert!(hash.is_some());
-        assert_eq!(hashes.hash_file(exe, &path, false), Ok(hash), "answered from the cache");
+        let hashed = hashes.look_and_hash(exe, true).unwrap();
+        assert_eq!(hashed.as_ref().map(|(path, _)| path.clone()), std::env::current_exe().ok());
+        assert_eq!(hashes.look_and_hash(exe, false), Ok(hashed), "answered from the cache");
+    }
+
+    /// A process that keeps `execve`ing between two binaries is described, each time, by one of
+    /// them: its path with its own hash, never one binary's path with the other's hash.
+    #[test]
+    fn a_process_exec_ing_between_two_binaries_is_never_described_by_a_mixed_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::copy("/bin/bash", &a).unwrap();
+        std::fs::copy("/bin/bash", &b).unwrap();
+        // Bytes after the ELF image change the hash, not what runs.
+        std::fs::OpenOptions::new().append(true).open(&b).unwrap().write_all(b"\n#b\n").unwrap();
+        let hash = |path: &Path| hex::encode(Sha256::digest(std::fs::read(path).unwrap()));
+        let (hash_a, hash_b) = (hash(&a), hash(&b));
+        let script = r#"case "$0" in */a) exec "$B" -c "$X";; *) exec "$A" -c "$X";; esac"#;
+        let mut child = std::process::Command::new(&a)
+            .args(["-c", script])
+            .env("A", &a)
+            .env("B", &b)
+            .env("X", script)
+            .spawn()
+            .unwrap();
+        let hashes = ExecutableHashes::default();
+        let (mut seen_a, mut seen_b) = (0, 0);
+        for _ in 0..20_000 {
+            if let Some(described) = hashes.describe(child.id()) {
+                if described.executable == a {
+                    assert_eq!(described.sha256, hash_a, "a's path with b's hash");
+                    seen_a += 1;
+                } else {
+                    assert_eq!(described.executable, b);
+                    assert_eq!(described.sha256, hash_b, "b's path with a's hash");
+                    seen_b += 1;
+                }
+            }
+            if seen_a + seen_b >= 1_000 && seen_a > 0 && seen_b > 0 {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(seen_a > 0 && seen_b > 0, "described as a {seen_a} and as b {seen_b} times");
     }
 
     /// A described process is pinned: described again it keeps its key (without reading its
