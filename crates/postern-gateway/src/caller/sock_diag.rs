@@ -60,6 +60,12 @@ static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::ne
 
 /// One request and its answer on `socket`.
 fn exchange(socket: &mut Socket, local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<TcpEntry>> {
+    let sequence = ask(socket, local, remote)?;
+    answer(socket, sequence)
+}
+
+/// Sends the request for the socket whose ends are `local` and `remote`; its number.
+fn ask(socket: &mut Socket, local: SocketAddr, remote: SocketAddr) -> std::io::Result<u32> {
     let mut id = if local.is_ipv4() { SocketId::new_v4() } else { SocketId::new_v6() };
     id.source_port = local.port();
     id.destination_port = remote.port();
@@ -84,6 +90,12 @@ fn exchange(socket: &mut Socket, local: SocketAddr, remote: SocketAddr) -> std::
     let out = out.get_mut(..packet.buffer_len()).ok_or_else(|| invalid("sock_diag request too long".into()))?;
     packet.serialize(out);
     socket.send(out, 0)?;
+    Ok(sequence)
+}
+
+/// The answer to request `sequence`: an answer to any other request (one left queued by an
+/// exchange that failed half-way) is an error, never taken for this one's.
+fn answer(socket: &mut Socket, sequence: u32) -> std::io::Result<Option<TcpEntry>> {
     let mut answer = Vec::with_capacity(4096);
     let read = socket.recv(&mut answer, 0)?;
     let message =
@@ -151,6 +163,21 @@ mod tests {
             assert_eq!(tcp_entry(unrelated, server_addr).unwrap(), None, "round {round}");
         }
         drop(clients);
+    }
+
+    /// An answer left queued on the socket (an exchange that failed after sending) is not taken
+    /// for the next request's: that lookup fails, it does not name the other connection's owner.
+    #[test]
+    fn an_answer_to_another_request_is_refused() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let _clients: Vec<_> = (0..2).map(|_| std::net::TcpStream::connect(server_addr).unwrap()).collect();
+        let (first, second) = (listener.accept().unwrap().1, listener.accept().unwrap().1);
+        let mut socket = diag_socket().unwrap();
+        ask(&mut socket, first, server_addr).unwrap();
+        let read = exchange(&mut socket, second, server_addr);
+        assert_eq!(read.map_err(|e| e.kind()), Err(std::io::ErrorKind::InvalidData), "the first's answer");
+        assert!(exchange(&mut diag_socket().unwrap(), second, server_addr).unwrap().is_some());
     }
 
     #[test]
