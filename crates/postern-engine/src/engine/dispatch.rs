@@ -80,8 +80,8 @@ impl Engine {
 
     /// The SSH command (wrapped in the marker protocol for `ssh_marker` tools) with the host's key.
     fn outgoing_ssh(&self, p: &Prepared<'_>, plan: &SshPlan, id: ExecutionId) -> Result<Wire, EngineError> {
-        let epoch = self.store.vault_epoch();
-        let (key, passphrase) = self.vault.ssh_key_of(&plan.host)?;
+        let (epoch, (key, passphrase)) =
+            read_under_epoch(|| self.store.vault_epoch(), || self.vault.ssh_key_of(&plan.host))?;
         let marker = p.tool.contract.class == postern_core::ReplayClass::SshMarker;
         let command = if marker {
             crate::channel::ssh::marker_command(&plan.host.marker_root, id, plan.working_dir.as_deref(), &plan.command)
@@ -412,4 +412,30 @@ impl Engine {
 /// request timeout (408), or a server error. Only a replayed or fresh 2xx/4xx settles it.
 fn inconclusive_resend_status(status: u16) -> bool {
     matches!(status, 408 | 409 | 422 | 425 | 429) || status >= 500
+}
+
+/// `read` (a host's key) with the vault epoch read *before* it: what `read` returns is no newer
+/// than the epoch it is kept under, so a change landing while it reads moves the epoch past it
+/// and retires the connection made with it. (Read after, a key from before a rotation or a lock
+/// would be pooled under the epoch after it, and kept.)
+fn read_under_epoch<T, E>(epoch: impl FnOnce() -> u64, read: impl FnOnce() -> Result<T, E>) -> Result<(u64, T), E> {
+    let epoch = epoch();
+    read().map(|value| (epoch, value))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A vault change landing while the key is read: the key is kept under the epoch before the
+    /// change, which the change retires.
+    #[test]
+    fn a_key_is_kept_under_the_epoch_read_before_it() {
+        let epoch = std::sync::atomic::AtomicU64::new(7);
+        let now = || epoch.load(std::sync::atomic::Ordering::SeqCst);
+        let read = super::read_under_epoch(now, || {
+            epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, ()>("key from before the change")
+        });
+        assert_eq!(read, Ok((7, "key from before the change")));
+        assert_ne!(now(), 7, "the change moved the epoch past it");
+    }
 }
