@@ -121,6 +121,13 @@ impl<K: Hash + Eq + Clone> HashCache<K> {
         reading.hash.clone()
     }
 
+    /// How many threads wait for the read of `version` under way.
+    #[cfg(test)]
+    fn waiting_for(&self, version: &K) -> usize {
+        // The map's and the reader's own references are not waiters.
+        self.state().reading.get(version).map_or(0, |outcome| Arc::strong_count(outcome) - 2)
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         let state = self.state();
@@ -186,8 +193,11 @@ mod tests {
                         start.wait();
                         cache.get_or_read(version, || {
                             reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            // Long beside the other threads' start: they ask while it reads.
-                            std::thread::sleep(std::time::Duration::from_millis(200));
+                            // The read ends only once the seven others wait for it (each holds
+                            // its outcome), however slowly they start.
+                            while cache.waiting_for(&version) < 7 {
+                                std::thread::sleep(std::time::Duration::from_millis(1));
+                            }
                             hash.map(str::to_owned)
                         })
                     })
@@ -238,9 +248,14 @@ mod tests {
                 })
             });
             reading.recv().unwrap();
-            assert_eq!(cache.get_or_read(1, || panic!("a second read of a version being read")), None);
+            let (answered, answer) = std::sync::mpsc::channel();
+            scope
+                .spawn(move || answered.send(cache.get_or_read(1, || panic!("a second read of a version being read"))));
+            // A wait without its bound would end only with the read: a failure, not a hang.
+            let waited = answer.recv_timeout(std::time::Duration::from_secs(30));
             assert_eq!(cache.get_or_read(2, || Some("other".to_owned())).as_deref(), Some("other"));
             release.send(()).unwrap();
+            assert_eq!(waited, Ok(None), "the waiter gave up while the read still ran");
             assert_eq!(reader.join().unwrap().as_deref(), Some("slow"));
         });
         assert_eq!(cache.get(&1).as_deref(), Some("slow"));

@@ -555,7 +555,9 @@ mod tests {
     #[test]
     fn a_file_changed_after_the_look_is_not_hashed_as_the_looked_at_version() {
         let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("agent");
+        // As the kernel names it (a TMPDIR behind a symlink would not compare equal).
+        let root = dir.path().canonicalize().unwrap();
+        let exe = root.join("agent");
         std::fs::write(&exe, b"trusted binary").unwrap();
         let hashes = ExecutableHashes::default();
         let look = Look::of(&exe, AtFlags::empty()).unwrap().unwrap();
@@ -582,7 +584,9 @@ mod tests {
     #[test]
     fn a_process_exec_ing_between_two_binaries_is_never_described_by_a_mixed_pair() {
         let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        // As the kernel names it (a TMPDIR behind a symlink would not compare equal).
+        let root = dir.path().canonicalize().unwrap();
+        let (a, b) = (root.join("a"), root.join("b"));
         std::fs::copy("/bin/bash", &a).unwrap();
         std::fs::copy("/bin/bash", &b).unwrap();
         // Bytes after the ELF image change the hash, not what runs.

@@ -383,11 +383,15 @@ impl Writer {
         if steps.is_empty() && completion.is_none() {
             return Err(StoreError::Corrupt("no steps to journal".into()));
         }
+        // The whole lifecycle is checked before anything is written: the row is inserted where
+        // it ends, so a step after a terminal state must never be checked against the row.
+        let completed = completion.map(|_| ExecutionState::Completed);
+        let end = ExecutionState::Accepted.walk(steps.iter().map(|step| step.state).chain(completed))?;
         let sent = steps.iter().position(|step| step.state == ExecutionState::Dispatched).map_or(0, |i| i + 1);
         let (folded, after) = steps.split_at(sent);
         let ends = match (completion, after.last()) {
-            (Some(completion), _) => Some((ExecutionState::Completed, completion.at)),
-            (None, Some(step)) => Some((step.state, step.at)),
+            (Some(completion), _) => Some((end, completion.at)),
+            (None, Some(step)) => Some((end, step.at)),
             (None, None) => None,
         };
         match self.admit_with(new, None, folded, ends)? {

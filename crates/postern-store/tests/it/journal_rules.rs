@@ -153,6 +153,31 @@ fn a_read_only_calls_folded_rows_are_pinned() {
     insta::assert_json_snapshot!(bodies);
 }
 
+/// A read-only lifecycle the state machine refuses anywhere (here: steps after a terminal
+/// state) writes nothing at all, and the journal still verifies. It is checked whole before
+/// the `executions` row is inserted where it ends, never step by step against that row.
+#[test]
+fn a_read_only_lifecycle_refused_anywhere_writes_nothing() {
+    let fx = Fixture::new();
+    let store = fx.open();
+    let id = exec_id(1);
+    let mut read = payment(id, 7, session(1), at(0));
+    read.contract = postern_core::ReplayContract::read_only();
+    let steps = [
+        ExecutionState::Authorized,
+        ExecutionState::Dispatched,
+        ExecutionState::FailedBeforeDispatch,
+        ExecutionState::Dispatched,
+        ExecutionState::OutcomeUnknown,
+    ];
+    let steps = steps.iter().enumerate().map(|(i, state)| step(*state, json!({}), at(i as i64 + 1))).collect();
+    store.record_read_only_detached(read, steps, None).expect("submitted");
+    store.flush().expect("flush");
+    let rows = store.view().rows_after(0, 100).expect("rows");
+    assert!(rows.iter().all(|e| e.row.execution_id != Some(id)), "nothing journaled for it");
+    assert!(postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify").intact());
+}
+
 /// Read-only calls' rows, which nobody waits for, share commits (a batch of them waits a moment
 /// for company; how much that saves is measured by `mcp_hop`, in bytes written per call): a
 /// burst of reads costs fewer transactions than reads, and every row is there, in the order
