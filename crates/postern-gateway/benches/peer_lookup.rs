@@ -6,7 +6,7 @@
 //!
 //! `cargo bench -p postern-gateway --bench peer_lookup`
 
-use postern_gateway::caller::identity;
+use postern_gateway::caller::connection;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -37,11 +37,11 @@ fn main() {
     let local = listener.local_addr().expect("addr");
     let _client = std::net::TcpStream::connect(local).expect("connect");
     let (_server, peer) = listener.accept().expect("accept");
-    assert_eq!(identity::tcp_peer_pid(peer, local), Some(std::process::id()));
+    assert_eq!(connection::tcp_peer_pid(peer, local), Some(std::process::id()));
 
     let n = 200;
-    let pid = time(n, || assert!(identity::tcp_peer_pid(peer, local).is_some()));
-    let queue = time(n * 10, || assert!(identity::tcp_send_queue(local, peer).is_some()));
+    let pid = time(n, || assert!(connection::tcp_peer_pid(peer, local).is_some()));
+    let queue = time(n * 10, || assert!(connection::tcp_send_queue(local, peer).is_some()));
     let entry = time(n * 10, || {
         assert!(postern_gateway::caller::sock_diag::tcp_entry(local, peer).expect("netlink").is_some())
     });

@@ -2,6 +2,7 @@
 //! kernel tells it over `SO_PEERCRED` or `sock_diag`), the runs that make its default intent
 //! scope (the Sessions journal), and the provenance of a change asked over the control socket.
 
+pub mod connection;
 mod executable;
 mod hash_cache;
 pub mod identity;

@@ -3,8 +3,8 @@
 //! the loopback socket, and delivery tracking on the response body.
 
 use crate::{
-    caller::identity::{self, AgentProcess},
     caller::runs::{Caller, Transport as RunTransport},
+    caller::{connection, identity::AgentProcess},
     delivery::head::MessageHead,
     delivery::pending::request_key,
     delivery::{Answers, DeliveryTicket, FollowUps},
@@ -289,15 +289,15 @@ async fn guard(
             // non-sleeping syscalls and is answered here: a hand-off to the blocking pool costs
             // more than that (measured ~110 µs a connection on the 2-core CI machine). A scan of
             // processes or a first hash of an executable goes to the blocking pool.
-            let lookup = identity::tcp_peer_quick(peer, local);
+            let lookup = connection::tcp_peer_quick(peer, local);
             match lookup {
-                identity::PeerLookup::Gone => return None,
-                identity::PeerLookup::Found(pid) => {
+                connection::PeerLookup::Gone => return None,
+                connection::PeerLookup::Found(pid) => {
                     if let Ok(described) = hashes.describe_if_hashed(pid) {
                         return described;
                     }
                 }
-                identity::PeerLookup::Scan { .. } => {}
+                connection::PeerLookup::Scan { .. } => {}
             }
             tokio::task::spawn_blocking(move || lookup.finish(peer, local).and_then(|pid| hashes.describe(pid)))
                 .await
@@ -560,9 +560,9 @@ impl DeliveryBody {
         // On loopback the client's kernel acknowledges inside the write that sent the bytes, so
         // the first look (right away, before the client can read and close) usually settles it;
         // a client that closes with unread bytes resets the connection and leaves no record.
-        match identity::tcp_send_queue(local, peer) {
-            Some(identity::SendQueue::Acknowledged) => return written(ticket),
-            Some(identity::SendQueue::Pending(_)) => {}
+        match connection::tcp_send_queue(local, peer) {
+            Some(connection::SendQueue::Acknowledged) => return written(ticket),
+            Some(connection::SendQueue::Pending(_)) => {}
             _ => return ticket.settle(false),
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -573,9 +573,9 @@ impl DeliveryBody {
             let started = tokio::time::Instant::now();
             let mut pause = std::time::Duration::from_micros(200);
             let delivered = loop {
-                match tokio::task::spawn_blocking(move || identity::tcp_send_queue(local, peer)).await {
-                    Ok(Some(identity::SendQueue::Acknowledged)) => break true,
-                    Ok(Some(identity::SendQueue::Pending(_))) if started.elapsed() < ACK_DEADLINE => {}
+                match tokio::task::spawn_blocking(move || connection::tcp_send_queue(local, peer)).await {
+                    Ok(Some(connection::SendQueue::Acknowledged)) => break true,
+                    Ok(Some(connection::SendQueue::Pending(_))) if started.elapsed() < ACK_DEADLINE => {}
                     // Closed, unreadable, or not acknowledged in time: not delivered.
                     _ => break false,
                 }

@@ -1,0 +1,313 @@
+//! One loopback TCP connection as the kernel has it: which process holds its client end (one
+//! `sock_diag` lookup, then a look at the descriptors where agent connections were found before,
+//! a scan only when those miss), and whether the client's kernel acknowledged what was sent.
+
+use super::identity::current_uid;
+use std::net::SocketAddr;
+
+/// The gateway's own uid, read once.
+fn gateway_uid() -> Option<u32> {
+    static UID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| current_uid().ok())
+}
+
+/// Who holds the client end of a loopback connection, as far as it can be told at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerLookup {
+    /// A process that held agent connections before holds this one, at one of the descriptors
+    /// where they were found.
+    Found(u32),
+    /// The socket exists but its holder is not known yet: a scan of processes is needed (on the
+    /// blocking pool). `inode` and `uid` when netlink answered.
+    Scan { inode: Option<u64>, uid: Option<u32> },
+    /// No such connection (closed, reset, or held by nobody), or another user's.
+    Gone,
+}
+
+/// The cheap part of [`tcp_peer_pid`]: one `sock_diag` lookup for the socket's inode and owner,
+/// then one look at each of the descriptors where the latest agent connections were found (at
+/// most `QUICK_LOOKS`). New sockets take the lowest free descriptors, so a client that opens a
+/// connection per request gets the same few numbers again: a few non-sleeping syscalls, cheap
+/// enough for an async worker. Anything more is [`PeerLookup::Scan`].
+pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
+    let (inode, uid) = match crate::caller::sock_diag::tcp_entry(peer, local) {
+        Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), entry.uid),
+        Ok(_) => return PeerLookup::Gone,
+        Err(_) => return PeerLookup::Scan { inode: None, uid: None },
+    };
+    // Another user's socket is not this user's agent, whatever a privileged gateway could read
+    // of it: the caller is its token alone (one run per token, on an idle lease).
+    if gateway_uid().is_some_and(|own| own != uid) {
+        return PeerLookup::Gone;
+    }
+    let needle = format!("socket:[{inode}]");
+    let known: Vec<(u32, u32)> =
+        KNOWN_PEERS.lock().map(|k| k.iter().take(QUICK_LOOKS).copied().collect()).unwrap_or_default();
+    match known.into_iter().find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
+        Some((pid, fd)) => {
+            remember_peer(pid, fd);
+            PeerLookup::Found(pid)
+        }
+        None => PeerLookup::Scan { inode: Some(inode), uid: Some(uid) },
+    }
+}
+
+/// The pid owning the loopback TCP connection whose client end is `peer` and server end is
+/// `local` (Linux): [`tcp_peer_quick`], then [`PeerLookup::finish`]. Reads `/proc`: call it off
+/// the async workers.
+pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    tcp_peer_quick(peer, local).finish(peer, local)
+}
+
+impl PeerLookup {
+    /// The owner, scanning if the quick look did not find it: the descriptors of the processes
+    /// that held agent connections before, then the processes of the socket's owner only
+    /// (`/proc/net/tcp` gives the inode only where netlink is unavailable). Reads `/proc`: call
+    /// it off the async workers.
+    pub fn finish(self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+        let (inode, uid) = match self {
+            PeerLookup::Found(pid) => return Some(pid),
+            PeerLookup::Gone => return None,
+            PeerLookup::Scan { inode: Some(inode), uid } => (inode, uid),
+            PeerLookup::Scan { inode: None, .. } => (socket_inode(peer, local)?, None),
+        };
+        let needle = format!("socket:[{inode}]");
+        let mut known: Vec<u32> = Vec::new();
+        if let Ok(entries) = KNOWN_PEERS.lock() {
+            for &(pid, _) in entries.iter() {
+                if !known.contains(&pid) {
+                    known.push(pid);
+                }
+            }
+        }
+        let (pid, fd) = known.into_iter().find_map(|pid| Some((pid, descriptor_of(pid, &needle)?))).or_else(|| {
+            std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+                let pid = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok())?;
+                if let Some(uid) = uid {
+                    use std::os::unix::fs::MetadataExt;
+                    if entry.metadata().ok()?.uid() != uid {
+                        return None;
+                    }
+                }
+                Some((pid, descriptor_of(pid, &needle)?))
+            })
+        })?;
+        remember_peer(pid, fd);
+        Some(pid)
+    }
+}
+
+/// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`).
+fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|t| t.as_os_str() == needle)
+}
+
+/// The descriptor of process `pid` that is the socket `needle`, if it holds it.
+fn descriptor_of(pid: u32, needle: &str) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten().find_map(|fd| {
+        let n = fd.file_name().to_str()?.parse().ok()?;
+        std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == needle).then_some(n)
+    })
+}
+
+fn remember_peer(pid: u32, fd: u32) {
+    if let Ok(mut known) = KNOWN_PEERS.lock() {
+        known.retain(|&entry| entry != (pid, fd));
+        known.push_front((pid, fd));
+        known.truncate(KNOWN_PEERS_KEPT);
+    }
+}
+
+/// The descriptors where agent connections were found lately, newest first, with the process
+/// holding each: where the next connection's owner is looked for before any scan. A client
+/// with several connections open at once has several entries (new sockets take the lowest free
+/// descriptors, so the same few numbers come round again).
+static KNOWN_PEERS: std::sync::Mutex<std::collections::VecDeque<(u32, u32)>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+const KNOWN_PEERS_KEPT: usize = 128;
+/// How many of them [`tcp_peer_quick`] looks at (one `readlink` each) before giving up to a scan.
+const QUICK_LOOKS: usize = 48;
+
+/// `/proc/net/tcp` spells an IPv4 address as the little-endian hex of its u32, then `:PORT`.
+fn proc_net_address(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(a) => format!("{:08X}:{:04X}", u32::from_le_bytes(a.ip().octets()), a.port()),
+        SocketAddr::V6(a) => {
+            let words: String = a
+                .ip()
+                .octets()
+                .chunks(4)
+                .map(|c| format!("{:08X}", u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect();
+            format!("{words}:{:04X}", a.port())
+        }
+    }
+}
+
+/// What the kernel says about the bytes the server end of a TCP connection has sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendQueue {
+    /// This many bytes are not yet acknowledged by the client's kernel.
+    Pending(u64),
+    /// Every byte sent was acknowledged by the client's kernel.
+    Acknowledged,
+    /// Closed by the client, reset, or gone.
+    Closed,
+}
+
+/// The send queue of the server end `local` of the connection to `peer`; `None` if
+/// `/proc/net/tcp` cannot be read. A connection the client closed gracefully after reading
+/// (`CLOSE_WAIT`, or a close of ours that went through: `FIN_WAIT*`, `TIME_WAIT`, `LAST_ACK`)
+/// still says whether every byte was acknowledged; one that was reset is gone from the table.
+pub fn tcp_send_queue(local: SocketAddr, peer: SocketAddr) -> Option<SendQueue> {
+    // ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING. Not CLOSE (7):
+    // a reset socket's queue is purged, which would look acknowledged.
+    const OPEN_OR_CLOSING_GRACEFULLY: [u8; 7] = [1, 4, 5, 6, 8, 9, 11];
+    const TIME_WAIT: u8 = 6;
+    let entry = match crate::caller::sock_diag::tcp_entry(local, peer) {
+        Ok(entry) => entry.map(|e| (e.state, u64::from(e.send_queue))),
+        Err(_) => proc_net_tcp_queue(local, peer)?,
+    };
+    Some(match entry {
+        Some((state, 0)) if OPEN_OR_CLOSING_GRACEFULLY.contains(&state) => SendQueue::Acknowledged,
+        Some((state, n)) if OPEN_OR_CLOSING_GRACEFULLY.contains(&state) && state != TIME_WAIT => SendQueue::Pending(n),
+        _ => SendQueue::Closed,
+    })
+}
+
+/// The state and send queue of the socket `local`→`peer` from `/proc/net/tcp{,6}`: `Some(None)`
+/// when it is not in the table, `None` when the table cannot be read. Only where netlink is not
+/// available: it makes the kernel format every socket's line.
+fn proc_net_tcp_queue(local: SocketAddr, peer: SocketAddr) -> Option<Option<(u8, u64)>> {
+    let file = if local.is_ipv4() { "/proc/net/tcp" } else { "/proc/net/tcp6" };
+    let table = std::fs::read_to_string(file).ok()?;
+    let (local_s, peer_s) = (proc_net_address(local), proc_net_address(peer));
+    Some(table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        // sl local rem st tx_queue:rx_queue …
+        if cols.get(1) != Some(&local_s.as_str()) || cols.get(2) != Some(&peer_s.as_str()) {
+            return None;
+        }
+        let state = u8::from_str_radix(cols.get(3)?, 16).ok()?;
+        let tx = u64::from_str_radix(cols.get(4)?.split(':').next()?, 16).ok()?;
+        Some((state, tx))
+    }))
+}
+
+fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
+    let (file, peer_s, local_s) = match (peer, local) {
+        (SocketAddr::V4(_), SocketAddr::V4(_)) => ("/proc/net/tcp", proc_net_address(peer), proc_net_address(local)),
+        _ => ("/proc/net/tcp6", proc_net_address(peer), proc_net_address(local)),
+    };
+    let table = std::fs::read_to_string(file).ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+        (cols.get(1) == Some(&peer_s.as_str()) && cols.get(2) == Some(&local_s.as_str()))
+            .then(|| cols.get(9)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback (no netlink) reads the same state and queue as the exact lookup.
+    #[test]
+    fn proc_net_tcp_and_sock_diag_agree() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        server.write_all(b"hello").unwrap();
+        let diag =
+            crate::caller::sock_diag::tcp_entry(local, peer).unwrap().map(|e| (e.state, u64::from(e.send_queue)));
+        assert_eq!(proc_net_tcp_queue(local, peer), Some(diag));
+        drop(client);
+    }
+
+    #[test]
+    fn a_loopback_connection_is_traced_to_the_process_holding_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, peer) = listener.accept().unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        assert_eq!(tcp_peer_pid(peer, listener.local_addr().unwrap()), Some(std::process::id()));
+        let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(tcp_peer_pid(unrelated, listener.local_addr().unwrap()), None);
+    }
+
+    /// A process that held an agent connection is found again by one look at the descriptor its
+    /// last connection had — the lowest free one, which a client opening a connection per
+    /// request gets again — without a scan.
+    #[test]
+    fn a_known_process_is_found_at_the_descriptor_its_last_connection_had() {
+        let me = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let first = std::net::TcpStream::connect(local).unwrap();
+        let (first_server, first_peer) = listener.accept().unwrap();
+        assert_eq!(tcp_peer_pid(first_peer, local), Some(me));
+        assert_eq!(tcp_peer_quick(first_peer, local), PeerLookup::Found(me));
+        drop(first_server);
+        // The next connection at the first one's descriptor, as the lowest free descriptor would
+        // put it, but placed there by hand: other tests' threads open descriptors meanwhile.
+        let mut at_first: std::os::fd::OwnedFd = first.into();
+        let second = std::net::TcpStream::connect(local).unwrap();
+        let (_second_server, second_peer) = listener.accept().unwrap();
+        rustix::io::dup2(&second, &mut at_first).unwrap();
+        drop(second);
+        assert_eq!(tcp_peer_quick(second_peer, local), PeerLookup::Found(me), "the same descriptor again");
+        let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
+    }
+
+    #[test]
+    fn the_send_queue_tells_acknowledged_bytes_from_pending_ones_and_a_closed_client() {
+        use std::io::Write;
+        // The kernel answers within microseconds on loopback; poll rather than sleep a guess.
+        let settles_to = |local, peer, want: SendQueue| {
+            (0..400).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                tcp_send_queue(local, peer) == Some(want)
+            })
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        server.write_all(b"a result the client's kernel takes at once").unwrap();
+        assert!(settles_to(local, peer, SendQueue::Acknowledged), "{:?}", tcp_send_queue(local, peer));
+        // A client that stops reading: fill every buffer until the kernel refuses more.
+        server.set_nonblocking(true).unwrap();
+        let chunk = vec![b'x'; 1 << 16];
+        while server.write(&chunk).is_ok() {}
+        assert!(matches!(tcp_send_queue(local, peer), Some(SendQueue::Pending(n)) if n > 0));
+        // A client that goes away without reading what was sent resets the connection.
+        drop(client);
+        assert!(settles_to(local, peer, SendQueue::Closed), "the client reset: {:?}", tcp_send_queue(local, peer));
+        drop(server);
+        // A client that read everything and closed: still acknowledged.
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        server.write_all(b"read and gone").unwrap();
+        let mut buf = [0u8; 13];
+        std::io::Read::read_exact(&mut &client, &mut buf).unwrap();
+        drop(client);
+        // The server has seen the client's FIN (end of stream): its end is in CLOSE_WAIT now.
+        assert_eq!(std::io::Read::read(&mut server, &mut buf).unwrap(), 0);
+        assert!(
+            settles_to(local, peer, SendQueue::Acknowledged),
+            "read, then closed: {:?}",
+            tcp_send_queue(local, peer)
+        );
+    }
+
+    #[test]
+    fn proc_net_spelling_matches_the_kernel() {
+        let a: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(proc_net_address(a), "0100007F:1F90");
+    }
+}
