@@ -15,7 +15,7 @@ fn gateway_uid() -> Option<u32> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerLookup {
     /// A process that held agent connections before holds this one, at one of the descriptors
-    /// where they were found.
+    /// where they were found (or where this socket was seen).
     Found(u32),
     /// The socket exists but its holder is not known yet: a scan of processes is needed (on the
     /// blocking pool). `inode` and `uid` when netlink answered.
@@ -25,10 +25,13 @@ pub enum PeerLookup {
 }
 
 /// The cheap part of [`tcp_peer_pid`]: one `sock_diag` lookup for the socket's inode and owner,
-/// then one look at each of the descriptors where the latest agent connections were found (at
-/// most `QUICK_LOOKS`). New sockets take the lowest free descriptors, so a client that opens a
-/// connection per request gets the same few numbers again: a few non-sleeping syscalls, cheap
-/// enough for an async worker. Anything more is [`PeerLookup::Scan`].
+/// then one look at each of at most `QUICK_LOOKS` descriptors of agent processes: first where
+/// an earlier lookup saw this socket on its way (a client with many connections has most of its
+/// new ones seen before their own lookups), then those where the latest agent connections were
+/// found, newest first (new sockets take the lowest free descriptors, so a client that opens a
+/// connection per request gets the same few numbers again). A few non-sleeping syscalls, cheap
+/// enough for an async worker. Anything more is [`PeerLookup::Scan`]. The order only saves
+/// looks: a process is named only at a descriptor that is this very socket.
 pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     let (inode, uid) = match crate::caller::sock_diag::tcp_entry(peer, local) {
         Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), entry.uid),
@@ -41,15 +44,23 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
         return PeerLookup::Gone;
     }
     let needle = format!("socket:[{inode}]");
+    let seen = SEEN.lock().ok().and_then(|mut seen| seen.remove(&inode));
+    if let Some((pid, fd)) = seen
+        && descriptor(pid, fd, &needle) == Descriptor::This
+    {
+        return found(pid, fd);
+    }
     let known: Vec<(u32, u32)> =
         KNOWN_PEERS.lock().map(|k| k.iter().take(QUICK_LOOKS).copied().collect()).unwrap_or_default();
-    match known.into_iter().find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
-        Some((pid, fd)) => {
-            remember_peer(pid, fd);
-            PeerLookup::Found(pid)
-        }
+    match known.into_iter().find(|&(pid, fd)| descriptor(pid, fd, &needle) == Descriptor::This) {
+        Some((pid, fd)) => found(pid, fd),
         None => PeerLookup::Scan { inode: Some(inode), uid: Some(uid) },
     }
+}
+
+fn found(pid: u32, fd: u32) -> PeerLookup {
+    remember_peer(pid, fd);
+    PeerLookup::Found(pid)
 }
 
 /// The pid owning the loopback TCP connection whose client end is `peer` and server end is
@@ -97,9 +108,33 @@ impl PeerLookup {
     }
 }
 
-/// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`).
-fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|t| t.as_os_str() == needle)
+/// What descriptor `fd` of process `pid` is, against the socket `needle` (`socket:[inode]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Descriptor {
+    This,
+    Other,
+    /// Not open (or the process is gone).
+    Empty,
+}
+
+/// Another socket seen on the way is remembered where it was (see [`SEEN`]).
+fn descriptor(pid: u32, fd: u32, needle: &str) -> Descriptor {
+    #[cfg(test)]
+    tests::LOOKS.with(|looks| looks.set(looks.get() + 1));
+    match std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
+        Ok(target) if target.as_os_str() == needle => Descriptor::This,
+        Ok(target) => {
+            let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
+            if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
+                if seen.len() >= SEEN_KEPT {
+                    seen.clear();
+                }
+                seen.insert(other, (pid, fd));
+            }
+            Descriptor::Other
+        }
+        Err(_) => Descriptor::Empty,
+    }
 }
 
 /// The descriptor of process `pid` that is the socket `needle`, if it holds it.
@@ -125,8 +160,16 @@ fn remember_peer(pid: u32, fd: u32) {
 static KNOWN_PEERS: std::sync::Mutex<std::collections::VecDeque<(u32, u32)>> =
     std::sync::Mutex::new(std::collections::VecDeque::new());
 const KNOWN_PEERS_KEPT: usize = 128;
-/// How many of them [`tcp_peer_quick`] looks at (one `readlink` each) before giving up to a scan.
+/// How many descriptors [`tcp_peer_quick`] looks at (one `readlink` each) before giving up to a
+/// scan.
 const QUICK_LOOKS: usize = 48;
+
+/// Other sockets (by inode) that [`tcp_peer_quick`] saw on its way, and where: with many
+/// connections opened at once, most are seen before their own lookups. A closed socket's entry
+/// is never asked for again, and all are dropped when [`SEEN_KEPT`] are kept.
+static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u64, (u32, u32)>>> =
+    std::sync::LazyLock::new(Default::default);
+const SEEN_KEPT: usize = 1024;
 
 /// `/proc/net/tcp` spells an IPv4 address as the little-endian hex of its u32, then `:PORT`.
 fn proc_net_address(addr: SocketAddr) -> String {
@@ -262,6 +305,35 @@ mod tests {
         assert_eq!(tcp_peer_quick(second_peer, local), PeerLookup::Found(me), "the same descriptor again");
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
+    }
+
+    thread_local! {
+        /// Descriptors this thread looked at.
+        pub(super) static LOOKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A socket seen on the way of another connection's lookup (a client opening many at once)
+    /// is found with one look when its own lookup comes.
+    #[test]
+    fn a_socket_seen_by_an_earlier_lookup_is_found_with_one_look() {
+        let me = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let x = std::net::TcpStream::connect(local).unwrap();
+        let (_x_server, x_peer) = listener.accept().unwrap();
+        let y = std::net::TcpStream::connect(local).unwrap();
+        let (_y_server, y_peer) = listener.accept().unwrap();
+        let fd = |s: &std::net::TcpStream| std::os::fd::AsRawFd::as_raw_fd(s) as u32;
+        // Known from earlier connections, y's descriptor the newest: x's lookup passes it.
+        remember_peer(me, fd(&x));
+        remember_peer(me, fd(&y));
+        LOOKS.with(|looks| looks.set(0));
+        assert_eq!(tcp_peer_quick(x_peer, local), PeerLookup::Found(me));
+        assert_eq!(LOOKS.with(std::cell::Cell::get), 2, "y's descriptor on the way, then x's");
+        LOOKS.with(|looks| looks.set(0));
+        // x's descriptor is now the newest known; y is looked for where it was seen.
+        assert_eq!(tcp_peer_quick(y_peer, local), PeerLookup::Found(me));
+        assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "where it was seen, first");
     }
 
     #[test]
