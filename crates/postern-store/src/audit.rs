@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use std::{collections::HashMap, fmt, path::Path, sync::mpsc};
 
 mod rows;
-use rows::{check_projection, check_results, fold_differences, fold_reads, unknown_events};
+use rows::{check_projection, check_results, fold_differences, fold_reads, key_text, unknown_events};
 
 /// A checkpoint as the writer records it: the chain's head (the JSON [`Checkpoint`]) and the
 /// Merkle tree's head (what a signed note carries) at the same size.
@@ -139,6 +139,9 @@ pub enum Finding {
     /// Row `seq` chains, but it is a folded row (a read-only call's steps up to its dispatch in
     /// its `accepted` row) whose steps are not a lifecycle ending where the row says.
     FoldDiffers { seq: u64, why: String },
+    /// Row `seq` chains, but it moves its execution to a state the lifecycle does not allow from
+    /// where its earlier rows left it (`from`: none when it has no `accepted` row before).
+    StepRefused { seq: u64, execution_id: String, from: Option<String>, to: String },
     /// A table that grants authority (lock, credentials, agents, session grants, allowlist)
     /// differs from what the journal says.
     AuthorityMismatch { table: String, key: String, journal: String, table_value: String },
@@ -210,6 +213,12 @@ impl fmt::Display for Finding {
             Finding::FoldDiffers { seq, why } => {
                 write!(f, "row {seq}: a folded row that does not read as a lifecycle: {why}")
             }
+            Finding::StepRefused { seq, execution_id, from, to } => write!(
+                f,
+                "row {seq}: execution {execution_id} moves from {} to {to:?}, which its lifecycle does not \
+                 allow (written by a faulty build, or edited and chained again)",
+                from.as_deref().map_or("nothing (no accepted row before)".to_string(), |from| format!("{from:?}"))
+            ),
             Finding::AuthorityMismatch { table, key, journal, .. } if table == "journal" && key != "chain" => write!(
                 f,
                 "journal {key} grants authority but cannot be read: {journal} (the journal was edited; \
@@ -298,6 +307,12 @@ pub fn verify_with(
     if findings.is_empty() {
         findings.extend(unknown_events(&conn, &tally.unknown_events)?);
         findings.extend(fold_differences(&conn, &tally.bad_folds)?);
+        findings.extend(tally.bad_steps.iter().map(|&(seq, key, from, to)| Finding::StepRefused {
+            seq,
+            execution_id: key_text(&key),
+            from: from.map(|from| from.as_str().to_owned()),
+            to: to.as_str().to_owned(),
+        }));
     }
     // The projections are compared only with a journal that verified.
     if findings.is_empty() && scope == VerifyScope::Full {
@@ -398,11 +413,13 @@ struct Fact {
     known_event: bool,
     /// A folded row whose steps do not read as a lifecycle ending at its state.
     bad_fold: bool,
+    /// The state its event moves the execution to (`None`: a note, or another stream's row).
+    step: Option<ExecutionState>,
 }
 
 impl Fact {
     fn position_only(seq: u64) -> Fact {
-        Fact { seq, execution: None, result_sha256: None, known_event: true, bad_fold: false }
+        Fact { seq, execution: None, result_sha256: None, known_event: true, bad_fold: false, step: None }
     }
 
     /// `None` when the head is missing or names a state or id Postern does not know.
@@ -420,7 +437,12 @@ impl Fact {
             (b"accepted", Some((_, state))) if state != ExecutionState::Accepted => !fold_reads(body, state),
             _ => false,
         };
-        Some(Fact { seq: head.seq, execution, result_sha256, known_event: head.event().is_some(), bad_fold })
+        let event = head.event();
+        let step = match event {
+            Some(crate::event::Event::Step(state)) => Some(state),
+            _ => None,
+        };
+        Some(Fact { seq: head.seq, execution, result_sha256, known_event: event.is_some(), bad_fold, step })
     }
 }
 
@@ -433,6 +455,9 @@ struct Tally {
     unknown_events: Vec<u64>,
     /// Folded rows that do not read as a lifecycle (the first [`UNKNOWN_EVENTS_LISTED`]).
     bad_folds: Vec<u64>,
+    /// Steps the lifecycle does not allow from where the execution was: the row, the execution,
+    /// from, to (the first [`UNKNOWN_EVENTS_LISTED`]).
+    bad_steps: Vec<(u64, IdKey, Option<ExecutionState>, ExecutionState)>,
     /// The Merkle tree's kept subtrees, recomputed from the rows (when the walk builds the tree).
     kept: Vec<(Subtree, Hash)>,
     /// The tree's root at the size asked for, if the walk got there.
@@ -461,6 +486,18 @@ impl Tally {
             self.bad_folds.push(fact.seq);
         }
         if let Some((key, state)) = fact.execution {
+            if let Some(to) = fact.step {
+                let from = self.last_state.get(&key).copied();
+                // An execution begins with `accepted` (a folded one's end is checked as a fold);
+                // every later step is one the state machine allows.
+                let allowed = match from {
+                    None => to == ExecutionState::Accepted,
+                    Some(from) => to != ExecutionState::Accepted && from.transition(to).is_ok(),
+                };
+                if !allowed && self.bad_steps.len() < UNKNOWN_EVENTS_LISTED {
+                    self.bad_steps.push((fact.seq, key, from, to));
+                }
+            }
             self.last_state.insert(key, state);
             if let Some(sha) = fact.result_sha256 {
                 self.result_digests.insert(key, sha);
