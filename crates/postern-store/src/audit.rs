@@ -139,8 +139,9 @@ pub enum Finding {
     /// Row `seq` chains, but it is a folded row (a read-only call's steps up to its dispatch in
     /// its `accepted` row) whose steps are not a lifecycle ending where the row says.
     FoldDiffers { seq: u64, why: String },
-    /// Row `seq` chains, but it moves its execution to a state the lifecycle does not allow from
-    /// where its earlier rows left it (`from`: none when it has no `accepted` row before).
+    /// Row `seq` chains, but it puts its execution in a state the lifecycle does not allow from
+    /// where its earlier rows left it (`from`: none when it has no `accepted` row before): a step
+    /// the state machine refuses, or a note that says another state than the steps left.
     StepRefused { seq: u64, execution_id: String, from: Option<String>, to: String },
     /// A table that grants authority (lock, credentials, agents, session grants, allowlist)
     /// differs from what the journal says.
@@ -215,9 +216,9 @@ impl fmt::Display for Finding {
             }
             Finding::StepRefused { seq, execution_id, from, to } => write!(
                 f,
-                "row {seq}: execution {execution_id} moves from {} to {to:?}, which its lifecycle does not \
-                 allow (written by a faulty build, or edited and chained again)",
-                from.as_deref().map_or("nothing (no accepted row before)".to_string(), |from| format!("{from:?}"))
+                "row {seq}: execution {execution_id} is {to:?} here, where its earlier rows left it {}: its \
+                 lifecycle does not allow that (written by a faulty build, or edited and chained again)",
+                from.as_deref().map_or("nowhere (no accepted row before)".to_string(), |from| format!("{from:?}"))
             ),
             Finding::AuthorityMismatch { table, key, journal, .. } if table == "journal" && key != "chain" => write!(
                 f,
@@ -486,17 +487,17 @@ impl Tally {
             self.bad_folds.push(fact.seq);
         }
         if let Some((key, state)) = fact.execution {
-            if let Some(to) = fact.step {
-                let from = self.last_state.get(&key).copied();
-                // An execution begins with `accepted` (a folded one's end is checked as a fold);
-                // every later step is one the state machine allows.
-                let allowed = match from {
-                    None => to == ExecutionState::Accepted,
-                    Some(from) => to != ExecutionState::Accepted && from.transition(to).is_ok(),
-                };
-                if !allowed && self.bad_steps.len() < UNKNOWN_EVENTS_LISTED {
-                    self.bad_steps.push((fact.seq, key, from, to));
-                }
+            let from = self.last_state.get(&key).copied();
+            // An execution begins with `accepted` (a folded one's end is checked as a fold);
+            // every later step is one the state machine allows, and a note (which moves nothing)
+            // says the state the steps before it left: a forged note cannot move an execution.
+            let (to, allowed) = match (fact.step, from) {
+                (Some(to), None) => (to, to == ExecutionState::Accepted),
+                (Some(to), Some(from)) => (to, to != ExecutionState::Accepted && from.transition(to).is_ok()),
+                (None, from) => (state, from == Some(state)),
+            };
+            if !allowed && self.bad_steps.len() < UNKNOWN_EVENTS_LISTED {
+                self.bad_steps.push((fact.seq, key, from, to));
             }
             self.last_state.insert(key, state);
             if let Some(sha) = fact.result_sha256 {

@@ -25,13 +25,14 @@ pub enum PeerLookup {
 }
 
 /// The cheap part of [`tcp_peer_pid`]: one `sock_diag` lookup for the socket's inode and owner,
-/// then one look at each of at most `QUICK_LOOKS` descriptors of agent processes: first where
-/// an earlier lookup saw this socket on its way (a client with many connections has most of its
-/// new ones seen before their own lookups), then those where the latest agent connections were
-/// found, newest first (new sockets take the lowest free descriptors, so a client that opens a
-/// connection per request gets the same few numbers again). A few non-sleeping syscalls, cheap
-/// enough for an async worker. Anything more is [`PeerLookup::Scan`]. The order only saves
-/// looks: a process is named only at a descriptor that is this very socket.
+/// then one look at each of at most `QUICK_LOOKS` + 1 descriptors of agent processes: first
+/// where an earlier lookup saw this socket on its way (a client with many connections has most
+/// of its new ones seen before their own lookups), then those where the latest agent
+/// connections were found, newest first (new sockets take the lowest free descriptors, so a
+/// client that opens a connection per request gets the same few numbers again). A few
+/// non-sleeping syscalls, cheap enough for an async worker. Anything more is
+/// [`PeerLookup::Scan`]. The order only saves looks: a process is named only at a descriptor
+/// that is this very socket.
 pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     let (inode, uid) = match crate::caller::sock_diag::tcp_entry(peer, local) {
         Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), entry.uid),
@@ -273,6 +274,7 @@ mod tests {
 
     #[test]
     fn a_loopback_connection_is_traced_to_the_process_holding_it() {
+        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (_server, peer) = listener.accept().unwrap();
@@ -287,6 +289,7 @@ mod tests {
     /// request gets again — without a scan.
     #[test]
     fn a_known_process_is_found_at_the_descriptor_its_last_connection_had() {
+        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let me = std::process::id();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
@@ -307,6 +310,10 @@ mod tests {
         assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
     }
 
+    /// The lookup's memory (known descriptors, seen sockets) is the process's: tests that count
+    /// on it run one at a time even where they share a process (`cargo test`).
+    static PEER_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     thread_local! {
         /// Descriptors this thread looked at.
         pub(super) static LOOKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
@@ -316,6 +323,7 @@ mod tests {
     /// is found with one look when its own lookup comes.
     #[test]
     fn a_socket_seen_by_an_earlier_lookup_is_found_with_one_look() {
+        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let me = std::process::id();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();

@@ -281,29 +281,51 @@ fn a_state_no_state_spells_is_refused_by_the_view_and_found_by_verify() {
     assert!(!findings(&fx, None).is_empty(), "verify reports the row");
 }
 
-/// A row edited into a step the lifecycle does not allow (here a dispatch turned into a
-/// denial after authorization) and the chain recomputed after it, as an attacker without an
-/// off-machine checkpoint can: every row chains, and verify still names the step, with where
-/// the execution was.
-#[test]
-fn a_step_the_lifecycle_does_not_allow_is_named_even_in_a_rechained_journal() {
-    let (fx, _) = populated();
+/// Edits the first `dispatched` row with `edit` and chains every row after it again, as an
+/// attacker without an off-machine checkpoint can; the row's `seq`.
+fn rechained_with_first_dispatch_edited(fx: &Fixture, edit: impl Fn(&str) -> String) -> u64 {
     let conn = attacker(&fx.path);
     let seq: i64 = conn
         .query_row("SELECT min(seq) FROM journal WHERE body LIKE '%\"event\":\"dispatched\"%'", [], |r| r.get(0))
         .expect("a dispatched row");
     let (body, _) = row(&conn, seq);
-    let forged = body
-        .replace("\"event\":\"dispatched\"", "\"event\":\"denied\"")
-        .replace("\"state\":\"dispatched\"", "\"state\":\"denied\"");
-    conn.execute("UPDATE journal SET body = ?1 WHERE seq = ?2", rusqlite::params![forged, seq]).expect("tamper");
+    conn.execute("UPDATE journal SET body = ?1 WHERE seq = ?2", rusqlite::params![edit(&body), seq]).expect("tamper");
     rechain_from(&conn, seq);
-    drop(conn);
+    seq as u64
+}
+
+/// A row edited into a step the lifecycle does not allow (here a dispatch turned into a
+/// denial after authorization) and the chain recomputed after it: every row chains, and verify
+/// still names the step, with where the execution was.
+#[test]
+fn a_step_the_lifecycle_does_not_allow_is_named_even_in_a_rechained_journal() {
+    let (fx, _) = populated();
+    let seq = rechained_with_first_dispatch_edited(&fx, |body| {
+        body.replace("\"event\":\"dispatched\"", "\"event\":\"denied\"")
+            .replace("\"state\":\"dispatched\"", "\"state\":\"denied\"")
+    });
     let f = findings(&fx, None);
     assert!(f.iter().all(|f| !f.is_chain()), "the chain itself verifies: {f:?}");
     assert!(
         matches!(f.first(), Some(Finding::StepRefused { seq: s, from: Some(from), to, .. })
-            if *s == seq as u64 && from == "authorized" && to == "denied"),
+            if *s == seq && from == "authorized" && to == "denied"),
+        "{f:?}"
+    );
+}
+
+/// A note moves nothing: one forged to say another state than the steps before it left (here a
+/// dispatch turned into a note claiming `dispatched`, so that the next row's `completed` would
+/// follow) is named, even in a rechained journal.
+#[test]
+fn a_note_that_says_another_state_than_the_steps_left_is_named() {
+    let (fx, _) = populated();
+    let seq = rechained_with_first_dispatch_edited(&fx, |body| {
+        body.replace("\"event\":\"dispatched\"", "\"event\":\"cancel_requested\"")
+    });
+    let f = findings(&fx, None);
+    assert!(
+        matches!(f.as_slice(), [Finding::StepRefused { seq: s, from: Some(from), to, .. }]
+            if *s == seq && from == "authorized" && to == "dispatched"),
         "{f:?}"
     );
 }
