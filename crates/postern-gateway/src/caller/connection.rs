@@ -46,22 +46,15 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     }
     let needle = format!("socket:[{inode}]");
     let seen = SEEN.lock().ok().and_then(|mut seen| seen.remove(&inode));
-    if let Some((pid, fd)) = seen
-        && descriptor(pid, fd, &needle) == Descriptor::This
-    {
-        return found(pid, fd);
-    }
     let known: Vec<(u32, u32)> =
         KNOWN_PEERS.lock().map(|k| k.iter().take(QUICK_LOOKS).copied().collect()).unwrap_or_default();
-    match known.into_iter().find(|&(pid, fd)| descriptor(pid, fd, &needle) == Descriptor::This) {
-        Some((pid, fd)) => found(pid, fd),
+    match seen.into_iter().chain(known).find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
+        Some((pid, fd)) => {
+            remember_peer(pid, fd);
+            PeerLookup::Found(pid)
+        }
         None => PeerLookup::Scan { inode: Some(inode), uid: Some(uid) },
     }
-}
-
-fn found(pid: u32, fd: u32) -> PeerLookup {
-    remember_peer(pid, fd);
-    PeerLookup::Found(pid)
 }
 
 /// The pid owning the loopback TCP connection whose client end is `peer` and server end is
@@ -109,33 +102,23 @@ impl PeerLookup {
     }
 }
 
-/// What descriptor `fd` of process `pid` is, against the socket `needle` (`socket:[inode]`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Descriptor {
-    This,
-    Other,
-    /// Not open (or the process is gone).
-    Empty,
-}
-
-/// Another socket seen on the way is remembered where it was (see [`SEEN`]).
-fn descriptor(pid: u32, fd: u32, needle: &str) -> Descriptor {
+/// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`). Another
+/// socket found there is remembered where it was (see [`SEEN`]).
+fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
     #[cfg(test)]
     tests::LOOKS.with(|looks| looks.set(looks.get() + 1));
-    match std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
-        Ok(target) if target.as_os_str() == needle => Descriptor::This,
-        Ok(target) => {
-            let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
-            if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
-                if seen.len() >= SEEN_KEPT {
-                    seen.clear();
-                }
-                seen.insert(other, (pid, fd));
-            }
-            Descriptor::Other
-        }
-        Err(_) => Descriptor::Empty,
+    let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else { return false };
+    if target.as_os_str() == needle {
+        return true;
     }
+    let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
+    if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
+        if seen.len() >= SEEN_KEPT {
+            seen.clear();
+        }
+        seen.insert(other, (pid, fd));
+    }
+    false
 }
 
 /// The descriptor of process `pid` that is the socket `needle`, if it holds it.
@@ -263,8 +246,7 @@ mod tests {
         use std::io::Write;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
-        let client = std::net::TcpStream::connect(local).unwrap();
-        let (mut server, peer) = listener.accept().unwrap();
+        let (client, mut server, peer) = connect(&listener);
         server.write_all(b"hello").unwrap();
         let diag =
             crate::caller::sock_diag::tcp_entry(local, peer).unwrap().map(|e| (e.state, u64::from(e.send_queue)));
@@ -276,8 +258,7 @@ mod tests {
     fn a_loopback_connection_is_traced_to_the_process_holding_it() {
         let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (_server, peer) = listener.accept().unwrap();
+        let (client, _server, peer) = connect(&listener);
         assert_eq!(peer, client.local_addr().unwrap());
         assert_eq!(tcp_peer_pid(peer, listener.local_addr().unwrap()), Some(std::process::id()));
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
@@ -293,21 +274,27 @@ mod tests {
         let me = std::process::id();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
-        let first = std::net::TcpStream::connect(local).unwrap();
-        let (first_server, first_peer) = listener.accept().unwrap();
+        let (first, first_server, first_peer) = connect(&listener);
         assert_eq!(tcp_peer_pid(first_peer, local), Some(me));
         assert_eq!(tcp_peer_quick(first_peer, local), PeerLookup::Found(me));
         drop(first_server);
         // The next connection at the first one's descriptor, as the lowest free descriptor would
         // put it, but placed there by hand: other tests' threads open descriptors meanwhile.
         let mut at_first: std::os::fd::OwnedFd = first.into();
-        let second = std::net::TcpStream::connect(local).unwrap();
-        let (_second_server, second_peer) = listener.accept().unwrap();
+        let (second, _second_server, second_peer) = connect(&listener);
         rustix::io::dup2(&second, &mut at_first).unwrap();
         drop(second);
         assert_eq!(tcp_peer_quick(second_peer, local), PeerLookup::Found(me), "the same descriptor again");
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
+    }
+
+    /// A new loopback connection to `listener`: the client end, the server end, the client's
+    /// address.
+    fn connect(listener: &std::net::TcpListener) -> (std::net::TcpStream, std::net::TcpStream, SocketAddr) {
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        (client, server, peer)
     }
 
     /// The lookup's memory (known descriptors, seen sockets) is the process's: tests that count
@@ -327,10 +314,8 @@ mod tests {
         let me = std::process::id();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
-        let x = std::net::TcpStream::connect(local).unwrap();
-        let (_x_server, x_peer) = listener.accept().unwrap();
-        let y = std::net::TcpStream::connect(local).unwrap();
-        let (_y_server, y_peer) = listener.accept().unwrap();
+        let (x, _x_server, x_peer) = connect(&listener);
+        let (y, _y_server, y_peer) = connect(&listener);
         let fd = |s: &std::net::TcpStream| std::os::fd::AsRawFd::as_raw_fd(s) as u32;
         // Known from earlier connections, y's descriptor the newest: x's lookup passes it.
         remember_peer(me, fd(&x));
@@ -356,8 +341,7 @@ mod tests {
         };
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
-        let client = std::net::TcpStream::connect(local).unwrap();
-        let (mut server, peer) = listener.accept().unwrap();
+        let (client, mut server, peer) = connect(&listener);
         server.write_all(b"a result the client's kernel takes at once").unwrap();
         assert!(settles_to(local, peer, SendQueue::Acknowledged), "{:?}", tcp_send_queue(local, peer));
         // A client that stops reading: fill every buffer until the kernel refuses more.
@@ -370,8 +354,7 @@ mod tests {
         assert!(settles_to(local, peer, SendQueue::Closed), "the client reset: {:?}", tcp_send_queue(local, peer));
         drop(server);
         // A client that read everything and closed: still acknowledged.
-        let client = std::net::TcpStream::connect(local).unwrap();
-        let (mut server, peer) = listener.accept().unwrap();
+        let (client, mut server, peer) = connect(&listener);
         server.write_all(b"read and gone").unwrap();
         let mut buf = [0u8; 13];
         std::io::Read::read_exact(&mut &client, &mut buf).unwrap();

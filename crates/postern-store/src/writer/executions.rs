@@ -387,14 +387,10 @@ impl Writer {
         // it ends, so a step after a terminal state must never be checked against the row.
         let completed = completion.map(|_| ExecutionState::Completed);
         let end = ExecutionState::Accepted.walk(steps.iter().map(|step| step.state).chain(completed))?;
+        let ended_at = completion.map(|c| c.at).or(steps.last().map(|step| step.at)).unwrap_or(new.at);
         let sent = steps.iter().position(|step| step.state == ExecutionState::Dispatched).map_or(0, |i| i + 1);
         let (folded, after) = steps.split_at(sent);
-        let ends = match (completion, after.last()) {
-            (Some(completion), _) => Some((end, completion.at)),
-            (None, Some(step)) => Some((end, step.at)),
-            (None, None) => None,
-        };
-        match self.admit_with(new, None, folded, ends)? {
+        match self.admit_with(new, None, folded, Some((end, ended_at)))? {
             Admission::Accepted { .. } => {}
             Admission::Matched { .. } => {
                 return Err(StoreError::Corrupt(
