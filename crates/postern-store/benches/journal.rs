@@ -4,7 +4,10 @@
 //! 2. 64 concurrent writers with group commit, and the same with grouping disabled;
 //! 3. `audit verify` on a generated 1,000,000-row journal, next to raw SHA-256 over the same
 //!    bytes measured in the same run;
-//! 4. the Merkle tree on that journal: its nodes made at open (a journal from before the tree),
+//! 4. read-only calls recorded as the engine records them (one detached job per call, committed
+//!    unsynced in shared batches): the journal writer's own CPU time and the bytes written per
+//!    call, the figure a change to the writer's per-call work moves;
+//! 5. the Merkle tree on that journal: its nodes made at open (a journal from before the tree),
 //!    the tree's own work per row, and a checkpoint's, a consistency proof's and an inclusion
 //!    proof's time and size at 1M rows.
 //!
@@ -14,7 +17,7 @@ use postern_core::{
     Actor, Channel, ExecutionId, ExecutionState, Fingerprint, IntentScope, ReplayContract, SessionId, Timestamp,
 };
 use postern_store::{
-    NewExecution, Store, StoreOptions, TreeReader,
+    Completion, NewExecution, Step, Store, StoreOptions, TreeReader,
     audit::{VerifyScope, verify_with},
     journal::{GENESIS, JournalRow, ROW_VERSION, chain_hash},
 };
@@ -115,6 +118,87 @@ fn bench_concurrent(dir: &std::path::Path, name: &str, max_batch: usize) {
         "journal appends, 64 concurrent writers, {name:<15}: {:>9.0} durable appends/s  ({count} in {secs:.2} s, {} transactions, {:.1} operations per transaction)",
         count as f64 / secs,
         stats.transactions(),
+        stats.operations() as f64 / stats.transactions().max(1) as f64
+    );
+}
+
+/// CPU time (user + system) of this process's thread named `name`, from its `stat` in procfs.
+fn thread_cpu(name: &str) -> Duration {
+    let ticks: u64 = std::fs::read_dir("/proc/self/task")
+        .expect("procfs")
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+        .filter(|stat| stat.split_once(" (").is_some_and(|(_, rest)| rest.starts_with(&format!("{name})"))))
+        .map(|stat| {
+            let after_comm = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+            let fields: Vec<&str> = after_comm.split(' ').collect();
+            // utime and stime are fields 14 and 15 of stat, 12 and 13 after the comm.
+            fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0)
+        })
+        .sum();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Bytes this process has caused to be written (`write_bytes` of /proc/self/io).
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| io.lines().find_map(|l| l.strip_prefix("write_bytes: ").and_then(|v| v.trim().parse().ok())))
+        .unwrap_or(0)
+}
+
+/// Read-only calls as the engine records them: 8 submitting threads, one detached job per call
+/// (its acceptance with the authorization and dispatch folded in, its completion and its kept
+/// result), committed unsynced in shared batches.
+fn bench_reads(dir: &std::path::Path, reads: u64, max_batch: usize) {
+    let options = StoreOptions { max_batch, ..StoreOptions::default() };
+    let (store, _) = Store::open_with(&dir.join(format!("reads-{max_batch}.db")), at(0), options).expect("open");
+    let store = Arc::new(store);
+    let threads = 8u64;
+    let (cpu_before, written_before) = (thread_cpu("postern-journal"), written_bytes());
+    let started = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let session = SessionId::from_parts(at(0), u128::from(t) + 1);
+                for i in 0..reads / threads {
+                    let n = t * 100_000_000 + i;
+                    let id = ExecutionId::from_parts(at(n as i64), u128::from(n));
+                    let mut new = new_execution(id, n, session);
+                    new.effect_fingerprint = None;
+                    let steps = vec![
+                        Step { state: ExecutionState::Authorized, detail: json!({"rung": "allowlist"}), at: at(1) },
+                        Step {
+                            state: ExecutionState::Dispatched,
+                            detail: json!({"method": "GET", "target": "http://127.0.0.1:8080/items"}),
+                            at: at(2),
+                        },
+                    ];
+                    let completion = Completion {
+                        outcome: json!({"http_status": 200}),
+                        result: br#"{"content":[{"type":"text","text":"{\"ok\":true}"}],"isError":false}"#.to_vec(),
+                        at: at(3),
+                    };
+                    store.record_read_only_detached(new, steps, Some(completion)).expect("record");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("submitter");
+    }
+    store.flush().expect("flush");
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = thread_cpu("postern-journal").saturating_sub(cpu_before);
+    let written = written_bytes().saturating_sub(written_before);
+    let stats = store.writer_stats();
+    println!(
+        "read-only calls, 8 submitters, detached, at most {max_batch:>3} per commit: {:>9.0} calls/s, journal writer {:.1} µs CPU per call, {:.1} KiB written per call ({reads} calls, {:.1} per transaction)",
+        reads as f64 / secs,
+        cpu.as_secs_f64() * 1e6 / reads as f64,
+        written as f64 / 1024.0 / reads as f64,
         stats.operations() as f64 / stats.transactions().max(1) as f64
     );
 }
@@ -363,10 +447,18 @@ fn main() {
     let kept = std::env::var_os("POSTERN_BENCH_KEEP").map(std::path::PathBuf::from);
     let dir_path = kept.as_deref().unwrap_or(dir.path());
     let rows = std::env::var("POSTERN_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let reads = std::env::var("POSTERN_BENCH_READS").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    if std::env::var_os("POSTERN_BENCH_ONLY_READS").is_some() {
+        bench_reads(dir_path, reads, 16);
+        return bench_reads(dir_path, reads, StoreOptions::default().max_batch);
+    }
     if std::env::var_os("POSTERN_BENCH_ONLY_VERIFY").is_none() {
         bench_single(dir_path);
         bench_concurrent(dir_path, "group commit", StoreOptions::default().max_batch);
         bench_concurrent(dir_path, "no grouping", 1);
+        // As many per commit as a busy gateway gathers in a linger, then as many as it may.
+        bench_reads(dir_path, reads, 16);
+        bench_reads(dir_path, reads, StoreOptions::default().max_batch);
     }
     bench_verify(dir_path, rows);
 }
