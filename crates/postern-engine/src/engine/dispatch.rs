@@ -116,6 +116,8 @@ impl Engine {
     }
 
     /// Sends what `outgoing` built and maps what happened to a state (one mapping per channel).
+    /// The SSH and upstream sends are boxed: each holds ~7 KB of state, which inline made every
+    /// call's future that large, an HTTP read's included, and was copied whenever it moved.
     pub(super) async fn send(
         &self,
         p: &Prepared<'_>,
@@ -124,11 +126,19 @@ impl Engine {
     ) -> Result<Observation, EngineError> {
         match wire {
             Wire::Http(out) => self.observe(p, http::send(&self.http, out, self.max_result_bytes).await, attempt),
-            Wire::Ssh(out) => self.observe_ssh(p, self.ssh_send(out).await),
+            Wire::Ssh(out) => self.observe_ssh(p, Box::pin(self.ssh_send(out)).await),
             Wire::Mcp(out) => {
                 let sent = match &self.upstreams {
                     Some(u) => {
-                        u.call(&out.server, &out.tool, out.operation, out.arguments, &out.execution, out.timeout).await
+                        Box::pin(u.call(
+                            &out.server,
+                            &out.tool,
+                            out.operation,
+                            out.arguments,
+                            &out.execution,
+                            out.timeout,
+                        ))
+                        .await
                     }
                     None => UpstreamSent::NotSent { reason: "this gateway runs no upstream MCP servers".into() },
                 };

@@ -441,7 +441,17 @@ impl Engine {
     /// Handles one call end to end. Errors are reserved for calls that never became an
     /// execution (unknown tool, invalid arguments, unsafe target, …); every execution's fate —
     /// denied, failed before dispatch, outcome unknown, completed — is a [`CallOutcome`].
-    pub async fn call(&self, mut call: Call) -> Result<CallOutcome, EngineError> {
+    ///
+    /// A call's future is as large as its largest path through the engine, and every move of it
+    /// copies all of it: a spawned task is moved three or four times on its way into the runtime.
+    /// So the rare large paths (an upstream lookup, a first SSH contact, a retry's handling, the
+    /// SSH and upstream sends) are boxed where they are awaited, which took the future from
+    /// ~17 KB to ~7.6 KB, and the future itself is boxed here, so a caller moves a pointer.
+    pub fn call(&self, call: Call) -> impl Future<Output = Result<CallOutcome, EngineError>> + Send + '_ {
+        Box::pin(self.handle(call))
+    }
+
+    async fn handle(&self, mut call: Call) -> Result<CallOutcome, EngineError> {
         self.touch();
         // Another process changed what grants authority behind the journal's back: nothing is
         // granted any more (before the lock, credentials or grants are even read).
@@ -457,7 +467,7 @@ impl Engine {
             && self.manifest.tool(&call.tool).is_none()
         {
             // Its server is started if it was not; every later step of the call uses this lookup.
-            call.resolved = u.resolve(&call.tool).await;
+            call.resolved = Box::pin(u.resolve(&call.tool)).await;
         }
         let (mut p, arguments) = self.prepare(&call, call.resolved.clone())?;
         if let Some(host) = p.unpinned_host().map(|plan| plan.host.name.clone()) {
@@ -473,7 +483,7 @@ impl Engine {
                 return Err(EngineError::FirstContactRefused { host, reason });
             }
             if let Some(plan) = p.unpinned_host() {
-                self.pin_first_key(plan).await?;
+                Box::pin(self.pin_first_key(plan)).await?;
             }
         }
         let new = self.admission(&p, &call, arguments)?;
@@ -518,7 +528,7 @@ impl Engine {
                 Admission::Accepted { .. } => {
                     Ok(self.outcome(id, ExecutionState::Denied, Decision::NewExecution).because(auth))
                 }
-                Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
+                Admission::Matched { prior, decision } => Box::pin(self.on_match(&p, &call, prior, decision)).await,
             };
         }
         let admission = if call.bound.durable() {
@@ -540,7 +550,7 @@ impl Engine {
                 // A fresh ID cannot have an open request; answer from the journal regardless.
                 Turn::Join(rx) => Self::join(rx).await,
             },
-            Admission::Matched { prior, decision } => self.on_match(&p, &call, prior, decision).await,
+            Admission::Matched { prior, decision } => Box::pin(self.on_match(&p, &call, prior, decision)).await,
         }
     }
 
