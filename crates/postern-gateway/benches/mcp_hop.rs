@@ -219,6 +219,38 @@ fn print(name: &str, r: &Row, floor: Option<&Row>, relay: Option<&Row>) {
     println!();
 }
 
+/// Each Postern row's ratios of calls/s to the floor and to the relay of its own round, in the
+/// order the rows first ran.
+#[derive(Default)]
+struct Ratios(Vec<(&'static str, Vec<f64>, Vec<f64>)>);
+
+impl Ratios {
+    fn add(&mut self, name: &'static str, r: &Row, floor: Option<&Row>, relay: Option<&Row>) {
+        let at = self.0.iter().position(|(n, ..)| *n == name).unwrap_or_else(|| {
+            self.0.push((name, Vec::new(), Vec::new()));
+            self.0.len() - 1
+        });
+        let (_, to_floor, to_relay) = &mut self.0[at];
+        to_floor.extend(floor.map(|f| r.figures.per_sec / f.figures.per_sec));
+        to_relay.extend(relay.map(|h| r.figures.per_sec / h.figures.per_sec));
+    }
+
+    fn print_medians(&mut self, rounds: usize) {
+        for (name, to_floor, to_relay) in &mut self.0 {
+            let floor = median(to_floor).map_or(String::new(), |m| format!(" {m:.2}x floor"));
+            let relay = median(to_relay).map_or(String::new(), |m| format!(" {m:.2}x relay"));
+            println!("  median of {rounds} rounds, {name}:{floor}{relay}");
+        }
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    (n > 0).then(|| if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 })
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("mcp_hop bench: run with `cargo bench -p postern-gateway --bench mcp_hop`");
@@ -290,6 +322,10 @@ fn main() {
             .ok()
             .map(|v| v.split(',').filter_map(|n| n.parse().ok()).collect())
             .unwrap_or_else(|| vec![1, 8, 32]);
+        // `POSTERN_BENCH_ROUNDS=3` runs each concurrency's rows three times in turn and then prints
+        // the median of each Postern row's ratios, each taken within one round: a machine whose
+        // speed drifts from minute to minute moves one round's rows together.
+        let rounds: usize = std::env::var("POSTERN_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
         // `POSTERN_BENCH_SOCKETS=0` runs the quiet table once, not twice.
         let tables: &[usize] = if busy > 0 { &[0, busy] } else { &[0] };
         for &idle in tables {
@@ -298,40 +334,50 @@ fn main() {
             println!("— {idle} idle loopback connections held by another process ({table} IPv4 TCP sockets)");
             for &concurrency in &sessions {
                 println!("{concurrency} session(s):");
-                let (mut floor, mut relay) = (None, None);
-                for (name, via, kind) in [
-                    ("floor: minimal rmcp", Via::Http { fresh: false }, "floor kept"),
-                    ("relay: one proxy hop", Via::Http { fresh: false }, "relay kept"),
-                    ("Postern, Streamable HTTP", Via::Http { fresh: false }, "kept"),
-                    ("Postern, bridge socket", Via::Socket, "socket"),
-                    ("floor: JSON, 2026-07-28", Via::Json, "floor json"),
-                    ("Postern, JSON, 2026-07-28", Via::Json, "json"),
-                    ("floor, conn. per call", Via::Http { fresh: true }, "floor fresh"),
-                    ("relay, conn. per call", Via::Http { fresh: true }, "relay fresh"),
-                    ("Postern, conn. per call", Via::Http { fresh: true }, "fresh"),
-                ] {
-                    if !wanted(kind) {
-                        continue;
+                let mut ratios = Ratios::default();
+                for round in 1..=rounds {
+                    if rounds > 1 {
+                        println!(" round {round} of {rounds}:");
                     }
-                    let n = if matches!(via, Via::Http { fresh: true }) { calls / 4 } else { calls };
-                    let (target, token) = match (kind, via) {
-                        (k, _) if k.starts_with("floor") => (floor_url.as_str(), "-"),
-                        (k, _) if k.starts_with("relay") => (relay_url.as_str(), "-"),
-                        (_, Via::Socket) => (socket.as_str(), tokens[2].as_str()),
-                        (_, Via::Json) => (http_url.as_str(), tokens[0].as_str()),
-                        (_, Via::Http { fresh: true }) => (http_url.as_str(), tokens[1].as_str()),
-                        (_, Via::Http { fresh: false }) => (http_url.as_str(), tokens[0].as_str()),
-                    };
-                    let r = row(via, target, token, concurrency, n).await;
-                    if kind.starts_with("floor") {
-                        print(name, &r, None, None);
-                        (floor, relay) = (Some(r), None);
-                    } else if kind.starts_with("relay") {
-                        print(name, &r, floor.as_ref(), None);
-                        relay = Some(r);
-                    } else {
-                        print(name, &r, floor.as_ref(), relay.as_ref());
+                    let (mut floor, mut relay) = (None, None);
+                    for (name, via, kind) in [
+                        ("floor: minimal rmcp", Via::Http { fresh: false }, "floor kept"),
+                        ("relay: one proxy hop", Via::Http { fresh: false }, "relay kept"),
+                        ("Postern, Streamable HTTP", Via::Http { fresh: false }, "kept"),
+                        ("Postern, bridge socket", Via::Socket, "socket"),
+                        ("floor: JSON, 2026-07-28", Via::Json, "floor json"),
+                        ("Postern, JSON, 2026-07-28", Via::Json, "json"),
+                        ("floor, conn. per call", Via::Http { fresh: true }, "floor fresh"),
+                        ("relay, conn. per call", Via::Http { fresh: true }, "relay fresh"),
+                        ("Postern, conn. per call", Via::Http { fresh: true }, "fresh"),
+                    ] {
+                        if !wanted(kind) {
+                            continue;
+                        }
+                        let n = if matches!(via, Via::Http { fresh: true }) { calls / 4 } else { calls };
+                        let (target, token) = match (kind, via) {
+                            (k, _) if k.starts_with("floor") => (floor_url.as_str(), "-"),
+                            (k, _) if k.starts_with("relay") => (relay_url.as_str(), "-"),
+                            (_, Via::Socket) => (socket.as_str(), tokens[2].as_str()),
+                            (_, Via::Json) => (http_url.as_str(), tokens[0].as_str()),
+                            (_, Via::Http { fresh: true }) => (http_url.as_str(), tokens[1].as_str()),
+                            (_, Via::Http { fresh: false }) => (http_url.as_str(), tokens[0].as_str()),
+                        };
+                        let r = row(via, target, token, concurrency, n).await;
+                        if kind.starts_with("floor") {
+                            print(name, &r, None, None);
+                            (floor, relay) = (Some(r), None);
+                        } else if kind.starts_with("relay") {
+                            print(name, &r, floor.as_ref(), None);
+                            relay = Some(r);
+                        } else {
+                            print(name, &r, floor.as_ref(), relay.as_ref());
+                            ratios.add(name, &r, floor.as_ref(), relay.as_ref());
+                        }
                     }
+                }
+                if rounds > 1 {
+                    ratios.print_medians(rounds);
                 }
             }
             if let Some(mut holder) = holder {
