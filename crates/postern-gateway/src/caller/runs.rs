@@ -86,10 +86,31 @@ pub struct AgentRun {
     released_at: Mutex<std::time::Instant>,
     /// The run's one idle timer is armed (one task per run, not per request).
     idle_timer: std::sync::atomic::AtomicBool,
+    /// Whether the run's start is on record: a connection that joins a run another one is
+    /// starting waits for it, since the journal refuses a call's grant for a run it does not know.
+    start: tokio::sync::watch::Sender<Start>,
+}
+
+/// Where a run's start is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Being journaled by the connection that made the run.
+    Journaling,
+    /// In the journal (journaled here, or adopted from the journal at startup).
+    OnRecord,
+    /// It could not be journaled: the run has left the registry, unused.
+    Failed,
 }
 
 impl AgentRun {
-    fn new(session: SessionId, actor: Actor, transport: Transport, attached: usize, agent: bool) -> AgentRun {
+    fn new(
+        session: SessionId,
+        actor: Actor,
+        transport: Transport,
+        attached: usize,
+        agent: bool,
+        start: Start,
+    ) -> AgentRun {
         AgentRun {
             session,
             actor,
@@ -98,7 +119,15 @@ impl AgentRun {
             speaks_as_agent: std::sync::atomic::AtomicBool::new(agent),
             released_at: Mutex::new(std::time::Instant::now()),
             idle_timer: std::sync::atomic::AtomicBool::new(false),
+            start: tokio::sync::watch::Sender::new(start),
         }
+    }
+
+    /// Waits until the run's start is settled: `true` once it is on record, `false` if it failed.
+    async fn started(&self) -> bool {
+        let mut settled = self.start.subscribe();
+        // The sender lives in this run, which the caller holds: the wait ends only when settled.
+        settled.wait_for(|s| *s != Start::Journaling).await.is_ok_and(|s| *s == Start::OnRecord)
     }
 
     fn attached(&self) -> usize {
@@ -267,7 +296,7 @@ impl AgentRuns {
             let actor = Actor::from_recorded(s.actor.clone());
             // A token's run without a process holds its idle lease across the restart.
             if key.is_none() && actor.as_str().starts_with("agent:") {
-                let run = Arc::new(AgentRun::new(session, actor.clone(), transport, 0, true));
+                let run = Arc::new(AgentRun::new(session, actor.clone(), transport, 0, true, Start::OnRecord));
                 let rk = RunKey { actor, process: None };
                 // One run per token: an older open run of the same token (there should be none)
                 // is ended rather than left open forever.
@@ -284,8 +313,8 @@ impl AgentRuns {
             match key {
                 Some(key) if alive && hashes.describe(key.pid).is_some() => {
                     // A run the journal shows open was an agent's (only those are re-adopted).
-                    let run =
-                        Arc::new(AgentRun::new(session, Actor::from_recorded(s.actor.clone()), transport, 0, true));
+                    let actor = Actor::from_recorded(s.actor.clone());
+                    let run = Arc::new(AgentRun::new(session, actor, transport, 0, true, Start::OnRecord));
                     let rk = RunKey { actor: run.actor.clone(), process: Some(key.clone()) };
                     if let Ok(mut live) = self.live.lock() {
                         live.insert(rk.clone(), Arc::clone(&run));
@@ -304,70 +333,93 @@ impl AgentRuns {
     }
 
     /// The caller's run, started (and journaled) if it has none. `client` is what the client
-    /// said about itself in `initialize`: a label.
+    /// said about itself in `initialize`: a label. A run is handed out only once its start is on
+    /// record, to the connection that started it and to every one that joined it meanwhile.
     pub async fn join(self: &Arc<Self>, caller: &Caller, client: Option<String>) -> Result<RunLease, StoreError> {
         let key = caller.key();
-        let attach = |run: &Arc<AgentRun>| {
-            if let Ok(mut n) = run.attached.lock() {
-                *n += 1;
+        loop {
+            let at: Timestamp = (self.clock)();
+            // Attached (or made, attached) under the registry's lock, so an idle lease cannot end
+            // the run in between, and two connections of one process make one run.
+            let (run, starts) = {
+                let Ok(mut live) = self.live.lock() else {
+                    return Err(StoreError::Corrupt("the run registry's lock is poisoned".into()));
+                };
+                match live.get(&key) {
+                    Some(run) => {
+                        if let Ok(mut n) = run.attached.lock() {
+                            *n += 1;
+                        }
+                        (Arc::clone(run), false)
+                    }
+                    None => {
+                        let session = SessionId::from_parts(at, random_u128());
+                        let run = AgentRun::new(session, caller.actor(), caller.transport, 1, false, Start::Journaling);
+                        let run = Arc::new(run);
+                        live.insert(key.clone(), Arc::clone(&run));
+                        (run, true)
+                    }
+                }
+            };
+            let lease = RunLease { run, runs: Arc::clone(self), key: key.clone() };
+            if starts {
+                self.journal_start(caller, &lease, client, at).await?;
+                return Ok(lease);
             }
-        };
-        // Attached under the registry's lock, so an idle lease cannot end the run in between.
-        let existing = self.live.lock().ok().and_then(|live| live.get(&key).inspect(|run| attach(run)).cloned());
-        let run = match existing {
-            Some(run) => run,
-            // A new run is born attached (nothing can end it while its start is journaled); one
-            // another connection started first is attached under the registry's lock.
-            None => self.start(caller, key.clone(), client).await?,
-        };
-        Ok(RunLease { run, runs: Arc::clone(self), key })
+            if lease.run.started().await {
+                return Ok(lease);
+            }
+            // The connection that made it could not journal its start, and it left the registry:
+            // this one makes a run of its own (and meets the store's error itself, if it lasts).
+        }
     }
 
-    async fn start(
+    /// Journals the start of the run `lease` holds, which this connection made. Settled inside
+    /// the blocking task, so a connection that goes away meanwhile still settles it for the
+    /// others waiting (and for the registry).
+    async fn journal_start(
         self: &Arc<Self>,
         caller: &Caller,
-        key: RunKey,
+        lease: &RunLease,
         client: Option<String>,
-    ) -> Result<Arc<AgentRun>, StoreError> {
-        let at: Timestamp = (self.clock)();
-        let run = Arc::new(AgentRun::new(
-            SessionId::from_parts(at, random_u128()),
-            caller.actor(),
-            caller.transport,
-            1,
-            false,
-        ));
-        // Two connections of one process may race here: the first insert wins.
-        let winner = {
-            let Ok(mut live) = self.live.lock() else {
-                return Err(StoreError::Corrupt("the run registry's lock is poisoned".into()));
-            };
-            if let Some(existing) = live.get(&key) {
-                if let Ok(mut n) = existing.attached.lock() {
-                    *n += 1;
-                }
-                return Ok(Arc::clone(existing));
-            }
-            live.insert(key.clone(), Arc::clone(&run));
-            run
-        };
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let run = Arc::clone(&lease.run);
         let start = SessionStart {
-            id: winner.session,
-            actor: winner.actor.clone(),
+            id: run.session,
+            actor: run.actor.clone(),
             pid: caller.process.as_ref().map(|p| p.key.pid),
             process_start: caller.process.as_ref().map(|p| p.key.start_ticks as i64),
             transport: caller.transport.as_str().into(),
             client,
             at,
         };
-        let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || store.start_session(start))
-            .await
-            .map_err(|e| StoreError::Corrupt(format!("session start task: {e}")))??;
-        if let Some(process) = &caller.process {
-            self.watch(key, Arc::clone(&winner), process.key.clone());
-        }
-        Ok(winner)
+        let (runs, key, process) =
+            (Arc::clone(self), lease.key.clone(), caller.process.as_ref().map(|p| p.key.clone()));
+        tokio::task::spawn_blocking(move || {
+            let journaled = runs.store.start_session(start);
+            match &journaled {
+                Ok(_) => {
+                    run.start.send_replace(Start::OnRecord);
+                    if let Some(process) = process {
+                        runs.watch(key, Arc::clone(&run), process);
+                    }
+                }
+                Err(_) => {
+                    // Out of the registry before anyone waiting is told, so that a waiter making a
+                    // run of its own does not find this one.
+                    if let Ok(mut live) = runs.live.lock()
+                        && live.get(&key).is_some_and(|current| Arc::ptr_eq(current, &run))
+                    {
+                        live.remove(&key);
+                    }
+                    run.start.send_replace(Start::Failed);
+                }
+            }
+            journaled.map(drop)
+        })
+        .await
+        .map_err(|e| StoreError::Corrupt(format!("session start task: {e}")))?
     }
 
     /// The live agent run whose process is `key` and that an agent holds (a bridge or an agent
@@ -437,5 +489,40 @@ impl AgentRuns {
             Err(_) => end(),
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Eight connections of one agent token arrive together (a 2026-07-28 client's concurrent
+    /// POSTs): the first starts the run, the others join it. None may use the run before its
+    /// start is on record: a call's grant of the run is refused for a run the journal does not
+    /// know (`unknown_session`), so a joiner that went ahead saw its call fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_run_is_never_joined_before_its_start_is_journaled() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = Store::open(&dir.path().join("journal.db"), Timestamp::from_millis(1)).expect("store");
+        let store = Arc::new(store);
+        let runs = AgentRuns::new(Arc::clone(&store), postern_engine::engine::system_clock(), Duration::from_secs(60));
+        for trial in 0..40 {
+            let caller =
+                Caller { transport: Transport::StreamableHttp, agent: Some(format!("agent-{trial}")), process: None };
+            let joins: Vec<_> = (0..8)
+                .map(|_| {
+                    let (runs, caller, store) = (Arc::clone(&runs), caller.clone(), Arc::clone(&store));
+                    tokio::spawn(async move {
+                        let lease = runs.join(&caller, None).await.expect("join");
+                        let on_record = store.view().session(lease.run.session).expect("view").is_some();
+                        (on_record, lease)
+                    })
+                })
+                .collect();
+            for join in joins {
+                let (on_record, _lease) = join.await.expect("task");
+                assert!(on_record, "trial {trial}: a run was handed out before its start was journaled");
+            }
+        }
     }
 }
