@@ -156,6 +156,8 @@ fn bench_reads(dir: &std::path::Path, reads: u64, max_batch: usize) {
     let (store, _) = Store::open_with(&dir.join(format!("reads-{max_batch}.db")), at(0), options).expect("open");
     let store = Arc::new(store);
     let threads = 8u64;
+    let per_thread = reads / threads;
+    let reads = per_thread * threads;
     let (cpu_before, written_before) = (thread_cpu("postern-journal"), written_bytes());
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)
@@ -163,7 +165,7 @@ fn bench_reads(dir: &std::path::Path, reads: u64, max_batch: usize) {
             let store = Arc::clone(&store);
             std::thread::spawn(move || {
                 let session = SessionId::from_parts(at(0), u128::from(t) + 1);
-                for i in 0..reads / threads {
+                for i in 0..per_thread {
                     let n = t * 100_000_000 + i;
                     let id = ExecutionId::from_parts(at(n as i64), u128::from(n));
                     let mut new = new_execution(id, n, session);

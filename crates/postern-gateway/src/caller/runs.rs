@@ -217,6 +217,31 @@ impl Drop for RunLease {
     }
 }
 
+/// Settles a run's start when dropped: on record, or failed and out of the registry (before
+/// anyone waiting is told, so a waiter making a run of its own does not find this one). Dropped
+/// on every way out of the start, a panic included, so no connection waits for ever.
+struct Settle {
+    runs: Arc<AgentRuns>,
+    key: RunKey,
+    run: Arc<AgentRun>,
+    on_record: bool,
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if self.on_record {
+            self.run.start.send_replace(Start::OnRecord);
+            return;
+        }
+        if let Ok(mut live) = self.runs.live.lock()
+            && live.get(&self.key).is_some_and(|current| Arc::ptr_eq(current, &self.run))
+        {
+            live.remove(&self.key);
+        }
+        self.run.start.send_replace(Start::Failed);
+    }
+}
+
 fn random_u128() -> u128 {
     let mut bytes = [0u8; 16];
     if getrandom::fill(&mut bytes).is_err() {
@@ -259,6 +284,11 @@ impl AgentRuns {
             loop {
                 let since = run.released_at.lock().map_or_else(|_| std::time::Instant::now(), |at| *at);
                 tokio::time::sleep_until((since + idle).into()).await;
+                // A run still being started is not ended (its end would reach the journal before
+                // its start); one whose start failed has left the registry: nothing to end.
+                if !run.started().await {
+                    return;
+                }
                 if runs.end_if(&key, &run, "idle_lease_expired", || run.unused_for(idle)) {
                     return;
                 }
@@ -345,7 +375,8 @@ impl AgentRuns {
                 let Ok(mut live) = self.live.lock() else {
                     return Err(StoreError::Corrupt("the run registry's lock is poisoned".into()));
                 };
-                match live.get(&key) {
+                // (A run whose start failed is never joined, should one still be found here.)
+                match live.get(&key).filter(|run| *run.start.borrow() != Start::Failed) {
                     Some(run) => {
                         if let Ok(mut n) = run.attached.lock() {
                             *n += 1;
@@ -396,25 +427,15 @@ impl AgentRuns {
         };
         let (runs, key, process) =
             (Arc::clone(self), lease.key.clone(), caller.process.as_ref().map(|p| p.key.clone()));
+        // Made before the task, so that a task that never runs (the runtime shutting down)
+        // still settles the run when it is dropped.
+        let mut settle = Settle { runs: Arc::clone(&runs), key: key.clone(), run: Arc::clone(&run), on_record: false };
         tokio::task::spawn_blocking(move || {
             let journaled = runs.store.start_session(start);
-            match &journaled {
-                Ok(_) => {
-                    run.start.send_replace(Start::OnRecord);
-                    if let Some(process) = process {
-                        runs.watch(key, Arc::clone(&run), process);
-                    }
-                }
-                Err(_) => {
-                    // Out of the registry before anyone waiting is told, so that a waiter making a
-                    // run of its own does not find this one.
-                    if let Ok(mut live) = runs.live.lock()
-                        && live.get(&key).is_some_and(|current| Arc::ptr_eq(current, &run))
-                    {
-                        live.remove(&key);
-                    }
-                    run.start.send_replace(Start::Failed);
-                }
+            settle.on_record = journaled.is_ok();
+            drop(settle);
+            if let (Ok(_), Some(process)) = (&journaled, process) {
+                runs.watch(key, run, process);
             }
             journaled.map(drop)
         })
