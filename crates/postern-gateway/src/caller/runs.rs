@@ -368,32 +368,31 @@ impl AgentRuns {
     pub async fn join(self: &Arc<Self>, caller: &Caller, client: Option<String>) -> Result<RunLease, StoreError> {
         let key = caller.key();
         loop {
-            let at: Timestamp = (self.clock)();
             // Attached (or made, attached) under the registry's lock, so an idle lease cannot end
             // the run in between, and two connections of one process make one run.
-            let (run, starts) = {
+            let (run, made_at) = {
                 let Ok(mut live) = self.live.lock() else {
                     return Err(StoreError::Corrupt("the run registry's lock is poisoned".into()));
                 };
-                // (A run whose start failed is never joined, should one still be found here.)
-                match live.get(&key).filter(|run| *run.start.borrow() != Start::Failed) {
+                match live.get(&key) {
                     Some(run) => {
                         if let Ok(mut n) = run.attached.lock() {
                             *n += 1;
                         }
-                        (Arc::clone(run), false)
+                        (Arc::clone(run), None)
                     }
                     None => {
+                        let at: Timestamp = (self.clock)();
                         let session = SessionId::from_parts(at, random_u128());
                         let run = AgentRun::new(session, caller.actor(), caller.transport, 1, false, Start::Journaling);
                         let run = Arc::new(run);
                         live.insert(key.clone(), Arc::clone(&run));
-                        (run, true)
+                        (run, Some(at))
                     }
                 }
             };
             let lease = RunLease { run, runs: Arc::clone(self), key: key.clone() };
-            if starts {
+            if let Some(at) = made_at {
                 self.journal_start(caller, &lease, client, at).await?;
                 return Ok(lease);
             }
