@@ -165,6 +165,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+def listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_driver(env):
+    """tauri-driver and the WebKitWebDriver it starts, both listening. tauri-driver listens at
+    once but starts WebKitWebDriver in the background: a new-session request forwarded before
+    WebKitWebDriver listens is refused, and tauri-driver then closes the connection without an
+    answer. So the session is opened only once the native port answers too."""
+    port, native = free_port(), free_port()
+    proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for("tauri-driver", lambda: listening(port), 15)
+        wait_for("WebKitWebDriver", lambda: listening(native), 15)
+    except BaseException:
+        proc.terminate()
+        raise
+    return proc, port
+
+
 class Agent:
     """The MCP agent process (official Python SDK), driven by JSON lines."""
 
@@ -389,17 +411,14 @@ def main():
     oauth_port = free_port()
     oauth = subprocess.Popen([python, os.path.join(ROOT, "tests/upstreams/counting.py"), "--oauth", str(oauth_port)],
                              env=dict(os.environ, COUNTER_DIR=oauth_dir, OAUTH_TTL="2"), stdin=subprocess.DEVNULL)
-    wait_for("the OAuth server", lambda: socket.socket().connect_ex(("127.0.0.1", oauth_port)) == 0, 20)
+    wait_for("the OAuth server", lambda: listening(oauth_port), 20)
     env["BROWSER"] = "true"
 
-    port, native = free_port(), free_port()
-    driver_proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver_proc, port = start_driver(env)
     agent = None
     driver = None
     notes = Notifications()
     try:
-        wait_for("tauri-driver", lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 15)
         opts = ArgOptions()
         opts.set_capability("browserName", "wry")
         opts.set_capability("tauri:options", {"application": APP})
@@ -718,12 +737,9 @@ def bench_activity(rows):
     )
     db.commit()
     db.close()
-    port, native = free_port(), free_port()
-    driver_proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver_proc, port = start_driver(env)
     driver = None
     try:
-        wait_for("tauri-driver", lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 15)
         opts = ArgOptions()
         opts.set_capability("browserName", "wry")
         opts.set_capability("tauri:options", {"application": APP})
