@@ -1,6 +1,7 @@
 //! One loopback TCP connection as the kernel has it: which process holds its client end (one
-//! `sock_diag` lookup, then a look at the descriptors where agent connections were found before,
-//! a scan only when those miss), and whether the client's kernel acknowledged what was sent.
+//! `sock_diag` lookup, then a look at the descriptors where agent connections were found before
+//! or were freed by a closed one, a scan only when those miss), and whether the client's kernel
+//! acknowledged what was sent.
 
 use super::identity::current_uid;
 use std::net::SocketAddr;
@@ -11,12 +12,19 @@ fn gateway_uid() -> Option<u32> {
     *UID.get_or_init(|| current_uid().ok())
 }
 
+/// A process holding the client end of a connection, and at which of its descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: u32,
+    pub fd: u32,
+}
+
 /// Who holds the client end of a loopback connection, as far as it can be told at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerLookup {
     /// A process that held agent connections before holds this one, at one of the descriptors
-    /// where they were found (or where this socket was seen).
-    Found(u32),
+    /// where they were found, were freed by a closed connection, or where this socket was seen.
+    Found(Holder),
     /// The socket exists but its holder is not known yet: a scan of processes is needed (on the
     /// blocking pool). `inode` and `uid` when netlink answered.
     Scan { inode: Option<u64>, uid: Option<u32> },
@@ -27,12 +35,12 @@ pub enum PeerLookup {
 /// The cheap part of [`tcp_peer_pid`]: one `sock_diag` lookup for the socket's inode and owner,
 /// then one look at each of at most `QUICK_LOOKS` + 1 descriptors of agent processes: first
 /// where an earlier lookup saw this socket on its way (a client with many connections has most
-/// of its new ones seen before their own lookups), then those where the latest agent
-/// connections were found, newest first (new sockets take the lowest free descriptors, so a
-/// client that opens a connection per request gets the same few numbers again). A few
-/// non-sleeping syscalls, cheap enough for an async worker. Anything more is
-/// [`PeerLookup::Scan`]. The order only saves looks: a process is named only at a descriptor
-/// that is this very socket.
+/// of its new ones seen before their own lookups), then those that connections which ended
+/// held, lowest first (see [`released`]), then those where the latest agent connections were
+/// found, newest first (new sockets take the lowest free descriptors, so a client that opens a
+/// connection per request gets the same few numbers again). A few non-sleeping syscalls, cheap
+/// enough for an async worker. Anything more is [`PeerLookup::Scan`]. The order only saves
+/// looks: a process is named only at a descriptor that is this very socket.
 pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     let (inode, uid) = match crate::caller::sock_diag::tcp_entry(peer, local) {
         Ok(Some(entry)) if entry.inode != 0 => (u64::from(entry.inode), entry.uid),
@@ -46,14 +54,46 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     }
     let needle = format!("socket:[{inode}]");
     let seen = SEEN.lock().ok().and_then(|mut seen| seen.remove(&inode));
-    let known: Vec<(u32, u32)> =
-        KNOWN_PEERS.lock().map(|k| k.iter().take(QUICK_LOOKS).copied().collect()).unwrap_or_default();
-    match seen.into_iter().chain(known).find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
+    let mut candidates: Vec<(u32, u32)> = Vec::with_capacity(QUICK_LOOKS + 1);
+    candidates.extend(seen);
+    if let Ok(freed) = FREED.lock() {
+        let mut lowest: Vec<(u32, u32)> = freed.clone();
+        lowest.sort_unstable_by_key(|&(pid, fd)| (fd, pid));
+        candidates.extend(lowest.into_iter().take(FREED_LOOKS));
+    }
+    if let Ok(known) = KNOWN_PEERS.lock() {
+        for &entry in known.iter() {
+            if candidates.len() > QUICK_LOOKS {
+                break;
+            }
+            if !candidates.contains(&entry) {
+                candidates.push(entry);
+            }
+        }
+    }
+    match candidates.into_iter().find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
         Some((pid, fd)) => {
             remember_peer(pid, fd);
-            PeerLookup::Found(pid)
+            PeerLookup::Found(Holder { pid, fd })
         }
         None => PeerLookup::Scan { inode: Some(inode), uid: Some(uid) },
+    }
+}
+
+/// The connection whose client end `holder` held has ended on the gateway's side: the client
+/// has most likely closed it too (a client that opens a connection per request closes each
+/// after reading its answer), so that descriptor is free and, being low, about to be taken by
+/// the client's next connection. The next lookups look there early. Only a hint: a descriptor
+/// still names a process only if it is the very socket looked for.
+pub fn released(holder: Holder) {
+    if let Ok(mut freed) = FREED.lock() {
+        let entry = (holder.pid, holder.fd);
+        if !freed.contains(&entry) {
+            if freed.len() >= FREED_KEPT {
+                freed.remove(0);
+            }
+            freed.push(entry);
+        }
     }
 }
 
@@ -61,7 +101,7 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
 /// `local` (Linux): [`tcp_peer_quick`], then [`PeerLookup::finish`]. Reads `/proc`: call it off
 /// the async workers.
 pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    tcp_peer_quick(peer, local).finish(peer, local)
+    tcp_peer_quick(peer, local).finish(peer, local).map(|holder| holder.pid)
 }
 
 impl PeerLookup {
@@ -69,9 +109,9 @@ impl PeerLookup {
     /// that held agent connections before, then the processes of the socket's owner only
     /// (`/proc/net/tcp` gives the inode only where netlink is unavailable). Reads `/proc`: call
     /// it off the async workers.
-    pub fn finish(self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    pub fn finish(self, peer: SocketAddr, local: SocketAddr) -> Option<Holder> {
         let (inode, uid) = match self {
-            PeerLookup::Found(pid) => return Some(pid),
+            PeerLookup::Found(holder) => return Some(holder),
             PeerLookup::Gone => return None,
             PeerLookup::Scan { inode: Some(inode), uid } => (inode, uid),
             PeerLookup::Scan { inode: None, .. } => (socket_inode(peer, local)?, None),
@@ -98,12 +138,13 @@ impl PeerLookup {
             })
         })?;
         remember_peer(pid, fd);
-        Some(pid)
+        Some(Holder { pid, fd })
     }
 }
 
 /// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`). Another
-/// socket found there is remembered where it was (see [`SEEN`]).
+/// socket found there is remembered where it was (see [`SEEN`]), and the descriptor is no longer
+/// a freed one.
 fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
     #[cfg(test)]
     tests::LOOKS.with(|looks| looks.set(looks.get() + 1));
@@ -112,6 +153,10 @@ fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
         return true;
     }
     let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
+    // Whatever is there now, the descriptor is no longer a free one.
+    if let Ok(mut freed) = FREED.lock() {
+        freed.retain(|&entry| entry != (pid, fd));
+    }
     if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
         if seen.len() >= SEEN_KEPT {
             seen.clear();
@@ -130,6 +175,9 @@ fn descriptor_of(pid: u32, needle: &str) -> Option<u32> {
 }
 
 fn remember_peer(pid: u32, fd: u32) {
+    if let Ok(mut freed) = FREED.lock() {
+        freed.retain(|&entry| entry != (pid, fd));
+    }
     if let Ok(mut known) = KNOWN_PEERS.lock() {
         known.retain(|&entry| entry != (pid, fd));
         known.push_front((pid, fd));
@@ -147,6 +195,14 @@ const KNOWN_PEERS_KEPT: usize = 128;
 /// How many descriptors [`tcp_peer_quick`] looks at (one `readlink` each) before giving up to a
 /// scan.
 const QUICK_LOOKS: usize = 48;
+
+/// Descriptors that connections which ended held (see [`released`]), oldest first; one leaves
+/// when a connection is found there again, the oldest when [`FREED_KEPT`] are kept.
+static FREED: std::sync::Mutex<Vec<(u32, u32)>> = std::sync::Mutex::new(Vec::new());
+const FREED_KEPT: usize = 64;
+/// How many freed descriptors [`tcp_peer_quick`] looks at, lowest first: a client's next socket
+/// takes its lowest free descriptor.
+const FREED_LOOKS: usize = 8;
 
 /// Other sockets (by inode) that [`tcp_peer_quick`] saw on its way, and where: with many
 /// connections opened at once, most are seen before their own lookups. A closed socket's entry
@@ -276,7 +332,7 @@ mod tests {
         let local = listener.local_addr().unwrap();
         let (first, first_server, first_peer) = connect(&listener);
         assert_eq!(tcp_peer_pid(first_peer, local), Some(me));
-        assert_eq!(tcp_peer_quick(first_peer, local), PeerLookup::Found(me));
+        assert_eq!(found(tcp_peer_quick(first_peer, local)), Some(me));
         drop(first_server);
         // The next connection at the first one's descriptor, as the lowest free descriptor would
         // put it, but placed there by hand: other tests' threads open descriptors meanwhile.
@@ -284,9 +340,57 @@ mod tests {
         let (second, _second_server, second_peer) = connect(&listener);
         rustix::io::dup2(&second, &mut at_first).unwrap();
         drop(second);
-        assert_eq!(tcp_peer_quick(second_peer, local), PeerLookup::Found(me), "the same descriptor again");
+        assert_eq!(found(tcp_peer_quick(second_peer, local)), Some(me), "the same descriptor again");
         let unrelated: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
+    }
+
+    /// The process a quick lookup found, if it found one.
+    fn found(lookup: PeerLookup) -> Option<u32> {
+        match lookup {
+            PeerLookup::Found(holder) => Some(holder.pid),
+            _ => None,
+        }
+    }
+
+    /// A client that opens a connection per request closes each one after its answer, and its
+    /// next socket takes the descriptor freed: once the gateway's end of a connection is gone,
+    /// the next lookup looks there first, ahead of the descriptors of connections found since
+    /// (still open, so not where a new socket can be).
+    #[test]
+    fn a_new_connection_is_looked_for_first_where_a_closed_one_was() {
+        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        FREED.lock().unwrap().clear();
+        let me = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let (first, first_server, first_peer) = connect(&listener);
+        let Some(holder) = tcp_peer_quick(first_peer, local).finish(first_peer, local) else {
+            panic!("the first connection's holder")
+        };
+        assert_eq!(holder, Holder { pid: me, fd: std::os::fd::AsRawFd::as_raw_fd(&first) as u32 });
+        // Ten connections found after it, all still open: each is newer in the known list.
+        let open: Vec<_> = (0..10)
+            .map(|_| {
+                let (client, server, peer) = connect(&listener);
+                assert_eq!(tcp_peer_pid(peer, local), Some(me));
+                (client, server)
+            })
+            .collect();
+        // The first connection ends; the next one gets its descriptor (placed there by hand, as
+        // the lowest free descriptor would: other tests' threads open descriptors meanwhile).
+        drop(first_server);
+        released(holder);
+        let mut at_first: std::os::fd::OwnedFd = first.into();
+        let (next, _next_server, next_peer) = connect(&listener);
+        rustix::io::dup2(&next, &mut at_first).unwrap();
+        drop(next);
+        LOOKS.with(|looks| looks.set(0));
+        assert_eq!(found(tcp_peer_quick(next_peer, local)), Some(me));
+        assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "the freed descriptor first");
+        // Found there again, it is no longer a freed one.
+        assert!(FREED.lock().unwrap().iter().all(|&(pid, fd)| (pid, fd) != (holder.pid, holder.fd)));
+        drop(open);
     }
 
     /// A new loopback connection to `listener`: the client end, the server end, the client's
@@ -321,11 +425,11 @@ mod tests {
         remember_peer(me, fd(&x));
         remember_peer(me, fd(&y));
         LOOKS.with(|looks| looks.set(0));
-        assert_eq!(tcp_peer_quick(x_peer, local), PeerLookup::Found(me));
+        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
         assert_eq!(LOOKS.with(std::cell::Cell::get), 2, "y's descriptor on the way, then x's");
         LOOKS.with(|looks| looks.set(0));
         // x's descriptor is now the newest known; y is looked for where it was seen.
-        assert_eq!(tcp_peer_quick(y_peer, local), PeerLookup::Found(me));
+        assert_eq!(found(tcp_peer_quick(y_peer, local)), Some(me));
         assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "where it was seen, first");
     }
 

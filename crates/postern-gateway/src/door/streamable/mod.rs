@@ -42,7 +42,24 @@ pub const DEFAULT_PORT: u16 = 7387;
 pub struct PeerConnection {
     pub peer: SocketAddr,
     pub local: SocketAddr,
-    process: Arc<tokio::sync::OnceCell<Option<AgentProcess>>>,
+    client: Arc<ClientEnd>,
+}
+
+/// Who holds a connection's client end, once looked up. When the connection's last handle goes
+/// (the connection ended and no request of it is still held), the descriptor it was found at is
+/// handed back to the lookup as a hint ([`connection::released`]).
+#[derive(Debug, Default)]
+struct ClientEnd {
+    process: tokio::sync::OnceCell<Option<AgentProcess>>,
+    holder: std::sync::OnceLock<connection::Holder>,
+}
+
+impl Drop for ClientEnd {
+    fn drop(&mut self) {
+        if let Some(&holder) = self.holder.get() {
+            connection::released(holder);
+        }
+    }
 }
 
 /// The listener: loopback TCP with Nagle off (answers are small SSE frames written in pieces;
@@ -80,7 +97,7 @@ impl Connected<IncomingStream<'_, NoDelayListener>> for PeerConnection {
     fn connect_info(stream: IncomingStream<'_, NoDelayListener>) -> Self {
         let peer = *stream.remote_addr();
         let local = stream.io().local_addr().unwrap_or(peer);
-        PeerConnection { peer, local, process: Arc::new(tokio::sync::OnceCell::new()) }
+        PeerConnection { peer, local, client: Arc::default() }
     }
 }
 
@@ -282,7 +299,9 @@ async fn guard(
     };
     let hashes = Arc::clone(&guard.gateway.hashes);
     let (peer, local) = (conn.peer, conn.local);
+    let client = Arc::clone(&conn.client);
     let process = conn
+        .client
         .process
         .get_or_init(|| async move {
             // The common case — a process seen before, its executable hashed — costs a few
@@ -292,17 +311,23 @@ async fn guard(
             let lookup = connection::tcp_peer_quick(peer, local);
             match lookup {
                 connection::PeerLookup::Gone => return None,
-                connection::PeerLookup::Found(pid) => {
-                    if let Ok(described) = hashes.describe_if_hashed(pid) {
+                connection::PeerLookup::Found(holder) => {
+                    let _ = client.holder.set(holder);
+                    if let Ok(described) = hashes.describe_if_hashed(holder.pid) {
                         return described;
                     }
                 }
                 connection::PeerLookup::Scan { .. } => {}
             }
-            tokio::task::spawn_blocking(move || lookup.finish(peer, local).and_then(|pid| hashes.describe(pid)))
-                .await
-                .ok()
-                .flatten()
+            let (holder, described) = tokio::task::spawn_blocking(move || {
+                let holder = lookup.finish(peer, local)?;
+                Some((holder, hashes.describe(holder.pid)))
+            })
+            .await
+            .ok()
+            .flatten()?;
+            let _ = client.holder.set(holder);
+            described
         })
         .await
         .clone();
