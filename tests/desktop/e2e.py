@@ -165,6 +165,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_ports(n):
+    """n distinct free ports (each socket stays bound until all are known)."""
+    held = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def listening(port):
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -175,7 +189,7 @@ def start_driver(env):
     once but starts WebKitWebDriver in the background: a new-session request forwarded before
     WebKitWebDriver listens is refused, and tauri-driver then closes the connection without an
     answer. So the session is opened only once the native port answers too."""
-    port, native = free_port(), free_port()
+    port, native = free_ports(2)
     proc = subprocess.Popen(["tauri-driver", "--port", str(port), "--native-port", str(native)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -414,11 +428,12 @@ def main():
     wait_for("the OAuth server", lambda: listening(oauth_port), 20)
     env["BROWSER"] = "true"
 
-    driver_proc, port = start_driver(env)
+    driver_proc = None
     agent = None
     driver = None
     notes = Notifications()
     try:
+        driver_proc, port = start_driver(env)
         opts = ArgOptions()
         opts.set_capability("browserName", "wry")
         opts.set_capability("tauri:options", {"application": APP})
@@ -699,7 +714,8 @@ def main():
             agent.proc.kill()
         if driver:
             driver.quit()
-        driver_proc.terminate()
+        if driver_proc:
+            driver_proc.terminate()
         server.shutdown()
         oauth.kill()
 
@@ -737,9 +753,10 @@ def bench_activity(rows):
     )
     db.commit()
     db.close()
-    driver_proc, port = start_driver(env)
+    driver_proc = None
     driver = None
     try:
+        driver_proc, port = start_driver(env)
         opts = ArgOptions()
         opts.set_capability("browserName", "wry")
         opts.set_capability("tauri:options", {"application": APP})
@@ -767,7 +784,8 @@ def bench_activity(rows):
     finally:
         if driver:
             driver.quit()
-        driver_proc.terminate()
+        if driver_proc:
+            driver_proc.terminate()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ pub enum PeerLookup {
 /// then one look at each of at most `QUICK_LOOKS` + 1 descriptors of agent processes: first
 /// where an earlier lookup saw this socket on its way (a client with many connections has most
 /// of its new ones seen before their own lookups), then those that connections which ended
-/// held, lowest first (see [`released`]), then those where the latest agent connections were
+/// held (see [`released`]: the process that released one last first, its descriptors lowest
+/// first; each is looked at once), then those where the latest agent connections were
 /// found, newest first (new sockets take the lowest free descriptors, so a client that opens a
 /// connection per request gets the same few numbers again). A few non-sleeping syscalls, cheap
 /// enough for an async worker. Anything more is [`PeerLookup::Scan`]. The order only saves
@@ -57,9 +58,17 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     let mut candidates: Vec<(u32, u32)> = Vec::with_capacity(QUICK_LOOKS + 1);
     candidates.extend(seen);
     if let Ok(freed) = FREED.lock() {
-        let mut lowest: Vec<(u32, u32)> = freed.clone();
-        lowest.sort_unstable_by_key(|&(pid, fd)| (fd, pid));
-        candidates.extend(lowest.into_iter().take(FREED_LOOKS));
+        // Descriptor numbers compare within one process only: the process that released one
+        // last comes first, its descriptors lowest first.
+        let mut order: Vec<(u32, u32)> = freed.clone();
+        order.sort_by_cached_key(|&(pid, fd)| {
+            (std::cmp::Reverse(freed.iter().rposition(|&(released, _)| released == pid)), fd)
+        });
+        for entry in order.into_iter().take(FREED_LOOKS) {
+            if !candidates.contains(&entry) {
+                candidates.push(entry);
+            }
+        }
     }
     if let Ok(known) = KNOWN_PEERS.lock() {
         for &entry in known.iter() {
@@ -88,12 +97,11 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
 pub fn released(holder: Holder) {
     if let Ok(mut freed) = FREED.lock() {
         let entry = (holder.pid, holder.fd);
-        if !freed.contains(&entry) {
-            if freed.len() >= FREED_KEPT {
-                freed.remove(0);
-            }
-            freed.push(entry);
+        freed.retain(|&kept| kept != entry);
+        if freed.len() >= FREED_KEPT {
+            freed.remove(0);
         }
+        freed.push(entry);
     }
 }
 
@@ -143,20 +151,21 @@ impl PeerLookup {
 }
 
 /// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`). Another
-/// socket found there is remembered where it was (see [`SEEN`]), and the descriptor is no longer
-/// a freed one.
+/// socket found there is remembered where it was (see [`SEEN`]). A freed descriptor is a hint
+/// for one look: whatever it is now (another socket, still free, or its process gone), it is
+/// not looked at again until a connection found there ends.
 fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
     #[cfg(test)]
     tests::LOOKS.with(|looks| looks.set(looks.get() + 1));
-    let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else { return false };
-    if target.as_os_str() == needle {
+    let target = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"));
+    if target.as_ref().is_ok_and(|t| t.as_os_str() == needle) {
         return true;
     }
-    let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
-    // Whatever is there now, the descriptor is no longer a free one.
     if let Ok(mut freed) = FREED.lock() {
         freed.retain(|&entry| entry != (pid, fd));
     }
+    let Ok(target) = target else { return false };
+    let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
     if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
         if seen.len() >= SEEN_KEPT {
             seen.clear();
@@ -196,12 +205,13 @@ const KNOWN_PEERS_KEPT: usize = 128;
 /// scan.
 const QUICK_LOOKS: usize = 48;
 
-/// Descriptors that connections which ended held (see [`released`]), oldest first; one leaves
-/// when a connection is found there again, the oldest when [`FREED_KEPT`] are kept.
+/// Descriptors that connections which ended held (see [`released`]), in the order they were
+/// released; one leaves when it has been looked at once (see [`holds_at`]), the oldest when
+/// [`FREED_KEPT`] are kept.
 static FREED: std::sync::Mutex<Vec<(u32, u32)>> = std::sync::Mutex::new(Vec::new());
 const FREED_KEPT: usize = 64;
-/// How many freed descriptors [`tcp_peer_quick`] looks at, lowest first: a client's next socket
-/// takes its lowest free descriptor.
+/// How many freed descriptors [`tcp_peer_quick`] looks at: a client's next socket takes its
+/// lowest free descriptor.
 const FREED_LOOKS: usize = 8;
 
 /// Other sockets (by inode) that [`tcp_peer_quick`] saw on its way, and where: with many
@@ -293,7 +303,7 @@ fn socket_inode(peer: SocketAddr, local: SocketAddr) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The fallback (no netlink) reads the same state and queue as the exact lookup.
@@ -393,6 +403,32 @@ mod tests {
         drop(open);
     }
 
+    /// A freed descriptor that turns out dead (closed and not taken again, or its process gone)
+    /// costs one look, not one per lookup from then on.
+    #[test]
+    fn a_freed_descriptor_is_looked_at_once() {
+        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        FREED.lock().unwrap().clear();
+        let me = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let (x, _x_server, x_peer) = connect(&listener);
+        remember_peer(me, std::os::fd::AsRawFd::as_raw_fd(&x) as u32);
+        // This thread's netlink socket opens on its first lookup: before the closed descriptor,
+        // so it cannot take it.
+        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone_fd = std::os::fd::AsRawFd::as_raw_fd(&gone) as u32;
+        drop(gone);
+        released(Holder { pid: me, fd: gone_fd });
+        LOOKS.with(|looks| looks.set(0));
+        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
+        assert_eq!(LOOKS.with(std::cell::Cell::get), 2, "the freed descriptor, then x's");
+        LOOKS.with(|looks| looks.set(0));
+        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
+        assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "the freed descriptor is not looked at again");
+    }
+
     /// A new loopback connection to `listener`: the client end, the server end, the client's
     /// address.
     fn connect(listener: &std::net::TcpListener) -> (std::net::TcpStream, std::net::TcpStream, SocketAddr) {
@@ -403,7 +439,12 @@ mod tests {
 
     /// The lookup's memory (known descriptors, seen sockets) is the process's: tests that count
     /// on it run one at a time even where they share a process (`cargo test`).
-    static PEER_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    pub(crate) static PEER_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The freed descriptors as kept now.
+    pub(crate) fn freed() -> Vec<(u32, u32)> {
+        FREED.lock().unwrap().clone()
+    }
 
     thread_local! {
         /// Descriptors this thread looked at.
