@@ -363,17 +363,23 @@ pub(crate) mod tests {
         }
     }
 
+    /// A test of the freed descriptors: alone among the peer tests, none freed yet, this
+    /// process's pid, a listener and its address.
+    fn freed_lookup_test() -> (std::sync::MutexGuard<'static, ()>, u32, std::net::TcpListener, SocketAddr) {
+        let alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        FREED.lock().unwrap().clear();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        (alone, std::process::id(), listener, local)
+    }
+
     /// A client that opens a connection per request closes each one after its answer, and its
     /// next socket takes the descriptor freed: once the gateway's end of a connection is gone,
     /// the next lookup looks there first, ahead of the descriptors of connections found since
     /// (still open, so not where a new socket can be).
     #[test]
     fn a_new_connection_is_looked_for_first_where_a_closed_one_was() {
-        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        FREED.lock().unwrap().clear();
-        let me = std::process::id();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let local = listener.local_addr().unwrap();
+        let (_alone, me, listener, local) = freed_lookup_test();
         let (first, first_server, first_peer) = connect(&listener);
         let Some(holder) = tcp_peer_quick(first_peer, local).finish(first_peer, local) else {
             panic!("the first connection's holder")
@@ -407,11 +413,7 @@ pub(crate) mod tests {
     /// costs one look, not one per lookup from then on.
     #[test]
     fn a_freed_descriptor_is_looked_at_once() {
-        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        FREED.lock().unwrap().clear();
-        let me = std::process::id();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let local = listener.local_addr().unwrap();
+        let (_alone, me, listener, local) = freed_lookup_test();
         let (x, _x_server, x_peer) = connect(&listener);
         remember_peer(me, std::os::fd::AsRawFd::as_raw_fd(&x) as u32);
         // This thread's netlink socket opens on its first lookup: before the closed descriptor,
