@@ -108,9 +108,6 @@ pub struct HttpCaller {
     /// Raised when a 2026-07-28 client closes the request's response stream before its answer:
     /// that revision makes a closed stream the request's cancellation (there is no resumption).
     pub abandoned: postern_engine::CancelSignal,
-    /// Told the call's execution once it is certain and on record (never for a read-only call):
-    /// the response stream's priming event stops waiting for a quick answer then.
-    pub bound: postern_engine::Bound,
 }
 
 /// A call's place among the session's calls in flight, given up however the call ends.
@@ -260,8 +257,7 @@ impl PosternMcp {
         }
         let key = request_key(&context.id);
         // A 2026-07-28 stream closed before its answer (a task's handle included) cancels it.
-        let http = Self::http_context(&context);
-        let cancel = http.as_ref().map(|http| http.abandoned.clone()).unwrap_or_default();
+        let cancel = Self::http_context(&context).map(|http| http.abandoned).unwrap_or_default();
         // One call per id at a time on a session: a cancellation names its request by id. (The
         // socket's transport refuses a reused id before it gets here.)
         let fresh = self.in_flight.lock().is_ok_and(|mut m| match m.entry(key.clone()) {
@@ -289,11 +285,7 @@ impl PosternMcp {
             session: Some(run.session),
             correlation: correlation::of(&caller, &run, &context),
             cancel: cancel.clone(),
-            bound: match http {
-                _ if as_task => postern_engine::Bound::for_task(),
-                Some(http) => http.bound,
-                None => postern_engine::Bound::default(),
-            },
+            bound: if as_task { postern_engine::Bound::for_task() } else { postern_engine::Bound::default() },
             resolved: upstream,
         };
         let bound = call.bound.clone();

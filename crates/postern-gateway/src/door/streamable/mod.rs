@@ -107,8 +107,6 @@ struct Guard {
     follow_ups: Arc<FollowUps>,
     max_message_bytes: usize,
     sessions: Arc<AgentSessions>,
-    /// The clock a `tools/call` stream's priming event waits on for a quick answer.
-    ticks: Arc<priming::Ticks>,
 }
 
 /// Most MCP sessions one agent token may hold open (a session idle for `SESSION_IDLE` no
@@ -446,11 +444,7 @@ async fn guard(
     let abandoned = postern_engine::CancelSignal::default();
     let sessionless_call = sessionless && answers.as_ref().is_some_and(|a| a.tool.is_some());
     let mut abandon = Abandon(sessionless_call.then(|| abandoned.clone()));
-    // Held here until the response goes: the binding's end then never wakes the wait for a quick
-    // answer (a wake-up per read-only call, measured).
-    let bound = postern_engine::Bound::default();
-    let told = bound.watch();
-    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned, bound: bound.clone() });
+    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned });
     let response = next.run(request).await;
     let abandon = abandon.0.take();
     // A new session's id comes back on the response to `initialize`.
@@ -471,16 +465,11 @@ async fn guard(
         answers: answers.unwrap_or_default(),
         follow_ups: Arc::clone(&guard.follow_ups),
     });
-    let priming = priming.filter(|_| streamed).map(|t| t.priming_frame());
-    let primed = priming.is_some();
-    let mut response = delivering(response, ticket, (local, peer), follow_up, priming);
+    let mut response =
+        delivering(response, ticket, (local, peer), follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()));
     if let Some(signal) = abandon {
         response = abandoned_unless_read(response, signal);
     }
-    if primed {
-        response = priming::with_quick_answer(response, &guard.ticks, told).await;
-    }
-    drop(bound);
     response
 }
 
@@ -715,7 +704,6 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         follow_ups: Arc::new(FollowUps::default()),
         max_message_bytes,
         sessions: Arc::new(AgentSessions::default()),
-        ticks: Arc::default(),
     };
     let refusals = Arc::clone(&state.gateway.refusals);
     Router::new()
@@ -769,6 +757,5 @@ pub async fn serve(
         .await
 }
 
-mod priming;
 #[cfg(test)]
 mod tests;
