@@ -57,6 +57,11 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
     let seen = SEEN.lock().ok().and_then(|mut seen| seen.remove(&inode));
     let mut candidates: Vec<(u32, u32)> = Vec::with_capacity(QUICK_LOOKS + 1);
     candidates.extend(seen);
+    let mut add = |entry: (u32, u32)| {
+        if !candidates.contains(&entry) {
+            candidates.push(entry);
+        }
+    };
     if let Ok(freed) = FREED.lock() {
         // Descriptor numbers compare within one process only: the process that released one
         // last comes first, its descriptors lowest first.
@@ -64,23 +69,20 @@ pub fn tcp_peer_quick(peer: SocketAddr, local: SocketAddr) -> PeerLookup {
         order.sort_by_cached_key(|&(pid, fd)| {
             (std::cmp::Reverse(freed.iter().rposition(|&(released, _)| released == pid)), fd)
         });
-        for entry in order.into_iter().take(FREED_LOOKS) {
-            if !candidates.contains(&entry) {
-                candidates.push(entry);
-            }
-        }
+        order.into_iter().take(FREED_LOOKS).for_each(&mut add);
     }
     if let Ok(known) = KNOWN_PEERS.lock() {
-        for &entry in known.iter() {
-            if candidates.len() > QUICK_LOOKS {
-                break;
-            }
-            if !candidates.contains(&entry) {
-                candidates.push(entry);
-            }
-        }
+        known.iter().copied().take(QUICK_LOOKS).for_each(add);
     }
-    match candidates.into_iter().find(|&(pid, fd)| holds_at(pid, fd, &needle)) {
+    candidates.truncate(QUICK_LOOKS + 1);
+    let hit = candidates.iter().position(|&(pid, fd)| holds_at(pid, fd, &needle));
+    // A freed descriptor is a hint for one look: whatever was there (another socket, nothing, a
+    // process gone), one that was looked at leaves the freed ones.
+    let looked = &candidates[..hit.map_or(candidates.len(), |at| at + 1)];
+    if let Ok(mut freed) = FREED.lock() {
+        freed.retain(|entry| !looked.contains(entry));
+    }
+    match hit.map(|at| candidates[at]) {
         Some((pid, fd)) => {
             remember_peer(pid, fd);
             PeerLookup::Found(Holder { pid, fd })
@@ -151,20 +153,14 @@ impl PeerLookup {
 }
 
 /// Whether descriptor `fd` of process `pid` is the socket `needle` (`socket:[inode]`). Another
-/// socket found there is remembered where it was (see [`SEEN`]). A freed descriptor is a hint
-/// for one look: whatever it is now (another socket, still free, or its process gone), it is
-/// not looked at again until a connection found there ends.
+/// socket found there is remembered where it was (see [`SEEN`]).
 fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
     #[cfg(test)]
     tests::LOOKS.with(|looks| looks.set(looks.get() + 1));
-    let target = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"));
-    if target.as_ref().is_ok_and(|t| t.as_os_str() == needle) {
+    let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else { return false };
+    if target.as_os_str() == needle {
         return true;
     }
-    if let Ok(mut freed) = FREED.lock() {
-        freed.retain(|&entry| entry != (pid, fd));
-    }
-    let Ok(target) = target else { return false };
     let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
     if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
         if seen.len() >= SEEN_KEPT {
@@ -206,8 +202,8 @@ const KNOWN_PEERS_KEPT: usize = 128;
 const QUICK_LOOKS: usize = 48;
 
 /// Descriptors that connections which ended held (see [`released`]), in the order they were
-/// released; one leaves when it has been looked at once (see [`holds_at`]), the oldest when
-/// [`FREED_KEPT`] are kept.
+/// released; one leaves once a lookup has looked at it (see [`tcp_peer_quick`]) or a connection
+/// is found there, the oldest when [`FREED_KEPT`] are kept.
 static FREED: std::sync::Mutex<Vec<(u32, u32)>> = std::sync::Mutex::new(Vec::new());
 const FREED_KEPT: usize = 64;
 /// How many freed descriptors [`tcp_peer_quick`] looks at: a client's next socket takes its
@@ -355,6 +351,13 @@ pub(crate) mod tests {
         assert_eq!(tcp_peer_quick(unrelated, local), PeerLookup::Gone);
     }
 
+    /// A quick lookup from no looks: the process it found, and how many descriptors it looked at.
+    fn looks_to_find(peer: SocketAddr, local: SocketAddr) -> (Option<u32>, usize) {
+        LOOKS.with(|looks| looks.set(0));
+        let pid = found(tcp_peer_quick(peer, local));
+        (pid, LOOKS.with(std::cell::Cell::get))
+    }
+
     /// The process a quick lookup found, if it found one.
     fn found(lookup: PeerLookup) -> Option<u32> {
         match lookup {
@@ -401,9 +404,7 @@ pub(crate) mod tests {
         let (next, _next_server, next_peer) = connect(&listener);
         rustix::io::dup2(&next, &mut at_first).unwrap();
         drop(next);
-        LOOKS.with(|looks| looks.set(0));
-        assert_eq!(found(tcp_peer_quick(next_peer, local)), Some(me));
-        assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "the freed descriptor first");
+        assert_eq!(looks_to_find(next_peer, local), (Some(me), 1), "the freed descriptor first");
         // Found there again, it is no longer a freed one.
         assert!(FREED.lock().unwrap().iter().all(|&(pid, fd)| (pid, fd) != (holder.pid, holder.fd)));
         drop(open);
@@ -423,12 +424,8 @@ pub(crate) mod tests {
         let gone_fd = std::os::fd::AsRawFd::as_raw_fd(&gone) as u32;
         drop(gone);
         released(Holder { pid: me, fd: gone_fd });
-        LOOKS.with(|looks| looks.set(0));
-        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
-        assert_eq!(LOOKS.with(std::cell::Cell::get), 2, "the freed descriptor, then x's");
-        LOOKS.with(|looks| looks.set(0));
-        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
-        assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "the freed descriptor is not looked at again");
+        assert_eq!(looks_to_find(x_peer, local), (Some(me), 2), "the freed descriptor, then x's");
+        assert_eq!(looks_to_find(x_peer, local), (Some(me), 1), "the freed descriptor is not looked at again");
     }
 
     /// A new loopback connection to `listener`: the client end, the server end, the client's
@@ -467,13 +464,9 @@ pub(crate) mod tests {
         // Known from earlier connections, y's descriptor the newest: x's lookup passes it.
         remember_peer(me, fd(&x));
         remember_peer(me, fd(&y));
-        LOOKS.with(|looks| looks.set(0));
-        assert_eq!(found(tcp_peer_quick(x_peer, local)), Some(me));
-        assert_eq!(LOOKS.with(std::cell::Cell::get), 2, "y's descriptor on the way, then x's");
-        LOOKS.with(|looks| looks.set(0));
+        assert_eq!(looks_to_find(x_peer, local), (Some(me), 2), "y's descriptor on the way, then x's");
         // x's descriptor is now the newest known; y is looked for where it was seen.
-        assert_eq!(found(tcp_peer_quick(y_peer, local)), Some(me));
-        assert_eq!(LOOKS.with(std::cell::Cell::get), 1, "where it was seen, first");
+        assert_eq!(looks_to_find(y_peer, local), (Some(me), 1), "where it was seen, first");
     }
 
     #[test]
