@@ -242,6 +242,7 @@ fn routes(counts: Arc<Counts>) -> Router {
         .route("/v1/jobs/{key}", get(job))
         .route("/v1/redirect", get(redirect))
         .route("/v1/large", get(large))
+        .route("/v1/report", post(report))
         .with_state(counts)
 }
 
@@ -353,6 +354,14 @@ async fn redirect(State(t): State<Arc<Counts>>) -> impl IntoResponse {
 async fn large(State(t): State<Arc<Counts>>) -> impl IntoResponse {
     t.requests.fetch_add(1, Ordering::SeqCst);
     "x".repeat(100_000)
+}
+
+/// A side effect whose answer is larger than a client's kernel takes in without the client
+/// reading, yet one that hyper buffers whole (150 KB), counted as a POST.
+async fn report(State(t): State<Arc<Counts>>) -> impl IntoResponse {
+    t.requests.fetch_add(1, Ordering::SeqCst);
+    t.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "r".repeat(150_000))
 }
 
 async fn status(State(t): State<Arc<Counts>>, Path(key): Path<String>) -> impl IntoResponse {

@@ -209,3 +209,71 @@ fn a_task_cancelled_after_it_was_sent_keeps_its_outcome() {
         gw.events_of(&id).iter().any(|e| e == "cancel_requested").then_some(())
     });
 }
+
+/// The first step of a result's delivery is the client's kernel acknowledging every byte of it,
+/// and for a task result the agent fetched itself that step alone settles it. An agent's own
+/// `tasks/get` whose client reads the answer's head but not its 300 KB body, then closes (the
+/// kernel resets the connection: unread bytes), did not get the result: it is journaled not
+/// delivered, and a fetch that reads everything then delivers it.
+#[test]
+fn a_fetched_task_result_the_client_never_read_is_not_delivered() {
+    use std::io::{Read, Write};
+    let target = Target::start();
+    let manifest = format!(
+        "{}\n[[tool]]\nname = \"report\"\ndescription = \"Make a report (large).\"\nmethod = \"POST\"\nurl = \"{}/v1/report\"\ncontract = {{ class = \"irreversible\" }}\n",
+        target.manifest(),
+        target.base()
+    );
+    let gw = Gateway::start(&manifest);
+    let token = gw.add_agent("reader");
+    let rt = runtime();
+    let client = rt.block_on(connect(&gw, &token));
+    let task_id = rt.block_on(async {
+        match client.call_tool_once(CallToolRequestParams::new("report")).await.unwrap() {
+            CallToolResponse::Task(t) => t.task.task_id,
+            other => panic!("a side-effecting call from a tasks client is a task: {other:?}"),
+        }
+    });
+    // Waits on the journal, not with `tasks/get`: a fetch would deliver the result.
+    eventually("the report to complete", LONG, || (state_of(&gw, &task_id) == "completed").then_some(()));
+
+    // The same run (this process, this token) fetches it over a connection of its own.
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": { "taskId": task_id, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } },
+        "io.modelcontextprotocol/clientInfo": { "name": "slow-reader", "version": "1" } } } })
+    .to_string();
+    let authority = gw.http.trim_start_matches("http://").split('/').next().unwrap().to_owned();
+    let mut conn = std::net::TcpStream::connect(&authority).unwrap();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tasks/get\r\n\
+         Mcp-Name: {task_id}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut chunk).unwrap();
+        assert!(n > 0, "the connection closed before the answer's head: {}", String::from_utf8_lossy(&head));
+        head.extend_from_slice(&chunk[..n]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    // The answer is being written; its body was never read. Closing with unread bytes resets.
+    drop(conn);
+    eventually("the unread result journaled as not delivered", LONG, || match state_of(&gw, &task_id).as_str() {
+        "completed_result_not_delivered" => Some(()),
+        "result_delivered" => panic!("journaled delivered, though the client read none of the result"),
+        _ => None,
+    });
+
+    // A fetch that reads the answer delivers it.
+    let got = rt.block_on(async { client.get_task(GetTaskParams::new(&task_id)).await.unwrap() });
+    assert_eq!(completed_result(&got)["structuredContent"]["result"]["body"].as_str().map(str::len), Some(150_000));
+    eventually("the read result journaled as delivered", LONG, || {
+        (state_of(&gw, &task_id) == "result_delivered").then_some(())
+    });
+    assert_eq!(target.posts(), 1);
+    rt.block_on(async { drop(client.cancel().await) });
+}

@@ -48,13 +48,13 @@ impl DeliveryTicket {
 
     /// A ticket that journals nothing, to test how tickets are settled.
     #[cfg(test)]
-    fn detached() -> Self {
+    pub(crate) fn detached() -> Self {
         DeliveryTicket { slot: Arc::new(Mutex::new(Slot::Open(Vec::new()))), engine: None }
     }
 
     /// `Some(delivered)` once settled.
     #[cfg(test)]
-    fn verdict(&self) -> Option<bool> {
+    pub(crate) fn verdict(&self) -> Option<bool> {
         match self.slot.lock().as_deref() {
             Ok(Slot::Settled(delivered)) => Some(*delivered),
             _ => None,

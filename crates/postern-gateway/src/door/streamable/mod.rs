@@ -32,6 +32,7 @@ use std::{
     task::{Context, Poll},
 };
 use tokio::net::TcpListener;
+use wire::{Handoffs, NoDelayListener};
 
 /// Default port of the Streamable HTTP endpoint.
 pub const DEFAULT_PORT: u16 = 7387;
@@ -43,6 +44,8 @@ pub struct PeerConnection {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     client: Arc<ClientEnd>,
+    /// Where its response bodies wait for their frames to be written out.
+    handoffs: Arc<Handoffs>,
 }
 
 /// Who holds a connection's client end, once looked up. When the connection's last handle goes
@@ -62,42 +65,11 @@ impl Drop for ClientEnd {
     }
 }
 
-/// The listener: loopback TCP with Nagle off (answers are small SSE frames written in pieces;
-/// with Nagle and delayed ACKs each would wait ~40 ms).
-#[derive(Debug)]
-pub struct NoDelayListener(TcpListener);
-
-impl axum::serve::Listener for NoDelayListener {
-    type Io = tokio::net::TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.0.accept().await {
-                Ok((stream, addr)) => {
-                    if let Err(e) = stream.set_nodelay(true) {
-                        tracing::debug!(error = %e, "could not set TCP_NODELAY");
-                    }
-                    return (stream, addr);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "accept on the HTTP endpoint failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
-
 impl Connected<IncomingStream<'_, NoDelayListener>> for PeerConnection {
     fn connect_info(stream: IncomingStream<'_, NoDelayListener>) -> Self {
         let peer = *stream.remote_addr();
-        let local = stream.io().local_addr().unwrap_or(peer);
-        PeerConnection { peer, local, client: Arc::default() }
+        let (local, handoffs) = (stream.io().local(), stream.io().handoffs());
+        PeerConnection { peer, local, client: Arc::default(), handoffs }
     }
 }
 
@@ -300,6 +272,7 @@ async fn guard(
     let hashes = Arc::clone(&guard.gateway.hashes);
     let (peer, local) = (conn.peer, conn.local);
     let client = Arc::clone(&conn.client);
+    let handoffs = Arc::clone(&conn.handoffs);
     let process = conn
         .client
         .process
@@ -434,7 +407,7 @@ async fn guard(
             .unwrap_or_default();
         let follow_up =
             FollowUp { session: session.clone(), answers: resumed.answers, follow_ups: Arc::clone(&guard.follow_ups) };
-        return delivering(response, ticket, (local, peer), Some(follow_up), None);
+        return delivering(response, ticket, handoffs, Some(follow_up), None);
     }
     // At 2026-07-28 a closed response stream is its request's cancellation: the client cannot
     // resume it and must re-issue the call as a new request. The stream is closed if the
@@ -466,7 +439,7 @@ async fn guard(
         follow_ups: Arc::clone(&guard.follow_ups),
     });
     let mut response =
-        delivering(response, ticket, (local, peer), follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()));
+        delivering(response, ticket, handoffs, follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()));
     if let Some(signal) = abandon {
         response = abandoned_unless_read(response, signal);
     }
@@ -525,14 +498,22 @@ const RUN_KEY: &str = "\u{1}run:";
 fn delivering(
     response: Response,
     ticket: DeliveryTicket,
-    conn: (SocketAddr, SocketAddr),
+    handoffs: Arc<Handoffs>,
     follow_up: Option<FollowUp>,
     preamble: Option<Bytes>,
 ) -> Response {
     let (parts, body) = response.into_parts();
     Response::from_parts(
         parts,
-        Body::new(DeliveryBody { inner: body, ticket, settled: false, handed_out: false, conn, follow_up, preamble }),
+        Body::new(DeliveryBody {
+            inner: body,
+            ticket,
+            settled: false,
+            handed_out: false,
+            handoffs,
+            follow_up,
+            preamble,
+        }),
     )
 }
 
@@ -544,25 +525,23 @@ struct FollowUp {
 }
 
 /// A response body that takes a result's delivery through its first step once the frame carrying
-/// it was handed to the connection *and* the client's kernel acknowledged every byte sent on it,
-/// then leaves it to the session's [`FollowUps`]; it settles the result as lost if the connection
-/// drops the body first, the client's end closes or resets before acknowledging, or there is no
-/// session to follow up on (uncertain resolves to "not delivered").
+/// it was taken by the connection, written out to the kernel ([`wire`]) *and* acknowledged by the
+/// client's kernel, then leaves it to the session's [`FollowUps`]; it settles the result as lost
+/// if the connection drops the body or its stream first, the client's end closes or resets
+/// before acknowledging, or there is no session to follow up on (uncertain resolves to "not
+/// delivered").
 struct DeliveryBody {
     inner: Body,
     ticket: DeliveryTicket,
     settled: bool,
     /// A frame carrying the result was handed out and awaits the next poll.
     handed_out: bool,
-    conn: (SocketAddr, SocketAddr),
+    /// The connection's, where the ticket waits for the frame to be written out.
+    handoffs: Arc<Handoffs>,
     follow_up: Option<FollowUp>,
     /// Sent before the first frame of `inner` (a `tools/call` stream's priming event).
     preamble: Option<Bytes>,
 }
-
-/// How long the client's kernel has to acknowledge a result's bytes before the result counts as
-/// not delivered (a loopback peer acknowledges within microseconds unless it is gone or stuck).
-const ACK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl DeliveryBody {
     fn settle(&mut self, written: bool) {
@@ -572,43 +551,12 @@ impl DeliveryBody {
         }
     }
 
-    /// The frame was taken by the connection: watch the kernel's send queue until the client has
-    /// acknowledged everything, or its end is gone.
-    fn confirm_when_acknowledged(&mut self) {
-        if self.settled {
-            return;
+    /// The frame was taken by the connection: confirm it once the connection has written it out.
+    fn confirm_when_written(&mut self) {
+        if !self.settled {
+            self.settled = true;
+            self.handoffs.after_flush(self.ticket.clone());
         }
-        self.settled = true;
-        let ticket = self.ticket.clone();
-        let written = |ticket: DeliveryTicket| ticket.written();
-        let (local, peer) = self.conn;
-        // On loopback the client's kernel acknowledges inside the write that sent the bytes, so
-        // the first look (right away, before the client can read and close) usually settles it;
-        // a client that closes with unread bytes resets the connection and leaves no record.
-        match connection::tcp_send_queue(local, peer) {
-            Some(connection::SendQueue::Acknowledged) => return written(ticket),
-            Some(connection::SendQueue::Pending(_)) => {}
-            _ => return ticket.settle(false),
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            ticket.settle(false);
-            return;
-        };
-        handle.spawn(async move {
-            let started = tokio::time::Instant::now();
-            let mut pause = std::time::Duration::from_micros(200);
-            let delivered = loop {
-                match tokio::task::spawn_blocking(move || connection::tcp_send_queue(local, peer)).await {
-                    Ok(Some(connection::SendQueue::Acknowledged)) => break true,
-                    Ok(Some(connection::SendQueue::Pending(_))) if started.elapsed() < ACK_DEADLINE => {}
-                    // Closed, unreadable, or not acknowledged in time: not delivered.
-                    _ => break false,
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_millis(50));
-            };
-            if delivered { written(ticket) } else { ticket.settle(false) }
-        });
     }
 
     /// Does `frame` carry the result of an execution registered on this ticket?
@@ -634,7 +582,7 @@ impl http_body::Body for DeliveryBody {
         }
         // Polled again: the previous frame was taken by the connection.
         if std::mem::take(&mut self.handed_out) {
-            self.confirm_when_acknowledged();
+            self.confirm_when_written();
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
@@ -759,3 +707,4 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests;
+mod wire;
