@@ -244,7 +244,13 @@ fn a_fetched_task_result_the_client_never_read_is_not_delivered() {
         "io.modelcontextprotocol/clientInfo": { "name": "slow-reader", "version": "1" } } } })
     .to_string();
     let authority = gw.http.trim_start_matches("http://").split('/').next().unwrap().to_owned();
-    let mut conn = std::net::TcpStream::connect(&authority).unwrap();
+    // A small receive buffer, so the unread answer cannot all be taken in by the client's kernel
+    // whatever this machine's defaults.
+    let fd = rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::STREAM, None).unwrap();
+    rustix::net::sockopt::set_socket_recv_buffer_size(&fd, 16 * 1024).unwrap();
+    let gateway: std::net::SocketAddr = authority.parse().unwrap();
+    rustix::net::connect(&fd, &gateway).unwrap();
+    let mut conn = std::net::TcpStream::from(fd);
     let request = format!(
         "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tasks/get\r\n\

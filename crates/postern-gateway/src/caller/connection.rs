@@ -249,12 +249,24 @@ pub enum SendQueue {
 /// (`CLOSE_WAIT`, or a close of ours that went through: `FIN_WAIT*`, `TIME_WAIT`, `LAST_ACK`)
 /// still says whether every byte was acknowledged; one that was reset is gone from the table.
 pub fn tcp_send_queue(local: SocketAddr, peer: SocketAddr) -> Option<SendQueue> {
+    tcp_send_queue_of(local, peer, None)
+}
+
+/// [`tcp_send_queue`] of the very socket whose cookie is `cookie` (when given): a socket that
+/// took its four-tuple since is `Closed`, and where the kernel cannot be asked by cookie
+/// (netlink unavailable) the answer is `None`, never another socket's queue.
+pub fn tcp_send_queue_of(
+    local: SocketAddr,
+    peer: SocketAddr,
+    cookie: Option<crate::caller::sock_diag::Cookie>,
+) -> Option<SendQueue> {
     // ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING. Not CLOSE (7):
     // a reset socket's queue is purged, which would look acknowledged.
     const OPEN_OR_CLOSING_GRACEFULLY: [u8; 7] = [1, 4, 5, 6, 8, 9, 11];
     const TIME_WAIT: u8 = 6;
-    let entry = match crate::caller::sock_diag::tcp_entry(local, peer) {
+    let entry = match crate::caller::sock_diag::tcp_entry_of(local, peer, cookie) {
         Ok(entry) => entry.map(|e| (e.state, u64::from(e.send_queue))),
+        Err(_) if cookie.is_some() => return None,
         Err(_) => proc_net_tcp_queue(local, peer)?,
     };
     Some(match entry {

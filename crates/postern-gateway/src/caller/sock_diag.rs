@@ -23,11 +23,42 @@ pub struct TcpEntry {
     pub inode: u32,
 }
 
+/// A socket's cookie (`SO_COOKIE`): the kernel's number for one socket, never reused while the
+/// system runs, unlike a four-tuple, which a new connection from the same port takes again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cookie(pub u64);
+
+impl Cookie {
+    /// The cookie of the socket `fd` is.
+    pub fn of(fd: impl std::os::fd::AsFd) -> std::io::Result<Cookie> {
+        Ok(Cookie(rustix::net::sockopt::socket_cookie(fd)?))
+    }
+
+    /// As `inet_diag_sockid` carries it: two native-endian 32-bit words, the low one first.
+    fn wire(self) -> [u8; 8] {
+        let mut bytes = [0; 8];
+        bytes[..4].copy_from_slice(&(self.0 as u32).to_ne_bytes());
+        bytes[4..].copy_from_slice(&((self.0 >> 32) as u32).to_ne_bytes());
+        bytes
+    }
+}
+
 /// The entry of the TCP socket whose own end is `local` and whose other end is `remote`:
 /// `Ok(None)` when the kernel has no such socket (closed and gone, or reset). One exact lookup,
 /// not a dump of the table, over this thread's netlink socket (one per thread, kept: opening,
 /// binding and closing one per lookup cost as much as the lookup).
 pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<TcpEntry>> {
+    tcp_entry_of(local, remote, None)
+}
+
+/// [`tcp_entry`], answered only by the socket whose cookie is `cookie` (when given): another
+/// socket with the same four-tuple (the client reset the connection and connected again from the
+/// same port) is `Ok(None)`, as a socket that is gone.
+pub fn tcp_entry_of(
+    local: SocketAddr,
+    remote: SocketAddr,
+    cookie: Option<Cookie>,
+) -> std::io::Result<Option<TcpEntry>> {
     thread_local! {
         static DIAG: std::cell::RefCell<Option<Socket>> = const { std::cell::RefCell::new(None) };
     }
@@ -39,11 +70,11 @@ pub fn tcp_entry(local: SocketAddr, remote: SocketAddr) -> std::io::Result<Optio
             Some(socket) => socket,
             None => diag_socket()?,
         };
-        let entry = exchange(&mut socket, local, remote)?;
+        let entry = exchange(&mut socket, local, remote, cookie)?;
         *slot.borrow_mut() = Some(socket);
         Ok(entry)
     }) else {
-        return exchange(&mut diag_socket()?, local, remote);
+        return exchange(&mut diag_socket()?, local, remote, cookie);
     };
     entry
 }
@@ -59,20 +90,26 @@ fn diag_socket() -> std::io::Result<Socket> {
 static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 /// One request and its answer on `socket`.
-fn exchange(socket: &mut Socket, local: SocketAddr, remote: SocketAddr) -> std::io::Result<Option<TcpEntry>> {
-    let sequence = ask(socket, local, remote)?;
+fn exchange(
+    socket: &mut Socket,
+    local: SocketAddr,
+    remote: SocketAddr,
+    cookie: Option<Cookie>,
+) -> std::io::Result<Option<TcpEntry>> {
+    let sequence = ask(socket, local, remote, cookie)?;
     answer(socket, sequence)
 }
 
 /// Sends the request for the socket whose ends are `local` and `remote`; its number.
-fn ask(socket: &mut Socket, local: SocketAddr, remote: SocketAddr) -> std::io::Result<u32> {
+fn ask(socket: &mut Socket, local: SocketAddr, remote: SocketAddr, cookie: Option<Cookie>) -> std::io::Result<u32> {
     let mut id = if local.is_ipv4() { SocketId::new_v4() } else { SocketId::new_v6() };
     id.source_port = local.port();
     id.destination_port = remote.port();
     id.source_address = local.ip();
     id.destination_address = remote.ip();
-    // INET_DIAG_NOCOOKIE: any socket with this four-tuple.
-    id.cookie = [0xff; 8];
+    // INET_DIAG_NOCOOKIE: any socket with this four-tuple. With a cookie, the kernel answers
+    // ESTALE for a socket that has the four-tuple but not the cookie.
+    id.cookie = cookie.map_or([0xff; 8], Cookie::wire);
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST;
     header.sequence_number = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -111,8 +148,9 @@ fn answer(socket: &mut Socket, sequence: u32) -> std::io::Result<Option<TcpEntry
             inode: r.header.inode,
         })),
         NetlinkPayload::Error(e) => match e.to_io() {
-            // ENOENT: the kernel has no such socket.
+            // ENOENT: the kernel has no such socket; ESTALE: not the one with the cookie asked for.
             gone if gone.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            other if other.raw_os_error() == Some(rustix::io::Errno::STALE.raw_os_error()) => Ok(None),
             other => Err(other),
         },
         other => Err(invalid(format!("unexpected sock_diag answer: {other:?}"))),
@@ -174,10 +212,44 @@ mod tests {
         let _clients: Vec<_> = (0..2).map(|_| std::net::TcpStream::connect(server_addr).unwrap()).collect();
         let (first, second) = (listener.accept().unwrap().1, listener.accept().unwrap().1);
         let mut socket = diag_socket().unwrap();
-        ask(&mut socket, first, server_addr).unwrap();
-        let read = exchange(&mut socket, second, server_addr);
+        ask(&mut socket, first, server_addr, None).unwrap();
+        let read = exchange(&mut socket, second, server_addr, None);
         assert_eq!(read.map_err(|e| e.kind()), Err(std::io::ErrorKind::InvalidData), "the first's answer");
-        assert!(exchange(&mut diag_socket().unwrap(), second, server_addr).unwrap().is_some());
+        assert!(exchange(&mut diag_socket().unwrap(), second, server_addr, None).unwrap().is_some());
+    }
+
+    /// A client that resets its connection and connects again from the same port makes a new
+    /// socket with the old one's four-tuple: asked by the old socket's cookie, the kernel says it
+    /// is gone, never the new one's state.
+    #[test]
+    fn a_lookup_by_cookie_is_not_answered_by_a_new_socket_on_the_same_four_tuple() {
+        use rustix::net::{AddressFamily, SocketType, sockopt};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let connect_from = |port: u16| {
+            let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+            sockopt::set_socket_reuseaddr(&fd, true).unwrap();
+            rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+            rustix::net::connect(&fd, &server_addr).unwrap();
+            // Closing resets the connection at once: no TIME_WAIT keeps the port.
+            sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO)).unwrap();
+            std::net::TcpStream::from(fd)
+        };
+        let first = connect_from(0);
+        let port = first.local_addr().unwrap().port();
+        let (old, client_addr) = listener.accept().unwrap();
+        let old_cookie = Cookie::of(&old).unwrap();
+        assert_eq!(tcp_entry_of(server_addr, client_addr, Some(old_cookie)).unwrap().map(|e| e.state), Some(1));
+        drop(first);
+        let _second = connect_from(port);
+        let (new, again) = listener.accept().unwrap();
+        assert_eq!(again, client_addr, "the same four-tuple");
+        let new_cookie = Cookie::of(&new).unwrap();
+        assert_ne!(old_cookie, new_cookie);
+        assert_eq!(tcp_entry_of(server_addr, client_addr, Some(old_cookie)).unwrap(), None, "the old socket is gone");
+        assert_eq!(tcp_entry_of(server_addr, client_addr, Some(new_cookie)).unwrap().map(|e| e.state), Some(1));
+        assert_eq!(tcp_entry(server_addr, client_addr).unwrap().map(|e| e.state), Some(1), "by tuple: the new one");
+        drop(old);
     }
 
     #[test]

@@ -10,9 +10,15 @@
 //! The kernel is asked right after the flush, then by a watcher that backs off, and once more
 //! when the connection ends (the client's end closed, the server shutting down, the stream
 //! dropped): a client that reads its answer and closes at once acknowledges it with its FIN, but
-//! the socket leaves the kernel's table soon after the server closes too.
+//! the socket leaves the kernel's table soon after the server closes too. Every look names the
+//! accepted socket by its cookie (a new connection from the client's port after a reset has the
+//! same four-tuple), and a result whose write stalls (a client that never reads) counts as not
+//! delivered after the deadline, as one whose bytes are never acknowledged does.
 
-use crate::{caller::connection, delivery::DeliveryTicket};
+use crate::{
+    caller::{connection, sock_diag::Cookie},
+    delivery::DeliveryTicket,
+};
 use std::{
     io,
     net::SocketAddr,
@@ -70,7 +76,18 @@ pub struct Wire {
 
 impl Wire {
     pub(super) fn new(stream: TcpStream, local: SocketAddr, peer: SocketAddr) -> Self {
-        Wire { stream, handoffs: Arc::new(Handoffs::new(local, peer)) }
+        Wire::with_deadline(stream, local, peer, ACK_DEADLINE)
+    }
+
+    fn with_deadline(stream: TcpStream, local: SocketAddr, peer: SocketAddr, deadline: std::time::Duration) -> Self {
+        // Looks at the send queue name this very socket: after a reset, a new connection from
+        // the client's port has the same four-tuple.
+        let cookie = Cookie::of(&stream)
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "no SO_COOKIE: results on this connection will count as not delivered"),
+            )
+            .ok();
+        Wire { stream, handoffs: Arc::new(Handoffs { conn: (local, peer), cookie, deadline, ..Handoffs::default() }) }
     }
 
     /// The server end.
@@ -90,6 +107,11 @@ impl Wire {
 pub(super) struct Handoffs {
     /// The server end and the client end.
     conn: (SocketAddr, SocketAddr),
+    /// The server end's socket cookie (`None`: unknown, and every look is unreadable).
+    cookie: Option<Cookie>,
+    /// How long a ticket may stay unacknowledged after its flush, or buffered after its write
+    /// stalled ([`ACK_DEADLINE`]).
+    deadline: std::time::Duration,
     tickets: Mutex<Tickets>,
     /// Whether a ticket waits for a flush (spares the lock on each flush without one).
     buffered: AtomicBool,
@@ -98,7 +120,7 @@ pub(super) struct Handoffs {
 #[derive(Debug, Default)]
 struct Tickets {
     /// Their frame is in the connection's buffer.
-    buffered: Vec<DeliveryTicket>,
+    buffered: Vec<Buffered>,
     /// Their frame was written out; the client's kernel has not acknowledged it yet.
     unacknowledged: Vec<Unacknowledged>,
     /// How many flushes had tickets.
@@ -110,6 +132,14 @@ struct Tickets {
 }
 
 #[derive(Debug)]
+struct Buffered {
+    ticket: DeliveryTicket,
+    /// A client that never reads can keep a large answer in the buffer for as long as it keeps
+    /// the connection: from [`ACK_DEADLINE`] after this, it was not delivered.
+    since: tokio::time::Instant,
+}
+
+#[derive(Debug)]
 struct Unacknowledged {
     ticket: DeliveryTicket,
     /// The flush that wrote it out: a look at the send queue taken before it says nothing of it.
@@ -117,17 +147,27 @@ struct Unacknowledged {
     since: tokio::time::Instant,
 }
 
-impl Handoffs {
-    fn new(local: SocketAddr, peer: SocketAddr) -> Self {
-        Handoffs { conn: (local, peer), tickets: Mutex::default(), buffered: AtomicBool::new(false) }
+impl Default for Handoffs {
+    fn default() -> Self {
+        let nowhere = SocketAddr::from(([0, 0, 0, 0], 0));
+        Handoffs {
+            conn: (nowhere, nowhere),
+            cookie: None,
+            deadline: ACK_DEADLINE,
+            tickets: Mutex::default(),
+            buffered: AtomicBool::new(false),
+        }
     }
+}
 
+impl Handoffs {
     fn tickets(&self) -> std::sync::MutexGuard<'_, Tickets> {
         self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn look(&self) -> Option<connection::SendQueue> {
-        connection::tcp_send_queue(self.conn.0, self.conn.1)
+        let cookie = self.cookie?;
+        connection::tcp_send_queue_of(self.conn.0, self.conn.1, Some(cookie))
     }
 
     /// `ticket`'s frame was taken by the connection: once the connection has written everything
@@ -140,7 +180,7 @@ impl Handoffs {
             ticket.settle(false);
             return;
         }
-        tickets.buffered.push(ticket);
+        tickets.buffered.push(Buffered { ticket, since: tokio::time::Instant::now() });
         self.buffered.store(true, Ordering::Release);
     }
 
@@ -155,7 +195,8 @@ impl Handoffs {
             let mut tickets = self.tickets();
             self.buffered.store(false, Ordering::Release);
             tickets.flushes += 1;
-            (std::mem::take(&mut tickets.buffered), tickets.flushes)
+            let written_out = std::mem::take(&mut tickets.buffered).into_iter().map(|b| b.ticket).collect::<Vec<_>>();
+            (written_out, tickets.flushes)
         };
         match self.look() {
             Some(connection::SendQueue::Acknowledged) => written_out.iter().for_each(DeliveryTicket::written),
@@ -180,7 +221,7 @@ impl Handoffs {
             self.buffered.store(false, Ordering::Release);
             std::mem::take(&mut tickets.buffered)
         };
-        buffered.iter().for_each(|t| t.settle(false));
+        buffered.iter().for_each(|b| b.ticket.settle(false));
         self.ending();
     }
 
@@ -200,7 +241,19 @@ impl Handoffs {
         self.settle_by(self.look(), flushes);
     }
 
-    /// Starts the task that watches the unacknowledged tickets, if none runs.
+    /// The connection could not write everything out (the client's kernel takes no more): its
+    /// buffered tickets are watched for their deadline.
+    fn stalled(self: &Arc<Self>) {
+        if !self.buffered.load(Ordering::Acquire) {
+            return;
+        }
+        let mut tickets = self.tickets();
+        if !tickets.buffered.is_empty() {
+            self.watch_unless_watched(&mut tickets);
+        }
+    }
+
+    /// Starts the task that watches the unacknowledged and stalled tickets, if none runs.
     fn watch_unless_watched(self: &Arc<Self>, tickets: &mut Tickets) {
         if tickets.watched {
             return;
@@ -214,7 +267,7 @@ impl Handoffs {
         }
     }
 
-    /// Looks at the send queue, backing off, until no ticket is unacknowledged.
+    /// Looks at the send queue, backing off, until no ticket is unacknowledged or buffered.
     async fn watch(self: Arc<Self>) {
         let mut pause = std::time::Duration::from_micros(200);
         loop {
@@ -230,22 +283,27 @@ impl Handoffs {
     }
 
     /// Settles the unacknowledged tickets written out by flush `flushes` or before, by `look`
-    /// (taken after that flush); whether none is left to watch, and then no watcher runs.
+    /// (taken after that flush), and as not delivered the buffered ones past their deadline;
+    /// whether none is left to watch, and then no watcher runs.
     fn settle_by(&self, look: Option<connection::SendQueue>, flushes: u64) -> bool {
-        let (settled, done) = {
+        let (settled, expired, done) = {
             let mut tickets = self.tickets();
+            let (expired, buffered): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut tickets.buffered).into_iter().partition(|b| b.since.elapsed() >= self.deadline);
+            tickets.buffered = buffered;
             let (settled, kept): (Vec<_>, Vec<_>) =
                 std::mem::take(&mut tickets.unacknowledged).into_iter().partition(|u| {
                     u.flush <= flushes
-                        && !matches!(look, Some(connection::SendQueue::Pending(_)) if u.since.elapsed() < ACK_DEADLINE)
+                        && !matches!(look, Some(connection::SendQueue::Pending(_)) if u.since.elapsed() < self.deadline)
                 });
             tickets.unacknowledged = kept;
-            let done = tickets.unacknowledged.is_empty();
+            let done = tickets.unacknowledged.is_empty() && tickets.buffered.is_empty();
             if done {
                 tickets.watched = false;
             }
-            (settled, done)
+            (settled, expired, done)
         };
+        expired.iter().for_each(|b| b.ticket.settle(false));
         let written = matches!(look, Some(connection::SendQueue::Acknowledged));
         for u in settled {
             if written { u.ticket.written() } else { u.ticket.settle(false) }
@@ -275,7 +333,11 @@ impl AsyncRead for Wire {
 
 impl AsyncWrite for Wire {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if written.is_pending() {
+            self.handoffs.stalled();
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -283,7 +345,11 @@ impl AsyncWrite for Wire {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if written.is_pending() {
+            self.handoffs.stalled();
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -318,11 +384,16 @@ mod tests {
 
     /// A loopback connection's server end as the door wraps it, and its client end.
     async fn connection() -> (Wire, TcpStream) {
+        connection_with(ACK_DEADLINE).await
+    }
+
+    /// [`connection`], whose results count as not delivered `deadline` after they stall.
+    async fn connection_with(deadline: std::time::Duration) -> (Wire, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, peer) = listener.accept().await.unwrap();
         let local = server.local_addr().unwrap();
-        (Wire::new(server, local, peer), client)
+        (Wire::with_deadline(server, local, peer, deadline), client)
     }
 
     /// A ticket written out by the connection's first flush and not acknowledged at that look.
@@ -355,7 +426,71 @@ mod tests {
         assert_eq!(ticket.verdict(), Some(true));
     }
 
-    /// A client that closes with the answer unread resets the connection: not delivered.
+    /// A client that resets its connection and connects again from the same port gives a new
+    /// socket the old one's four-tuple, its queue empty: the look names the accepted socket by
+    /// its cookie, so the result it never acknowledged is not taken for delivered.
+    #[tokio::test]
+    async fn a_new_connection_on_the_same_port_does_not_acknowledge_the_old_ones_bytes() {
+        use rustix::net::{AddressFamily, SocketType, sockopt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let connect_from = |port: u16| {
+            let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+            sockopt::set_socket_reuseaddr(&fd, true).unwrap();
+            sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
+            rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+            rustix::net::connect(&fd, &server_addr).unwrap();
+            sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO)).unwrap();
+            std::net::TcpStream::from(fd)
+        };
+        let first = connect_from(0);
+        let (server, peer) = listener.accept().await.unwrap();
+        let mut wire = Wire::new(server, server_addr, peer);
+        let ticket = unacknowledged(&wire);
+        // More than the client's small receive buffer takes without reading: some stays queued.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let chunk = [b'a'; 16 * 1024];
+        for _ in 0..8 {
+            if Pin::new(&mut wire).poll_write(&mut cx, &chunk).is_pending() {
+                break;
+            }
+        }
+        assert!(matches!(wire.handoffs.look(), Some(connection::SendQueue::Pending(_))));
+        drop(first); // reset
+        let _second = connect_from(peer.port());
+        let (_new, again) = listener.accept().await.unwrap();
+        assert_eq!(again, peer, "the same four-tuple, a new socket with nothing queued");
+        let flushes = wire.handoffs.tickets().flushes;
+        wire.handoffs.settle_by(wire.handoffs.look(), flushes);
+        assert_eq!(ticket.verdict(), Some(false));
+    }
+
+    /// A client that keeps its connection and never reads can keep an answer larger than the
+    /// kernel's buffers in the connection's own for as long as it likes: once the write stalls,
+    /// the result counts as not delivered after the deadline.
+    #[tokio::test]
+    async fn a_result_stuck_in_the_buffer_is_not_delivered_after_the_deadline() {
+        let (mut wire, _client) = connection_with(std::time::Duration::from_millis(300)).await;
+        let ticket = DeliveryTicket::detached();
+        ticket.followed_up();
+        wire.handoffs.after_flush(ticket.clone());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let chunk = vec![b'a'; 1 << 20];
+        while Pin::new(&mut wire).poll_write(&mut cx, &chunk).is_ready() {}
+        for _ in 0..100 {
+            if ticket.verdict().is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(ticket.verdict(), Some(false));
+        assert!(wire.handoffs.tickets().buffered.is_empty());
+    }
+
+    /// A client that closes with the answer unread resets the connection: a result still
+    /// unacknowledged then (its client's kernel delayed the ACK) is not delivered. (The bytes
+    /// here were acknowledged by the kernel; the look after a flush would have settled them.
+    /// What is tested is the look when the stream goes.)
     #[tokio::test]
     async fn a_client_that_closed_without_reading_did_not_get_it() {
         let (mut wire, client) = connection().await;
