@@ -76,6 +76,7 @@ fn local(host: Host, args: &CallArgs, arguments: serde_json::Value) -> Result<se
         cancel: Default::default(),
         bound: Default::default(),
         resolved: None,
+        opening: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     let outcome = runtime.block_on(engine.call(call)).map_err(|e| {

@@ -14,4 +14,4 @@ pub use approval::{
     RetryReviewRequest, ReviewAnswer, ReviewChoice, ReviewVerdict,
 };
 pub use catalog::manifest::{Manifest, ManifestError, Tool};
-pub use engine::{Bound, Call, CallOutcome, CancelSignal, Decision, Engine, EngineError, StepDetail};
+pub use engine::{Bound, Call, CallOutcome, CancelSignal, Decision, Engine, EngineError, Opening, StepDetail};

@@ -121,6 +121,7 @@ fn main() {
                             cancel: Default::default(),
                             bound: Default::default(),
                             resolved: None,
+                            opening: Default::default(),
                         };
                         let outcome = e.call(call).await.expect("call");
                         assert!(outcome.http().is_some(), "{outcome:?}");

@@ -93,6 +93,7 @@ fn main() {
             cancel: Default::default(),
             bound: Default::default(),
             resolved: None,
+            opening: Default::default(),
         };
         let out = runtime.block_on(engine.call(call)).expect("call");
         assert_eq!(out.ssh().and_then(|s| s.exit_status), Some(0), "{:?}", out.detail);

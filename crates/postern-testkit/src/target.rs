@@ -51,6 +51,20 @@ struct Counts {
     delay_ms: AtomicU64,
     hold: Mutex<bool>,
     released: tokio::sync::Notify,
+    arrivals: Arrivals,
+}
+
+/// What looks at each request as it arrives, before any route handles it.
+#[derive(Default)]
+struct Arrivals(Mutex<Option<Probe>>);
+
+/// Looks at one arriving request's path.
+type Probe = Arc<dyn Fn(&str) + Send + Sync>;
+
+impl std::fmt::Debug for Arrivals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Arrivals")
+    }
 }
 
 /// A running target. Routes (each also under the short name the CLI's manifests use):
@@ -165,6 +179,12 @@ impl Target {
         self.counts.keys.lock().unwrap().clear();
     }
 
+    /// Calls `probe` with the path of every request from now on, as it arrives (before the route
+    /// handles it): to see what else was true at the moment a request reached the target.
+    pub fn on_arrival(&self, probe: impl Fn(&str) + Send + Sync + 'static) {
+        *self.counts.arrivals.0.lock().unwrap() = Some(Arc::new(probe));
+    }
+
     /// Payments made from now on wait for [`Target::release`] before being answered.
     pub fn hold(&self) {
         *self.counts.hold.lock().unwrap() = true;
@@ -243,7 +263,21 @@ fn routes(counts: Arc<Counts>) -> Router {
         .route("/v1/redirect", get(redirect))
         .route("/v1/large", get(large))
         .route("/v1/report", post(report))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&counts), arrived))
         .with_state(counts)
+}
+
+/// Hands each request's path to the probe set with [`Target::on_arrival`], if any.
+async fn arrived(
+    State(t): State<Arc<Counts>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let probe = t.arrivals.0.lock().unwrap().clone();
+    if let Some(probe) = probe {
+        probe(request.uri().path());
+    }
+    next.run(request).await
 }
 
 async fn payments(State(t): State<Arc<Counts>>, headers: HeaderMap, body: axum::body::Bytes) -> impl IntoResponse {

@@ -24,6 +24,13 @@ impl Engine {
             timed_out: false,
         };
         let mut decision = decide_ladder(self.ladder_input(p, call)?);
+        // A call that waits for a person (or at the gate, for another call's question) opens its
+        // answer first. An approver that decides without a person answers at once.
+        if self.approver.may_block()
+            && matches!(decision, LadderDecision::AskPerUse | LadderDecision::AskSessionAuthorization)
+        {
+            call.opening.release();
+        }
         // One question per run: calls of a new run wait for the first one's answer, then see it.
         let gate = match (decision, call.session) {
             (LadderDecision::AskSessionAuthorization, Some(session)) => {

@@ -116,6 +116,8 @@ pub struct Call {
     /// agent was told exists (`None`: the engine looks the name up itself). One lookup per call:
     /// two could disagree while a server's tools change.
     pub resolved: Option<crate::channel::upstream::UpstreamTool>,
+    /// Released when the transport must open the call's answer now (see [`Opening`]).
+    pub opening: Opening,
 }
 
 /// Which execution will answer a call, told as soon as that is certain and on record: a new
@@ -154,6 +156,46 @@ impl Bound {
     /// Waits until the call is bound; `None` if the call ended without being bound.
     pub fn watch(&self) -> tokio::sync::watch::Receiver<Option<ExecutionId>> {
         self.tx.subscribe()
+    }
+}
+
+/// Whether the transport may still hold back what opens a call's answer (the priming event of a
+/// Streamable HTTP stream, which names the request for resumption, and the response's head with
+/// it) to send it with the answer in one write. Only a read-only call that waits for nobody may
+/// be held: the engine releases every other call right after it is prepared, before anything of
+/// it is made durable or sent (as early as the transport would have sent it unheld), and a read
+/// before it waits for a reviewer or another call's question. A call whose transport holds
+/// nothing ignores it.
+#[derive(Debug, Clone, Default)]
+pub struct Opening(Arc<OpeningState>);
+
+#[derive(Debug, Default)]
+struct OpeningState {
+    released: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Opening {
+    /// The transport must open the answer now.
+    pub fn release(&self) {
+        if !self.0.released.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.0.notify.notify_waiters();
+        }
+    }
+
+    pub fn is_released(&self) -> bool {
+        self.0.released.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once [`Opening::release`] was called.
+    pub async fn released(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            if self.is_released() {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use crate::{
     channel::http::{self, HttpResult, Outgoing, Sent},
 };
 use call::cancelled_detail;
-pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, UnknownDecision};
+pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, Opening, UnknownDecision};
 pub use detail::{CANCELLED, StepDetail, UnreadableDetail};
 pub use outcome::{ChannelAnswer, Settled};
 use outcome::{Observation, Raw};
@@ -470,6 +470,11 @@ impl Engine {
             call.resolved = Box::pin(u.resolve(&call.tool)).await;
         }
         let (mut p, arguments) = self.prepare(&call, call.resolved.clone())?;
+        // Only a read may keep its answer's opening held; anything else has it opened before it
+        // is made durable or sent.
+        if p.tool.contract.class != postern_core::ReplayClass::ReadOnly {
+            call.opening.release();
+        }
         if let Some(host) = p.unpinned_host().map(|plan| plan.host.name.clone()) {
             // The first contact with an `accept-new` host logs in (to pin the key the record
             // names) before the call becomes an execution: the rungs that need no person are

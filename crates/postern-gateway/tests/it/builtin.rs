@@ -244,3 +244,43 @@ async fn a_body_written_out_again_is_the_same_intent() {
     assert!(record["arguments"]["body"].is_string(), "{record}");
     assert!(!record.to_string().contains(secret), "{record}");
 }
+
+/// The transport may hold what opens a call's answer (an HTTP stream's head and priming event)
+/// to send it with the answer, only while the engine has not released it. A call with an effect
+/// has it released before its request reaches the target: the event a client resumes with is
+/// out before the effect can happen. A read that waits for nobody keeps it held while it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_read_keeps_its_answer_unopened_while_it_is_sent() {
+    let (target, addr) = start_target().await;
+    let rig = rig(manifest(&format!("http://{addr}"), &format!("http://{addr}")));
+    let current = std::sync::Arc::new(std::sync::Mutex::new(postern_engine::Opening::default()));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (probe_current, probe_seen) = (std::sync::Arc::clone(&current), std::sync::Arc::clone(&seen));
+    target.on_arrival(move |path| {
+        let released = probe_current.lock().unwrap().is_released();
+        probe_seen.lock().unwrap().push((path.to_owned(), released));
+    });
+    let with_opening = |c: postern_engine::Call| {
+        *current.lock().unwrap() = c.opening.clone();
+        c
+    };
+    let pay = call(
+        "http_request",
+        json!({"method": "POST", "url": format!("http://{addr}/v1/payments"), "body": {"amount": 1}}),
+        1,
+        1,
+    );
+    let paid = rig.engine.call(with_opening(pay)).await.unwrap();
+    assert_eq!(paid.state, ExecutionState::Completed);
+    let read =
+        with_opening(call("http_request", json!({"method": "GET", "url": format!("http://{addr}/v1/balance")}), 1, 2));
+    let opening = read.opening.clone();
+    let balance = rig.engine.call(read).await.unwrap();
+    assert_eq!(balance.state, ExecutionState::Completed);
+    assert!(!opening.is_released(), "nothing made the read open its answer early");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![("/v1/payments".to_owned(), true), ("/v1/balance".to_owned(), false)],
+        "at the moment each request reached the target"
+    );
+}

@@ -27,6 +27,9 @@ struct Reviewer {
     asked: Mutex<Vec<AuthorizationRequest>>,
     reviews: Mutex<Vec<RetryReviewRequest>>,
     saw_withdrawal: AtomicBool,
+    /// A call's opening to look at whenever a question comes, and what was seen.
+    opening: Mutex<Option<postern_engine::Opening>>,
+    released_when_asked: Mutex<Vec<bool>>,
 }
 
 impl Reviewer {
@@ -40,6 +43,8 @@ impl Reviewer {
             asked: Mutex::new(Vec::new()),
             reviews: Mutex::new(Vec::new()),
             saw_withdrawal: AtomicBool::new(false),
+            opening: Mutex::new(None),
+            released_when_asked: Mutex::new(Vec::new()),
         })
     }
 
@@ -82,6 +87,9 @@ impl Reviewer {
 impl Approver for Reviewer {
     fn authorize(&self, request: &AuthorizationRequest) -> Authorization {
         self.asked.lock().unwrap().push(request.clone());
+        if let Some(opening) = &*self.opening.lock().unwrap() {
+            self.released_when_asked.lock().unwrap().push(opening.is_released());
+        }
         let answered = self.deliberate(&request.withdrawn);
         let refused_body = match (&*self.refuse_body.lock().unwrap(), &request.body_preview) {
             (Some(needle), Some(body)) => body.contains(needle.as_str()),
@@ -541,4 +549,25 @@ async fn past_the_key_retention_a_status_route_cannot_send_it_again() {
     assert!(!shown.is_empty() && shown.iter().all(|r| !r.choices.contains(&ReviewChoice::CheckStatus)), "{shown:?}");
     assert_ne!(retry.state, ExecutionState::Completed, "{retry:?}");
     assert_eq!(l.target.payments(), 1, "never sent again under a forgotten key");
+}
+
+/// A read that waits for a reviewer (the first call of a new run) opens its answer before it
+/// waits: the transport must not hold a stream's head for as long as a person takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_waits_for_a_reviewer_opens_its_answer_first() {
+    let reviewer = Reviewer::new(true, Some(Grant::Session));
+    let l = ladder(Arc::clone(&reviewer)).await;
+    let run = start_run(&l, 1);
+    let asked_first = in_run("echo", 1, run);
+    *reviewer.opening.lock().unwrap() = Some(asked_first.opening.clone());
+    let out = l.engine.call(asked_first).await.unwrap();
+    assert_eq!(out.state, ExecutionState::Completed);
+    assert_eq!(reviewer.asked(), vec![Ask::SessionAuthorization]);
+    assert_eq!(*reviewer.released_when_asked.lock().unwrap(), vec![true], "released before the reviewer was asked");
+    // The run is authorized now: its next read waits for nobody and keeps its answer held.
+    let next = in_run("echo", 2, run);
+    let opening = next.opening.clone();
+    assert_eq!(l.engine.call(next).await.unwrap().state, ExecutionState::Completed);
+    assert_eq!(reviewer.asked().len(), 1);
+    assert!(!opening.is_released());
 }

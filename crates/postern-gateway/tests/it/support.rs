@@ -238,6 +238,7 @@ pub fn call(tool: &str, arguments: Value, session: u128, jsonrpc_id: u64) -> Cal
         cancel: Default::default(),
         bound: Default::default(),
         resolved: None,
+        opening: Default::default(),
     }
 }
 

@@ -108,6 +108,9 @@ pub struct HttpCaller {
     /// Raised when a 2026-07-28 client closes the request's response stream before its answer:
     /// that revision makes a closed stream the request's cancellation (there is no resumption).
     pub abandoned: postern_engine::CancelSignal,
+    /// Released when the call's answer must be opened (its stream's head and priming event
+    /// sent) rather than held for the answer: see [`postern_engine::Opening`].
+    pub opening: postern_engine::Opening,
 }
 
 /// A call's place among the session's calls in flight, given up however the call ends.
@@ -257,7 +260,8 @@ impl PosternMcp {
         }
         let key = request_key(&context.id);
         // A 2026-07-28 stream closed before its answer (a task's handle included) cancels it.
-        let cancel = Self::http_context(&context).map(|http| http.abandoned).unwrap_or_default();
+        let http = Self::http_context(&context);
+        let cancel = http.as_ref().map(|http| http.abandoned.clone()).unwrap_or_default();
         // One call per id at a time on a session: a cancellation names its request by id. (The
         // socket's transport refuses a reused id before it gets here.)
         let fresh = self.in_flight.lock().is_ok_and(|mut m| match m.entry(key.clone()) {
@@ -287,6 +291,7 @@ impl PosternMcp {
             cancel: cancel.clone(),
             bound: if as_task { postern_engine::Bound::for_task() } else { postern_engine::Bound::default() },
             resolved: upstream,
+            opening: http.map(|http| http.opening).unwrap_or_default(),
         };
         let bound = call.bound.clone();
         // The engine runs in its own task: a dropped connection must not abandon an execution
@@ -453,6 +458,7 @@ impl PosternMcp {
             cancel: postern_engine::CancelSignal::default(),
             bound: postern_engine::Bound::default(),
             resolved: Some(resolved),
+            opening: postern_engine::Opening::default(),
         };
         let engine = Arc::clone(&self.gateway.engine);
         let outcome = self

@@ -407,7 +407,7 @@ async fn guard(
             .unwrap_or_default();
         let follow_up =
             FollowUp { session: session.clone(), answers: resumed.answers, follow_ups: Arc::clone(&guard.follow_ups) };
-        return delivering(response, ticket, handoffs, Some(follow_up), None);
+        return delivering(response, ticket, handoffs, Some(follow_up), None, None);
     }
     // At 2026-07-28 a closed response stream is its request's cancellation: the client cannot
     // resume it and must re-issue the call as a new request. The stream is closed if the
@@ -417,9 +417,10 @@ async fn guard(
     let abandoned = postern_engine::CancelSignal::default();
     let sessionless_call = sessionless && answers.as_ref().is_some_and(|a| a.tool.is_some());
     let mut abandon = Abandon(sessionless_call.then(|| abandoned.clone()));
-    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned });
+    let opening = postern_engine::Opening::default();
+    request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned, opening: opening.clone() });
+    let mut unanswered = Unanswered(Some(ticket.clone()));
     let response = next.run(request).await;
-    let abandon = abandon.0.take();
     // A new session's id comes back on the response to `initialize`.
     let session = session.or_else(|| {
         let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -438,12 +439,49 @@ async fn guard(
         answers: answers.unwrap_or_default(),
         follow_ups: Arc::clone(&guard.follow_ups),
     });
-    let mut response =
-        delivering(response, ticket, handoffs, follow_up, priming.filter(|_| streamed).map(|t| t.priming_frame()));
-    if let Some(signal) = abandon {
+    let priming = priming.filter(|_| streamed).map(|t| t.priming_frame());
+    let (parts, mut body) = response.into_parts();
+    let first = match priming {
+        Some(_) => opened(&mut body, &opening).await,
+        None => None,
+    };
+    let response = Response::from_parts(parts, body);
+    unanswered.0 = None;
+    let mut response = delivering(response, ticket, handoffs, follow_up, priming, first);
+    if let Some(signal) = abandon.0.take() {
         response = abandoned_unless_read(response, signal);
     }
     response
+}
+
+/// Waits, for a `tools/call` stream, until the engine releases the call's opening
+/// ([`postern_engine::Opening`]) or the answer's first frame comes, whichever is first: a read
+/// that waits for nobody is answered before it is released, and its head, priming event and
+/// answer then leave in one write (hyper takes every frame that is ready before it writes). The
+/// stream's keep-alive (15 s) is a frame too, so no read holds its head longer than that.
+/// Returns the first frame if one was taken.
+async fn opened(body: &mut Body, opening: &postern_engine::Opening) -> Option<Polled> {
+    use http_body::Body as _;
+    tokio::select! {
+        biased;
+        first = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)) => Some(first),
+        () = opening.released() => None,
+    }
+}
+
+/// One poll's answer from a response body.
+type Polled = Option<Result<Frame<Bytes>, axum::Error>>;
+
+/// A response's delivery ticket, settled as not delivered if the request is dropped before its
+/// response is (the client's connection went while the guard waited).
+struct Unanswered(Option<DeliveryTicket>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.0.take() {
+            ticket.settle(false);
+        }
+    }
 }
 
 /// Raises the request's cancellation if dropped still holding it (the request was dropped
@@ -501,20 +539,11 @@ fn delivering(
     handoffs: Arc<Handoffs>,
     follow_up: Option<FollowUp>,
     preamble: Option<Bytes>,
+    first: Option<Polled>,
 ) -> Response {
-    let (parts, body) = response.into_parts();
-    Response::from_parts(
-        parts,
-        Body::new(DeliveryBody {
-            inner: body,
-            ticket,
-            settled: false,
-            handed_out: false,
-            handoffs,
-            follow_up,
-            preamble,
-        }),
-    )
+    let (parts, inner) = response.into_parts();
+    let body = DeliveryBody { inner, first, ticket, settled: false, handed_out: false, handoffs, follow_up, preamble };
+    Response::from_parts(parts, Body::new(body))
 }
 
 /// Where a written result waits for the client's next message.
@@ -532,6 +561,8 @@ struct FollowUp {
 /// delivered").
 struct DeliveryBody {
     inner: Body,
+    /// The first poll of `inner`, if it was taken already (see [`opened`]).
+    first: Option<Polled>,
     ticket: DeliveryTicket,
     settled: bool,
     /// A frame carrying the result was handed out and awaits the next poll.
@@ -584,7 +615,10 @@ impl http_body::Body for DeliveryBody {
         if std::mem::take(&mut self.handed_out) {
             self.confirm_when_written();
         }
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let polled = match self.first.take() {
+            Some(first) => Poll::Ready(first),
+            None => Pin::new(&mut self.inner).poll_frame(cx),
+        };
         match &polled {
             Poll::Ready(Some(Ok(frame))) if !self.settled && self.carries_result(frame) => {
                 // From now on a call of another tool on the session is a step of delivery: the
@@ -633,6 +667,9 @@ pub fn router(gateway: Arc<Gateway>, max_message_bytes: usize, config_token: Can
         // A client speaking 2026-07-28 (no sessions) that accepts `application/json` gets a
         // `tools/call` answer as one JSON body instead of an SSE stream per POST.
         .with_json_response(true)
+        // A comment frame on a quiet stream every 15 s; it also bounds how long a read's head
+        // waits for its answer (see `opened`).
+        .with_sse_keep_alive(Some(std::time::Duration::from_secs(15)))
         .with_cancellation_token(config_token.0);
     let mut config = config;
     // Sessions outlive a restart, so a resumed stream finds its session (`resumption`).

@@ -93,6 +93,7 @@ async fn a_fetched_result_taken_by_the_connection()
     let inner = axum::body::Body::new(OneFrame(Some(data.clone())));
     let mut body = super::DeliveryBody {
         inner,
+        first: None,
         ticket: ticket.clone(),
         settled: false,
         handed_out: false,
@@ -143,4 +144,28 @@ async fn a_result_still_buffered_when_the_connection_goes_was_not_delivered() {
     let late = crate::delivery::DeliveryTicket::detached();
     handoffs.after_flush(late.clone());
     assert_eq!(late.verdict(), Some(false));
+}
+
+/// A `tools/call` stream's opening waits for whichever comes first: the engine's release (a call
+/// with an effect, or a read that waits for a person) or the answer's first frame (a read), which
+/// is then handed on as the body's first frame; a body that ends first ends the wait too.
+#[tokio::test]
+async fn a_stream_opens_at_its_release_or_with_its_first_frame() {
+    use http_body::Body as _;
+    let opening = postern_engine::Opening::default();
+    // Nothing yet: released, the wait ends without taking a frame.
+    let mut waiting = axum::body::Body::new(OneFrame(None));
+    let (done, ()) = tokio::join!(super::opened(&mut waiting, &opening), async { opening.release() });
+    assert!(done.is_none());
+    // The answer first: it is taken, and handed out first.
+    let answer = axum::body::Bytes::from_static(b"data: {}\n\n");
+    let mut answered = axum::body::Body::new(OneFrame(Some(answer.clone())));
+    let first = super::opened(&mut answered, &postern_engine::Opening::default()).await;
+    let frame = first.expect("the first frame was taken").expect("a frame").unwrap();
+    assert_eq!(frame.into_data().unwrap(), answer);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(std::pin::Pin::new(&mut answered).poll_frame(&mut cx).is_pending(), "nothing taken twice");
+    // A body that ends at once.
+    let mut empty = axum::body::Body::empty();
+    assert!(matches!(super::opened(&mut empty, &postern_engine::Opening::default()).await, Some(None)));
 }
