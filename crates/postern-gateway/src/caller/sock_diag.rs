@@ -162,8 +162,21 @@ fn invalid(what: String) -> std::io::Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A client of `server` bound to `port` (0: any) with a small receive buffer, which resets
+    /// its connection when dropped (no TIME_WAIT keeps the port, so it can connect from it again).
+    pub(crate) fn resetting_client(server: SocketAddr, port: u16) -> std::net::TcpStream {
+        use rustix::net::{AddressFamily, SocketType, sockopt};
+        let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        sockopt::set_socket_reuseaddr(&fd, true).unwrap();
+        sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
+        rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+        rustix::net::connect(&fd, &server).unwrap();
+        sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO)).unwrap();
+        std::net::TcpStream::from(fd)
+    }
 
     #[test]
     fn a_connection_is_found_by_its_four_tuple_from_either_end() {
@@ -223,18 +236,9 @@ mod tests {
     /// is gone, never the new one's state.
     #[test]
     fn a_lookup_by_cookie_is_not_answered_by_a_new_socket_on_the_same_four_tuple() {
-        use rustix::net::{AddressFamily, SocketType, sockopt};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let server_addr = listener.local_addr().unwrap();
-        let connect_from = |port: u16| {
-            let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
-            sockopt::set_socket_reuseaddr(&fd, true).unwrap();
-            rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
-            rustix::net::connect(&fd, &server_addr).unwrap();
-            // Closing resets the connection at once: no TIME_WAIT keeps the port.
-            sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO)).unwrap();
-            std::net::TcpStream::from(fd)
-        };
+        let connect_from = |port| resetting_client(server_addr, port);
         let first = connect_from(0);
         let port = first.local_addr().unwrap().port();
         let (old, client_addr) = listener.accept().unwrap();

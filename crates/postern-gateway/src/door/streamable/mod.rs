@@ -420,7 +420,7 @@ async fn guard(
     let opening = postern_engine::Opening::default();
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned, opening: opening.clone() });
     let mut unanswered = Unanswered(Some(ticket.clone()));
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
     // A new session's id comes back on the response to `initialize`.
     let session = session.or_else(|| {
         let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -440,12 +440,10 @@ async fn guard(
         follow_ups: Arc::clone(&guard.follow_ups),
     });
     let priming = priming.filter(|_| streamed).map(|t| t.priming_frame());
-    let (parts, mut body) = response.into_parts();
     let first = match priming {
-        Some(_) => opened(&mut body, &opening).await,
+        Some(_) => opened(response.body_mut(), &opening).await,
         None => None,
     };
-    let response = Response::from_parts(parts, body);
     unanswered.0 = None;
     let mut response = delivering(response, ticket, handoffs, follow_up, priming, first);
     if let Some(signal) = abandon.0.take() {

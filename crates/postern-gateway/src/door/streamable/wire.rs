@@ -80,14 +80,27 @@ impl Wire {
     }
 
     fn with_deadline(stream: TcpStream, local: SocketAddr, peer: SocketAddr, deadline: std::time::Duration) -> Self {
-        // Looks at the send queue name this very socket: after a reset, a new connection from
-        // the client's port has the same four-tuple.
-        let cookie = Cookie::of(&stream)
-            .inspect_err(
-                |e| tracing::warn!(error = %e, "no SO_COOKIE: results on this connection will count as not delivered"),
-            )
-            .ok();
-        Wire { stream, handoffs: Arc::new(Handoffs { conn: (local, peer), cookie, deadline, ..Handoffs::default() }) }
+        let handoffs = Handoffs {
+            conn: (local, peer),
+            cookie: std::sync::OnceLock::new(),
+            deadline,
+            tickets: Mutex::default(),
+            buffered: AtomicBool::new(false),
+        };
+        Wire { stream, handoffs: Arc::new(handoffs) }
+    }
+
+    /// Reads the socket's cookie, once, before the first look at its send queue: looks name this
+    /// very socket (after a reset, a new connection from the client's port has the same
+    /// four-tuple). Only a connection that carries a result pays for it.
+    fn note_cookie(&self) {
+        self.handoffs.cookie.get_or_init(|| {
+            Cookie::of(&self.stream)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no SO_COOKIE: results on this connection will count as not delivered")
+                })
+                .ok()
+        });
     }
 
     /// The server end.
@@ -107,8 +120,9 @@ impl Wire {
 pub(super) struct Handoffs {
     /// The server end and the client end.
     conn: (SocketAddr, SocketAddr),
-    /// The server end's socket cookie (`None`: unknown, and every look is unreadable).
-    cookie: Option<Cookie>,
+    /// The server end's socket cookie, read at the first flush that has tickets (`None` inside:
+    /// unreadable, and so is every look).
+    cookie: std::sync::OnceLock<Option<Cookie>>,
     /// How long a ticket may stay unacknowledged after its flush, or buffered after its write
     /// stalled ([`ACK_DEADLINE`]).
     deadline: std::time::Duration,
@@ -147,26 +161,13 @@ struct Unacknowledged {
     since: tokio::time::Instant,
 }
 
-impl Default for Handoffs {
-    fn default() -> Self {
-        let nowhere = SocketAddr::from(([0, 0, 0, 0], 0));
-        Handoffs {
-            conn: (nowhere, nowhere),
-            cookie: None,
-            deadline: ACK_DEADLINE,
-            tickets: Mutex::default(),
-            buffered: AtomicBool::new(false),
-        }
-    }
-}
-
 impl Handoffs {
     fn tickets(&self) -> std::sync::MutexGuard<'_, Tickets> {
         self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn look(&self) -> Option<connection::SendQueue> {
-        let cookie = self.cookie?;
+        let cookie = (*self.cookie.get()?)?;
         connection::tcp_send_queue_of(self.conn.0, self.conn.1, Some(cookie))
     }
 
@@ -360,7 +361,8 @@ impl AsyncWrite for Wire {
     /// in the kernel's hands.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let flushed = Pin::new(&mut self.stream).poll_flush(cx);
-        if matches!(flushed, Poll::Ready(Ok(()))) {
+        if matches!(flushed, Poll::Ready(Ok(()))) && self.handoffs.buffered.load(Ordering::Acquire) {
+            self.note_cookie();
             self.handoffs.flushed();
         }
         flushed
@@ -398,6 +400,7 @@ mod tests {
 
     /// A ticket written out by the connection's first flush and not acknowledged at that look.
     fn unacknowledged(wire: &Wire) -> DeliveryTicket {
+        wire.note_cookie();
         let ticket = DeliveryTicket::detached();
         ticket.followed_up(); // the agent's step is taken: the kernel's acknowledgement settles it
         let mut tickets = wire.handoffs.tickets();
@@ -431,19 +434,10 @@ mod tests {
     /// its cookie, so the result it never acknowledged is not taken for delivered.
     #[tokio::test]
     async fn a_new_connection_on_the_same_port_does_not_acknowledge_the_old_ones_bytes() {
-        use rustix::net::{AddressFamily, SocketType, sockopt};
+        use crate::caller::sock_diag::tests::resetting_client as connect_from;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server_addr = listener.local_addr().unwrap();
-        let connect_from = |port: u16| {
-            let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
-            sockopt::set_socket_reuseaddr(&fd, true).unwrap();
-            sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
-            rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
-            rustix::net::connect(&fd, &server_addr).unwrap();
-            sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO)).unwrap();
-            std::net::TcpStream::from(fd)
-        };
-        let first = connect_from(0);
+        let first = connect_from(server_addr, 0);
         let (server, peer) = listener.accept().await.unwrap();
         let mut wire = Wire::new(server, server_addr, peer);
         let ticket = unacknowledged(&wire);
@@ -457,7 +451,7 @@ mod tests {
         }
         assert!(matches!(wire.handoffs.look(), Some(connection::SendQueue::Pending(_))));
         drop(first); // reset
-        let _second = connect_from(peer.port());
+        let _second = connect_from(server_addr, peer.port());
         let (_new, again) = listener.accept().await.unwrap();
         assert_eq!(again, peer, "the same four-tuple, a new socket with nothing queued");
         let flushes = wire.handoffs.tickets().flushes;
