@@ -167,35 +167,21 @@ impl Bound {
 /// before it waits for a reviewer or another call's question. A call whose transport holds
 /// nothing ignores it.
 #[derive(Debug, Clone, Default)]
-pub struct Opening(Arc<OpeningState>);
-
-#[derive(Debug, Default)]
-struct OpeningState {
-    released: std::sync::atomic::AtomicBool,
-    notify: tokio::sync::Notify,
-}
+pub struct Opening(tokio_util::sync::CancellationToken);
 
 impl Opening {
     /// The transport must open the answer now.
     pub fn release(&self) {
-        if !self.0.released.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            self.0.notify.notify_waiters();
-        }
+        self.0.cancel();
     }
 
     pub fn is_released(&self) -> bool {
-        self.0.released.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.is_cancelled()
     }
 
     /// Resolves once [`Opening::release`] was called.
     pub async fn released(&self) {
-        loop {
-            let notified = self.0.notify.notified();
-            if self.is_released() {
-                return;
-            }
-            notified.await;
-        }
+        self.0.cancelled().await;
     }
 }
 

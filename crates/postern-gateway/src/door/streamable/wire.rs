@@ -90,17 +90,14 @@ impl Wire {
         Wire { stream, handoffs: Arc::new(handoffs) }
     }
 
-    /// Reads the socket's cookie, once, before the first look at its send queue: looks name this
-    /// very socket (after a reset, a new connection from the client's port has the same
-    /// four-tuple). Only a connection that carries a result pays for it.
-    fn note_cookie(&self) {
-        self.handoffs.cookie.get_or_init(|| {
-            Cookie::of(&self.stream)
-                .inspect_err(|e| {
-                    tracing::warn!(error = %e, "no SO_COOKIE: results on this connection will count as not delivered")
-                })
-                .ok()
-        });
+    /// The socket's cookie, which every look at its send queue names: after a reset, a new
+    /// connection from the client's port has the same four-tuple. `None` (logged): unreadable.
+    fn cookie(&self) -> Option<Cookie> {
+        Cookie::of(&self.stream)
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "no SO_COOKIE: results on this connection will count as not delivered"),
+            )
+            .ok()
     }
 
     /// The server end.
@@ -187,11 +184,14 @@ impl Handoffs {
 
     /// The connection has written everything it buffered. On loopback the client's kernel often
     /// acknowledges inside the write, so a look right away usually settles the tickets; a client
-    /// that delays its acknowledgement leaves them to [`Handoffs::watch`].
-    fn flushed(self: &Arc<Self>) {
+    /// that delays its acknowledgement leaves them to [`Handoffs::watch`]. `cookie` reads the
+    /// socket's cookie, the first time there are tickets.
+    fn flushed(self: &Arc<Self>, cookie: impl FnOnce() -> Option<Cookie>) {
         if !self.buffered.load(Ordering::Acquire) {
             return;
         }
+        // Read once, before the first look: only a connection that carries a result pays for it.
+        self.cookie.get_or_init(cookie);
         let (written_out, flush) = {
             let mut tickets = self.tickets();
             self.buffered.store(false, Ordering::Release);
@@ -361,9 +361,9 @@ impl AsyncWrite for Wire {
     /// in the kernel's hands.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let flushed = Pin::new(&mut self.stream).poll_flush(cx);
-        if matches!(flushed, Poll::Ready(Ok(()))) && self.handoffs.buffered.load(Ordering::Acquire) {
-            self.note_cookie();
-            self.handoffs.flushed();
+        if matches!(flushed, Poll::Ready(Ok(()))) {
+            let wire = &*self;
+            wire.handoffs.flushed(|| wire.cookie());
         }
         flushed
     }
@@ -400,7 +400,7 @@ mod tests {
 
     /// A ticket written out by the connection's first flush and not acknowledged at that look.
     fn unacknowledged(wire: &Wire) -> DeliveryTicket {
-        wire.note_cookie();
+        wire.handoffs.cookie.get_or_init(|| wire.cookie());
         let ticket = DeliveryTicket::detached();
         ticket.followed_up(); // the agent's step is taken: the kernel's acknowledgement settles it
         let mut tickets = wire.handoffs.tickets();
