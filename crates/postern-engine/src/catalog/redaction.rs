@@ -168,16 +168,18 @@ impl CallSecrets {
     /// `bytes` with every spelling of every secret at least `min` bytes long replaced by its
     /// label, and whether anything was replaced.
     pub fn mask_bytes(&self, bytes: &[u8], min: usize) -> (Vec<u8>, bool) {
-        let mut out = bytes.to_vec();
-        let mut any = false;
+        // Copied only when a secret is found: most answers hold none.
+        let mut masked: Option<Vec<u8>> = None;
         for (label, value) in self.items.iter().filter(|(_, v)| v.expose().len() >= min) {
-            let (masked, found) = replace_spellings(&out, value.expose(), label.as_bytes());
-            if found {
-                out = masked;
-                any = true;
+            let text = masked.as_deref().unwrap_or(bytes);
+            if let Some(out) = spellings_replaced(text, value.expose(), label.as_bytes()) {
+                masked = Some(out);
             }
         }
-        (out, any)
+        match masked {
+            Some(out) => (out, true),
+            None => (bytes.to_vec(), false),
+        }
     }
 
     /// Masks, in place, every string inside `value` that comes back from outside (keys
@@ -325,34 +327,41 @@ const STEPS_PER_BYTE: usize = 64;
 /// is replaced whole by `with` (and counts as found), so a hostile echo costs linear time and
 /// gets nothing through.
 pub fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>, bool) {
+    match spellings_replaced(haystack, needle, with) {
+        Some(out) => (out, true),
+        None => (haystack.to_vec(), false),
+    }
+}
+
+/// [`replace_spellings`], or `None` (and nothing copied) when there is no spelling to replace.
+fn spellings_replaced(haystack: &[u8], needle: &str, with: &[u8]) -> Option<Vec<u8>> {
     let chars: Vec<char> = needle.chars().collect();
-    let mut out = Vec::with_capacity(haystack.len());
-    let (mut i, mut found) = (0, false);
-    let Some(&first) = chars.first() else { return (haystack.to_vec(), false) };
+    let &first = chars.first()?;
     let mut utf8 = [0u8; 4];
     let lead = first.encode_utf8(&mut utf8).as_bytes()[0];
+    // Most positions cannot start a spelling: they are skipped, a run at a time, without looking
+    // further, and copied only once a spelling was found.
+    let may_start = |b: u8| matches!(b, b'%' | b'+' | b'\\') || b == lead;
     let mut budget = haystack.len().saturating_mul(STEPS_PER_BYTE).saturating_add(4096);
-    while i < haystack.len() {
-        // Most positions cannot start a spelling: skip them without looking further.
-        if !matches!(haystack[i], b'%' | b'+' | b'\\') && haystack[i] != lead {
-            out.push(haystack[i]);
-            i += 1;
-            continue;
-        }
+    let mut out: Option<Vec<u8>> = None;
+    // `haystack[copied..i]` is not yet in `out`.
+    let (mut i, mut copied) = (0, 0);
+    while let Some(skip) = haystack[i..].iter().position(|&b| may_start(b)) {
+        i += skip;
         match spelling_at(haystack, i, &chars, &mut budget) {
             Some(Some(end)) => {
+                let out = out.get_or_insert_with(|| Vec::with_capacity(haystack.len()));
+                out.extend_from_slice(&haystack[copied..i]);
                 out.extend_from_slice(with);
-                i = end;
-                found = true;
+                (i, copied) = (end, end);
             }
-            Some(None) => {
-                out.push(haystack[i]);
-                i += 1;
-            }
-            None => return (with.to_vec(), true),
+            Some(None) => i += 1,
+            None => return Some(with.to_vec()),
         }
     }
-    (out, found)
+    let mut out = out?;
+    out.extend_from_slice(&haystack[copied..]);
+    Some(out)
 }
 
 #[cfg(test)]
@@ -476,7 +485,52 @@ mod tests {
             .collect()
     }
 
+    /// The search one position at a time, as it was written first: what the search that skips
+    /// runs of positions must answer, byte for byte.
+    fn one_position_at_a_time(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>, bool) {
+        let chars: Vec<char> = needle.chars().collect();
+        let Some(&first) = chars.first() else { return (haystack.to_vec(), false) };
+        let lead = first.to_string().as_bytes()[0];
+        let mut budget = haystack.len().saturating_mul(STEPS_PER_BYTE).saturating_add(4096);
+        let (mut out, mut i, mut found) = (Vec::new(), 0, false);
+        while i < haystack.len() {
+            if !matches!(haystack[i], b'%' | b'+' | b'\\') && haystack[i] != lead {
+                out.push(haystack[i]);
+                i += 1;
+                continue;
+            }
+            match spelling_at(haystack, i, &chars, &mut budget) {
+                Some(Some(end)) => {
+                    out.extend_from_slice(with);
+                    (i, found) = (end, true);
+                }
+                Some(None) => {
+                    out.push(haystack[i]);
+                    i += 1;
+                }
+                None => return (with.to_vec(), true),
+            }
+        }
+        (out, found)
+    }
+
     proptest! {
+        /// Hostile text around (and inside) spellings of a secret, branching runs included: the
+        /// search that skips runs and copies only once it found something answers as the one
+        /// that looks at every position, and finds nothing in text with no spelling.
+        #[test]
+        fn skipping_runs_finds_what_looking_everywhere_finds(
+            secret in "[\\\\%+ \"/a-c5Cu]{1,12}",
+            choices in proptest::collection::vec(any::<u8>(), 1..16),
+            parts in proptest::collection::vec("[\\\\%+ \"/a-c5Cu0-9]{0,40}", 0..6),
+        ) {
+            let spelled = spell(&secret, &choices);
+            let haystack = parts.join(&spelled);
+            let expected = one_position_at_a_time(haystack.as_bytes(), &secret, b"<x>");
+            prop_assert_eq!(&replace_spellings(haystack.as_bytes(), &secret, b"<x>"), &expected);
+            prop_assert_eq!(spellings_replaced(haystack.as_bytes(), &secret, b"<x>").is_some(), expected.1);
+        }
+
         /// Whatever the secret and however a hostile target spells it back, the result keeps no
         /// spelling of it.
         #[test]
