@@ -7,9 +7,10 @@
 //! The clients run in a separate process (this executable again), as agents do: 1, 8 and 32
 //! sessions, each keeping its connection alive or opening a new TCP connection per call (rmcp's
 //! default client), first on a quiet machine, then with `POSTERN_BENCH_SOCKETS` (default 2,000)
-//! idle loopback connections held by a third process. Rows alternate floor, relay and Postern.
-//! Each row prints calls/s, p50/p99, the server process's CPU per call and the bytes it wrote per
-//! call; the relay's rows print their ratio to the floor, Postern's to the floor and the relay.
+//! idle loopback connections held by a third process. Rows alternate floor, relay, mcp-proxy
+//! (when installed) and Postern. Each row prints calls/s, p50/p99, the server process's CPU per
+//! call and the bytes it wrote per call; the relays' rows print their ratio to the floor,
+//! Postern's to the floor and each relay.
 //!
 //! Run: `cargo bench -p postern-gateway --bench mcp_hop` (`POSTERN_BENCH_CALLS` to change N,
 //! `POSTERN_BENCH_KEYCHAIN=memory` without a Secret Service).
@@ -39,8 +40,8 @@ enum Minimal {
     Floor { client: reqwest::Client, url: String },
     /// One proxy hop, what an MCP proxy does: its tool relays each call to the floor at `url`
     /// (one kept-alive HTTP client, protocol 2026-07-28 with JSON answers) and decodes the
-    /// floor's result into rmcp's types before answering with it. (mcp-proxy 0.4.3, a Python
-    /// relay, measured on this machine at 0.54–0.65x the floor.)
+    /// floor's result into rmcp's types before answering with it. (mcp-proxy itself, when
+    /// installed, is measured beside it: [`McpProxy`].)
     Relay { client: reqwest::Client, url: String },
 }
 
@@ -125,6 +126,91 @@ async fn start_server<H: rmcp::ServerHandler + Clone + Send + Sync + 'static>(ha
     format!("http://{addr}/mcp")
 }
 
+/// mcp-proxy (crates.io, the Rust MCP reverse proxy the performance goals were first set
+/// against) when it is installed (`POSTERN_BENCH_MCP_PROXY`, or `mcp-proxy` on `PATH`): one hop
+/// in front of the floor, as a team deploys it, with the floor as its one HTTP backend (whose
+/// tools it names `floor/…`). It runs as a process of its own; its process group is stopped on
+/// drop.
+struct McpProxy {
+    group: std::process::Child,
+    url: String,
+    _config: tempfile::TempDir,
+}
+
+impl McpProxy {
+    /// The name mcp-proxy gives the floor's tool.
+    const TOOL: &str = "floor/read";
+
+    fn start(floor_url: &str) -> Option<McpProxy> {
+        use std::os::unix::process::CommandExt as _;
+        let exe = std::env::var_os("POSTERN_BENCH_MCP_PROXY").map(std::path::PathBuf::from).or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join("mcp-proxy")).find(|p| p.is_file())
+        })?;
+        // A free port: mcp-proxy takes its port from the config.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let dir = tempfile::tempdir().ok()?;
+        let config = dir.path().join("proxy.toml");
+        // Its log level set: with no `[observability]` table, mcp-proxy 0.4.3 logs every message
+        // (its default level is empty, which its filter reads as "everything").
+        let toml = format!(
+            "[proxy]\nname = \"bench\"\n[proxy.listen]\nhost = \"127.0.0.1\"\nport = {port}\n\
+             [observability]\nlog_level = \"warn\"\n\
+             [[backends]]\nname = \"floor\"\ntransport = \"http\"\nurl = \"{floor_url}\"\n"
+        );
+        std::fs::write(&config, toml).ok()?;
+        let mut group = std::process::Command::new(&exe)
+            .arg("--config")
+            .arg(&config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| eprintln!("mcp-proxy at {} did not start: {e}", exe.display()))
+            .ok()?;
+        for _ in 0..300 {
+            if let Ok(Some(status)) = group.try_wait() {
+                eprintln!("mcp-proxy at {} exited ({status}): is it the crates.io mcp-proxy?", exe.display());
+                return None;
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(McpProxy { group, url: format!("http://127.0.0.1:{port}/"), _config: dir });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("mcp-proxy at {} did not listen on port {port} within 30 s", exe.display());
+        let _ = group.kill();
+        None
+    }
+
+    /// CPU time of every process in its group so far.
+    fn cpu_time(&self) -> Duration {
+        let group = self.group.id().to_string();
+        let hz = rustix::param::clock_ticks_per_second() as f64;
+        let Ok(procs) = std::fs::read_dir("/proc") else { return Duration::ZERO };
+        let ticks: u64 = procs
+            .flatten()
+            .filter_map(|p| std::fs::read_to_string(p.path().join("stat")).ok())
+            .filter_map(|stat| {
+                // After the parenthesised command: pgrp is field 5, utime 14, stime 15.
+                let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+                (fields.get(2) == Some(&group.as_str()))
+                    .then(|| [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum::<u64>())
+            })
+            .sum();
+        Duration::from_secs_f64(ticks as f64 / hz)
+    }
+}
+
+impl Drop for McpProxy {
+    fn drop(&mut self) {
+        if let Some(group) = rustix::process::Pid::from_raw(self.group.id() as i32) {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
+        }
+        let _ = self.group.wait();
+    }
+}
+
 /// A row of calls from the client process: what it runs against, and how.
 #[derive(Clone, Copy)]
 enum Via {
@@ -139,7 +225,7 @@ enum Via {
 /// The client process: runs one row (`POSTERN_BENCH_CLIENT`) and prints `p50_ns p99_ns calls/s`.
 fn client(spec: &str) {
     let fields: Vec<&str> = spec.split(' ').collect();
-    let [via, target, token, concurrency, calls] = fields[..] else { panic!("client spec: {spec}") };
+    let [via, target, token, concurrency, calls, tool] = fields[..] else { panic!("client spec: {spec}") };
     let (concurrency, calls): (usize, usize) = (concurrency.parse().expect("c"), calls.parse().expect("n"));
     // The TLS crypto provider every reqwest client needs (Postern's engine installs it server-side).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -166,8 +252,8 @@ fn client(spec: &str) {
                 .await
                 .0
             }
-            "json" => http_row(concurrency, calls, target, token, "read", false, true).await,
-            fresh => http_row(concurrency, calls, target, token, "read", fresh == "fresh", false).await,
+            "json" => http_row(concurrency, calls, target, token, tool, false, true).await,
+            fresh => http_row(concurrency, calls, target, token, tool, fresh == "fresh", false).await,
         }
     });
     report(&f);
@@ -180,27 +266,30 @@ struct Row {
     bytes_per_call: Option<f64>,
 }
 
-async fn row(via: Via, target: &str, token: &str, concurrency: usize, calls: usize) -> Row {
+/// `also`: a relay in processes of its own, whose CPU counts with this process's.
+async fn row(via: Via, target: &str, token: &str, concurrency: usize, calls: usize, also: Option<&McpProxy>) -> Row {
+    let tool = if also.is_some() { McpProxy::TOOL } else { "read" };
     let how = match via {
         Via::Http { fresh: true } => "fresh",
         Via::Http { fresh: false } => "kept",
         Via::Socket => "socket",
         Via::Json => "json",
     };
-    let (cpu, bytes) = (common::cpu_time(), common::bytes_written());
-    let figures = client_process(format!("{how} {target} {token} {concurrency} {calls}")).await;
+    let cpu_now = || common::cpu_time() + also.map_or(Duration::ZERO, McpProxy::cpu_time);
+    let (cpu, bytes) = (cpu_now(), common::bytes_written());
+    let figures = client_process(format!("{how} {target} {token} {concurrency} {calls} {tool}")).await;
     // What the row set in motion lands on disk after its last answer (delivery records, the
     // WAL checkpoint): counted with the row that caused it, not the next one.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let calls = calls as f64;
     Row {
         figures,
-        cpu_per_call: (common::cpu_time().saturating_sub(cpu)).div_f64(calls),
+        cpu_per_call: (cpu_now().saturating_sub(cpu)).div_f64(calls),
         bytes_per_call: common::bytes_written().zip(bytes).map(|(after, before)| (after - before) as f64 / calls),
     }
 }
 
-fn print(name: &str, r: &Row, floor: Option<&Row>, relay: Option<&Row>) {
+fn print(name: &str, r: &Row, floor: Option<&Row>, relay: Option<&Row>, proxy: Option<&Row>) {
     let f = &r.figures;
     let bytes = r.bytes_per_call.map_or("?".to_owned(), |b| format!("{:.1} KiB", b / 1024.0));
     print!(
@@ -216,30 +305,36 @@ fn print(name: &str, r: &Row, floor: Option<&Row>, relay: Option<&Row>) {
     if let Some(relay) = relay {
         print!("  {}", common::versus(f, &relay.figures, "relay"));
     }
+    if let Some(proxy) = proxy {
+        print!("  {}", common::versus(f, &proxy.figures, "mcp-proxy"));
+    }
     println!();
 }
 
-/// Each Postern row's ratios of calls/s to the floor and to the relay of its own round, in the
-/// order the rows first ran.
+/// Each Postern row's ratios of calls/s to the floor, the relay and mcp-proxy of its own round,
+/// in the order the rows first ran.
 #[derive(Default)]
-struct Ratios(Vec<(&'static str, Vec<f64>, Vec<f64>)>);
+struct Ratios(Vec<(&'static str, [Vec<f64>; 3])>);
 
 impl Ratios {
-    fn add(&mut self, name: &'static str, r: &Row, floor: Option<&Row>, relay: Option<&Row>) {
+    fn add(&mut self, name: &'static str, r: &Row, against: [Option<&Row>; 3]) {
         let at = self.0.iter().position(|(n, ..)| *n == name).unwrap_or_else(|| {
-            self.0.push((name, Vec::new(), Vec::new()));
+            self.0.push((name, Default::default()));
             self.0.len() - 1
         });
-        let (_, to_floor, to_relay) = &mut self.0[at];
-        to_floor.extend(floor.map(|f| r.figures.per_sec / f.figures.per_sec));
-        to_relay.extend(relay.map(|h| r.figures.per_sec / h.figures.per_sec));
+        for (ratios, base) in self.0[at].1.iter_mut().zip(against) {
+            ratios.extend(base.map(|b| r.figures.per_sec / b.figures.per_sec));
+        }
     }
 
     fn print_medians(&mut self, rounds: usize) {
-        for (name, to_floor, to_relay) in &mut self.0 {
-            let floor = median(to_floor).map_or(String::new(), |m| format!(" {m:.2}x floor"));
-            let relay = median(to_relay).map_or(String::new(), |m| format!(" {m:.2}x relay"));
-            println!("  median of {rounds} rounds, {name}:{floor}{relay}");
+        for (name, ratios) in &mut self.0 {
+            let medians: String = ratios
+                .iter_mut()
+                .zip(["floor", "relay", "mcp-proxy"])
+                .filter_map(|(r, label)| median(r).map(|m| format!(" {m:.2}x {label}")))
+                .collect();
+            println!("  median of {rounds} rounds, {name}:{medians}");
         }
     }
 }
@@ -294,6 +389,8 @@ fn main() {
         let http = reqwest::Client::builder().no_proxy().build().expect("client");
         let floor_url = start_server(Minimal::Floor { client: http.clone(), url: format!("{base}/r") }).await;
         let relay_url = start_server(Minimal::Relay { client: http, url: floor_url.clone() }).await;
+        let proxy = McpProxy::start(&floor_url);
+        let proxy_url = proxy.as_ref().map_or(String::new(), |p| p.url.clone());
         // One agent token per client kind: each token holds at most 64 sessions.
         let mut tokens = Vec::new();
         for (i, name) in ["kept", "fresh", "socket"].into_iter().enumerate() {
@@ -339,40 +436,47 @@ fn main() {
                     if rounds > 1 {
                         println!(" round {round} of {rounds}:");
                     }
-                    let (mut floor, mut relay) = (None, None);
+                    let (mut floor, mut relay, mut relayed_by_proxy) = (None, None, None);
                     for (name, via, kind) in [
                         ("floor: minimal rmcp", Via::Http { fresh: false }, "floor kept"),
                         ("relay: one proxy hop", Via::Http { fresh: false }, "relay kept"),
+                        ("mcp-proxy (crates.io)", Via::Http { fresh: false }, "proxy kept"),
                         ("Postern, Streamable HTTP", Via::Http { fresh: false }, "kept"),
                         ("Postern, bridge socket", Via::Socket, "socket"),
                         ("floor: JSON, 2026-07-28", Via::Json, "floor json"),
                         ("Postern, JSON, 2026-07-28", Via::Json, "json"),
                         ("floor, conn. per call", Via::Http { fresh: true }, "floor fresh"),
                         ("relay, conn. per call", Via::Http { fresh: true }, "relay fresh"),
+                        ("mcp-proxy, conn. per call", Via::Http { fresh: true }, "proxy fresh"),
                         ("Postern, conn. per call", Via::Http { fresh: true }, "fresh"),
                     ] {
-                        if !wanted(kind) {
+                        if !wanted(kind) || (kind.starts_with("proxy") && proxy.is_none()) {
                             continue;
                         }
                         let n = if matches!(via, Via::Http { fresh: true }) { calls / 4 } else { calls };
                         let (target, token) = match (kind, via) {
                             (k, _) if k.starts_with("floor") => (floor_url.as_str(), "-"),
                             (k, _) if k.starts_with("relay") => (relay_url.as_str(), "-"),
+                            (k, _) if k.starts_with("proxy") => (proxy_url.as_str(), "-"),
                             (_, Via::Socket) => (socket.as_str(), tokens[2].as_str()),
                             (_, Via::Json) => (http_url.as_str(), tokens[0].as_str()),
                             (_, Via::Http { fresh: true }) => (http_url.as_str(), tokens[1].as_str()),
                             (_, Via::Http { fresh: false }) => (http_url.as_str(), tokens[0].as_str()),
                         };
-                        let r = row(via, target, token, concurrency, n).await;
+                        let also = proxy.as_ref().filter(|_| kind.starts_with("proxy"));
+                        let r = row(via, target, token, concurrency, n, also).await;
                         if kind.starts_with("floor") {
-                            print(name, &r, None, None);
-                            (floor, relay) = (Some(r), None);
+                            print(name, &r, None, None, None);
+                            (floor, relay, relayed_by_proxy) = (Some(r), None, None);
                         } else if kind.starts_with("relay") {
-                            print(name, &r, floor.as_ref(), None);
+                            print(name, &r, floor.as_ref(), None, None);
                             relay = Some(r);
+                        } else if kind.starts_with("proxy") {
+                            print(name, &r, floor.as_ref(), None, None);
+                            relayed_by_proxy = Some(r);
                         } else {
-                            print(name, &r, floor.as_ref(), relay.as_ref());
-                            ratios.add(name, &r, floor.as_ref(), relay.as_ref());
+                            print(name, &r, floor.as_ref(), relay.as_ref(), relayed_by_proxy.as_ref());
+                            ratios.add(name, &r, [floor.as_ref(), relay.as_ref(), relayed_by_proxy.as_ref()]);
                         }
                     }
                 }
