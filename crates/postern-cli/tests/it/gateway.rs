@@ -700,7 +700,8 @@ fn a_connection_flooding_bad_input_is_closed_and_journaled_once() {
 }
 
 /// One agent token cannot open MCP sessions without bound: beyond 64 open ones a new session is
-/// refused with 429 `too_many_sessions` (journaled); ending one makes room again.
+/// refused with 429 `too_many_sessions` (journaled), whatever version its `initialize` names;
+/// a 2026-07-28 call, which opens none, is still served; ending one makes room again.
 #[test]
 fn an_agent_token_holds_a_bounded_number_of_sessions() {
     let target = Target::start();
@@ -721,6 +722,15 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
         sessions.push(id);
     }
     let (status, answer) = post_initialize(&addr, &auth);
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains("too_many_sessions"), "{answer}");
+    // Only an `initialize` opens a session: a 2026-07-28 call opens none and is served at the
+    // cap; an `initialize` that names 2026-07-28 (rmcp still answers it with a session) is not.
+    let (status, answer) = post_sessionless_call(&addr, &token, 7, "balance", json!({}));
+    assert_eq!(status, 200, "a sessionless call at the cap: {answer}");
+    assert!(answer.contains("\"completed\""), "{answer}");
+    let modern = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2026-07-28","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let (status, answer) = post_mcp(&addr, &format!("{auth}MCP-Protocol-Version: 2026-07-28\r\n"), modern);
     assert_eq!(status, 429, "{answer}");
     assert!(answer.contains("too_many_sessions"), "{answer}");
     let (deleted, answer) = raw_http(

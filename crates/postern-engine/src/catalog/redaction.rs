@@ -431,6 +431,9 @@ mod tests {
         ] {
             let (out, _) = c.mask_found(&echo);
             assert!(!out.contains(&secret), "the secret got through");
+            // The search that skips runs spends its budget as the one that looks everywhere.
+            let expected = one_position_at_a_time(echo.as_bytes(), &secret, b"<x>");
+            assert_eq!(replace_spellings(echo.as_bytes(), &secret, b"<x>"), expected);
         }
     }
 
@@ -529,6 +532,48 @@ mod tests {
             let expected = one_position_at_a_time(haystack.as_bytes(), &secret, b"<x>");
             prop_assert_eq!(&replace_spellings(haystack.as_bytes(), &secret, b"<x>"), &expected);
             prop_assert_eq!(spellings_replaced(haystack.as_bytes(), &secret, b"<x>").is_some(), expected.1);
+        }
+
+        /// The same on any bytes (a decoded `data` payload need not be text) and secrets that
+        /// start with a character of several UTF-8 bytes.
+        #[test]
+        fn skipping_runs_agrees_on_any_bytes(
+            secret in "[\\\\%+ a-cé€😀]{1,8}",
+            choices in proptest::collection::vec(any::<u8>(), 1..16),
+            parts in proptest::collection::vec(
+                proptest::collection::vec(
+                    prop_oneof![any::<u8>(), Just(b'%'), Just(b'\\'), Just(b'+'), Just(0xC3), Just(0xE2)],
+                    0..40,
+                ),
+                0..6,
+            ),
+        ) {
+            let spelled = spell(&secret, &choices).into_bytes();
+            let haystack = parts.join(&spelled[..]);
+            let expected = one_position_at_a_time(&haystack, &secret, b"<x>");
+            prop_assert_eq!(&replace_spellings(&haystack, &secret, b"<x>"), &expected);
+        }
+
+        /// Several secrets, one inside another and a label that spells a later one: each is
+        /// looked for in the text the ones before it masked, as one search after another.
+        #[test]
+        fn every_secret_is_looked_for_in_what_the_ones_before_left(
+            secrets in proptest::collection::vec("[\\\\%+ a-c5]{1,10}", 1..4),
+            text in "[\\\\%+ a-c5<>x]{0,120}",
+        ) {
+            let mut c = CallSecrets::default();
+            for (n, secret) in secrets.iter().enumerate() {
+                c.push(&format!("<{}{n}>", secrets[(n + 1) % secrets.len()]), secret);
+            }
+            let joined = format!("{text}{}", secrets.join(&text));
+            let mut expected = (joined.clone().into_bytes(), false);
+            for (label, value) in &c.items {
+                let (out, found) = one_position_at_a_time(&expected.0, value.expose(), label.as_bytes());
+                if found {
+                    expected = (out, true);
+                }
+            }
+            prop_assert_eq!(c.mask_bytes(joined.as_bytes(), 0), expected);
         }
 
         /// Whatever the secret and however a hostile target spells it back, the result keeps no

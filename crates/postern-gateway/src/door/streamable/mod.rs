@@ -346,7 +346,22 @@ async fn guard(
     match &session {
         Some(s) if request.method() == axum::http::Method::DELETE => guard.sessions.ended(&agent_name, s),
         Some(s) => guard.sessions.used(&agent_name, s),
-        None if request.method() == axum::http::Method::POST && !guard.sessions.may_open(&agent_name) => {
+        None => {}
+    }
+    let mut answers = None;
+    let mut priming = None;
+    if request.method() == axum::http::Method::POST {
+        let (readable, head) = match read_message(request, guard.max_message_bytes).await {
+            Ok(read) => read,
+            Err(refused) => return refused,
+        };
+        request = readable;
+        // Only an `initialize` without a session opens one (rmcp routes every `initialize` to a
+        // session, whatever version it names; anything else without a session is served without
+        // one, at 2026-07-28, or refused): the cap is kept there, and a 2026-07-28 call of an
+        // agent holding the most sessions is served.
+        let opens_session = session.is_none() && head.as_ref().is_some_and(|h| h.method() == Some("initialize"));
+        if opens_session && !guard.sessions.may_open(&agent_name) {
             let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
             let attempted = format!("a new MCP session beyond {MAX_SESSIONS_PER_AGENT} open for this token");
             guard
@@ -363,16 +378,6 @@ async fn guard(
                 ),
             );
         }
-        None => {}
-    }
-    let mut answers = None;
-    let mut priming = None;
-    if request.method() == axum::http::Method::POST {
-        let (readable, head) = match read_message(request, guard.max_message_bytes).await {
-            Ok(read) => read,
-            Err(refused) => return refused,
-        };
-        request = readable;
         if let (Some(session), Some(head)) = (&carries_on_in, &head) {
             match head.withdrawn() {
                 Some(withdrawn) => guard.follow_ups.cancelled(session, &request_key(withdrawn)),
