@@ -701,7 +701,8 @@ fn a_connection_flooding_bad_input_is_closed_and_journaled_once() {
 
 /// One agent token cannot open MCP sessions without bound: beyond 64 open ones a new session is
 /// refused with 429 `too_many_sessions` (journaled), whatever version its `initialize` names;
-/// a 2026-07-28 call, which opens none, is still served; ending one makes room again.
+/// a 2026-07-28 call, which opens none, is still served; ending one makes room again, and only
+/// what rmcp accepted counts (an unknown id takes no room; a refused DELETE makes none).
 #[test]
 fn an_agent_token_holds_a_bounded_number_of_sessions() {
     let target = Target::start();
@@ -709,6 +710,13 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
     let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
     let token = gw.add_agent("many");
     let auth = format!("Authorization: Bearer {token}\r\n");
+    // Ids rmcp does not know (404) take no room: only sessions it opened count.
+    let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+    for n in 0..3 {
+        let made_up = format!("{auth}Mcp-Session-Id: made-up-{n}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+        let (status, answer) = post_mcp(&addr, &made_up, ping);
+        assert_eq!(status, 404, "{answer}");
+    }
     let mut sessions = Vec::new();
     for n in 0..postern_gateway::door::streamable::MAX_SESSIONS_PER_AGENT {
         let (status, answer) = post_initialize(&addr, &auth);
@@ -733,14 +741,22 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
     let (status, answer) = post_mcp(&addr, &format!("{auth}MCP-Protocol-Version: 2026-07-28\r\n"), modern);
     assert_eq!(status, 429, "{answer}");
     assert!(answer.contains("too_many_sessions"), "{answer}");
-    let (deleted, answer) = raw_http(
-        &addr,
-        &format!(
-            "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Mcp-Session-Id: {}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
-             Connection: close\r\n\r\n",
-            sessions[0]
-        ),
-    );
+    let delete = |version: &str| {
+        raw_http(
+            &addr,
+            &format!(
+                "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Mcp-Session-Id: {}\r\n\
+                 MCP-Protocol-Version: {version}\r\nConnection: close\r\n\r\n",
+                sessions[0]
+            ),
+        )
+    };
+    // A DELETE rmcp refuses (it takes none at 2026-07-28) ends nothing and makes no room.
+    let (refused, answer) = delete("2026-07-28");
+    assert!(refused >= 400, "{answer}");
+    let (status, answer) = post_initialize(&addr, &auth);
+    assert_eq!(status, 429, "no room after a refused DELETE: {answer}");
+    let (deleted, answer) = delete("2025-11-25");
     assert!(deleted < 300, "{answer}");
     let (status, answer) = post_initialize(&addr, &auth);
     assert_eq!(status, 200, "room again after one ended: {answer}");

@@ -323,6 +323,7 @@ async fn guard(
     });
     // An MCP session is its opener's: another token may not call on it, read its streams, or
     // (by carrying on in it) mark the first agent's result delivered.
+    let mut known_session = false;
     if let Some(s) = &session {
         match guard.sessions.owner(&agent_name, s, guard.gateway.engine.view()) {
             SessionOwner::Other(owner) => {
@@ -337,20 +338,18 @@ async fn guard(
                 );
             }
             SessionOwner::NowThis => {
+                known_session = true;
                 let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), s.clone(), agent_name.clone());
                 tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
             }
-            SessionOwner::This | SessionOwner::Unknown => {}
+            SessionOwner::This => known_session = true,
+            SessionOwner::Unknown => {}
         }
     }
-    match &session {
-        Some(s) if request.method() == axum::http::Method::DELETE => guard.sessions.ended(&agent_name, s),
-        Some(s) => guard.sessions.used(&agent_name, s),
-        None => {}
-    }
+    let method = request.method().clone();
     let mut answers = None;
     let mut priming = None;
-    if request.method() == axum::http::Method::POST {
+    if method == axum::http::Method::POST {
         let (readable, head) = match read_message(request, guard.max_message_bytes).await {
             Ok(read) => read,
             Err(refused) => return refused,
@@ -392,10 +391,6 @@ async fn guard(
         // stream breaks resumes with it and is answered from the journal (`resumption`).
         priming = head.as_ref().filter(|h| h.tool().is_some()).and_then(|h| h.id().cloned()).map(ResumeToken);
         answers = head.map(|h| Answers { tool: h.tool().map(str::to_owned), request: h.id().map(request_key) });
-    } else if request.method() == axum::http::Method::DELETE
-        && let Some(session) = &session
-    {
-        guard.follow_ups.session_ended(session);
     }
     let ticket = DeliveryTicket::new(Arc::clone(&guard.gateway.engine));
     let caller = Caller { transport: RunTransport::StreamableHttp, agent: Some(agent.name), process };
@@ -403,6 +398,9 @@ async fn guard(
         .then(|| request.headers().get("last-event-id").and_then(|v| v.to_str().ok()).and_then(ResumeToken::parse))
         .flatten();
     if let (Some(token), Some(session)) = (resume, &session) {
+        if known_session {
+            guard.sessions.used(&agent_name, session);
+        }
         let resumed = resumption::resume(Arc::clone(&guard.gateway), &caller, session, token, ticket.clone()).await;
         let response = Response::builder()
             .status(StatusCode::OK)
@@ -426,6 +424,19 @@ async fn guard(
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned, opening: opening.clone() });
     let mut unanswered = Unanswered(Some(ticket.clone()));
     let mut response = next.run(request).await;
+    // A session is counted as rmcp answered, not as asked: a DELETE it refused (one naming a
+    // version it takes no DELETE in) leaves the session open and counted, and an id it does not
+    // know (404) is not kept as an open session of the agent.
+    if let Some(s) = &session {
+        if method == axum::http::Method::DELETE {
+            if response.status().is_success() {
+                guard.sessions.ended(&agent_name, s);
+                guard.follow_ups.session_ended(s);
+            }
+        } else if response.status() != StatusCode::NOT_FOUND {
+            guard.sessions.used(&agent_name, s);
+        }
+    }
     // A new session's id comes back on the response to `initialize`.
     let session = session.or_else(|| {
         let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
