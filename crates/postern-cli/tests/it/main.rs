@@ -19,6 +19,7 @@ mod otel;
 mod paths;
 mod reference;
 mod service;
+mod sessions;
 mod ssh;
 mod support;
 mod tasks;
