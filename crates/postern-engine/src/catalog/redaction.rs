@@ -318,22 +318,14 @@ fn spelling_at(haystack: &[u8], at: usize, needle: &[char], budget: &mut usize) 
     Some(frontier.last().copied())
 }
 
-/// How many positions [`replace_spellings`] may look at per byte of its haystack: ordinary text
+/// How many positions [`spellings_replaced`] may look at per byte of its haystack: ordinary text
 /// needs one or two; only input built to make spellings branch (runs of `\`, `%`) needs more.
 const STEPS_PER_BYTE: usize = 64;
 
-/// `haystack` with every spelling of `needle` replaced by `with`, and whether there was one.
-/// Input built to make the search branch beyond `STEPS_PER_BYTE` is not searched further: it
+/// `haystack` with every spelling of `needle` replaced by `with`, or `None` (and nothing
+/// copied) when there was none. Input built to make the search branch beyond `STEPS_PER_BYTE` is not searched further: it
 /// is replaced whole by `with` (and counts as found), so a hostile echo costs linear time and
 /// gets nothing through.
-pub fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>, bool) {
-    match spellings_replaced(haystack, needle, with) {
-        Some(out) => (out, true),
-        None => (haystack.to_vec(), false),
-    }
-}
-
-/// [`replace_spellings`], or `None` (and nothing copied) when there is no spelling to replace.
 fn spellings_replaced(haystack: &[u8], needle: &str, with: &[u8]) -> Option<Vec<u8>> {
     let chars: Vec<char> = needle.chars().collect();
     let &first = chars.first()?;
@@ -486,6 +478,12 @@ mod tests {
                 },
             })
             .collect()
+    }
+
+    /// [`spellings_replaced`] in the shape the oracle answers in: the text, and whether anything
+    /// was replaced.
+    fn replace_spellings(haystack: &[u8], needle: &str, with: &[u8]) -> (Vec<u8>, bool) {
+        spellings_replaced(haystack, needle, with).map_or_else(|| (haystack.to_vec(), false), |out| (out, true))
     }
 
     /// The search one position at a time, as it was written first: what the search that skips
