@@ -4,6 +4,9 @@
 //! connection at a time) beside what the `/proc` approach costs on the same table (the kernel
 //! formatting every socket's line, and every process's descriptors read).
 //!
+//! Then the case of a client that opens many connections at once, each lookup on its own thread as
+//! the gateway's blocking pool runs them: a new process (never seen before) opens 32.
+//!
 //! `cargo bench -p postern-gateway --bench peer_lookup`
 
 use postern_gateway::caller::connection;
@@ -26,6 +29,9 @@ fn main() {
     }
     if let Some(n) = std::env::var("POSTERN_BENCH_HOLD").ok().and_then(|v| v.parse().ok()) {
         return common::hold(n);
+    }
+    if let Ok(spec) = std::env::var("POSTERN_BENCH_CONNECT") {
+        return connect_and_hold(&spec);
     }
     let busy: usize = std::env::var("POSTERN_BENCH_SOCKETS").ok().and_then(|v| v.parse().ok()).unwrap_or(4_000);
     // Another process (a browser, say) holds the busy table's sockets: the agent holds few.
@@ -57,6 +63,8 @@ fn main() {
         }
         assert!(fds > 0);
     });
+    let at_once = 32;
+    let (burst_cpu, burst_wall) = new_process_at_once(&listener, at_once, 10);
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!("peer identity (sock_diag, then known processes) {:>9.1} µs per connection", us(pid));
     println!("delivery check (sock_diag, one socket)           {:>9.1} µs per check", us(queue));
@@ -72,6 +80,58 @@ fn main() {
         us(proc_table) / us(queue),
         (us(proc_table) + us(proc_fds)) / us(pid)
     );
+    println!(
+        "a new process opening {at_once} connections at once, looked up in parallel: {:>7.1} µs CPU per connection, {:.2} ms for all",
+        us(burst_cpu),
+        burst_wall.as_secs_f64() * 1e3
+    );
     drop(holder.stdin.take());
     let _ = holder.wait();
+}
+
+/// The child's part of [`new_process_at_once`]: connect `N` times to `ADDR` (`POSTERN_BENCH_CONNECT`
+/// = "ADDR N"), say so, and hold the connections until stdin closes.
+fn connect_and_hold(spec: &str) {
+    let (addr, n) = spec.split_once(' ').expect("ADDR N");
+    let n: usize = n.parse().expect("N");
+    let held: Vec<_> = (0..n).map(|_| std::net::TcpStream::connect(addr).expect("connect")).collect();
+    println!("{}", held.len());
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+}
+
+/// `rounds` times, a new child process opens `n` connections to `listener` at once, and `n`
+/// threads look up their owner together: the CPU this process spent per connection and the wall
+/// time until every owner was known (medians over the rounds).
+fn new_process_at_once(listener: &std::net::TcpListener, n: usize, rounds: usize) -> (Duration, Duration) {
+    let local = listener.local_addr().expect("addr");
+    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let mut child = common::bench_child("POSTERN_BENCH_CONNECT", &format!("{local} {n}"));
+        let accepted: Vec<_> = (0..n).map(|_| listener.accept().expect("accept")).collect();
+        let barrier = std::sync::Barrier::new(n + 1);
+        let (cpu_before, started) = (common::cpu_time(), Instant::now());
+        let owners: Vec<Option<u32>> = std::thread::scope(|scope| {
+            let looking: Vec<_> = accepted
+                .iter()
+                .map(|(_, peer)| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        connection::tcp_peer_quick(*peer, local).finish(*peer, local).map(|h| h.pid)
+                    })
+                })
+                .collect();
+            barrier.wait();
+            looking.into_iter().map(|t| t.join().expect("lookup")).collect()
+        });
+        wall.push(started.elapsed());
+        cpu.push((common::cpu_time() - cpu_before) / n as u32);
+        assert!(owners.iter().all(|&o| o == Some(child.id())), "every owner is the child: {owners:?}");
+        drop(accepted);
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
+    cpu.sort();
+    wall.sort();
+    (cpu[rounds / 2], wall[rounds / 2])
 }

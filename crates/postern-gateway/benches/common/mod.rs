@@ -116,17 +116,23 @@ pub fn hold(n: usize) {
 /// A child of this bench executable holding `n` idle loopback connections (see [`hold`]), once
 /// they are open; dropping its stdin (or the child) closes them.
 pub fn idle_sockets(n: usize) -> std::process::Child {
-    let mut holder = std::process::Command::new(std::env::current_exe().expect("exe"))
+    bench_child("POSTERN_BENCH_HOLD", &n.to_string())
+}
+
+/// A child of this bench executable with `var` set to `value` (which tells it its part), once it
+/// said on its first line that it is ready; dropping its stdin (or the child) ends it.
+pub fn bench_child(var: &str, value: &str) -> std::process::Child {
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
         .arg("--bench")
-        .env("POSTERN_BENCH_HOLD", n.to_string())
+        .env(var, value)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .expect("holder");
+        .expect("bench child");
     let mut ready = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().expect("stdout")), &mut ready)
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut ready)
         .expect("ready");
-    holder
+    child
 }
 
 /// CPU time this process has used so far (user + system, all threads; 10 ms resolution).

@@ -115,10 +115,14 @@ pub fn tcp_peer_pid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
 }
 
 impl PeerLookup {
-    /// The owner, scanning if the quick look did not find it: the descriptors of the processes
-    /// that held agent connections before, then the processes of the socket's owner only
-    /// (`/proc/net/tcp` gives the inode only where netlink is unavailable). Reads `/proc`: call
-    /// it off the async workers.
+    /// The owner, scanning if the quick look did not find it. One scan runs at a time (a lookup
+    /// waits up to 100 ms for its turn): a client that opens many connections at once has them
+    /// all missed by the quick look together, and the first scan to find its process notes where
+    /// its other sockets are, so each lookup that waited first looks where its socket was seen
+    /// (if it is still open). Then
+    /// the descriptors of the processes that held agent connections before, then the processes of
+    /// the socket's owner only (`/proc/net/tcp` gives the inode only where netlink is
+    /// unavailable). Reads `/proc`: call it off the async workers.
     pub fn finish(self, peer: SocketAddr, local: SocketAddr) -> Option<Holder> {
         let (inode, uid) = match self {
             PeerLookup::Found(holder) => return Some(holder),
@@ -127,6 +131,30 @@ impl PeerLookup {
             PeerLookup::Scan { inode: None, .. } => (socket_inode(peer, local)?, None),
         };
         let needle = format!("socket:[{inode}]");
+        // Seen by a scan since the quick look (before waiting for a turn), or by the scan this
+        // lookup waited for.
+        let seen_at = || {
+            let seen = SEEN.lock().ok().and_then(|mut seen| seen.remove(&inode));
+            let (pid, fd) = seen.filter(|&(pid, fd)| holds_at(pid, fd, &needle))?;
+            remember_peer(pid, fd);
+            Some(Holder { pid, fd })
+        };
+        if let Some(holder) = seen_at() {
+            return Some(holder);
+        }
+        let turn = ScanTurn::wait();
+        // A connection that ended while this lookup waited is not looked for (where netlink
+        // cannot tell, it is).
+        if turn.waited {
+            match crate::caller::sock_diag::tcp_entry(peer, local) {
+                Ok(Some(entry)) if u64::from(entry.inode) == inode => {}
+                Ok(_) => return None,
+                Err(_) => {}
+            }
+            if let Some(holder) = seen_at() {
+                return Some(holder);
+            }
+        }
         let mut known: Vec<u32> = Vec::new();
         if let Ok(entries) = KNOWN_PEERS.lock() {
             for &(pid, _) in entries.iter() {
@@ -161,22 +189,92 @@ fn holds_at(pid: u32, fd: u32, needle: &str) -> bool {
     if target.as_os_str() == needle {
         return true;
     }
-    let other = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
-    if let (Some(other), Ok(mut seen)) = (other, SEEN.lock()) {
-        if seen.len() >= SEEN_KEPT {
-            seen.clear();
-        }
-        seen.insert(other, (pid, fd));
+    if let Some(other) = socket_of(&target) {
+        note_seen(&[(other, (pid, fd))]);
     }
     false
 }
 
-/// The descriptor of process `pid` that is the socket `needle`, if it holds it.
+/// The inode of a descriptor's target if it is a socket (`socket:[inode]`).
+fn socket_of(target: &std::path::Path) -> Option<u64> {
+    target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// Remembers where sockets were seen (see [`SEEN`]): all dropped first if these would not fit.
+fn note_seen(found: &[(u64, (u32, u32))]) {
+    if let Ok(mut seen) = SEEN.lock() {
+        if seen.len() + found.len() > SEEN_KEPT {
+            seen.clear();
+        }
+        seen.extend(found.iter().copied());
+    }
+}
+
+/// A lookup's turn to scan (see [`PeerLookup::finish`]): alone, once the scan under way ended,
+/// or alongside it if that takes longer than [`SCAN_WAIT`] (a slow scan, or many queued, delays
+/// other lookups by no more).
+struct ScanTurn {
+    /// Whether this lookup scans alone (and ends the turn when dropped).
+    alone: bool,
+    /// Whether a scan was under way when this lookup came.
+    waited: bool,
+}
+
+impl ScanTurn {
+    fn wait() -> ScanTurn {
+        let Ok(mut running) = SCANNING.lock() else { return ScanTurn { alone: false, waited: false } };
+        let waited = *running;
+        let deadline = std::time::Instant::now() + SCAN_WAIT;
+        while *running {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return ScanTurn { alone: false, waited };
+            }
+            running = match SCAN_ENDED.wait_timeout(running, left) {
+                Ok((running, _)) => running,
+                Err(_) => return ScanTurn { alone: false, waited },
+            };
+        }
+        *running = true;
+        ScanTurn { alone: true, waited }
+    }
+}
+
+impl Drop for ScanTurn {
+    fn drop(&mut self) {
+        if self.alone {
+            if let Ok(mut running) = SCANNING.lock() {
+                *running = false;
+            }
+            SCAN_ENDED.notify_all();
+        }
+    }
+}
+
+/// The descriptor of process `pid` that is the socket `needle`, if it holds it. A process that
+/// holds it is an agent, and its other sockets are likely agent connections whose lookups are
+/// waiting (a client opening many at once): its descriptors are read to the end (no more than a
+/// process that does not hold it costs) and up to [`SEEN_PER_SCAN`] of its sockets remembered
+/// where they are.
 fn descriptor_of(pid: u32, needle: &str) -> Option<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten().find_map(|fd| {
-        let n = fd.file_name().to_str()?.parse().ok()?;
-        std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == needle).then_some(n)
-    })
+    #[cfg(test)]
+    tests::SCANNED.with(|scanned| scanned.set(scanned.get() + 1));
+    let mut found = None;
+    let mut others: Vec<(u64, (u32, u32))> = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else { continue };
+        let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+        if target.as_os_str() == needle {
+            found = Some(n);
+        } else if let Some(other) = socket_of(&target)
+            && others.len() < SEEN_PER_SCAN
+        {
+            others.push((other, (pid, n)));
+        }
+    }
+    let found = found?;
+    note_seen(&others);
+    Some(found)
 }
 
 fn remember_peer(pid: u32, fd: u32) {
@@ -216,6 +314,19 @@ const FREED_LOOKS: usize = 8;
 static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u64, (u32, u32)>>> =
     std::sync::LazyLock::new(Default::default);
 const SEEN_KEPT: usize = 1024;
+/// How many of its other sockets a scan that found a process remembers (see [`descriptor_of`]).
+const SEEN_PER_SCAN: usize = 256;
+
+/// Whether a lookup scans now (see [`ScanTurn`]): the lookups that wait for it look first where
+/// it saw their sockets.
+static SCANNING: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+static SCAN_ENDED: std::sync::Condvar = std::sync::Condvar::new();
+/// How long a lookup waits for the scan under way before it scans alongside.
+#[cfg(not(test))]
+const SCAN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// Long enough that a test's lookups wait for the scan however slow a busy machine makes it.
+#[cfg(test)]
+const SCAN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `/proc/net/tcp` spells an IPv4 address as the little-endian hex of its u32, then `:PORT`.
 fn proc_net_address(addr: SocketAddr) -> String {
@@ -344,10 +455,7 @@ pub(crate) mod tests {
     /// request gets again — without a scan.
     #[test]
     fn a_known_process_is_found_at_the_descriptor_its_last_connection_had() {
-        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let me = std::process::id();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let local = listener.local_addr().unwrap();
+        let (_alone, me, listener, local) = peer_test();
         let (first, first_server, first_peer) = connect(&listener);
         assert_eq!(tcp_peer_pid(first_peer, local), Some(me));
         assert_eq!(found(tcp_peer_quick(first_peer, local)), Some(me));
@@ -378,14 +486,20 @@ pub(crate) mod tests {
         }
     }
 
-    /// A test of the freed descriptors: alone among the peer tests, none freed yet, this
-    /// process's pid, a listener and its address.
-    fn freed_lookup_test() -> (std::sync::MutexGuard<'static, ()>, u32, std::net::TcpListener, SocketAddr) {
+    /// A peer lookup test: alone among the peer tests, this process's pid, a listener and its
+    /// address.
+    fn peer_test() -> (std::sync::MutexGuard<'static, ()>, u32, std::net::TcpListener, SocketAddr) {
         let alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        FREED.lock().unwrap().clear();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let local = listener.local_addr().unwrap();
         (alone, std::process::id(), listener, local)
+    }
+
+    /// A test of the freed descriptors: [`peer_test`], none freed yet.
+    fn freed_lookup_test() -> (std::sync::MutexGuard<'static, ()>, u32, std::net::TcpListener, SocketAddr) {
+        let test = peer_test();
+        FREED.lock().unwrap().clear();
+        test
     }
 
     /// A client that opens a connection per request closes each one after its answer, and its
@@ -460,16 +574,15 @@ pub(crate) mod tests {
     thread_local! {
         /// Descriptors this thread looked at.
         pub(super) static LOOKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        /// Processes whose descriptors this thread read in full (or until they ended).
+        pub(super) static SCANNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
     /// A socket seen on the way of another connection's lookup (a client opening many at once)
     /// is found with one look when its own lookup comes.
     #[test]
     fn a_socket_seen_by_an_earlier_lookup_is_found_with_one_look() {
-        let _alone = PEER_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let me = std::process::id();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let local = listener.local_addr().unwrap();
+        let (_alone, me, listener, local) = peer_test();
         let (x, _x_server, x_peer) = connect(&listener);
         let (y, _y_server, y_peer) = connect(&listener);
         let fd = |s: &std::net::TcpStream| std::os::fd::AsRawFd::as_raw_fd(s) as u32;
@@ -479,6 +592,47 @@ pub(crate) mod tests {
         assert_eq!(looks_to_find(x_peer, local), (Some(me), 2), "y's descriptor on the way, then x's");
         // x's descriptor is now the newest known; y is looked for where it was seen.
         assert_eq!(looks_to_find(y_peer, local), (Some(me), 1), "where it was seen, first");
+    }
+
+    /// A client that opens many connections at once has them all missed by the quick look, and
+    /// their lookups scan together: one scan reads the client's descriptors, and the lookups
+    /// that waited for it find their sockets where it saw them, one look each.
+    #[test]
+    fn connections_opened_at_once_cost_one_scan() {
+        let (_alone, me, listener, local) = peer_test();
+        SEEN.lock().unwrap().clear();
+        let opened: Vec<_> = (0..8).map(|_| connect(&listener)).collect();
+        // This process is a known agent (so the scan reads it first, not every process of the
+        // user), but at none of these descriptors: every quick look would miss.
+        remember_peer(me, std::os::fd::AsRawFd::as_raw_fd(&listener) as u32);
+        let inode = |peer: SocketAddr| match crate::caller::sock_diag::tcp_entry(peer, local) {
+            Ok(Some(entry)) => u64::from(entry.inode),
+            other => panic!("no socket for {peer}: {other:?}"),
+        };
+        let barrier = std::sync::Barrier::new(opened.len());
+        let lookups: Vec<(Option<Holder>, usize, usize)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = opened
+                .iter()
+                .map(|(_, _, peer)| {
+                    let (barrier, scan) = (&barrier, PeerLookup::Scan { inode: Some(inode(*peer)), uid: None });
+                    scope.spawn(move || {
+                        barrier.wait();
+                        let holder = scan.finish(*peer, local);
+                        (holder, SCANNED.with(std::cell::Cell::get), LOOKS.with(std::cell::Cell::get))
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for ((client, _, _), (holder, _, _)) in opened.iter().zip(&lookups) {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(client) as u32;
+            assert_eq!(*holder, Some(Holder { pid: me, fd }));
+        }
+        let scanned: usize = lookups.iter().map(|&(_, scanned, _)| scanned).sum();
+        let looked: usize = lookups.iter().map(|&(_, _, looks)| looks).sum();
+        // One scan (none if another test's scan read this process first), and the others looked
+        // where it saw their sockets.
+        assert!(scanned <= 1 && scanned + looked == opened.len(), "{scanned} scans, {looked} looks");
     }
 
     #[test]
