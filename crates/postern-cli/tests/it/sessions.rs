@@ -33,13 +33,7 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
     for n in 0..postern_gateway::door::streamable::MAX_SESSIONS_PER_AGENT {
         let (status, answer) = post_initialize(&addr, &auth);
         assert_eq!(status, 200, "session {n}: {answer}");
-        let id = answer
-            .lines()
-            .find_map(|l| l.strip_prefix("mcp-session-id: "))
-            .unwrap_or_else(|| panic!("no session id: {answer}"))
-            .trim()
-            .to_owned();
-        sessions.push(id);
+        sessions.push(session_id(&answer));
     }
     let (status, answer) = post_initialize(&addr, &auth);
     assert_eq!(status, 429, "{answer}");
@@ -72,6 +66,84 @@ fn an_agent_token_holds_a_bounded_number_of_sessions() {
     assert!(deleted < 300, "{answer}");
     let (status, answer) = post_initialize(&addr, &auth);
     assert_eq!(status, 200, "room again after one ended: {answer}");
+}
+
+/// The session id in an `initialize` answer.
+fn session_id(answer: &str) -> String {
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id: "))
+        .unwrap_or_else(|| panic!("no session id: {answer}"))
+        .trim()
+        .to_owned()
+}
+
+/// Many `initialize`s sent at once cannot all pass a count taken before any of them was
+/// answered: exactly the cap's worth of sessions opens, and the rest are refused.
+#[test]
+fn sessions_opened_at_once_are_held_to_the_cap() {
+    let (_target, _gw, addr, token) = gateway_with_agent("eager");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let cap = postern_gateway::door::streamable::MAX_SESSIONS_PER_AGENT;
+    let barrier = std::sync::Barrier::new(cap + 32);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let sending: Vec<_> = (0..cap + 32)
+            .map(|_| {
+                let (addr, auth, barrier) = (&addr, &auth, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    post_initialize(addr, auth).0
+                })
+            })
+            .collect();
+        sending.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let opened = statuses.iter().filter(|&&s| s == 200).count();
+    let refused = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!((opened, refused), (cap, 32), "{statuses:?}");
+}
+
+/// A session Postern remembers across a restart (rmcp restores it when it is used) counts again
+/// when it is used, as a new one would: a token at its cap cannot bring back its old sessions
+/// on top of as many new ones.
+#[test]
+fn a_remembered_session_used_again_counts_under_the_cap() {
+    let (target, gw, addr, token) = gateway_with_agent("returning");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let cap = postern_gateway::door::streamable::MAX_SESSIONS_PER_AGENT;
+    let open_all = |addr: &str| -> Vec<String> {
+        (0..cap)
+            .map(|n| {
+                let (status, answer) = post_initialize(addr, &auth);
+                assert_eq!(status, 200, "session {n}: {answer}");
+                session_id(&answer)
+            })
+            .collect()
+    };
+    let old = open_all(&addr);
+    let gw = gw.crash_and_restart(&target.manifest());
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let new = open_all(&addr);
+    let ping = |session: &str| {
+        let headers = format!("{auth}Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n");
+        post_mcp(&addr, &headers, r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#)
+    };
+    let (status, answer) = ping(&old[0]);
+    assert_eq!(status, 429, "an old session on top of {cap} new ones: {answer}");
+    assert!(answer.contains("too_many_sessions"), "{answer}");
+    let (status, answer) = ping(&new[0]);
+    assert_eq!(status, 200, "a session that counts is served at the cap: {answer}");
+    let delete = format!(
+        "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Mcp-Session-Id: {}\r\n\
+         MCP-Protocol-Version: 2025-11-25\r\nConnection: close\r\n\r\n",
+        new[1]
+    );
+    let (deleted, answer) = raw_http(&addr, &delete);
+    assert!(deleted < 300, "{answer}");
+    let (status, answer) = ping(&old[0]);
+    assert_eq!(status, 200, "with room, the remembered session is restored: {answer}");
+    let (status, answer) = post_initialize(&addr, &auth);
+    assert_eq!(status, 429, "the restored session took the room: {answer}");
 }
 
 /// A client speaking protocol 2026-07-28 (no session: the version, capabilities and client in

@@ -81,98 +81,20 @@ struct Guard {
     sessions: Arc<AgentSessions>,
 }
 
-/// Most MCP sessions one agent token may hold open (a session idle for `SESSION_IDLE` no
-/// longer counts: rmcp has closed it by then).
-pub const MAX_SESSIONS_PER_AGENT: usize = 64;
-
-/// How long a session counts without a request (rmcp's own idle timeout is 5 minutes).
-const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(330);
-
-/// The MCP sessions each agent token holds, with when each was last used, and whose each session
-/// is: a session belongs to the token that opened it.
-#[derive(Debug, Default)]
-struct AgentSessions {
-    /// Per agent token, its sessions and when each was last used.
-    open: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
-    /// Per session, the agent token that opened it.
-    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
-}
-
-/// Who may use an MCP session.
-enum SessionOwner {
-    /// This agent's token opened it.
-    This,
-    /// It was remembered without an owner (before sessions had one): it is this agent's now.
-    NowThis,
-    /// Another agent's.
-    Other(String),
-    /// Not a session Postern knows (rmcp answers for it).
-    Unknown,
-}
-
-impl AgentSessions {
-    /// Whose session `session` is, for `agent` asking (from memory, else the remembered sessions).
-    fn owner(&self, agent: &str, session: &str, view: &postern_store::JournalView) -> SessionOwner {
-        let known = self.owners.lock().ok().and_then(|o| o.get(session).cloned());
-        let owner = match known {
-            Some(owner) => Some(owner),
-            None => match view.mcp_session_agent(session) {
-                Ok(Some(Some(owner))) => Some(owner),
-                // Remembered before sessions had owners: the first token to use it keeps it.
-                Ok(Some(None)) => None,
-                _ => return SessionOwner::Unknown,
-            },
-        };
-        match owner {
-            Some(owner) if owner != agent => SessionOwner::Other(owner),
-            Some(owner) => {
-                self.bind(session, &owner);
-                SessionOwner::This
-            }
-            None => {
-                self.bind(session, agent);
-                SessionOwner::NowThis
-            }
-        }
-    }
-
-    /// `session` is `agent`'s from now on (in memory; the caller persists it).
-    fn bind(&self, session: &str, agent: &str) {
-        if let Ok(mut owners) = self.owners.lock() {
-            owners.entry(session.to_owned()).or_insert_with(|| agent.to_owned());
-        }
-    }
-
-    /// Whether `agent` may open another session.
-    fn may_open(&self, agent: &str) -> bool {
-        let Ok(mut all) = self.open.lock() else { return false };
-        let open = all.entry(agent.to_owned()).or_default();
-        open.retain(|_, used| used.elapsed() < SESSION_IDLE);
-        // Owners of idle sessions are forgotten in memory (the remembered sessions keep them).
-        if let Ok(mut owners) = self.owners.lock() {
-            owners.retain(|session, owner| owner != agent || open.contains_key(session));
-        }
-        open.len() < MAX_SESSIONS_PER_AGENT
-    }
-
-    fn used(&self, agent: &str, session: &str) {
-        if let Ok(mut all) = self.open.lock() {
-            all.entry(agent.to_owned()).or_default().insert(session.to_owned(), std::time::Instant::now());
-        }
-    }
-
-    fn ended(&self, agent: &str, session: &str) {
-        if let Ok(mut all) = self.open.lock()
-            && let Some(open) = all.get_mut(agent)
-        {
-            open.remove(session);
-        }
-        if let Ok(mut owners) = self.owners.lock()
-            && owners.get(session).is_some_and(|owner| owner == agent)
-        {
-            owners.remove(session);
-        }
-    }
+/// The answer to a request that would make one more session count for an agent token at its
+/// cap (journaled as a refusal).
+async fn too_many_sessions(guard: &Guard, agent_name: &str) -> Response {
+    let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
+    let attempted = format!("one more MCP session beyond {MAX_SESSIONS_PER_AGENT} open for this token");
+    guard.gateway.refusals.record_async(crate::door::refusal::Refused { interface: "http", attempted, peer }).await;
+    refuse(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_sessions",
+        &format!(
+            "this agent token already holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
+             (DELETE /mcp with its Mcp-Session-Id) or let one sit idle for 5 minutes"
+        ),
+    )
 }
 
 /// Reads a POST's body (at most `max` bytes) so the guard can see which message it carries, and
@@ -347,6 +269,19 @@ async fn guard(
         }
     }
     let method = request.method().clone();
+    // A session that does not count for this agent now (one rmcp would restore from the
+    // remembered sessions, or one used again after sitting idle) counts once rmcp has it: it
+    // takes a place under the cap first, as a new one does. One that counts is marked used at
+    // once, so it cannot stop counting while its request is under way. A DELETE makes none count.
+    let mut place = None;
+    if let Some(s) = &session
+        && method != axum::http::Method::DELETE
+    {
+        match guard.sessions.admit(&agent_name, s) {
+            Ok(taken) => place = taken,
+            Err(sessions::AtCap) => return too_many_sessions(&guard, &agent_name).await,
+        }
+    }
     let mut answers = None;
     let mut priming = None;
     if method == axum::http::Method::POST {
@@ -360,22 +295,11 @@ async fn guard(
         // one, at 2026-07-28, or refused): the cap is kept there, and a 2026-07-28 call of an
         // agent holding the most sessions is served.
         let opens_session = session.is_none() && head.as_ref().is_some_and(|h| h.method() == Some("initialize"));
-        if opens_session && !guard.sessions.may_open(&agent_name) {
-            let peer = serde_json::json!({ "actor": format!("agent:{agent_name}") });
-            let attempted = format!("a new MCP session beyond {MAX_SESSIONS_PER_AGENT} open for this token");
-            guard
-                .gateway
-                .refusals
-                .record_async(crate::door::refusal::Refused { interface: "http", attempted, peer })
-                .await;
-            return refuse(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_sessions",
-                &format!(
-                    "this agent token already holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
-                     (DELETE /mcp with its Mcp-Session-Id) or let one sit idle for 5 minutes"
-                ),
-            );
+        if opens_session {
+            match guard.sessions.reserve(&agent_name) {
+                Ok(taken) => place = Some(taken),
+                Err(sessions::AtCap) => return too_many_sessions(&guard, &agent_name).await,
+            }
         }
         if let (Some(session), Some(head)) = (&carries_on_in, &head) {
             match head.withdrawn() {
@@ -399,7 +323,7 @@ async fn guard(
         .flatten();
     if let (Some(token), Some(session)) = (resume, &session) {
         if known_session {
-            guard.sessions.used(&agent_name, session);
+            guard.sessions.count(&mut place, &agent_name, session);
         }
         let resumed = resumption::resume(Arc::clone(&guard.gateway), &caller, session, token, ticket.clone()).await;
         let response = Response::builder()
@@ -426,28 +350,33 @@ async fn guard(
     let mut response = next.run(request).await;
     // A session is counted as rmcp answered, not as asked: a DELETE it refused (one naming a
     // version it takes no DELETE in) leaves the session open and counted, and an id it does not
-    // know (404) is not kept as an open session of the agent.
+    // know (404) is not kept as an open session of the agent. A session counts in the place it
+    // took, if it took one.
     if let Some(s) = &session {
         if method == axum::http::Method::DELETE {
             if response.status().is_success() {
                 guard.sessions.ended(&agent_name, s);
                 guard.follow_ups.session_ended(s);
             }
-        } else if response.status() != StatusCode::NOT_FOUND {
-            guard.sessions.used(&agent_name, s);
+        } else if response.status() == StatusCode::NOT_FOUND {
+            guard.sessions.unknown(&agent_name, s);
+        } else {
+            guard.sessions.count(&mut place, &agent_name, s);
         }
     }
     // A new session's id comes back on the response to `initialize`.
     let session = session.or_else(|| {
         let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
         if let Some(new) = &new {
-            guard.sessions.used(&agent_name, new);
+            guard.sessions.count(&mut place, &agent_name, new);
             guard.sessions.bind(new, &agent_name);
             let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), new.clone(), agent_name.clone());
             tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
         }
         new
     });
+    // A place that did not become a session (rmcp opened or kept none) is given back.
+    drop(place);
     let streamed = response.status() == StatusCode::OK
         && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let follow_up = session.or(carries_on_in).map(|session| FollowUp {
@@ -756,6 +685,9 @@ pub async fn serve(
         .await
 }
 
+mod sessions;
 #[cfg(test)]
 mod tests;
 mod wire;
+pub use sessions::MAX_SESSIONS_PER_AGENT;
+use sessions::{AgentSessions, SessionOwner};
