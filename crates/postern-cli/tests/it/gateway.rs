@@ -164,8 +164,13 @@ pub(super) fn sessionless_call_request(addr: &str, token: &str, id: u32, tool: &
 }
 
 pub(super) fn post_initialize(addr: &str, headers: &str) -> (u16, String) {
+    raw_http(addr, &initialize_request(addr, headers))
+}
+
+/// The HTTP request [`post_initialize`] sends.
+pub(super) fn initialize_request(addr: &str, headers: &str) -> String {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    post_mcp(addr, headers, body)
+    mcp_post_request(addr, headers, body)
 }
 
 /// Origin and Host validation answer 403; a missing, unknown or revoked token answers 401.

@@ -1,7 +1,7 @@
 //! MCP sessions over Streamable HTTP end to end: how many one agent token may hold, and the
 //! 2026-07-28 revision, which has none.
 
-use super::gateway::{post_initialize, post_mcp, post_sessionless_call, raw_http};
+use super::gateway::{initialize_request, post_initialize, post_mcp, post_sessionless_call, raw_http};
 use super::gateway_support::{Gateway, Target};
 use serde_json::{Value, json};
 
@@ -101,6 +101,45 @@ fn sessions_opened_at_once_are_held_to_the_cap() {
     let opened = statuses.iter().filter(|&&s| s == 200).count();
     let refused = statuses.iter().filter(|&&s| s == 429).count();
     assert_eq!((opened, refused), (cap, 32), "{statuses:?}");
+}
+
+/// An `initialize` whose client hangs up before the answer still opens a session in rmcp (kept
+/// for the client to carry on in): it counts like any other, so a token cannot open sessions
+/// without bound by hanging up on each. Every session rmcp opens is remembered in the database:
+/// with those the clients that hung up opened, the ones still allowed make the cap exactly.
+#[test]
+fn a_session_whose_client_hung_up_still_counts() {
+    use std::io::Write;
+    let (_target, gw, addr, token) = gateway_with_agent("hasty");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let cap = postern_gateway::door::streamable::MAX_SESSIONS_PER_AGENT;
+    let request = initialize_request(&addr, &auth);
+    std::thread::scope(|scope| {
+        for _ in 0..cap + 16 {
+            scope.spawn(|| {
+                let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+                stream.write_all(request.as_bytes()).unwrap();
+                drop(stream);
+            });
+        }
+    });
+    let remembered = || -> usize {
+        let db = rusqlite::Connection::open(gw.path().join("postern.db")).unwrap();
+        db.query_row("SELECT count(*) FROM mcp_sessions", [], |row| row.get::<_, i64>(0)).unwrap() as usize
+    };
+    // Those still under way hold their places: the sessions allowed now and the ones the clients
+    // that hung up opened come to the cap exactly, never more.
+    let allowed = (0..=cap).take_while(|_| post_initialize(&addr, &auth).0 == 200).count();
+    let mut opened = remembered();
+    for _ in 0..120 {
+        assert!(opened <= cap, "{opened} sessions opened past the cap ({allowed} allowed after the hang-ups)");
+        if opened == cap {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        opened = remembered();
+    }
+    assert_eq!(opened, cap, "{allowed} allowed after the hang-ups");
 }
 
 /// A session Postern remembers across a restart (rmcp restores it when it is used) counts again

@@ -81,6 +81,44 @@ struct Guard {
     sessions: Arc<AgentSessions>,
 }
 
+impl Guard {
+    /// What rmcp's `response` to a request on `session` (or opening one) does to `agent_name`'s
+    /// sessions; the session the request was on or opened, if any. A session is counted as rmcp
+    /// answered, not as asked: a DELETE it refused (one naming a version it takes no DELETE in)
+    /// leaves the session open and counted, and an id it does not know (404) is not kept as an
+    /// open session of the agent. A session counts in the place it took, if it took one; a place
+    /// that did not become a session (rmcp opened or kept none) is given back.
+    fn counted(
+        &self,
+        agent_name: &str,
+        method: &axum::http::Method,
+        session: Option<String>,
+        mut place: Option<sessions::Place>,
+        response: &Response,
+    ) -> Option<String> {
+        if let Some(s) = &session {
+            if method == axum::http::Method::DELETE {
+                if response.status().is_success() {
+                    self.sessions.ended(agent_name, s);
+                    self.follow_ups.session_ended(s);
+                }
+            } else if response.status() == StatusCode::NOT_FOUND {
+                self.sessions.unknown(agent_name, s);
+            } else {
+                self.sessions.count(&mut place, agent_name, s);
+            }
+            return session;
+        }
+        // A new session's id comes back on the response to `initialize`.
+        let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned)?;
+        self.sessions.count(&mut place, agent_name, &new);
+        self.sessions.bind(&new, agent_name);
+        let (engine, id, agent) = (Arc::clone(&self.gateway.engine), new.clone(), agent_name.to_owned());
+        tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
+        Some(new)
+    }
+}
+
 /// The answer to a request that would make one more session count for an agent token at its
 /// cap (journaled as a refusal).
 async fn too_many_sessions(guard: &Guard, agent_name: &str) -> Response {
@@ -347,36 +385,28 @@ async fn guard(
     let opening = postern_engine::Opening::default();
     request.extensions_mut().insert(HttpCaller { caller, ticket: ticket.clone(), abandoned, opening: opening.clone() });
     let mut unanswered = Unanswered(Some(ticket.clone()));
-    let mut response = next.run(request).await;
-    // A session is counted as rmcp answered, not as asked: a DELETE it refused (one naming a
-    // version it takes no DELETE in) leaves the session open and counted, and an id it does not
-    // know (404) is not kept as an open session of the agent. A session counts in the place it
-    // took, if it took one.
-    if let Some(s) = &session {
-        if method == axum::http::Method::DELETE {
-            if response.status().is_success() {
-                guard.sessions.ended(&agent_name, s);
-                guard.follow_ups.session_ended(s);
+    // rmcp's answer and what it does to the agent's sessions are one step: a request holding a
+    // place runs to rmcp's answer and counts what rmcp opened or kept even if its client goes
+    // meanwhile (rmcp keeps the session for the client to carry on in: it must count).
+    let holds_place = place.is_some();
+    let answered = {
+        let (guard, agent_name, method, session) = (guard.clone(), agent_name.clone(), method.clone(), session.clone());
+        async move {
+            let response = next.run(request).await;
+            let session = guard.counted(&agent_name, &method, session, place, &response);
+            (response, session)
+        }
+    };
+    let (mut response, session) = if holds_place {
+        match tokio::spawn(answered).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                return refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "the MCP service failed to answer");
             }
-        } else if response.status() == StatusCode::NOT_FOUND {
-            guard.sessions.unknown(&agent_name, s);
-        } else {
-            guard.sessions.count(&mut place, &agent_name, s);
         }
-    }
-    // A new session's id comes back on the response to `initialize`.
-    let session = session.or_else(|| {
-        let new = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        if let Some(new) = &new {
-            guard.sessions.count(&mut place, &agent_name, new);
-            guard.sessions.bind(new, &agent_name);
-            let (engine, id, agent) = (Arc::clone(&guard.gateway.engine), new.clone(), agent_name.clone());
-            tokio::spawn(async move { engine.bind_mcp_session(id, agent).await });
-        }
-        new
-    });
-    // A place that did not become a session (rmcp opened or kept none) is given back.
-    drop(place);
+    } else {
+        answered.await
+    };
     let streamed = response.status() == StatusCode::OK
         && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let follow_up = session.or(carries_on_in).map(|session| FollowUp {
