@@ -119,10 +119,9 @@ impl PeerLookup {
     /// waits up to 100 ms for its turn): a client that opens many connections at once has them
     /// all missed by the quick look together, and the first scan to find its process notes where
     /// its other sockets are, so each lookup that waited first looks where its socket was seen
-    /// (if it is still open). Then
-    /// the descriptors of the processes that held agent connections before, then the processes of
-    /// the socket's owner only (`/proc/net/tcp` gives the inode only where netlink is
-    /// unavailable). Reads `/proc`: call it off the async workers.
+    /// (if it is still open). Then the descriptors of the processes that held agent connections
+    /// before, then the processes of the socket's owner only (`/proc/net/tcp` gives the inode only
+    /// where netlink is unavailable). Reads `/proc`: call it off the async workers.
     pub fn finish(self, peer: SocketAddr, local: SocketAddr) -> Option<Holder> {
         let (inode, uid) = match self {
             PeerLookup::Found(holder) => return Some(holder),

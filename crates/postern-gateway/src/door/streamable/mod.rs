@@ -390,7 +390,8 @@ async fn guard(
     // meanwhile (rmcp keeps the session for the client to carry on in: it must count).
     let holds_place = place.is_some();
     let answered = {
-        let (guard, agent_name, method, session) = (guard.clone(), agent_name.clone(), method.clone(), session.clone());
+        // Moved, not copied (none is needed after): only the guard's handles are cloned.
+        let guard = guard.clone();
         async move {
             let response = next.run(request).await;
             let session = guard.counted(&agent_name, &method, session, place, &response);
