@@ -21,10 +21,10 @@ import subprocess
 import sys
 
 
-def samples(data, fields="comm,pid,tid,time,ip,sym"):
+def samples(data):
     """Yields (pid, time, frames leaf first) for every sample in `data`."""
     out = subprocess.run(
-        ["perf", "script", "-i", data, "-F", fields], capture_output=True, text=True, check=True
+        ["perf", "script", "-i", data, "-F", "comm,pid,tid,time,ip,sym"], capture_output=True, text=True, check=True
     ).stdout
     head, frames = None, []
     for line in out.splitlines() + [""]:
@@ -38,7 +38,7 @@ def samples(data, fields="comm,pid,tid,time,ip,sym"):
             frames = []
         else:
             parts = line.strip().split(" ", 1)
-            frames.append(re.sub(r"\+0x[0-9a-f]+$", "", parts[1] if len(parts) > 1 else "?"))
+            frames.append(parts[1] if len(parts) > 1 else "?")
 
 
 def main():
