@@ -46,6 +46,13 @@ struct PendingState {
 /// The one session of a socket connection, as [`FollowUps`] names it.
 const CONNECTION: &str = "connection";
 
+/// Most responses one connection's bridge may leave unacknowledged. A bridge acknowledges each
+/// response once it has written it out, so a real one stays far below this; a process that only
+/// claims to be one and never acknowledges would otherwise grow the queue for as long as it stays
+/// connected. Beyond it a response is settled by its write, as for a peer that is no bridge:
+/// not delivered (uncertain resolves to "not delivered").
+const MAX_UNACKNOWLEDGED: usize = 4096;
+
 pub(crate) fn request_key(id: &NumberOrString) -> String {
     match id {
         NumberOrString::Number(n) => format!("n:{n}"),
@@ -79,7 +86,7 @@ impl PendingResponses {
         state.open.remove(key);
         let ticket = state.tickets.remove(key)?;
         let tool = state.tools.remove(key);
-        if state.acknowledging && !state.closed {
+        if state.acknowledging && !state.closed && state.awaiting_ack.len() < MAX_UNACKNOWLEDGED {
             state.awaiting_ack.insert(key.to_owned(), ticket.clone());
             let answers = Answers { request: Some(key.to_owned()), tool };
             state.follow_ups.awaiting(CONNECTION, answers, ticket.clone());
@@ -169,5 +176,30 @@ impl PendingResponses {
         for ticket in tickets {
             ticket.settle(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that announced itself as a bridge and never acknowledges holds at most
+    /// [`MAX_UNACKNOWLEDGED`] responses in the queue; each one beyond is left to its write to
+    /// settle, as for a peer that is no bridge.
+    #[test]
+    fn a_bridge_that_never_acknowledges_holds_a_bounded_queue() {
+        let pending = PendingResponses::default();
+        pending.expect_acknowledgements();
+        let held = |pending: &PendingResponses| pending.inner.lock().unwrap().awaiting_ack.len();
+        for n in 0..MAX_UNACKNOWLEDGED + 3 {
+            let key = format!("n:{n}");
+            assert!(pending.request_arrived(&key));
+            pending.inner.lock().unwrap().tickets.insert(key.clone(), DeliveryTicket::detached());
+            let (_, acknowledged) = pending.take(&key).expect("its ticket");
+            assert_eq!(acknowledged, n < MAX_UNACKNOWLEDGED, "response {n}");
+        }
+        assert_eq!(held(&pending), MAX_UNACKNOWLEDGED);
+        pending.acknowledged("n:0");
+        assert_eq!(held(&pending), MAX_UNACKNOWLEDGED - 1, "an acknowledgement makes room");
     }
 }

@@ -23,6 +23,11 @@ pub fn execution_report(
     actor: &postern_core::Actor,
 ) -> Result<Option<Value>, postern_store::StoreError> {
     let view = engine.view();
+    // Whose it is, first: another agent's execution costs one row read, as a missing one does,
+    // not the incident record's queries (and takes no longer to be refused).
+    if view.execution(id)?.is_none_or(|summary| summary.actor != actor.as_str()) {
+        return Ok(None);
+    }
     let Some(incident) = view.incident(id)? else { return Ok(None) };
     if incident.actor != actor.as_str() {
         return Ok(None);
