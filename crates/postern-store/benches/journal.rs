@@ -170,6 +170,13 @@ fn bench_reads(dir: &std::path::Path, reads: u64, max_batch: usize) {
                     let id = ExecutionId::from_parts(at(n as i64), u128::from(n));
                     let mut new = new_execution(id, n, session);
                     new.effect_fingerprint = None;
+                    // As a call over Streamable HTTP carries it (the request index's cost is in
+                    // the figures): one MCP session per submitter.
+                    new.correlation = json!({
+                        "transport": "streamable_http", "agent_session": session.to_string(),
+                        "mcp_session_id": format!("6f1d2c3b-0a4e-4c7b-9d2e-{:012x}", t + 1),
+                        "protocol_version": "2025-11-25", "jsonrpc_id": i,
+                    });
                     let steps = vec![
                         Step { state: ExecutionState::Authorized, detail: json!({"rung": "allowlist"}), at: at(1) },
                         Step {

@@ -31,7 +31,6 @@ pub fn sqlite_version() -> &'static str {
 pub use incident::{CallRecord, IdempotencyKey, Incident, Related, ResultRef, Times};
 pub use journal::{HashHex, JournalEntry, JournalHead, JournalRow, Stream};
 pub use schema::{APPLICATION_ID, supported_version};
-pub use view::RECENT_ROWS;
 pub use view::{
     ActivityFilter, AgentRecord, ExecutionQuery, ExecutionSummary, ExportCursor, JournalView, SessionSummary,
     StoredResult,

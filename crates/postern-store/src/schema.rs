@@ -27,6 +27,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 10, sql: include_str!("migrations/0010_merkle_tree.sql") },
     Migration { version: 11, sql: include_str!("migrations/0011_export_cursors.sql") },
     Migration { version: 12, sql: include_str!("migrations/0012_retry_lookup_without_reads.sql") },
+    Migration { version: 13, sql: include_str!("migrations/0013_request_lookup.sql") },
 ];
 
 /// Highest schema version this build understands.
@@ -110,20 +111,34 @@ mod tests {
         insta::assert_snapshot!(pinned.join("\n"));
     }
 
+    /// The steps of SQLite's plan for `sql`.
+    fn plan(sql: &str, params: impl rusqlite::Params) -> Vec<String> {
+        let mut conn = Connection::open_in_memory().expect("memory");
+        migrate(&mut conn, std::path::Path::new(":memory:"), 0).expect("migrate");
+        conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("plan")
+            .query_map(params, |r| r.get::<_, String>(3))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("plan rows")
+    }
+
     /// A retry's lookup reads the retry index, never the whole journal: its query repeats the
     /// index's condition (SQLite uses a partial index only for a query that implies it).
     #[test]
     fn the_retry_lookup_reads_its_index() {
-        let mut conn = Connection::open_in_memory().expect("memory");
-        migrate(&mut conn, std::path::Path::new(":memory:"), 0).expect("migrate");
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", crate::view::PRIOR_ACCEPTED))
-            .expect("plan")
-            .query_map(rusqlite::params!["f", "a", "s"], |r| r.get::<_, String>(3))
-            .expect("rows")
-            .collect::<Result<_, _>>()
-            .expect("plan rows");
+        let plan = plan(crate::view::PRIOR_ACCEPTED, rusqlite::params!["f", "a", "s"]);
         assert!(plan.iter().any(|step| step.contains("USING INDEX journal_retry_lookup")), "{plan:?}");
+    }
+
+    /// A resumed stream's lookup of the request it names reads the request index, never the
+    /// journal's rows one by one: an agent can name any request, so a scan would be a way to keep
+    /// the gateway busy for nothing (it scanned 100,000 rows per look until schema v13).
+    #[test]
+    fn the_request_lookup_reads_its_index() {
+        let plan = plan(crate::view::REQUEST_EXECUTION, rusqlite::params!["mcp-1", 7]);
+        assert!(plan.iter().any(|step| step.contains("USING INDEX journal_request_lookup")), "{plan:?}");
+        assert!(!plan.iter().any(|step| step.starts_with("SCAN")), "{plan:?}");
     }
 
     /// SQLite's update hook, through which the writer learns a commit may have changed what

@@ -134,8 +134,19 @@ pub struct StoredResult {
     pub body: Vec<u8>,
 }
 
-/// How far back [`JournalView::execution_for_request`] looks, in journal rows.
-pub const RECENT_ROWS: i64 = 100_000;
+/// The newest side-effecting `accepted` or `retry_received` row whose correlation names MCP
+/// session ?1 and JSON-RPC id ?2, read through `journal_request_lookup` (migration 13): the query
+/// repeats the index's condition, as SQLite uses a partial index only for a query that implies it.
+/// The row's own correlation is read back too: an index is not hash-chained, so an entry edited
+/// to point elsewhere must not pick the execution.
+pub(crate) const REQUEST_EXECUTION: &str =
+    "SELECT execution_id, event, json_extract(body, '$.payload.decision.decision'),
+            json_extract(body, '$.payload.correlation') FROM journal
+     WHERE json_extract(body, '$.payload.correlation.mcp_session_id') = ?1
+       AND json_extract(body, '$.payload.correlation.jsonrpc_id') = ?2
+       AND event IN ('accepted', 'retry_received')
+       AND json_extract(body, '$.payload.contract.class') IS NOT 'read_only'
+     ORDER BY seq DESC LIMIT 1";
 
 /// The newest side-effecting `accepted` row with fingerprint ?1, actor ?2 and intent scope ?3 — a
 /// retry's prior, read from the chain — with when it was accepted and its contract. A read-only
@@ -416,40 +427,48 @@ impl JournalView {
         Ok(Self::entries(c, sql, params)?.into_iter().flat_map(JournalEntry::unfold).collect())
     }
 
-    /// The execution one protocol request reached: the newest `accepted` or `retry_received` row
-    /// whose correlation names this MCP session and JSON-RPC id, and the retry decision taken for
-    /// it (`new_execution` for the call that created it). Only the newest [`RECENT_ROWS`] rows are
-    /// searched: a client resuming a stream asks about a request it made moments ago.
+    /// The side-effecting execution one protocol request reached: the newest `accepted` or
+    /// `retry_received` row whose correlation names this MCP session and JSON-RPC id, and the
+    /// retry decision taken for it (`new_execution` for the call that created it). One index probe
+    /// however long the journal, so an agent naming requests that never were costs a lookup each,
+    /// never a scan. A read is not found: it is not resumed but read again (its rows are written
+    /// once it has been answered).
     pub fn execution_for_request(
         &self,
         mcp_session_id: &str,
         jsonrpc_id: &Value,
     ) -> Result<Option<(ExecutionId, String)>, StoreError> {
-        let id = match jsonrpc_id {
-            // Integers beyond 2^53 are journaled as strings (`with_unsafe_integers_as_strings`).
+        // As the id is journaled: integers beyond 2^53 as strings (`with_unsafe_integers_as_strings`).
+        let (id, journaled) = match jsonrpc_id {
             Value::Number(n) => match n.as_i64() {
-                Some(i) if i.unsigned_abs() < 1 << 53 => rusqlite::types::Value::Integer(i),
-                _ => rusqlite::types::Value::Text(n.to_string()),
+                Some(i) if i.unsigned_abs() < 1 << 53 => (rusqlite::types::Value::Integer(i), Value::from(i)),
+                _ => (rusqlite::types::Value::Text(n.to_string()), Value::String(n.to_string())),
             },
-            Value::String(s) => rusqlite::types::Value::Text(s.clone()),
+            Value::String(s) => (rusqlite::types::Value::Text(s.clone()), Value::String(s.clone())),
             _ => return Ok(None),
         };
         let found = self.with(|c| {
-            c.prepare_cached(
-                "SELECT execution_id, event, json_extract(body, '$.payload.decision.decision') FROM journal
-                 WHERE seq > (SELECT coalesce(max(seq), 0) FROM journal) - ?3
-                   AND event IN ('accepted', 'retry_received')
-                   AND json_extract(body, '$.payload.correlation.mcp_session_id') = ?1
-                   AND json_extract(body, '$.payload.correlation.jsonrpc_id') IS ?2
-                 ORDER BY seq DESC LIMIT 1",
-            )?
-            .query_row(params![mcp_session_id, id, RECENT_ROWS], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
-            })
-            .optional()
-            .map_err(StoreError::from)
+            c.prepare_cached(REQUEST_EXECUTION)?
+                .query_row(params![mcp_session_id, id], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                        r.get::<_, Option<String>>(3)?,
+                    ))
+                })
+                .optional()
+                .map_err(StoreError::from)
         })?;
-        let Some((execution, event, decision)) = found else { return Ok(None) };
+        let Some((execution, event, decision, correlation)) = found else { return Ok(None) };
+        // The row itself must name the request: the index is not hash-chained.
+        let correlation: Value = correlation.and_then(|c| serde_json::from_str(&c).ok()).unwrap_or(Value::Null);
+        if correlation["mcp_session_id"].as_str() != Some(mcp_session_id) || correlation["jsonrpc_id"] != journaled {
+            return Err(StoreError::Corrupt(format!(
+                "the journal's request index names execution {execution} for a request its row does not carry; \
+                 run `postern audit verify`"
+            )));
+        }
         let execution: ExecutionId =
             execution.parse().map_err(|e| StoreError::Corrupt(format!("journal execution id {execution:?}: {e}")))?;
         let decision = match (event.as_str(), decision) {

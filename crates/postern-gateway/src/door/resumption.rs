@@ -2,7 +2,9 @@
 //! answer reconnects with `Last-Event-ID` and is answered from the journal with the outcome of the
 //! execution its request reached — the same execution, never a new one — before it ever needs to
 //! retry. It works across a gateway restart: the event ID names the request, and the journal
-//! knows which execution each request reached.
+//! knows which execution each request reached. A read-only call is not resumed but read again:
+//! its rows are written once it has been answered (and one that waits for nobody opens its stream
+//! with its answer, in one write).
 //!
 //! Each `tools/call` response stream opens with a priming event whose ID is a [`ResumeToken`]
 //! (the request's JSON-RPC id). On a `GET` with that ID the guard looks the request up in the
@@ -114,14 +116,8 @@ pub async fn resume(
     let started = tokio::time::Instant::now();
     let mut pause = Duration::from_millis(20);
     let found = loop {
-        // A scan of recent rows when the request is not there: off the runtime's threads.
-        let lookup = {
-            let (engine, session, jsonrpc_id) = (Arc::clone(&engine), session.to_owned(), jsonrpc_id.clone());
-            tokio::task::spawn_blocking(move || engine.view().execution_for_request(&session, &jsonrpc_id))
-                .await
-                .unwrap_or_else(|e| Err(postern_store::StoreError::Corrupt(e.to_string())))
-        };
-        match lookup {
+        // One index probe, found or not: a request that never was costs no scan.
+        match engine.view().execution_for_request(session, &jsonrpc_id) {
             Ok(Some((id, decision))) => match engine.view().execution(id) {
                 // Only the agent that made the request may resume it.
                 Ok(Some(summary)) if summary.actor == actor.as_str() => break Some((id, decision, summary.tool)),
@@ -140,11 +136,10 @@ pub async fn resume(
             &jsonrpc_id,
             "nothing_to_resume",
             &format!(
-                "Postern found no execution of request {jsonrpc_id} on this MCP session: it looked in the newest \
-                 {} journal rows for {} s. That is not proof the request never ran (it may have arrived later, \
-                 or long ago). Repeat the call: a repeat in the same agent run is matched to the original and \
-                 is not sent twice.",
-                postern_store::RECENT_ROWS,
+                "Postern found no execution of request {jsonrpc_id} on this MCP session: it looked in the journal \
+                 for {} s. That is not proof the request never ran (it may have arrived later, or been a read: a \
+                 read-only call is not resumed). Repeat the call: a repeat in the same agent run is matched to \
+                 the original and is not sent twice, and a read is read again.",
                 LOOKUP_WINDOW.as_secs()
             ),
             answers,

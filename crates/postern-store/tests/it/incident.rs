@@ -74,6 +74,81 @@ fn a_request_is_found_by_its_mcp_session_and_jsonrpc_id() {
     assert_eq!(view.execution_for_request("mcp-1", &json!(null)).unwrap(), None);
 }
 
+/// A journal written before the request lookup had its index (schema v12) is upgraded with its
+/// past requests in it: a payment's stream broken just before the upgrade still resumes after it,
+/// a read is not looked for (it is read again), and the chain still verifies.
+#[test]
+fn a_version_12_journal_finds_its_requests_once_upgraded() {
+    let fx = Fixture::new();
+    let correlated = |mut new: postern_store::NewExecution, jsonrpc_id: i64| {
+        new.correlation =
+            json!({ "transport": "streamable_http", "mcp_session_id": "mcp-1", "jsonrpc_id": jsonrpc_id });
+        new
+    };
+    let (paid, read) = (exec_id(1), exec_id(2));
+    {
+        let store = fx.open();
+        dispatch_new(&store, correlated(payment(paid, 5, session(1), at(0)), 1));
+        let mut lookup = correlated(payment(read, 6, session(1), at(10)), 2);
+        lookup.contract = postern_core::ReplayContract::read_only();
+        let steps = vec![step(ExecutionState::Authorized, json!({}), at(11))];
+        store.record_read_only_detached(lookup, steps, None).expect("read");
+        store.flush().expect("flush");
+    }
+    rusqlite::Connection::open(&fx.path).expect("open").execute_batch(V13_UNDONE).expect("downgrade to v12");
+    let store = fx.open();
+    let view = store.view();
+    assert_eq!(view.execution_for_request("mcp-1", &json!(1)).unwrap(), Some((paid, "new_execution".into())));
+    assert_eq!(view.execution_for_request("mcp-1", &json!(2)).unwrap(), None, "the read {read} is not resumed");
+    assert_eq!(view.execution_for_request("mcp-1", &json!(3)).unwrap(), None);
+    drop(store);
+    let report = postern_store::audit::verify(&fx.path, None, &mut |_, _| {}).expect("verify");
+    assert!(report.intact(), "{:?}", report.findings);
+}
+
+/// The request index is not hash-chained: one rewritten to send a request to another row (here
+/// two requests' entries swapped, the index's definition left as it was) must not resume the
+/// other request's execution. The row's own correlation is checked, and the mismatch reported.
+#[test]
+fn a_request_index_pointing_at_another_row_is_refused() {
+    let fx = Fixture::new();
+    let correlated = |id: u128, jsonrpc_id: i64, at_ms: i64| {
+        let mut new = payment(exec_id(id), 5 + id as u64, session(1), at(at_ms));
+        new.correlation =
+            json!({ "transport": "streamable_http", "mcp_session_id": "mcp-1", "jsonrpc_id": jsonrpc_id });
+        new
+    };
+    {
+        let store = fx.open();
+        dispatch_new(&store, correlated(1, 1, 0));
+        dispatch_new(&store, correlated(2, 2, 10));
+        store.flush().expect("flush");
+    }
+    let real: String = {
+        let conn = rusqlite::Connection::open(&fx.path).expect("open");
+        conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'journal_request_lookup'", [], |r| r.get(0))
+            .expect("index")
+    };
+    {
+        // Entries built with ids 1 and 2 swapped, then the definition put back as it was.
+        let conn = rusqlite::Connection::open(&fx.path).expect("open");
+        let swapped = real.replace(
+            "json_extract(body, '$.payload.correlation.jsonrpc_id'),",
+            "3 - json_extract(body, '$.payload.correlation.jsonrpc_id'),",
+        );
+        assert_ne!(swapped, real);
+        conn.execute_batch(&format!("DROP INDEX journal_request_lookup; {swapped};")).expect("swapped index");
+        conn.execute_batch("PRAGMA writable_schema = ON;").expect("writable");
+        conn.execute("UPDATE sqlite_schema SET sql = ?1 WHERE name = 'journal_request_lookup'", [&real])
+            .expect("definition put back");
+    }
+    let store = fx.open();
+    match store.view().execution_for_request("mcp-1", &json!(1)) {
+        Err(postern_store::StoreError::Corrupt(why)) => assert!(why.contains("request index"), "{why}"),
+        other => panic!("a swapped index entry was followed: {other:?}"),
+    }
+}
+
 /// Streamable HTTP sessions are kept across a reopen (a restart) until their client ends them.
 #[test]
 fn mcp_sessions_are_remembered_until_forgotten() {

@@ -332,14 +332,15 @@ fn a_version_11_journal_with_reads_is_upgraded_and_its_retry_still_finds_the_wri
         store.flush().expect("flush");
     }
     {
-        // Back to v11: only migration 12 differs, and it only rebuilt this index.
+        // Back to v11: migration 13 only added the request lookup, and 12 only rebuilt this index.
         let conn = rusqlite::Connection::open(&fx.path).expect("open");
-        conn.execute_batch(
-            "DROP INDEX journal_retry_lookup;
+        conn.execute_batch(&format!(
+            "{V13_UNDONE}
+             DROP INDEX journal_retry_lookup;
              CREATE INDEX journal_retry_lookup ON journal (fingerprint, seq) WHERE event = 'accepted';
              DELETE FROM schema_migrations WHERE version = 12;
-             PRAGMA user_version = 11;",
-        )
+             PRAGMA user_version = 11;"
+        ))
         .expect("downgrade to v11");
         let indexed: i64 = conn
             .query_row(

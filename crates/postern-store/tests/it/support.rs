@@ -186,3 +186,8 @@ pub fn submit_read(store: &Store, id: ExecutionId, amount: u64, t: i64) -> Resul
     let done = Completion { outcome: json!({"http_status": 200}), result: b"[]".to_vec(), at: at(t + 3) };
     store.record_read_only_detached(read, steps, Some(done))
 }
+
+/// Takes a journal back from schema v13 to v12 (migration 13 only added the request index).
+pub const V13_UNDONE: &str = "DROP INDEX journal_request_lookup;
+     DELETE FROM schema_migrations WHERE version = 13;
+     PRAGMA user_version = 12;";
