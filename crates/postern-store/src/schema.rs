@@ -137,8 +137,19 @@ mod tests {
     #[test]
     fn the_request_lookup_reads_its_index() {
         let plan = plan(crate::view::REQUEST_EXECUTION, rusqlite::params!["mcp-1", 7]);
-        assert!(plan.iter().any(|step| step.contains("USING INDEX journal_request_lookup")), "{plan:?}");
-        assert!(!plan.iter().any(|step| step.starts_with("SCAN")), "{plan:?}");
+        // Both the session and the id from the index, and the newest first in its order.
+        let both = "USING INDEX journal_request_lookup (<expr>=? AND <expr>=?)";
+        assert!(plan.iter().any(|step| step.contains(both)), "{plan:?}");
+        assert!(!plan.iter().any(|step| step.starts_with("SCAN") || step.contains("TEMP B-TREE")), "{plan:?}");
+    }
+
+    /// The earlier execution of the same effect (named on a new one's `accepted` row) is found
+    /// through the effect index: the effect is the agent's to choose, as a request id is.
+    #[test]
+    fn the_effect_lookup_reads_its_index() {
+        let plan = plan(crate::view::EARLIER_EFFECT, rusqlite::params!["f", "a", "s"]);
+        assert!(plan.iter().any(|step| step.contains("USING INDEX journal_effect_lookup")), "{plan:?}");
+        assert!(!plan.iter().any(|step| step.starts_with("SCAN journal")), "{plan:?}");
     }
 
     /// SQLite's update hook, through which the writer learns a commit may have changed what

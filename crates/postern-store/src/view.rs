@@ -465,8 +465,9 @@ impl JournalView {
         let correlation: Value = correlation.and_then(|c| serde_json::from_str(&c).ok()).unwrap_or(Value::Null);
         if correlation["mcp_session_id"].as_str() != Some(mcp_session_id) || correlation["jsonrpc_id"] != journaled {
             return Err(StoreError::Corrupt(format!(
-                "the journal's request index names execution {execution} for a request its row does not carry; \
-                 run `postern audit verify`"
+                "the journal's request index names execution {execution} for a request its row does not carry \
+                 (the database was edited outside Postern): with the gateway stopped, rebuild the index \
+                 (`REINDEX journal_request_lookup` in sqlite3), and run `postern audit verify` for the rows"
             )));
         }
         let execution: ExecutionId =

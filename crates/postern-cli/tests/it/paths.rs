@@ -108,27 +108,66 @@ fn a_request_id_in_use_is_refused_and_delivery_follows_each_call() {
 /// claim nothing was sent.
 #[test]
 fn a_resumption_with_nothing_on_record_says_what_was_looked_at() {
-    use super::gateway::{post_initialize, raw_http};
     let target = Target::start();
     let gw = Gateway::start(&target.manifest());
-    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
-    let token = gw.add_agent("resumer");
-    let auth = format!("Authorization: Bearer {token}\r\n");
-    let (status, answer) = post_initialize(&addr, &auth);
-    assert_eq!(status, 200, "{answer}");
-    let session = answer.lines().find_map(|l| l.strip_prefix("mcp-session-id: ")).unwrap().trim().to_owned();
-    let (status, answer) = raw_http(
-        &addr,
-        &format!(
-            "GET /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
-             Accept: text/event-stream\r\nLast-Event-ID: postern-1.n.4242\r\nConnection: close\r\n\r\n"
-        ),
-    );
+    let (addr, headers) = http_session(&gw);
+    let (status, answer) = resume(&addr, &headers, "postern-1.n.4242");
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("nothing_to_resume"), "{answer}");
     assert!(!answer.contains("nothing was sent"), "{answer}");
     assert!(answer.contains("looked in the journal") && answer.contains("not proof"), "{answer}");
     assert_eq!(target.posts(), 0);
+}
+
+/// A stream resumed for a request whose JSON-RPC id is beyond 2^53 (rmcp takes any `i64`) is
+/// answered and journaled (`stream_resumed`), the id kept as its exact decimal string as on the
+/// call's own rows. Regression: the resumption's row held the id as a number the journal's
+/// canonical JSON refuses, so it was lost (only a warning in the log).
+#[test]
+fn a_resumption_of_a_request_with_a_large_id_is_journaled() {
+    let target = Target::start();
+    let gw = Gateway::start(&target.manifest());
+    let (addr, headers) = http_session(&gw);
+    let (status, answer) =
+        super::gateway::post_mcp(&addr, &headers, r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    assert_eq!(status, 202, "{answer}");
+    let big = 9_007_199_254_740_993_u64;
+    let call = json!({"jsonrpc": "2.0", "id": big, "method": "tools/call",
+                      "params": {"name": "pay", "arguments": {"amount": 3}}});
+    let (status, answer) = super::gateway::post_mcp(&addr, &headers, &call.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains(&format!("id: postern-1.n.{big}")), "the stream names the request: {answer}");
+    let id = only_execution_of(&gw, "pay");
+    let (status, resumed) = resume(&addr, &headers, &format!("postern-1.n.{big}"));
+    assert_eq!(status, 200, "{resumed}");
+    assert!(resumed.contains(id.as_str()), "answered with the execution: {resumed}");
+    eventually("the resumption to be journaled", LONG, || {
+        gw.events_of(&id).iter().any(|e| e == "stream_resumed").then_some(())
+    });
+    assert_eq!(target.posts(), 1, "answered from the journal, not sent again");
+}
+
+/// A Streamable HTTP session of a new agent token on `gw` (protocol 2025-11-25): the gateway's
+/// address and the headers each request on the session carries.
+fn http_session(gw: &Gateway) -> (String, String) {
+    let addr = gw.http.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let token = gw.add_agent("resumer");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let (status, answer) = super::gateway::post_initialize(&addr, &auth);
+    assert_eq!(status, 200, "{answer}");
+    let session = answer.lines().find_map(|l| l.strip_prefix("mcp-session-id: ")).unwrap().trim().to_owned();
+    (addr, format!("{auth}Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n"))
+}
+
+/// A resumption of a broken stream: `GET /mcp` with `Last-Event-ID: event_id` on the session.
+fn resume(addr: &str, headers: &str, event_id: &str) -> (u16, String) {
+    super::gateway::raw_http(
+        addr,
+        &format!(
+            "GET /mcp HTTP/1.1\r\nHost: {addr}\r\n{headers}Accept: text/event-stream\r\nLast-Event-ID: {event_id}\r\n\
+             Connection: close\r\n\r\n"
+        ),
+    )
 }
 
 /// A TCP relay run as another user (`nobody`): the gateway cannot name the process behind a

@@ -32,8 +32,8 @@ use std::{sync::Arc, time::Duration};
 /// How long a client waits before reconnecting (the SSE `retry:` field of the priming event).
 pub const RETRY_HINT: Duration = Duration::from_secs(1);
 
-/// How long a resumed stream waits for the request to appear in the journal (it is journaled
-/// when accepted, moments after it arrives; a read is journaled once it has run).
+/// How long a resumed stream waits for the request to appear in the journal (a call with an
+/// effect is journaled when accepted, moments after it arrives).
 const LOOKUP_WINDOW: Duration = Duration::from_secs(10);
 
 /// How long a resumed stream waits for an execution in flight before ending (the client then
@@ -152,10 +152,12 @@ pub async fn resume(
         Err(e) => return error_stream(&jsonrpc_id, "journal_unreadable", &e.to_string(), answers),
     };
     answers.tool = Some(tool);
+    // An id beyond 2^53 is kept as its exact decimal string, as on the call's own rows (the
+    // journal's canonical JSON holds no integer a double cannot).
     let detail = json!({ "correlation": {
         "transport": caller.transport.as_str(),
         "mcp_session_id": session,
-        "jsonrpc_id": jsonrpc_id,
+        "jsonrpc_id": postern_core::canonical::with_unsafe_integers_as_strings(&jsonrpc_id),
     }});
     if let Err(e) = engine.stream_resumed(id, detail).await {
         tracing::warn!(execution = %id, error = %e, "could not journal a stream resumption");

@@ -3,8 +3,9 @@
 -- index. Until v12 it scanned the newest 100,000 rows, parsing each body, every ~250 ms for up to
 -- 10 s: any agent could keep a core and every reader of the journal busy with one GET naming a
 -- request that never was. The index is on expressions of the hash-chained body (no new column:
--- adding one to this table would check every row first, and refuse the upgrade of a journal
--- with an edited row that v12 still served). Rows without an MCP session (stdio, protocol
+-- adding one to this STRICT table would first check every row's declared types as well). Like
+-- every index on the body, building it needs each body to be JSON; `postern audit verify`,
+-- which never migrates, names a row that is not. Rows without an MCP session (stdio, protocol
 -- 2026-07-28) cost it nothing, and so do reads: a read is not resumed but read again (its rows
 -- are written once it has been answered, and one that waits for nobody opens its stream with
 -- its answer, in one write), and indexing them cost every read over a session ~3 KiB more
