@@ -115,35 +115,49 @@ impl Engine {
             }
             let approver = Arc::clone(&self.approver);
             let asked = request.clone();
-            let (verdict, event) =
-                match self.ask_person(request.withdrawn.clone(), move || approver.authorize(&asked)).await? {
-                    Asked::Answered(v) if v.allowed => (v, ActivityNote::ApprovalGranted),
-                    // The approver's own clock ran out first.
-                    Asked::Answered(v) if v.timed_out => (v, ActivityNote::ApprovalTimedOut),
-                    Asked::Answered(v) => (v, ActivityNote::ApprovalDenied),
-                    Asked::TimedOut => (
-                        Authorization {
-                            allowed: false,
-                            rung: rung_asked,
-                            by: "timeout".into(),
-                            reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
-                            grant: None,
-                            timed_out: true,
-                        },
-                        ActivityNote::ApprovalTimedOut,
-                    ),
-                    Asked::Locked => (
-                        Authorization {
-                            allowed: false,
-                            rung: Rung::VaultLocked,
-                            by: "postern".into(),
-                            reason: "the vault was locked while this request waited for a reviewer".into(),
-                            grant: None,
-                            timed_out: false,
-                        },
-                        ActivityNote::ApprovalWithdrawn,
-                    ),
-                };
+            let (verdict, event) = match self
+                .ask_person(asker(call), request.withdrawn.clone(), move || approver.authorize(&asked))
+                .await?
+            {
+                Asked::Answered(v) if v.allowed => (v, ActivityNote::ApprovalGranted),
+                // The approver's own clock ran out first.
+                Asked::Answered(v) if v.timed_out => (v, ActivityNote::ApprovalTimedOut),
+                Asked::Answered(v) => (v, ActivityNote::ApprovalDenied),
+                Asked::TimedOut => (
+                    Authorization {
+                        allowed: false,
+                        rung: rung_asked,
+                        by: "timeout".into(),
+                        reason: format!("no reviewer answered within {} s", self.approval_timeout.as_secs()),
+                        grant: None,
+                        timed_out: true,
+                    },
+                    ActivityNote::ApprovalTimedOut,
+                ),
+                // The time ran out in line: like an unanswered question, not a refusal.
+                Asked::OutOfTurn => (
+                    Authorization {
+                        allowed: false,
+                        rung: rung_asked,
+                        by: "postern".into(),
+                        reason: not_asked_reason(self.approval_timeout),
+                        grant: None,
+                        timed_out: true,
+                    },
+                    ActivityNote::ApprovalTimedOut,
+                ),
+                Asked::Locked => (
+                    Authorization {
+                        allowed: false,
+                        rung: Rung::VaultLocked,
+                        by: "postern".into(),
+                        reason: "the vault was locked while this request waited for a reviewer".into(),
+                        grant: None,
+                        timed_out: false,
+                    },
+                    ActivityNote::ApprovalWithdrawn,
+                ),
+            };
             if admitted {
                 self.note(id, event, json!({ "ask": ask, "rung": rung_asked.as_str(), "decision": &verdict })).await?;
             }
@@ -215,14 +229,41 @@ impl Engine {
         Ok(())
     }
 
-    /// Puts a question to the person behind the approver: on a blocking thread, under the
-    /// approval timeout, withdrawn at once if the vault is locked meanwhile.
+    /// Puts a question to the person behind the approver: once `asker` has a place in line
+    /// (waited for, holding no thread, for at most the approval timeout), then on a blocking
+    /// thread under the approval timeout, withdrawn at once if the vault is locked meanwhile.
+    /// The place is held until that thread returns, so the threads and dialogs an agent can
+    /// hold open are bounded ([`QUESTIONS_PER_RUN`], [`QUESTIONS_IN_ALL`]).
     pub(super) async fn ask_person<T: Send + 'static>(
         &self,
+        asker: questions::Asker,
         withdrawn: Withdrawal,
         ask: impl FnOnce() -> T + Send + 'static,
     ) -> Result<Asked<T>, EngineError> {
-        let mut answer = tokio::task::spawn_blocking(ask);
+        let turn = {
+            let waiting = self.questions.turn(asker);
+            tokio::pin!(waiting);
+            let in_line = tokio::time::sleep(self.approval_timeout);
+            tokio::pin!(in_line);
+            let mut lock_check = tokio::time::interval(LOCK_CHECK_INTERVAL);
+            loop {
+                tokio::select! {
+                    turn = &mut waiting => break turn,
+                    () = &mut in_line => {
+                        withdrawn.withdraw();
+                        return Ok(Asked::OutOfTurn);
+                    }
+                    _ = lock_check.tick() => if self.vault.is_locked()? {
+                        withdrawn.withdraw();
+                        return Ok(Asked::Locked);
+                    },
+                }
+            }
+        };
+        let mut answer = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            ask()
+        });
         let deadline = tokio::time::sleep(self.approval_timeout);
         tokio::pin!(deadline);
         let mut lock_check = tokio::time::interval(LOCK_CHECK_INTERVAL);
@@ -311,6 +352,23 @@ fn ssh_shown(p: &Prepared<'_>, plan: &SshPlan) -> String {
 }
 
 /// How often an open question checks whether the vault was locked (then it is withdrawn).
+/// Whose line a call's question waits in: its agent run's, or its caller's without one.
+pub(super) fn asker(call: &Call) -> questions::Asker {
+    match call.session {
+        Some(run) => questions::Asker::Run(run),
+        None => questions::Asker::Caller(call.actor.as_str().to_owned()),
+    }
+}
+
+/// Why a question that never reached a person was denied, in words an agent can act on.
+pub(super) fn not_asked_reason(timeout: Duration) -> String {
+    format!(
+        "not put to a reviewer: this agent's earlier questions held its places in line ({QUESTIONS_PER_RUN} open at a \
+         time per agent run, {QUESTIONS_IN_ALL} in all) for {} s; nothing was sent. Ask again once they are answered",
+        timeout.as_secs()
+    )
+}
+
 const LOCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How much of a request body a reviewer is shown.

@@ -7,6 +7,7 @@ mod detail;
 mod dispatch;
 mod outcome;
 mod prepare;
+mod questions;
 mod recover;
 
 pub use crate::approval::{
@@ -30,6 +31,7 @@ use postern_core::{
 };
 use postern_store::{ActivityNote, Admission, Completion, Event, NewExecution, Store, StoreError};
 use postern_vault::{Sensitive, Vault, VaultError};
+pub use questions::{QUESTIONS_IN_ALL, QUESTIONS_PER_RUN};
 use serde_json::{Value, json};
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -59,6 +61,8 @@ enum Asked<T> {
     TimedOut,
     /// The vault was locked while the question was open.
     Locked,
+    /// Never put: the asker's earlier questions held its places in line for the whole timeout.
+    OutOfTurn,
 }
 
 /// What a call that joined another call's pending request receives: the same outcome.
@@ -152,6 +156,8 @@ pub struct Engine {
     session_gates: tokio::sync::Mutex<std::collections::HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
     /// Calls waiting for a person, joinable by their retries.
     open_requests: OpenRequests,
+    /// The places in line for a person's attention: a few per run, a bounded number in all.
+    questions: questions::Questions,
     /// When the last call arrived or the last question was answered (ms), for the idle lock.
     last_activity: std::sync::atomic::AtomicI64,
     http: reqwest::Client,
@@ -378,6 +384,7 @@ impl Engine {
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
             open_requests: OpenRequests::default(),
+            questions: questions::Questions::default(),
             last_activity: std::sync::atomic::AtomicI64::new(clock().as_millis()),
             http: http::client(),
             clock,

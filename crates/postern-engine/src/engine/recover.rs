@@ -148,7 +148,9 @@ impl Engine {
         self.note(id, ActivityNote::RetryReviewRequested, json!({ "shown": &request })).await?;
         let approver = Arc::clone(&self.approver);
         let asked = request.clone();
-        let answer = self.ask_person(request.withdrawn.clone(), move || approver.review_retry(&asked)).await?;
+        let answer = self
+            .ask_person(super::authorize::asker(call), request.withdrawn.clone(), move || approver.review_retry(&asked))
+            .await?;
         lead.close();
         let denied =
             |code: &str, by: &str, reason: String| StepDetail::because(reason).code(code).decided("retry_review", by);
@@ -163,6 +165,12 @@ impl Engine {
             Asked::Answered(None) | Asked::TimedOut => {
                 let reason = format!("no reviewer answered within {} s", self.approval_timeout.as_secs());
                 let detail = denied("approval_timed_out", "timeout", reason);
+                self.note(id, ActivityNote::RetryReviewTimedOut, detail.to_value()).await?;
+                return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
+            }
+            Asked::OutOfTurn => {
+                let detail =
+                    denied("approval_timed_out", "postern", super::authorize::not_asked_reason(self.approval_timeout));
                 self.note(id, ActivityNote::RetryReviewTimedOut, detail.to_value()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }

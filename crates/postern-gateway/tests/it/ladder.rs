@@ -10,7 +10,7 @@ use postern_store::SessionStart;
 use serde_json::json;
 use std::sync::{
     Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
 /// Answers every question the same way (after a pause, or once released), and remembers what it
@@ -23,6 +23,11 @@ struct Reviewer {
     refuse_body: Mutex<Option<String>>,
     /// Hold every answer until [`Reviewer::release`].
     held: AtomicBool,
+    /// While held, ignore a withdrawal too (a dialog that does not close).
+    deaf: AtomicBool,
+    /// Questions being answered right now, and the most there ever were at once.
+    open: AtomicUsize,
+    most_open: AtomicUsize,
     review: Mutex<Option<ReviewAnswer>>,
     asked: Mutex<Vec<AuthorizationRequest>>,
     reviews: Mutex<Vec<RetryReviewRequest>>,
@@ -39,6 +44,9 @@ impl Reviewer {
             grant,
             refuse_body: Mutex::new(None),
             held: AtomicBool::new(false),
+            deaf: AtomicBool::new(false),
+            open: AtomicUsize::new(0),
+            most_open: AtomicUsize::new(0),
             review: Mutex::new(None),
             asked: Mutex::new(Vec::new()),
             reviews: Mutex::new(Vec::new()),
@@ -74,7 +82,7 @@ impl Reviewer {
     fn deliberate(&self, withdrawn: &postern_engine::approval::Withdrawal) -> bool {
         std::thread::sleep(std::time::Duration::from_millis(150));
         while self.held.load(Ordering::SeqCst) {
-            if withdrawn.is_withdrawn() {
+            if withdrawn.is_withdrawn() && !self.deaf.load(Ordering::SeqCst) {
                 self.saw_withdrawal.store(true, Ordering::SeqCst);
                 return false;
             }
@@ -87,6 +95,8 @@ impl Reviewer {
 impl Approver for Reviewer {
     fn authorize(&self, request: &AuthorizationRequest) -> Authorization {
         self.asked.lock().unwrap().push(request.clone());
+        let open = self.open.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_open.fetch_max(open, Ordering::SeqCst);
         if let Some(opening) = &*self.opening.lock().unwrap() {
             self.released_when_asked.lock().unwrap().push(opening.is_released());
         }
@@ -96,6 +106,7 @@ impl Approver for Reviewer {
             _ => false,
         };
         let allow = self.allow && answered && !refused_body;
+        self.open.fetch_sub(1, Ordering::SeqCst);
         Authorization {
             allowed: allow,
             rung: match request.ask {
@@ -120,6 +131,17 @@ impl Approver for Reviewer {
         }
         let answer = self.review.lock().unwrap().clone()?;
         Some(ReviewVerdict { answer, by: "reviewer:test".into() })
+    }
+}
+
+/// Releases the reviewer when dropped, so a failing test ends instead of waiting forever for
+/// the approver's threads.
+struct ReleaseOnDrop(Arc<Reviewer>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.deaf.store(false, Ordering::SeqCst);
+        self.0.release();
     }
 }
 
@@ -302,6 +324,19 @@ fn every_use(l: &Ladder) {
     assert!(l.rig.vault.credential("pay").unwrap().approve_every_use);
 }
 
+/// A run already authorized (its calls are asked about only where a rung says every use).
+fn authorized_run(l: &Ladder, n: u128) -> SessionId {
+    let run = start_run(l, n);
+    l.rig.store.set_session_standing(run, true, "test", json!({}), Timestamp::from_millis(9)).unwrap();
+    run
+}
+
+/// A payment of `amount` in `run`, under way on its own task.
+fn pay_in(l: &Ladder, amount: u64, run: SessionId) -> tokio::task::JoinHandle<postern_engine::CallOutcome> {
+    let engine = Arc::clone(&l.engine);
+    tokio::spawn(async move { engine.call(in_run("create_payment", amount, run)).await.unwrap() })
+}
+
 fn events(l: &Ladder, id: postern_core::ExecutionId) -> Vec<String> {
     l.rig.store.view().timeline(id).unwrap().into_iter().map(|e| e.row.event.to_string()).collect()
 }
@@ -312,12 +347,8 @@ async fn a_per_use_approval_binds_to_one_call_and_its_retry_joins_the_open_quest
     *reviewer.refuse_body.lock().unwrap() = Some("\"amount\":2".into());
     let l = ladder(Arc::clone(&reviewer)).await;
     every_use(&l);
-    let run = start_run(&l, 1);
-    l.rig.store.set_session_standing(run, true, "test", json!({}), Timestamp::from_millis(9)).unwrap();
-    let spawn = |amount: u64| {
-        let engine = Arc::clone(&l.engine);
-        tokio::spawn(async move { engine.call(in_run("create_payment", amount, run)).await.unwrap() })
-    };
+    let run = authorized_run(&l, 1);
+    let spawn = |amount: u64| pay_in(&l, amount, run);
     let x = spawn(1);
     eventually("the question about call X", || reviewer.asked().len() == 1).await;
     let x_retry = spawn(1);
@@ -570,4 +601,59 @@ async fn a_read_that_waits_for_a_reviewer_opens_its_answer_first() {
     assert_eq!(l.engine.call(next).await.unwrap().state, ExecutionState::Completed);
     assert_eq!(reviewer.asked().len(), 1);
     assert!(!opening.is_released());
+}
+
+/// A run's calls that each need a person wait in line a few at a time, holding no dialog and no
+/// thread meanwhile, and another run's question is not stuck behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_wait_in_line_a_few_per_run_and_another_run_is_still_asked() {
+    use postern_engine::engine::QUESTIONS_PER_RUN;
+    let reviewer = Reviewer::new(true, None).holding();
+    let _release = ReleaseOnDrop(Arc::clone(&reviewer));
+    let l = ladder(Arc::clone(&reviewer)).await;
+    every_use(&l);
+    let (flood, other) = (authorized_run(&l, 1), authorized_run(&l, 2));
+    let spawn = |amount: u64, run: SessionId| pay_in(&l, amount, run);
+    let n = QUESTIONS_PER_RUN + 6;
+    let flooding: Vec<_> = (1..=n as u64).map(|amount| spawn(amount, flood)).collect();
+    eventually("the first questions of the run", || reviewer.asked().len() == QUESTIONS_PER_RUN).await;
+    let quiet = spawn(1_000, other);
+    eventually("the other run's question", || reviewer.asked().len() == QUESTIONS_PER_RUN + 1).await;
+    assert_eq!(reviewer.asked.lock().unwrap().last().unwrap().session, Some(other));
+    reviewer.release();
+    for c in flooding {
+        assert_eq!(c.await.unwrap().state, ExecutionState::Completed);
+    }
+    assert_eq!(quiet.await.unwrap().state, ExecutionState::Completed);
+    assert_eq!(reviewer.asked().len(), n + 1, "every call was asked about, in its turn");
+    assert_eq!(reviewer.most_open.load(Ordering::SeqCst), QUESTIONS_PER_RUN + 1);
+    assert_eq!(l.target.payments(), n as u64 + 1);
+}
+
+/// A call whose turn never comes within the approval timeout is denied without a question, and
+/// says why; a place is held until the approver's thread returns, not merely until the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_turn_never_comes_is_denied_without_a_question() {
+    use postern_engine::engine::QUESTIONS_PER_RUN;
+    let reviewer = Reviewer::new(true, None).holding();
+    reviewer.deaf.store(true, Ordering::SeqCst);
+    let _release = ReleaseOnDrop(Arc::clone(&reviewer));
+    let l = ladder_with_timeout(Arc::clone(&reviewer), std::time::Duration::from_millis(300)).await;
+    every_use(&l);
+    let run = authorized_run(&l, 1);
+    let spawn = |amount: u64| pay_in(&l, amount, run);
+    let asked: Vec<_> = (1..=QUESTIONS_PER_RUN as u64).map(spawn).collect();
+    eventually("the run's questions", || reviewer.asked().len() == QUESTIONS_PER_RUN).await;
+    let last = spawn(99).await.unwrap();
+    assert_eq!(last.state, ExecutionState::Denied);
+    assert_eq!(last.why().code.as_deref(), Some("approval_timed_out"));
+    assert!(last.why().reason.as_deref().unwrap_or_default().contains("not put to a reviewer"), "{:?}", last.why());
+    assert_eq!(reviewer.asked().len(), QUESTIONS_PER_RUN, "the last call was never put to the reviewer");
+    assert_eq!(events(&l, last.execution_id), ["accepted", "approval_requested", "approval_timed_out", "denied"]);
+    assert_eq!(l.rig.store.view().session_standing(run).unwrap(), Some(true), "nothing was refused");
+    reviewer.release();
+    for c in asked {
+        assert_eq!(c.await.unwrap().state, ExecutionState::Denied, "their own time ran out");
+    }
+    assert_eq!(l.target.payments(), 0);
 }
