@@ -81,6 +81,7 @@ impl Route {
                     gateway: None,
                     approver: None,
                     approval_timeout: postern_engine::engine::DEFAULT_APPROVAL_TIMEOUT,
+                    change_question: Authority::one_change_question(),
                 };
                 // This process is the one asking: traced like a control socket's peer, against the
                 // agent runs the journal shows open (their process still alive).

@@ -15,6 +15,7 @@ pub mod event;
 mod incident;
 pub mod journal;
 pub mod merkle;
+mod refusal;
 mod schema;
 mod view;
 mod writer;
@@ -23,6 +24,7 @@ pub use audit::{Checkpoint, Checkpointed, Claim, Finding, VerifyReport};
 pub use error::{StoreError, Unusable};
 pub use event::{ActivityNote, Event, SessionEvent, VaultEvent};
 pub use merkle::{Consistency, Inclusion, TreeReader};
+pub use refusal::{REFUSAL_TEXT_CHARS, REFUSALS_PER_MINUTE, REFUSALS_PER_MINUTE_IN_ALL};
 
 /// The SQLite library Postern's journal runs on (bundled, so the same everywhere).
 pub fn sqlite_version() -> &'static str {
@@ -215,6 +217,8 @@ pub struct Store {
     /// sees a new value.
     view: JournalView,
     path: PathBuf,
+    /// This minute's `request_refused` rows, per peer and in all.
+    refusals: std::sync::Mutex<refusal::RefusalBudget>,
     /// Held for the life of the store: one writing process per journal. (Declared last, so it is
     /// released only after the writer has finished.)
     _lock: JournalLock,
@@ -274,7 +278,7 @@ impl Store {
         }
         let writer = writer::WriterHandle::spawn(conn, options)?;
         let view = JournalView::open_read_only(path)?.remembering(writer.epoch());
-        let store = Store { writer, view, path: path.to_owned(), _lock: lock };
+        let store = Store { writer, view, path: path.to_owned(), refusals: Default::default(), _lock: lock };
         let recovery = store.writer.call(WriteKind::DURABLE, move |w| w.recover(now))?;
         Ok((store, recovery))
     }
@@ -403,10 +407,19 @@ impl Store {
     }
 
     /// Journals a refused request for something not offered where an agent can reach it (an
-    /// approval or unlock over the control socket, an MCP method, an HTTP path): `request_refused`
-    /// on the vault stream, with what was attempted and by whom.
-    pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<JournalEntry, StoreError> {
-        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::RequestRefused, detail, at))
+    /// approval or unlock over the control socket, an MCP method, an HTTP path, a change that
+    /// weakens safety): `request_refused` on the vault stream, with what was attempted and by
+    /// whom (`detail.peer`). The one way to write such a row: each passes the per-minute budget
+    /// of its peer ([`REFUSALS_PER_MINUTE`]) and of all peers ([`REFUSALS_PER_MINUTE_IN_ALL`]),
+    /// and its texts are cut to [`REFUSAL_TEXT_CHARS`]. `Ok(None)`: over budget, counted into
+    /// the peer's next row (`suppressed_before`) instead.
+    pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<Option<JournalEntry>, StoreError> {
+        let peer = refusal::peer_key(&detail);
+        let admitted = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(peer, at);
+        let Some(counted) = admitted else { return Ok(None) };
+        let mut detail = refusal::bounded(detail);
+        detail["suppressed_before"] = Value::from(counted);
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::RequestRefused, detail, at)).map(Some)
     }
 
     /// Journals an import of agent configs (`import_applied`: the digest of the undo record, the

@@ -572,6 +572,13 @@ fn a_change_that_weakens_safety_waits_for_the_reviewers_confirmation() {
     assert!(shown.contains("counter__set_flag"), "{shown}");
     assert!(shown.contains("an uncertain outcome would be idempotent instead of irreversible"), "{shown}");
     assert!(shown.contains("asked by     pid "), "the asking process is shown: {shown}");
+    // While it waits, a second weakening is not put to the person (one dialog per request
+    // otherwise): refused at once, and journaled.
+    let second = contract(&["set_flag", "--confirm", "idempotent"]).join().unwrap();
+    assert_eq!(second.code, 1, "{}", second.stderr);
+    assert!(second.stderr.contains("already waiting for the approver's person"), "{}", second.stderr);
+    let rows = journal_rows(&gw, "request_refused");
+    assert!(rows.iter().any(|r| r["payload"]["decided"] == "not_asked_another_waiting"), "{rows:?}");
     term.type_line("r");
     let refused = weaker.join().unwrap();
     assert_eq!(refused.code, 1, "{}", refused.stderr);

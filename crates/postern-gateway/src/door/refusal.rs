@@ -3,20 +3,17 @@
 //! exist, an HTTP path other than `/mcp` — are refused, and each refusal is journaled
 //! (`request_refused` on the vault stream) as evidence of a possible self-approval attempt.
 //!
-//! Journaling is budgeted per minute and per peer, so an agent cannot grow the journal without
-//! bound by trying, nor hide another peer's real attempt behind its own junk: beyond its budget
-//! a peer's refusals are counted, and the count goes into its next row.
+//! Journaling is budgeted per minute and per peer by the store itself
+//! ([`Store::refusal`]), so an agent cannot grow the journal without bound by trying, nor hide
+//! another peer's real attempt behind its own junk: beyond its budget a peer's refusals are
+//! counted, and the count goes into its next row.
 
 use postern_engine::engine::Clock;
 use postern_store::Store;
 use serde_json::{Value, json};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-/// Rows journaled per minute for one peer at most; the rest are counted.
-pub const REFUSALS_PER_MINUTE: u32 = 30;
-
-/// Rows journaled per minute for all peers together at most (many peers cannot flood it either).
-pub const REFUSALS_PER_MINUTE_IN_ALL: u32 = 300;
+pub use postern_store::{REFUSALS_PER_MINUTE, REFUSALS_PER_MINUTE_IN_ALL};
 
 /// Words that make a refused request look like an attempt to approve, authorize or unlock.
 const APPROVAL_WORDS: [&str; 8] = ["approv", "authoriz", "unlock", "grant", "allow", "review", "consent", "confirm"];
@@ -38,26 +35,9 @@ pub struct Refused {
     pub peer: Value,
 }
 
-#[derive(Debug, Default)]
-struct Budget {
-    minute: i64,
-    /// Per peer: rows journaled this minute, refusals counted since its last row.
-    peers: std::collections::HashMap<String, (u32, u64)>,
-    used: u32,
-}
-
-/// Who a refusal is budgeted to: the actor if known, else the executable, else the pid.
-fn peer_key(peer: &Value) -> String {
-    ["actor", "executable", "pid"]
-        .iter()
-        .find_map(|k| peer.get(*k).filter(|v| !v.is_null()).map(|v| format!("{k}:{v}")))
-        .unwrap_or_else(|| "unknown".into())
-}
-
 pub struct Refusals {
     store: Arc<Store>,
     clock: Clock,
-    budget: Mutex<Budget>,
 }
 
 impl std::fmt::Debug for Refusals {
@@ -68,52 +48,35 @@ impl std::fmt::Debug for Refusals {
 
 impl Refusals {
     pub fn new(store: Arc<Store>, clock: Clock) -> Arc<Self> {
-        Arc::new(Refusals { store, clock, budget: Mutex::new(Budget::default()) })
+        Arc::new(Refusals { store, clock })
     }
 
     /// Journals `refused` (a synchronous store write: call it off the async workers), unless
-    /// this minute's budget is spent; the row written, if one was.
+    /// its peer's budget for this minute is spent; the row written, if one was.
     pub fn record(&self, refused: Refused) -> Option<postern_store::JournalEntry> {
         let now = (self.clock)();
-        let suppressed = {
-            let mut b = self.budget.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let minute = now.as_millis().div_euclid(60_000);
-            if b.minute != minute {
-                b.minute = minute;
-                b.used = 0;
-                // Counts carry over (they go into the peer's next row); this minute's rows reset.
-                b.peers.retain(|_, (_, counted)| *counted > 0);
-                b.peers.values_mut().for_each(|(rows, _)| *rows = 0);
-            }
-            let over_all = b.used >= REFUSALS_PER_MINUTE_IN_ALL;
-            let entry = b.peers.entry(peer_key(&refused.peer)).or_default();
-            if over_all || entry.0 >= REFUSALS_PER_MINUTE {
-                entry.1 += 1;
-                return None;
-            }
-            entry.0 += 1;
-            let counted = std::mem::take(&mut entry.1);
-            b.used += 1;
-            counted
-        };
         let attempted: String = refused.attempted.chars().take(200).collect();
         let detail = json!({
             "interface": refused.interface,
             "attempted": attempted,
             "approval_shaped": approval_shaped(&attempted),
             "peer": refused.peer,
-            "suppressed_before": suppressed,
             "reason": "not offered here: approvals, unlocking and session grants are only answered in the approver \
                        (the desktop app's dialogs or `postern serve --approver terminal`)",
         });
-        // What was asked for is the peer's text: escaped for the log like any outside text.
-        tracing::warn!(
-            interface = refused.interface,
-            attempted = %postern_core::Outside::line(&attempted),
-            "refused a request Postern does not offer"
-        );
         match self.store.refusal(detail, now) {
-            Ok(entry) => Some(entry),
+            Ok(entry) => {
+                // What was asked for is the peer's text: escaped for the log like any outside
+                // text, and logged only as often as it is journaled.
+                if entry.is_some() {
+                    tracing::warn!(
+                        interface = refused.interface,
+                        attempted = %postern_core::Outside::line(&attempted),
+                        "refused a request Postern does not offer"
+                    );
+                }
+                entry
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "could not journal a refused request");
                 None

@@ -37,6 +37,16 @@ pub struct Authority {
     pub approver: Option<Arc<dyn postern_engine::Approver>>,
     /// How long its person has to answer.
     pub approval_timeout: std::time::Duration,
+    /// One change put to the approver's person at a time: held until the approver's thread
+    /// returns, so a caller cannot open a dialog (and hold a thread) per request.
+    pub change_question: Arc<tokio::sync::Semaphore>,
+}
+
+impl Authority {
+    /// The place for [`Authority::change_question`]: one.
+    pub fn one_change_question() -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(1))
+    }
 }
 
 /// How strictly a replay contract holds a tool: the higher, the less an uncertain outcome allows.
@@ -256,6 +266,17 @@ pub async fn apply(
             return reply;
         }
         if let Some(approver) = a.approver.as_ref().filter(|_| weakening.ask) {
+            let Ok(turn) = Arc::clone(&a.change_question).try_acquire_owned() else {
+                let message = format!(
+                    "refused: {} weakens safety ({}), and another such change is already waiting for the approver's \
+                     person, so this one was not put to them. Ask again once that one is answered. This attempt was \
+                     journaled.",
+                    weakening.change, weakening.weakens
+                );
+                let (store, detail, reply) = refuse(ControlCode::NotConfirmed, message, "not_asked_another_waiting");
+                let _ = blocking(move || store.refusal(detail, now)).await;
+                return reply;
+            };
             let question = postern_engine::ChangeRequest {
                 op: serde_json::to_value(request.op())
                     .ok()
@@ -270,7 +291,10 @@ pub async fn apply(
             let (approver, asked) = (Arc::clone(approver), question.clone());
             let answer = tokio::time::timeout(
                 a.approval_timeout + std::time::Duration::from_secs(1),
-                tokio::task::spawn_blocking(move || approver.confirm_change(&asked)),
+                tokio::task::spawn_blocking(move || {
+                    let _turn = turn;
+                    approver.confirm_change(&asked)
+                }),
             )
             .await;
             match answer {

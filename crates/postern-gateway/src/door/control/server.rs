@@ -38,6 +38,7 @@ pub async fn serve(
         gateway: Some(info),
         approver: Some(Arc::clone(gateway.engine.approver())),
         approval_timeout: gateway.engine.approval_timeout(),
+        change_question: Authority::one_change_question(),
     });
     tokio::pin!(shutdown);
     loop {
