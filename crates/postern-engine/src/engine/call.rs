@@ -374,6 +374,12 @@ pub enum EngineError {
          with execution_id {id} (or a repeat of this call, which is matched to it) returns the result"
     )]
     OutcomeNotJournaled { id: ExecutionId, source: StoreError },
+    /// The agent already has as many calls under way as it may.
+    #[error(
+        "this agent already has {limit} calls under way (waiting for a target, a person or a join); this call was \
+         not run and nothing was journaled. Wait for some of them to finish, then call again"
+    )]
+    TooManyInFlight { limit: usize },
     /// A tool read-only by its verb uses a credential whose reads have effects.
     #[error("{0} (its credential says reads through it have effects; add a contract in the tool manifest)")]
     Contract(#[from] postern_core::ContractError),
@@ -396,6 +402,7 @@ impl ErrorCode for EngineError {
             EngineError::Joined { code, .. } => code,
             EngineError::Contract(e) => e.code(),
             EngineError::OutcomeNotJournaled { .. } => "outcome_not_journaled",
+            EngineError::TooManyInFlight { .. } => "too_many_calls_in_flight",
         }
     }
 }

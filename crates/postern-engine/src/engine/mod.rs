@@ -5,6 +5,7 @@ mod authorize;
 mod call;
 mod detail;
 mod dispatch;
+mod in_flight;
 mod outcome;
 mod prepare;
 mod questions;
@@ -22,6 +23,7 @@ use crate::{
 use call::cancelled_detail;
 pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, Opening, UnknownDecision};
 pub use detail::{CANCELLED, StepDetail, UnreadableDetail};
+pub use in_flight::CALLS_IN_FLIGHT_PER_AGENT;
 pub use outcome::{ChannelAnswer, Settled};
 use outcome::{Observation, Raw};
 use postern_core::{
@@ -158,6 +160,8 @@ pub struct Engine {
     open_requests: OpenRequests,
     /// The places in line for a person's attention: a few per run, a bounded number in all.
     questions: questions::Questions,
+    /// The calls under way, a bounded number per agent.
+    in_flight: in_flight::CallsInFlight,
     /// When the last call arrived or the last question was answered (ms), for the idle lock.
     last_activity: std::sync::atomic::AtomicI64,
     http: reqwest::Client,
@@ -385,6 +389,7 @@ impl Engine {
             session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
             open_requests: OpenRequests::default(),
             questions: questions::Questions::default(),
+            in_flight: in_flight::CallsInFlight::default(),
             last_activity: std::sync::atomic::AtomicI64::new(clock().as_millis()),
             http: http::client(),
             clock,
@@ -465,6 +470,10 @@ impl Engine {
         if let Some(found) = self.store.authority_alarm() {
             return Err(StoreError::AuthorityTampered(found).into());
         }
+        // Held until this call ends, however it ends; refused before it becomes an execution.
+        let Some(_place) = self.in_flight.enter(call.actor.as_str()) else {
+            return Err(EngineError::TooManyInFlight { limit: self.in_flight.limit() });
+        };
         // A lookup is only ever for the name the call carries.
         if call.resolved.as_ref().is_some_and(|t| t.name != call.tool) {
             call.resolved = None;

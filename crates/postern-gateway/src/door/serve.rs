@@ -58,6 +58,7 @@ pub struct BoundGateway {
 
 /// Binds both endpoints (so their addresses can be printed before serving starts).
 pub async fn bind(gateway: Arc<Gateway>, options: ServeOptions) -> Result<BoundGateway, ServeError> {
+    raise_open_file_limit();
     let (socket, socket_path) = socket::bind(&options.data_dir)?;
     let (control, control_path) = crate::door::control::bind(&options.data_dir)?;
     let http = match options.http_port {
@@ -131,5 +132,44 @@ impl BoundGateway {
         }
         let _ = std::fs::remove_file(&self.endpoints.socket);
         let _ = std::fs::remove_file(&self.endpoints.control);
+    }
+}
+
+/// The most open files the gateway asks for (Linux's default `fs.nr_open`).
+const OPEN_FILES_WANTED: u64 = 1 << 20;
+
+/// Raises this process's soft limit on open files to its hard limit: every connection, call
+/// target, upstream pipe and the journal are descriptors, and the soft limit many desktops start
+/// programs with (1,024) is reached by a few busy agents, after which every agent's connections
+/// fail. Each agent's calls under way are bounded by the engine; this gives the bound room.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let wanted = limit.maximum.map_or(OPEN_FILES_WANTED, |max| max.min(OPEN_FILES_WANTED));
+    match limit.current {
+        Some(current) if current >= wanted => {}
+        // `None` is unlimited already.
+        None => {}
+        Some(current) => match setrlimit(Resource::Nofile, Rlimit { current: Some(wanted), maximum: limit.maximum }) {
+            Ok(()) => tracing::debug!(from = current, to = wanted, "raised the open-file limit"),
+            Err(e) => tracing::warn!(limit = current, error = %e, "could not raise the open-file limit"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+
+    /// Started with a desktop's usual soft limit, the gateway raises it (nextest runs each test
+    /// in a process of its own, so lowering it here touches no other test).
+    #[test]
+    fn the_open_file_limit_is_raised_to_what_is_allowed() {
+        let before = getrlimit(Resource::Nofile);
+        setrlimit(Resource::Nofile, Rlimit { current: Some(256), maximum: before.maximum }).unwrap();
+        super::raise_open_file_limit();
+        let limit = getrlimit(Resource::Nofile);
+        let allowed = limit.maximum.map_or(super::OPEN_FILES_WANTED, |max| max.min(super::OPEN_FILES_WANTED));
+        assert!(limit.current.is_none_or(|current| current >= allowed), "{limit:?}");
     }
 }

@@ -657,3 +657,39 @@ async fn a_call_whose_turn_never_comes_is_denied_without_a_question() {
     }
     assert_eq!(l.target.payments(), 0);
 }
+
+/// An agent with its limit of calls under way (here all waiting for a person) is refused one
+/// more before it becomes an execution, with a code it can act on; another agent is not, and a
+/// place is given back when a call ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_at_its_limit_of_calls_under_way_is_refused_one_more_before_it_is_an_execution() {
+    use postern_engine::engine::CALLS_IN_FLIGHT_PER_AGENT;
+    let reviewer = Reviewer::new(true, None).holding();
+    let _release = ReleaseOnDrop(Arc::clone(&reviewer));
+    let l = ladder_with_timeout(Arc::clone(&reviewer), std::time::Duration::from_millis(800)).await;
+    every_use(&l);
+    let run = authorized_run(&l, 1);
+    let under_way: Vec<_> = (1..=CALLS_IN_FLIGHT_PER_AGENT as u64).map(|amount| pay_in(&l, amount, run)).collect();
+    let requested = || l.rig.store.view().events_after(0, &["approval_requested"]).unwrap();
+    eventually("every call waiting for a person", || requested() == CALLS_IN_FLIGHT_PER_AGENT as u64).await;
+    let refused = l.engine.call(in_run("create_payment", 100_000, run)).await.unwrap_err();
+    assert_eq!(postern_core::ErrorCode::code(&refused), "too_many_calls_in_flight", "{refused}");
+    assert!(refused.to_string().contains("nothing was journaled"), "{refused}");
+    assert_eq!(requested(), CALLS_IN_FLIGHT_PER_AGENT as u64, "the refused call never became an execution");
+    // Another agent is not held to this one's calls.
+    let mut other = in_run("create_payment", 100_001, authorized_run(&l, 2));
+    other.actor = Actor::process("/usr/bin/other-agent", "ef01");
+    let other = tokio::spawn({
+        let engine = Arc::clone(&l.engine);
+        async move { engine.call(other).await }
+    });
+    eventually("the other agent's call", || requested() == CALLS_IN_FLIGHT_PER_AGENT as u64 + 1).await;
+    // Once the questions' time runs out, the calls end and give their places back.
+    for c in under_way {
+        assert_eq!(c.await.unwrap().state, ExecutionState::Denied);
+    }
+    assert_eq!(other.await.unwrap().unwrap().state, ExecutionState::Denied);
+    let again = l.engine.call(in_run("create_payment", 100_002, run)).await.unwrap();
+    assert_eq!(again.state, ExecutionState::Denied, "taken in again, and asked (nobody answered)");
+    assert_eq!(l.target.payments(), 0);
+}
