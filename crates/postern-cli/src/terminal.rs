@@ -232,6 +232,12 @@ impl Approver for TerminalApprover {
         Some(r.verdict(key))
     }
 
+    /// One terminal, one question at a time (the others wait in the engine's line, their time
+    /// not yet running).
+    fn questions_at_once(&self) -> usize {
+        1
+    }
+
     fn reviews_retries(&self) -> bool {
         true
     }

@@ -411,15 +411,23 @@ impl Store {
     /// weakens safety): `request_refused` on the vault stream, with what was attempted and by
     /// whom (`detail.peer`). The one way to write such a row: each passes the per-minute budget
     /// of its peer ([`REFUSALS_PER_MINUTE`]) and of all peers ([`REFUSALS_PER_MINUTE_IN_ALL`]),
-    /// and its texts are cut to [`REFUSAL_TEXT_CHARS`]. `Ok(None)`: over budget, counted into
-    /// the peer's next row (`suppressed_before`) instead.
+    /// and its texts are cut to [`REFUSAL_TEXT_CHARS`]. `Ok(None)`: over budget, counted
+    /// instead; a minute's counts are journaled as one summary row (`interface:
+    /// refusal_budget`, the peers with the most first) with the first refusal of a later minute.
     pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<Option<JournalEntry>, StoreError> {
         let peer = refusal::peer_key(&detail);
-        let admitted = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(peer, at);
-        let Some(counted) = admitted else { return Ok(None) };
-        let mut detail = refusal::bounded(detail);
-        detail["suppressed_before"] = Value::from(counted);
-        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::RequestRefused, detail, at)).map(Some)
+        let admission = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(peer, at);
+        let summary = admission.summary.map(refusal::bounded);
+        let detail = admission.row.then(|| refusal::bounded(detail));
+        if summary.is_none() && detail.is_none() {
+            return Ok(None);
+        }
+        self.writer.call(WriteKind::DURABLE, move |w| {
+            if let Some(summary) = summary {
+                w.vault_row(VaultEvent::RequestRefused, summary, at)?;
+            }
+            detail.map(|detail| w.vault_row(VaultEvent::RequestRefused, detail, at)).transpose()
+        })
     }
 
     /// Journals an import of agent configs (`import_applied`: the digest of the undo record, the

@@ -20,32 +20,44 @@ pub const REFUSAL_TEXT_CHARS: usize = 512;
 /// The most items one list of a refusal keeps (an ancestry, say).
 const REFUSAL_LIST_ITEMS: usize = 64;
 
-/// Peers whose counts are kept at once; refusals of peers beyond them share one count.
+/// Peers whose counts are kept in a minute; refusals of peers beyond them share one count.
 const PEERS_TRACKED: usize = 1024;
 
 /// The key refusals of peers beyond [`PEERS_TRACKED`] are counted under.
 const MANY_PEERS: &str = "(more peers than are tracked)";
 
-/// This minute's rows, per peer and in all, and what each peer has had counted since its last row.
+/// Peers a minute's summary names, most refusals first.
+const PEERS_IN_SUMMARY: usize = 32;
+
+/// This minute's rows, per peer and in all, and the refusals counted instead of journaled.
 #[derive(Debug, Default)]
 pub(crate) struct RefusalBudget {
     minute: i64,
-    /// Per peer: rows journaled this minute, refusals counted since its last row.
+    /// Per peer: rows journaled this minute, refusals counted this minute.
     peers: HashMap<String, (u32, u64)>,
     used: u32,
+    counted: u64,
+}
+
+/// What the budget says of one refusal.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Admission {
+    /// The refusal gets a row of its own.
+    pub(crate) row: bool,
+    /// The minute before had refusals counted instead: the detail of its one summary row, to
+    /// journal first. Nothing carries over into the new minute, so no peer keeps a place.
+    pub(crate) summary: Option<Value>,
 }
 
 impl RefusalBudget {
-    /// Whether a refusal by `peer` at `at` gets a row: `Some(n)` with the `n` refusals of that
-    /// peer counted (not journaled) since its last row, or `None` (this one is counted).
-    pub(crate) fn admit(&mut self, peer: String, at: Timestamp) -> Option<u64> {
+    /// Whether a refusal by `peer` at `at` gets a row (else it is counted, and the count goes
+    /// into the summary row written with the first refusal of a later minute).
+    pub(crate) fn admit(&mut self, peer: String, at: Timestamp) -> Admission {
         let minute = at.as_millis().div_euclid(60_000);
+        let mut summary = None;
         if self.minute != minute {
-            self.minute = minute;
-            self.used = 0;
-            // Counts carry over (they go into the peer's next row); this minute's rows reset.
-            self.peers.retain(|_, (_, counted)| *counted > 0);
-            self.peers.values_mut().for_each(|(rows, _)| *rows = 0);
+            summary = self.summary();
+            *self = RefusalBudget { minute, ..RefusalBudget::default() };
         }
         let peer = if self.peers.len() >= PEERS_TRACKED && !self.peers.contains_key(&peer) {
             MANY_PEERS.to_owned()
@@ -56,11 +68,36 @@ impl RefusalBudget {
         let entry = self.peers.entry(peer).or_default();
         if over_all || entry.0 >= REFUSALS_PER_MINUTE {
             entry.1 += 1;
-            return None;
+            self.counted += 1;
+            return Admission { row: false, summary };
         }
         entry.0 += 1;
         self.used += 1;
-        Some(std::mem::take(&mut entry.1))
+        Admission { row: true, summary }
+    }
+
+    /// The summary of this minute's counted refusals, if any were.
+    fn summary(&self) -> Option<Value> {
+        if self.counted == 0 {
+            return None;
+        }
+        let mut counted: Vec<(&String, u64)> =
+            self.peers.iter().filter(|(_, (_, n))| *n > 0).map(|(peer, (_, n))| (peer, *n)).collect();
+        counted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let peers_counted = counted.len();
+        let named: Vec<Value> = counted
+            .into_iter()
+            .take(PEERS_IN_SUMMARY)
+            .map(|(peer, n)| serde_json::json!({ "peer": peer, "counted": n }))
+            .collect();
+        Some(serde_json::json!({
+            "interface": "refusal_budget",
+            "attempted": "(refusals over the budget: counted, not journaled one by one)",
+            "minute_from": self.minute * 60_000,
+            "counted": self.counted,
+            "peers_counted": peers_counted,
+            "peers": named,
+        }))
     }
 }
 
@@ -88,16 +125,29 @@ struct Allowance {
 /// `detail` held to its allowance: every text cut to [`REFUSAL_TEXT_CHARS`], every list or
 /// object to 64 items, at most 8 KiB of characters and 512 values in all, 8 levels deep (each cut
 /// says so); and an object however it came.
+/// The peer (who asked: pid, executable, ancestry) has an allowance of its own, so a long text
+/// of what was asked cannot leave who asked out.
 pub(crate) fn bounded(detail: Value) -> Value {
-    let mut allowance = Allowance { chars: REFUSAL_CHARS_IN_ALL, values: REFUSAL_VALUES_IN_ALL };
-    match bound(detail, 0, &mut allowance) {
-        object @ Value::Object(_) => object,
-        other => Value::Object(Map::from_iter([("detail".to_owned(), other)])),
+    let fresh = || Allowance { chars: REFUSAL_CHARS_IN_ALL, values: REFUSAL_VALUES_IN_ALL };
+    let (detail, peer) = match detail {
+        Value::Object(mut fields) => {
+            let peer = fields.remove("peer");
+            (Value::Object(fields), peer)
+        }
+        other => (other, None),
+    };
+    let mut fields = match bound(detail, 0, &mut fresh()) {
+        Value::Object(fields) => fields,
+        other => Map::from_iter([("detail".to_owned(), other)]),
+    };
+    if let Some(peer) = peer {
+        fields.insert("peer".into(), bound(peer, 1, &mut fresh()));
     }
+    Value::Object(fields)
 }
 
 fn bound(value: Value, depth: usize, a: &mut Allowance) -> Value {
-    if depth > 8 || a.values == 0 {
+    if depth >= 8 || a.values == 0 {
         return Value::String("(left out)".into());
     }
     a.values -= 1;
@@ -166,22 +216,35 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_spends_its_own_budget_and_its_excess_is_counted_into_its_next_row() {
+    fn a_peer_spends_its_own_budget_and_its_excess_is_summed_up_next_minute() {
         let mut b = RefusalBudget::default();
-        let admitted = (0..100).filter(|_| b.admit("agent_run:\"spammer\"".into(), at(60_000)).is_some()).count();
+        let admitted = (0..100).filter(|_| b.admit("agent_run:\"spammer\"".into(), at(60_000)).row).count();
         assert_eq!(admitted, REFUSALS_PER_MINUTE as usize);
-        assert_eq!(b.admit("agent_run:\"quiet\"".into(), at(60_001)), Some(0), "another peer still gets a row");
-        assert_eq!(b.admit("agent_run:\"spammer\"".into(), at(120_000)), Some(70), "the excess is counted");
+        let quiet = b.admit("agent_run:\"quiet\"".into(), at(60_001));
+        assert_eq!(quiet, Admission { row: true, summary: None }, "another peer still gets a row");
+        let next = b.admit("agent_run:\"spammer\"".into(), at(120_000));
+        assert!(next.row, "a new minute, a new budget");
+        let summary = next.summary.expect("the minute before is summed up");
+        assert_eq!(summary["counted"], 70);
+        assert_eq!(summary["peers"], json!([{ "peer": "agent_run:\"spammer\"", "counted": 70 }]));
+        assert_eq!(b.admit("x".into(), at(120_001)).summary, None, "summed up once");
     }
 
+    /// Found in review: peers with counts carried from minute to minute kept their places, so a
+    /// minute's flood of new keys filled the table for good. Nothing carries over now.
     #[test]
-    fn many_peers_cannot_grow_the_budget_without_bound() {
+    fn many_peers_cannot_grow_the_budget_or_keep_their_places() {
         let mut b = RefusalBudget::default();
-        let admitted = (0..5_000).filter(|n| b.admit(format!("pid:{n}"), at(60_000)).is_some()).count();
+        let admitted = (0..5_000).filter(|n| b.admit(format!("pid:{n}"), at(60_000)).row).count();
         assert_eq!(admitted, REFUSALS_PER_MINUTE_IN_ALL as usize, "rows in all are bounded");
         assert!(b.peers.len() <= PEERS_TRACKED + 1, "peers tracked: {}", b.peers.len());
-        // Next minute, the untracked peers' refusals are on record as one count.
-        assert_eq!(b.admit(MANY_PEERS.into(), at(120_000)), Some(5_000 - PEERS_TRACKED as u64));
+        let next = b.admit("agent_run:\"victim\"".into(), at(120_000));
+        assert!(next.row, "a new peer next minute gets a row of its own");
+        let summary = next.summary.unwrap();
+        assert_eq!(summary["counted"], 5_000 - REFUSALS_PER_MINUTE_IN_ALL as u64);
+        assert_eq!(summary["peers"].as_array().unwrap().len(), PEERS_IN_SUMMARY);
+        assert_eq!(summary["peers"][0]["peer"], MANY_PEERS, "the untracked peers' refusals, as one count");
+        assert_eq!(b.peers.len(), 1);
     }
 
     #[test]
@@ -224,7 +287,11 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// Whatever a peer sends, the row's detail is an object of bounded size.
         #[test]
-        fn whatever_is_refused_the_detail_is_bounded(detail in hostile_json()) {
+        fn whatever_is_refused_the_detail_is_bounded(detail in hostile_json(), peer in hostile_json()) {
+            let mut detail = detail;
+            if let Value::Object(fields) = &mut detail {
+                fields.insert("peer".into(), peer);
+            }
             let bounded = bounded(detail);
             prop_assert!(bounded.is_object());
             fn check(v: &Value, depth: usize) -> Result<(), TestCaseError> {
@@ -247,9 +314,10 @@ mod tests {
                 Ok(())
             }
             check(&bounded, 0)?;
-            // And in all: the characters kept, plus what each cut and marker adds.
+            // And in all (the peer has an allowance of its own): the characters kept, plus what
+            // each cut and marker adds.
             let size = serde_json::to_string(&bounded).unwrap().len();
-            prop_assert!(size <= 4 * REFUSAL_CHARS_IN_ALL + 64 * REFUSAL_VALUES_IN_ALL, "{size} bytes");
+            prop_assert!(size <= 2 * (4 * REFUSAL_CHARS_IN_ALL + 64 * REFUSAL_VALUES_IN_ALL), "{size} bytes");
         }
     }
 }

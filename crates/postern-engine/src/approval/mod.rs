@@ -225,6 +225,9 @@ pub struct ReviewVerdict {
     pub by: String,
 }
 
+/// Questions open at once for all agents together, whatever the approver could show.
+pub const QUESTIONS_IN_ALL: usize = 32;
+
 /// Answers what the ladder asks (per-use approval, session authorization) and, where a person
 /// is present, reviews retries of uncertain executions. The desktop app's dialogs and the
 /// terminal prompt (`postern serve --approver terminal`) ask a person; [`LockOnlyApprover`]
@@ -236,6 +239,13 @@ pub trait Approver: Send + Sync + std::fmt::Debug {
     /// under the approval timeout, and its question and answer are journaled.
     fn may_block(&self) -> bool {
         true
+    }
+
+    /// How many questions it can put before its person at once (a terminal: one; windows:
+    /// several). The engine opens no more than this, and no more than [`QUESTIONS_IN_ALL`], so a
+    /// question's time runs only while it is shown.
+    fn questions_at_once(&self) -> usize {
+        QUESTIONS_IN_ALL
     }
 
     /// Whether a person reviews retries (see [`Approver::review_retry`]). Without one, retries

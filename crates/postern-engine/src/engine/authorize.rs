@@ -104,19 +104,21 @@ impl Engine {
         };
         let verdict = if self.approver.may_block() {
             // A person is asked: the question and the answer are records of their own (when the
-            // execution is already journaled; otherwise the `authorized`/`denied` row carries it).
-            if admitted {
-                self.note(
-                    id,
-                    ActivityNote::ApprovalRequested,
-                    json!({ "ask": ask, "rung": rung_asked.as_str(), "shown": &request }),
-                )
-                .await?;
-            }
+            // execution is already journaled; otherwise the `authorized`/`denied` row carries it),
+            // the question once it has its place in line.
+            let put = std::sync::atomic::AtomicBool::new(false);
+            let requested = async {
+                put.store(true, std::sync::atomic::Ordering::Relaxed);
+                if admitted {
+                    let shown = json!({ "ask": ask, "rung": rung_asked.as_str(), "shown": &request });
+                    self.note(id, ActivityNote::ApprovalRequested, shown).await?;
+                }
+                Ok(())
+            };
             let approver = Arc::clone(&self.approver);
             let asked = request.clone();
             let (verdict, event) = match self
-                .ask_person(asker(call), request.withdrawn.clone(), move || approver.authorize(&asked))
+                .ask_person(asker(call), request.withdrawn.clone(), requested, move || approver.authorize(&asked))
                 .await?
             {
                 Asked::Answered(v) if v.allowed => (v, ActivityNote::ApprovalGranted),
@@ -158,7 +160,9 @@ impl Engine {
                     ActivityNote::ApprovalWithdrawn,
                 ),
             };
-            if admitted {
+            // A question never put (its time ran out in line, or the vault was locked first) has
+            // no record of being asked, nor of an answer: its `denied` row says why.
+            if admitted && put.load(std::sync::atomic::Ordering::Relaxed) {
                 self.note(id, event, json!({ "ask": ask, "rung": rung_asked.as_str(), "decision": &verdict })).await?;
             }
             verdict
@@ -230,16 +234,21 @@ impl Engine {
     }
 
     /// Puts a question to the person behind the approver: once `asker` has a place in line
-    /// (waited for, holding no thread, for at most the approval timeout), then on a blocking
-    /// thread under the approval timeout, withdrawn at once if the vault is locked meanwhile.
-    /// The place is held until that thread returns, so the threads and dialogs an agent can
-    /// hold open are bounded ([`QUESTIONS_PER_RUN`], [`QUESTIONS_IN_ALL`]).
+    /// (waited for, holding no thread, for at most the approval timeout) and `before_asking`
+    /// (the journal's record that it is asked) is done, on a blocking thread under the approval
+    /// timeout, withdrawn at once if the vault is locked meanwhile or this future is dropped.
+    /// The place is held until that thread returns, so the threads and dialogs agents can hold
+    /// open are bounded ([`QUESTIONS_PER_AGENT`], [`QUESTIONS_IN_ALL`]).
     pub(super) async fn ask_person<T: Send + 'static>(
         &self,
         asker: questions::Asker,
         withdrawn: Withdrawal,
+        before_asking: impl std::future::Future<Output = Result<(), EngineError>>,
         ask: impl FnOnce() -> T + Send + 'static,
     ) -> Result<Asked<T>, EngineError> {
+        // However this ends (an answer aside), the question is withdrawn: a dialog does not
+        // stay open, holding its place, for a call nobody waits for.
+        let withdraw = WithdrawUnlessAnswered { withdrawn, answered: false };
         let turn = {
             let waiting = self.questions.turn(asker);
             tokio::pin!(waiting);
@@ -249,17 +258,12 @@ impl Engine {
             loop {
                 tokio::select! {
                     turn = &mut waiting => break turn,
-                    () = &mut in_line => {
-                        withdrawn.withdraw();
-                        return Ok(Asked::OutOfTurn);
-                    }
-                    _ = lock_check.tick() => if self.vault.is_locked()? {
-                        withdrawn.withdraw();
-                        return Ok(Asked::Locked);
-                    },
+                    () = &mut in_line => return Ok(Asked::OutOfTurn),
+                    _ = lock_check.tick() => if self.vault.is_locked()? { return Ok(Asked::Locked) },
                 }
             }
         };
+        before_asking.await?;
         let mut answer = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             ask()
@@ -267,16 +271,18 @@ impl Engine {
         let deadline = tokio::time::sleep(self.approval_timeout);
         tokio::pin!(deadline);
         let mut lock_check = tokio::time::interval(LOCK_CHECK_INTERVAL);
+        let mut withdraw = withdraw;
         let asked = loop {
             tokio::select! {
-                joined = &mut answer => break Asked::Answered(joined.map_err(|e| EngineError::Internal(e.to_string()))?),
+                joined = &mut answer => {
+                    withdraw.answered = true;
+                    break Asked::Answered(joined.map_err(|e| EngineError::Internal(e.to_string()))?);
+                }
                 () = &mut deadline => break Asked::TimedOut,
                 _ = lock_check.tick() => if self.vault.is_locked()? { break Asked::Locked },
             }
         };
-        if !matches!(asked, Asked::Answered(_)) {
-            withdrawn.withdraw();
-        }
+        drop(withdraw);
         self.touch();
         Ok(asked)
     }
@@ -351,24 +357,36 @@ fn ssh_shown(p: &Prepared<'_>, plan: &SshPlan) -> String {
     }
 }
 
-/// How often an open question checks whether the vault was locked (then it is withdrawn).
-/// Whose line a call's question waits in: its agent run's, or its caller's without one.
-pub(super) fn asker(call: &Call) -> questions::Asker {
-    match call.session {
-        Some(run) => questions::Asker::Run(run),
-        None => questions::Asker::Caller(call.actor.as_str().to_owned()),
+/// Withdraws a question when dropped, unless it was answered.
+struct WithdrawUnlessAnswered {
+    withdrawn: Withdrawal,
+    answered: bool,
+}
+
+impl Drop for WithdrawUnlessAnswered {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.withdrawn.withdraw();
+        }
     }
 }
 
-/// Why a question that never reached a person was denied, in words an agent can act on.
+/// Whose line a call's question waits in: its agent's.
+pub(super) fn asker(call: &Call) -> questions::Asker {
+    questions::Asker(call.actor.as_str().to_owned())
+}
+
+/// Why a question that never reached a person was denied.
 pub(super) fn not_asked_reason(timeout: Duration) -> String {
     format!(
-        "not put to a reviewer: this agent's earlier questions held its places in line ({QUESTIONS_PER_RUN} open at a \
-         time per agent run, {QUESTIONS_IN_ALL} in all) for {} s; nothing was sent. Ask again once they are answered",
+        "not put to a reviewer: the places in line stayed taken for the whole approval timeout ({} s) by this \
+         agent's other questions ({QUESTIONS_PER_AGENT} open at a time per agent) or by all agents' ({QUESTIONS_IN_ALL} in \
+         all, or as many as the approver shows at once); nothing was shown and nothing was sent",
         timeout.as_secs()
     )
 }
 
+/// How often an open question checks whether the vault was locked (then it is withdrawn).
 const LOCK_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How much of a request body a reviewer is shown.

@@ -33,7 +33,7 @@ use postern_core::{
 };
 use postern_store::{ActivityNote, Admission, Completion, Event, NewExecution, Store, StoreError};
 use postern_vault::{Sensitive, Vault, VaultError};
-pub use questions::{QUESTIONS_IN_ALL, QUESTIONS_PER_RUN};
+pub use questions::{QUESTIONS_IN_ALL, QUESTIONS_PER_AGENT};
 use serde_json::{Value, json};
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -63,7 +63,8 @@ enum Asked<T> {
     TimedOut,
     /// The vault was locked while the question was open.
     Locked,
-    /// Never put: the asker's earlier questions held its places in line for the whole timeout.
+    /// Never put: the places in line stayed taken for the whole timeout (nothing was shown,
+    /// and nothing journaled as asked).
     OutOfTurn,
 }
 
@@ -379,6 +380,7 @@ impl Engine {
         clock: Clock,
     ) -> Result<Self, EngineError> {
         let key = vault.fingerprint_key()?;
+        let questions = questions::Questions::for_approver(approver.questions_at_once());
         Ok(Engine {
             store,
             vault,
@@ -388,7 +390,7 @@ impl Engine {
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             session_gates: tokio::sync::Mutex::new(std::collections::HashMap::new()),
             open_requests: OpenRequests::default(),
-            questions: questions::Questions::default(),
+            questions,
             in_flight: in_flight::CallsInFlight::default(),
             last_activity: std::sync::atomic::AtomicI64::new(clock().as_millis()),
             http: http::client(),

@@ -1,29 +1,24 @@
-//! Questions put to a person wait in line: a few at a time per agent run and a bounded number
-//! in all. An agent that sends many calls needing approval can neither open a dialog per call
-//! nor hold a blocking thread per call (the pool the journal's writes also run on).
+//! Questions put to a person wait in line: a few at a time per agent and a bounded number in
+//! all (fewer if the approver shows fewer at once). An agent that sends many calls needing
+//! approval, from one run or from many, can neither open a dialog per call nor hold a blocking
+//! thread per call (the pool the journal's writes also run on).
 
-use postern_core::SessionId;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, PoisonError},
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Questions one agent run (or one caller without a run) may have open at once; its others
-/// wait in line, in the order they came.
-pub const QUESTIONS_PER_RUN: usize = 4;
+/// Questions one agent (actor: an executable and its hash, or a token's agent) may have open
+/// at once, over all its runs; its others wait in line, in the order they came. A run costs an
+/// agent nothing to start (each bridge process is one), so the line is the agent's, not a run's.
+pub const QUESTIONS_PER_AGENT: usize = 4;
 
-/// Questions open at once for all runs together.
-pub const QUESTIONS_IN_ALL: usize = 32;
+pub use crate::approval::QUESTIONS_IN_ALL;
 
-/// Whose line a question waits in.
+/// Whose line a question waits in: the calling agent's (its actor).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) enum Asker {
-    /// An agent run.
-    Run(SessionId),
-    /// A caller without a run (`postern call`), by actor.
-    Caller(String),
-}
+pub(super) struct Asker(pub(super) String);
 
 type Lines = Arc<Mutex<HashMap<Asker, Arc<Semaphore>>>>;
 
@@ -35,9 +30,11 @@ pub(super) struct Questions {
     lines: Lines,
 }
 
-impl Default for Questions {
-    fn default() -> Self {
-        Questions::new(QUESTIONS_PER_RUN, QUESTIONS_IN_ALL)
+impl Questions {
+    /// The line for an approver that shows `at_once` questions at a time.
+    pub(super) fn for_approver(at_once: usize) -> Self {
+        let in_all = at_once.clamp(1, QUESTIONS_IN_ALL);
+        Questions::new(QUESTIONS_PER_AGENT.min(in_all), in_all)
     }
 }
 
@@ -99,11 +96,11 @@ mod tests {
     use futures::FutureExt;
 
     fn run(n: u128) -> Asker {
-        Asker::Run(SessionId::from_parts(postern_core::Timestamp::from_millis(1), n))
+        Asker(format!("process:/usr/bin/agent-{n}@sha256:ab"))
     }
 
     #[tokio::test]
-    async fn one_run_waits_in_its_own_line_and_another_run_still_asks() {
+    async fn one_agent_waits_in_its_own_line_and_another_agent_still_asks() {
         let q = Questions::new(2, 3);
         let a1 = q.turn(run(1)).await;
         let _a2 = q.turn(run(1)).await;
@@ -122,13 +119,26 @@ mod tests {
     #[tokio::test]
     async fn a_wait_given_up_on_leaves_no_line_behind() {
         let q = Questions::new(1, 8);
-        let held = q.turn(Asker::Caller("cli".into())).await;
-        let waiting = Box::pin(q.turn(Asker::Caller("cli".into())));
+        let held = q.turn(Asker("cli".into())).await;
+        let waiting = Box::pin(q.turn(Asker("cli".into())));
         let mut waiting = waiting;
         assert!((&mut waiting).now_or_never().is_none());
         drop(waiting);
         drop(held);
         assert_eq!(q.askers(), 0);
         assert_eq!(q.in_all.available_permits(), 8, "every place is free again");
+    }
+}
+
+#[cfg(test)]
+mod approver_tests {
+    use super::*;
+
+    #[test]
+    fn a_terminal_shows_one_question_at_a_time() {
+        let one = Questions::for_approver(1);
+        assert_eq!((one.per_asker, one.in_all.available_permits()), (1, 1));
+        let many = Questions::for_approver(usize::MAX);
+        assert_eq!((many.per_asker, many.in_all.available_permits()), (QUESTIONS_PER_AGENT, QUESTIONS_IN_ALL));
     }
 }

@@ -145,11 +145,18 @@ impl Engine {
     ) -> Result<CallOutcome, EngineError> {
         let id = prior.id;
         let request = self.review_request(p, prior, &decision)?;
-        self.note(id, ActivityNote::RetryReviewRequested, json!({ "shown": &request })).await?;
+        // The review is on record once it has its place in line (one never put has none).
+        let put = std::sync::atomic::AtomicBool::new(false);
+        let requested = async {
+            put.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.note(id, ActivityNote::RetryReviewRequested, json!({ "shown": &request })).await
+        };
         let approver = Arc::clone(&self.approver);
         let asked = request.clone();
         let answer = self
-            .ask_person(super::authorize::asker(call), request.withdrawn.clone(), move || approver.review_retry(&asked))
+            .ask_person(super::authorize::asker(call), request.withdrawn.clone(), requested, move || {
+                approver.review_retry(&asked)
+            })
             .await?;
         lead.close();
         let denied =
@@ -168,16 +175,18 @@ impl Engine {
                 self.note(id, ActivityNote::RetryReviewTimedOut, detail.to_value()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
+            // Never put, so no record of a review: the answer says why.
             Asked::OutOfTurn => {
                 let detail =
                     denied("approval_timed_out", "postern", super::authorize::not_asked_reason(self.approval_timeout));
-                self.note(id, ActivityNote::RetryReviewTimedOut, detail.to_value()).await?;
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
             Asked::Locked => {
                 let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
                 let detail = denied("vault_locked", "postern", reason);
-                self.note(id, ActivityNote::RetryReviewWithdrawn, detail.to_value()).await?;
+                if put.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.note(id, ActivityNote::RetryReviewWithdrawn, detail.to_value()).await?;
+                }
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
         };

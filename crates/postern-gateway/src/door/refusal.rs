@@ -4,9 +4,9 @@
 //! (`request_refused` on the vault stream) as evidence of a possible self-approval attempt.
 //!
 //! Journaling is budgeted per minute and per peer by the store itself
-//! ([`Store::refusal`]), so an agent cannot grow the journal without bound by trying, nor hide
-//! another peer's real attempt behind its own junk: beyond its budget a peer's refusals are
-//! counted, and the count goes into its next row.
+//! ([`Store::refusal`]), so an agent cannot grow the journal without bound by trying, nor
+//! spend another peer's budget: beyond its budget a peer's refusals are counted, and a minute's
+//! counts go into one summary row.
 
 use postern_engine::engine::Clock;
 use postern_store::Store;
@@ -107,7 +107,8 @@ mod tests {
     use super::*;
 
     /// One peer spamming refusals spends its own budget only: another peer's attempt in the same
-    /// minute is still journaled, and the spammer's excess is counted into its next row.
+    /// minute is still journaled, and the spammer's excess is summed up in one row with the
+    /// first refusal of the next minute.
     #[test]
     fn the_refusal_budget_is_per_peer() {
         let dir = tempfile::tempdir().unwrap();
@@ -124,23 +125,26 @@ mod tests {
             attempted: "approve".into(),
             peer: json!({ "actor": actor }),
         };
-        let mut rows: Vec<(String, i64)> = Vec::new();
-        let mut record = |actor: &str| {
-            if let Some(e) = refusals.record(refused(actor)) {
-                let d = &e.row.detail;
-                rows.push((d["peer"]["actor"].as_str().unwrap().to_owned(), d["suppressed_before"].as_i64().unwrap()));
-            }
-        };
         for _ in 0..100 {
-            record("agent:spammer");
+            refusals.record(refused("agent:spammer"));
         }
-        record("agent:quiet");
+        refusals.record(refused("agent:quiet"));
         minute.store(120_000, std::sync::atomic::Ordering::SeqCst);
-        record("agent:spammer");
-        let spam = rows.iter().filter(|(a, _)| a == "agent:spammer").count();
-        assert_eq!(spam, REFUSALS_PER_MINUTE as usize + 1, "{rows:?}");
-        assert!(rows.iter().any(|(a, _)| a == "agent:quiet"), "the quiet peer's attempt is on record");
-        assert_eq!(rows.last().unwrap(), &("agent:spammer".to_owned(), 70), "the excess is counted");
+        refusals.record(refused("agent:spammer"));
+        let rows: Vec<Value> = store
+            .view()
+            .rows_after(0, 1_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.row.event.as_str() == "request_refused")
+            .map(|e| e.row.detail)
+            .collect();
+        let by = |actor: &str| rows.iter().filter(|d| d["peer"]["actor"] == actor).count();
+        assert_eq!(by("agent:spammer"), REFUSALS_PER_MINUTE as usize + 1, "{rows:?}");
+        assert_eq!(by("agent:quiet"), 1, "the quiet peer's attempt is on record");
+        let summary = rows.iter().find(|d| d["interface"] == "refusal_budget").expect("the excess is summed up");
+        assert_eq!(summary["peers"], json!([{ "peer": "actor:\"agent:spammer\"", "counted": 70 }]));
+        assert_eq!(rows.last().unwrap()["peer"]["actor"], "agent:spammer", "after the summary, the new minute's row");
     }
 
     #[test]

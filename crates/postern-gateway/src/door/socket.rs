@@ -273,10 +273,13 @@ async fn connection(gateway: Arc<Gateway>, stream: UnixStream, max_message_bytes
     let (read, write) = stream.into_split();
     let write = Arc::new(tokio::sync::Mutex::new(Some(write)));
     let flooded = {
-        let (refusals, peer) = (
-            Arc::clone(&gateway.refusals),
-            crate::door::refusal::local_peer(caller.process.as_ref().map(|p| p.key.pid)),
-        );
+        // Budgeted to the agent the kernel found above the bridge, not to the bridge's binary
+        // (which every bridge shares).
+        let mut peer = crate::door::refusal::local_peer(caller.process.as_ref().map(|p| p.key.pid));
+        if let Some(fields) = peer.as_object_mut() {
+            fields.insert("actor".into(), caller.actor().as_str().into());
+        }
+        let refusals = Arc::clone(&gateway.refusals);
         move || {
             let refused = crate::door::refusal::Refused {
                 interface: "mcp:stdio",
