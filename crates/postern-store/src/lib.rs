@@ -417,17 +417,19 @@ impl Store {
     pub fn refusal(&self, detail: Value, at: Timestamp) -> Result<Option<JournalEntry>, StoreError> {
         let peer = refusal::peer_key(&detail);
         let admission = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(peer, at);
-        let summary = admission.summary.map(refusal::bounded);
-        let detail = admission.row.then(|| refusal::bounded(detail));
-        if summary.is_none() && detail.is_none() {
+        if let Some(summary) = admission.summary.map(refusal::bounded) {
+            // Its own write: a summary that cannot be written does not cost the refusal its row.
+            let written =
+                self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::RequestRefused, summary, at));
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "could not journal the summary of a minute's refused requests");
+            }
+        }
+        if !admission.row {
             return Ok(None);
         }
-        self.writer.call(WriteKind::DURABLE, move |w| {
-            if let Some(summary) = summary {
-                w.vault_row(VaultEvent::RequestRefused, summary, at)?;
-            }
-            detail.map(|detail| w.vault_row(VaultEvent::RequestRefused, detail, at)).transpose()
-        })
+        let detail = refusal::bounded(detail);
+        self.writer.call(WriteKind::DURABLE, move |w| w.vault_row(VaultEvent::RequestRefused, detail, at)).map(Some)
     }
 
     /// Journals an import of agent configs (`import_applied`: the digest of the undo record, the

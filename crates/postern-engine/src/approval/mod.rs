@@ -242,8 +242,10 @@ pub trait Approver: Send + Sync + std::fmt::Debug {
     }
 
     /// How many questions it can put before its person at once (a terminal: one; windows:
-    /// several). The engine opens no more than this, and no more than [`QUESTIONS_IN_ALL`], so a
-    /// question's time runs only while it is shown.
+    /// several). The engine opens no more than this, and no more than [`QUESTIONS_IN_ALL`], so
+    /// its questions do not wait on one another inside the approver. (A change question from
+    /// the control socket is not in the engine's line: on a terminal, it and an approval can
+    /// still wait for each other.)
     fn questions_at_once(&self) -> usize {
         QUESTIONS_IN_ALL
     }

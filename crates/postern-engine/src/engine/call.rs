@@ -374,10 +374,11 @@ pub enum EngineError {
          with execution_id {id} (or a repeat of this call, which is matched to it) returns the result"
     )]
     OutcomeNotJournaled { id: ExecutionId, source: StoreError },
-    /// The agent already has as many calls under way as it may.
+    /// The agent (or all agents) already has as many calls under way as it may.
     #[error(
-        "this agent already has {limit} calls under way (waiting for a target, a person or a join); this call was \
-         not run and nothing was journaled. Wait for some of them to finish, then call again"
+        "{limit} calls are already under way (this agent's, or all agents' together), waiting for a target, a person \
+         or a join; this call was not run and nothing was journaled for it. If it repeats an earlier call, that call \
+         may still be under way: repeat it unchanged once some have finished (a changed repeat is a new action)"
     )]
     TooManyInFlight { limit: usize },
     /// A tool read-only by its verb uses a credential whose reads have effects.

@@ -12,16 +12,22 @@ use std::{
 /// an execution.
 pub const CALLS_IN_FLIGHT_PER_AGENT: usize = 256;
 
+/// Calls all agents together may have under way at once (an agent that starts its bridge under
+/// ever new parents is ever new actors, each with its own bound).
+pub const CALLS_IN_FLIGHT_IN_ALL: usize = 4096;
+
 /// The calls under way, per actor.
 #[derive(Debug)]
 pub(super) struct CallsInFlight {
     per_actor: usize,
+    in_all: usize,
+    /// Per actor, and (under the key `""`, which no actor is) in all.
     counts: Mutex<HashMap<String, usize>>,
 }
 
 impl Default for CallsInFlight {
     fn default() -> Self {
-        CallsInFlight::new(CALLS_IN_FLIGHT_PER_AGENT)
+        CallsInFlight::new(CALLS_IN_FLIGHT_PER_AGENT, CALLS_IN_FLIGHT_IN_ALL)
     }
 }
 
@@ -33,33 +39,40 @@ pub(super) struct Place<'a> {
 }
 
 impl CallsInFlight {
-    pub(super) fn new(per_actor: usize) -> Self {
-        CallsInFlight { per_actor, counts: Mutex::default() }
+    pub(super) fn new(per_actor: usize, in_all: usize) -> Self {
+        CallsInFlight { per_actor, in_all, counts: Mutex::default() }
     }
 
-    /// A place for a call of `actor`, or `None` when it has [`CALLS_IN_FLIGHT_PER_AGENT`] under way.
-    pub(super) fn enter(&self, actor: &str) -> Option<Place<'_>> {
+    /// A place for a call of `actor`, or the bound it is at: [`CALLS_IN_FLIGHT_PER_AGENT`] of
+    /// its own, or [`CALLS_IN_FLIGHT_IN_ALL`] of all agents'.
+    pub(super) fn enter(&self, actor: &str) -> Result<Place<'_>, usize> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = counts.get(ALL).copied().unwrap_or(0);
+        if all >= self.in_all {
+            return Err(self.in_all);
+        }
         let count = counts.entry(actor.to_owned()).or_default();
         if *count >= self.per_actor {
-            return None;
+            return Err(self.per_actor);
         }
         *count += 1;
-        Some(Place { calls: self, actor: actor.to_owned() })
-    }
-
-    pub(super) fn limit(&self) -> usize {
-        self.per_actor
+        *counts.entry(ALL.to_owned()).or_default() += 1;
+        Ok(Place { calls: self, actor: actor.to_owned() })
     }
 }
+
+/// The key of the count in all (an actor is never empty).
+const ALL: &str = "";
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         let mut counts = self.calls.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(&self.actor) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.actor);
+        for key in [self.actor.as_str(), ALL] {
+            if let Some(count) = counts.get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.remove(key);
+                }
             }
         }
     }
@@ -71,14 +84,23 @@ mod tests {
 
     #[test]
     fn an_agent_at_its_limit_is_refused_and_others_are_not() {
-        let calls = CallsInFlight::new(2);
+        let calls = CallsInFlight::new(2, 8);
         let a = calls.enter("agent:a").unwrap();
         let _a2 = calls.enter("agent:a").unwrap();
-        assert!(calls.enter("agent:a").is_none(), "a third call of a is refused");
+        assert_eq!(calls.enter("agent:a").err(), Some(2), "a third call of a is refused");
         let b = calls.enter("agent:b").expect("b is not held to a's calls");
         drop(a);
         let _a3 = calls.enter("agent:a").expect("a place is given back when a call ends");
         drop(b);
         assert!(!calls.counts.lock().unwrap().contains_key("agent:b"), "an agent with nothing under way is forgotten");
+    }
+
+    #[test]
+    fn ever_new_actors_meet_the_bound_in_all() {
+        let calls = CallsInFlight::new(2, 3);
+        let held: Vec<_> = (0..3).map(|n| calls.enter(&format!("agent:{n}")).unwrap()).collect();
+        assert_eq!(calls.enter("agent:new").err(), Some(3));
+        drop(held);
+        assert!(calls.counts.lock().unwrap().is_empty(), "nothing is left once every call ended");
     }
 }

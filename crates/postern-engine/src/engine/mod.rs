@@ -23,7 +23,7 @@ use crate::{
 use call::cancelled_detail;
 pub use call::{Bound, Call, CallOutcome, CancelSignal, Decision, EngineError, Opening, UnknownDecision};
 pub use detail::{CANCELLED, StepDetail, UnreadableDetail};
-pub use in_flight::CALLS_IN_FLIGHT_PER_AGENT;
+pub use in_flight::{CALLS_IN_FLIGHT_IN_ALL, CALLS_IN_FLIGHT_PER_AGENT};
 pub use outcome::{ChannelAnswer, Settled};
 use outcome::{Observation, Raw};
 use postern_core::{
@@ -473,8 +473,12 @@ impl Engine {
             return Err(StoreError::AuthorityTampered(found).into());
         }
         // Held until this call ends, however it ends; refused before it becomes an execution.
-        let Some(_place) = self.in_flight.enter(call.actor.as_str()) else {
-            return Err(EngineError::TooManyInFlight { limit: self.in_flight.limit() });
+        let _place = match self.in_flight.enter(call.actor.as_str()) {
+            Ok(place) => place,
+            Err(limit) => {
+                tracing::debug!(actor = %call.actor.as_str(), limit, "refused a call: too many under way");
+                return Err(EngineError::TooManyInFlight { limit });
+            }
         };
         // A lookup is only ever for the name the call carries.
         if call.resolved.as_ref().is_some_and(|t| t.name != call.tool) {

@@ -135,8 +135,10 @@ impl BoundGateway {
     }
 }
 
-/// The most open files the gateway asks for (Linux's default `fs.nr_open`).
-const OPEN_FILES_WANTED: u64 = 1 << 20;
+/// The most open files the gateway asks for: room for every agent's calls under way, but not
+/// so many that a child (an upstream server inherits the limit) that closes every possible
+/// descriptor at start spends long doing it.
+const OPEN_FILES_WANTED: u64 = 65_536;
 
 /// Raises this process's soft limit on open files to its hard limit: every connection, call
 /// target, upstream pipe and the journal are descriptors, and the soft limit many desktops start
