@@ -106,9 +106,7 @@ impl Engine {
             // A person is asked: the question and the answer are records of their own (when the
             // execution is already journaled; otherwise the `authorized`/`denied` row carries it),
             // the question once it has its place in line.
-            let put = std::sync::atomic::AtomicBool::new(false);
             let requested = async {
-                put.store(true, std::sync::atomic::Ordering::Relaxed);
                 if admitted {
                     let shown = json!({ "ask": ask, "rung": rung_asked.as_str(), "shown": &request });
                     self.note(id, ActivityNote::ApprovalRequested, shown).await?;
@@ -117,10 +115,11 @@ impl Engine {
             };
             let approver = Arc::clone(&self.approver);
             let asked = request.clone();
-            let (verdict, event) = match self
+            let answer = self
                 .ask_person(asker(call), request.withdrawn.clone(), requested, move || approver.authorize(&asked))
-                .await?
-            {
+                .await?;
+            let put = answer.was_put();
+            let (verdict, event) = match answer {
                 Asked::Answered(v) if v.allowed => (v, ActivityNote::ApprovalGranted),
                 // The approver's own clock ran out first.
                 Asked::Answered(v) if v.timed_out => (v, ActivityNote::ApprovalTimedOut),
@@ -148,7 +147,7 @@ impl Engine {
                     },
                     ActivityNote::ApprovalTimedOut,
                 ),
-                Asked::Locked => (
+                Asked::Locked | Asked::LockedInLine => (
                     Authorization {
                         allowed: false,
                         rung: Rung::VaultLocked,
@@ -162,7 +161,7 @@ impl Engine {
             };
             // A question never put (its time ran out in line, or the vault was locked first) has
             // no record of being asked, nor of an answer: its `denied` row says why.
-            if admitted && put.load(std::sync::atomic::Ordering::Relaxed) {
+            if admitted && put {
                 self.note(id, event, json!({ "ask": ask, "rung": rung_asked.as_str(), "decision": &verdict })).await?;
             }
             verdict
@@ -259,7 +258,7 @@ impl Engine {
                 tokio::select! {
                     turn = &mut waiting => break turn,
                     () = &mut in_line => return Ok(Asked::OutOfTurn),
-                    _ = lock_check.tick() => if self.vault.is_locked()? { return Ok(Asked::Locked) },
+                    _ = lock_check.tick() => if self.vault.is_locked()? { return Ok(Asked::LockedInLine) },
                 }
             }
         };

@@ -21,8 +21,14 @@ pub const CALLS_IN_FLIGHT_IN_ALL: usize = 4096;
 pub(super) struct CallsInFlight {
     per_actor: usize,
     in_all: usize,
-    /// Per actor, and (under the key `""`, which no actor is) in all.
-    counts: Mutex<HashMap<String, usize>>,
+    counts: Mutex<Counts>,
+}
+
+/// Calls under way per actor (an actor with none is not kept), and in all.
+#[derive(Debug, Default)]
+struct Counts {
+    per_actor: HashMap<String, usize>,
+    all: usize,
 }
 
 impl Default for CallsInFlight {
@@ -47,32 +53,28 @@ impl CallsInFlight {
     /// its own, or [`CALLS_IN_FLIGHT_IN_ALL`] of all agents'.
     pub(super) fn enter(&self, actor: &str) -> Result<Place<'_>, usize> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let all = counts.get(ALL).copied().unwrap_or(0);
-        if all >= self.in_all {
+        if counts.all >= self.in_all {
             return Err(self.in_all);
         }
-        let count = counts.entry(actor.to_owned()).or_default();
+        let actor = actor.to_owned();
+        let count = counts.per_actor.entry(actor.clone()).or_default();
         if *count >= self.per_actor {
             return Err(self.per_actor);
         }
         *count += 1;
-        *counts.entry(ALL.to_owned()).or_default() += 1;
-        Ok(Place { calls: self, actor: actor.to_owned() })
+        counts.all += 1;
+        Ok(Place { calls: self, actor })
     }
 }
-
-/// The key of the count in all (an actor is never empty).
-const ALL: &str = "";
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         let mut counts = self.calls.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        for key in [self.actor.as_str(), ALL] {
-            if let Some(count) = counts.get_mut(key) {
-                *count -= 1;
-                if *count == 0 {
-                    counts.remove(key);
-                }
+        counts.all -= 1;
+        if let Some(count) = counts.per_actor.get_mut(&self.actor) {
+            *count -= 1;
+            if *count == 0 {
+                counts.per_actor.remove(&self.actor);
             }
         }
     }
@@ -92,7 +94,10 @@ mod tests {
         drop(a);
         let _a3 = calls.enter("agent:a").expect("a place is given back when a call ends");
         drop(b);
-        assert!(!calls.counts.lock().unwrap().contains_key("agent:b"), "an agent with nothing under way is forgotten");
+        assert!(
+            !calls.counts.lock().unwrap().per_actor.contains_key("agent:b"),
+            "an agent with nothing under way is forgotten"
+        );
     }
 
     #[test]
@@ -101,6 +106,7 @@ mod tests {
         let held: Vec<_> = (0..3).map(|n| calls.enter(&format!("agent:{n}")).unwrap()).collect();
         assert_eq!(calls.enter("agent:new").err(), Some(3));
         drop(held);
-        assert!(calls.counts.lock().unwrap().is_empty(), "nothing is left once every call ended");
+        let counts = calls.counts.lock().unwrap();
+        assert!(counts.per_actor.is_empty() && counts.all == 0, "nothing is left once every call ended");
     }
 }

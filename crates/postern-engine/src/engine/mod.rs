@@ -66,6 +66,15 @@ enum Asked<T> {
     /// Never put: the places in line stayed taken for the whole timeout (nothing was shown,
     /// and nothing journaled as asked).
     OutOfTurn,
+    /// Never put: the vault was locked while it waited in line.
+    LockedInLine,
+}
+
+impl<T> Asked<T> {
+    /// Whether the question was put (and its asking journaled), whatever became of it.
+    fn was_put(&self) -> bool {
+        !matches!(self, Asked::OutOfTurn | Asked::LockedInLine)
+    }
 }
 
 /// What a call that joined another call's pending request receives: the same outcome.

@@ -146,11 +146,7 @@ impl Engine {
         let id = prior.id;
         let request = self.review_request(p, prior, &decision)?;
         // The review is on record once it has its place in line (one never put has none).
-        let put = std::sync::atomic::AtomicBool::new(false);
-        let requested = async {
-            put.store(true, std::sync::atomic::Ordering::Relaxed);
-            self.note(id, ActivityNote::RetryReviewRequested, json!({ "shown": &request })).await
-        };
+        let requested = self.note(id, ActivityNote::RetryReviewRequested, json!({ "shown": &request }));
         let approver = Arc::clone(&self.approver);
         let asked = request.clone();
         let answer = self
@@ -158,6 +154,7 @@ impl Engine {
                 approver.review_retry(&asked)
             })
             .await?;
+        let put = answer.was_put();
         lead.close();
         let denied =
             |code: &str, by: &str, reason: String| StepDetail::because(reason).code(code).decided("retry_review", by);
@@ -181,10 +178,10 @@ impl Engine {
                     denied("approval_timed_out", "postern", super::authorize::not_asked_reason(self.approval_timeout));
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
             }
-            Asked::Locked => {
+            Asked::Locked | Asked::LockedInLine => {
                 let reason = "the vault was locked while this retry waited for a reviewer".to_owned();
                 let detail = denied("vault_locked", "postern", reason);
-                if put.load(std::sync::atomic::Ordering::Relaxed) {
+                if put {
                     self.note(id, ActivityNote::RetryReviewWithdrawn, detail.to_value()).await?;
                 }
                 return Ok(self.outcome(id, prior.state, Decision::RetryDenied).attached().because(detail));
